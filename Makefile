@@ -1,0 +1,27 @@
+# libmember: build, run locally, test, lint.
+# Every cargo recipe starts with $(CARGO_ENV) so rustup's cargo is found even when
+# ~/.cargo/bin is not on PATH (CI, fresh shells).
+CARGO_ENV = command -v cargo >/dev/null 2>&1 || . "$$HOME/.cargo/env";
+
+.PHONY: deps build run stop test lint
+
+deps:
+	bash scripts/install-deps.sh
+
+build: deps
+	$(CARGO_ENV) cargo build --release
+
+run: build
+	bash scripts/run-local.sh
+
+stop:
+	bash scripts/run-local.sh stop
+
+# Tests start their own PostgreSQL and valkey-server; they load target/debug/libmember.so.
+test: deps
+	$(CARGO_ENV) cargo build
+	$(CARGO_ENV) cargo test --all-targets -- --test-threads=4
+
+lint:
+	$(CARGO_ENV) cargo fmt --check
+	$(CARGO_ENV) cargo clippy --all-targets -- -D warnings

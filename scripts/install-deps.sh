@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs the system packages libmember needs on Debian 12: Valkey 8 (bookworm-backports),
+# PostgreSQL 15, libclang (bindgen). Idempotent; does nothing when everything is present.
+set -euo pipefail
+
+need=()
+command -v valkey-server >/dev/null 2>&1 || need+=(valkey-server valkey-tools)
+command -v valkey-cli >/dev/null 2>&1 || need+=(valkey-tools)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+command -v psql >/dev/null 2>&1 || need+=(postgresql-client)
+ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
+[ ${#need[@]} -eq 0 ] && exit 0
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+# Valkey 8 lives in bookworm-backports. Enable that suite from the machine's own configured
+# Debian mirror (never a hard-coded host).
+if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+  uri=$(grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}' | grep -v security | head -n1 || true)
+  if [ -z "$uri" ]; then
+    uri=$(grep -hs '^deb ' /etc/apt/sources.list | awk '{print $2}' | grep -v security | head -n1 || true)
+  fi
+  [ -n "$uri" ] || { echo "install-deps: no Debian source configured to derive bookworm-backports from" >&2; exit 1; }
+  echo "deb $uri bookworm-backports main" | $SUDO tee /etc/apt/sources.list.d/libmember-backports.list >/dev/null
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+# shellcheck disable=SC2068
+$SUDO apt-get install -y -qq -t bookworm-backports valkey-server valkey-tools >/dev/null
+$SUDO apt-get install -y -qq postgresql postgresql-client libclang-dev >/dev/null
+# The Debian package starts a system-wide valkey/postgres; libmember runs its own.
+$SUDO systemctl disable --now valkey-server postgresql >/dev/null 2>&1 || true
+$SUDO service valkey-server stop >/dev/null 2>&1 || true

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Runs libmember locally: PostgreSQL on 127.0.0.1:5433 (data kept in .data/pg) and
+# valkey-server on 127.0.0.1:6380 with target/release/libmember.so (see module.conf).
+#   bash scripts/run-local.sh        start both (each only if not already running)
+#   bash scripts/run-local.sh stop   stop both
+# `make run` builds the module first; `make stop` stops.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+DATA="$ROOT/.data"
+PGDATA="$DATA/pg"
+PGLOG="$DATA/pg.log"
+PG_PORT=5433
+VK_PORT=6380
+
+pg_bin() {
+  local p
+  p=$(ls -d /usr/lib/postgresql/*/bin/"$1" 2>/dev/null | sort -V | tail -n1 || true)
+  if [ -n "$p" ]; then echo "$p"; else command -v "$1"; fi
+}
+as_pg() {
+  if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else sudo -u postgres -- "$@"; fi
+}
+pg_ctl() { as_pg "$(pg_bin pg_ctl)" "$@"; }
+vk_up() { [ "$(valkey-cli -p "$VK_PORT" ping 2>/dev/null)" = "PONG" ]; }
+
+if [ "${1:-}" = "stop" ]; then
+  if vk_up; then valkey-cli -p "$VK_PORT" shutdown nosave >/dev/null 2>&1 || true; echo "valkey stopped"; fi
+  if [ -f "$PGDATA/PG_VERSION" ] && pg_ctl -D "$PGDATA" status >/dev/null 2>&1; then
+    pg_ctl -D "$PGDATA" -m fast -w stop
+  fi
+  exit 0
+fi
+
+if [ ! -f target/release/libmember.so ]; then
+  echo "target/release/libmember.so is missing: run 'make run' (or cargo build --release)" >&2
+  exit 1
+fi
+
+mkdir -p "$DATA"
+# postgres must be able to reach .data (and its parents) and write its log there.
+chmod 755 "$DATA"
+touch "$PGLOG" && chown postgres:postgres "$PGLOG"
+
+# --- PostgreSQL -------------------------------------------------------------------------------
+if [ ! -f "$PGDATA/PG_VERSION" ]; then
+  rm -rf "$PGDATA"
+  install -d -m 700 -o postgres -g postgres "$PGDATA"
+  as_pg "$(pg_bin initdb)" -D "$PGDATA" -A trust -U postgres -E UTF8 >/dev/null
+fi
+chown -R postgres:postgres "$PGDATA"
+if pg_ctl -D "$PGDATA" status >/dev/null 2>&1; then
+  echo "PostgreSQL already running on port $PG_PORT"
+else
+  pg_ctl -D "$PGDATA" -o "-p $PG_PORT -k /tmp -c listen_addresses=127.0.0.1" -l "$PGLOG" -w start \
+    || { tail -n 30 "$PGLOG" >&2; exit 1; }
+fi
+
+# --- Valkey -----------------------------------------------------------------------------------
+if vk_up; then
+  echo "valkey already answering on port $VK_PORT (restart with 'make stop && make run' to load a new build)"
+else
+  valkey-server module.conf --daemonize yes
+  for _ in $(seq 100); do vk_up && break; sleep 0.1; done
+  if ! vk_up; then
+    echo "valkey-server did not start; tail of .data/valkey.log:" >&2
+    tail -n 30 "$DATA/valkey.log" >&2 || true
+    exit 1
+  fi
+fi
+
+cat <<MSG
+
+libmember is running.
+  Valkey:      valkey-cli -p $VK_PORT          (log: .data/valkey.log)
+  PostgreSQL:  psql "host=127.0.0.1 port=$PG_PORT user=postgres"   (log: .data/pg.log)
+
+Example session:
+  \$ valkey-cli -p $VK_PORT
+  127.0.0.1:$VK_PORT> MEMBER.CREATE users NORMALIZE username
+  127.0.0.1:$VK_PORT> MEMBER.ADD users alice
+  127.0.0.1:$VK_PORT> MEMBER.EXISTS users Alice
+
+Stop both with: make stop
+MSG

@@ -1,0 +1,139 @@
+//! The only home of the raw blocked-client API. `Blocked` is a safe, `Send` handle that a
+//! worker finishes with a `Completion`; dropping it unfinished (a panic, a full queue) still
+//! unblocks the client with its fallback, so every blocked client gets exactly one reply.
+
+use std::os::raw::{c_int, c_longlong, c_void};
+use std::ptr::NonNull;
+use std::time::Duration;
+
+use redis_module::{raw, Context, RedisResult};
+
+use crate::{error, keys, mainq, metrics};
+
+/// The result of a worker's job, finished on the main thread.
+pub trait Completion: Send + 'static {
+    /// Applies derived-state effects (filter bits, cache, marks). Called exactly once, on the
+    /// main thread with DB 0 selected: from the reply callback, or later from the main-thread
+    /// queue when the client timed out or disconnected.
+    fn apply(&mut self, ctx: &Context);
+    /// The reply for the waiting client, after `apply`. Not called if the client is gone.
+    fn reply(&mut self, ctx: &Context) -> RedisResult;
+}
+
+struct Slot(Option<Box<dyn Completion>>);
+
+/// A client blocked on a database job.
+pub struct Blocked {
+    bc: Option<NonNull<raw::RedisModuleBlockedClient>>,
+    fallback: Option<Box<dyn Completion>>,
+}
+
+// SAFETY: the server allows RedisModule_UnblockClient from any thread; the handle is used once.
+unsafe impl Send for Blocked {}
+
+impl Blocked {
+    /// Blocks the calling client for at most `timeout`. `fallback` is what the client gets if
+    /// this handle is dropped without `finish` (worker panic, queue full).
+    ///
+    /// The caller must have checked that blocking is allowed (not in MULTI, Lua or functions).
+    pub fn block(ctx: &Context, timeout: Duration, fallback: Box<dyn Completion>) -> Blocked {
+        // SAFETY: ctx is the live command context; the callbacks match the API's signatures.
+        let bc = unsafe {
+            raw::RedisModule_BlockClient.unwrap()(
+                ctx.ctx,
+                Some(reply_cb),
+                Some(timeout_cb),
+                Some(free_cb),
+                timeout.as_millis().max(1) as c_longlong,
+            )
+        };
+        Blocked {
+            bc: NonNull::new(bc),
+            fallback: Some(fallback),
+        }
+    }
+
+    /// Unblocks the client with `done`; its `apply` and `reply` run on the main thread.
+    pub fn finish(mut self, done: Box<dyn Completion>) {
+        self.unblock(done);
+    }
+
+    fn unblock(&mut self, done: Box<dyn Completion>) {
+        if let Some(bc) = self.bc.take() {
+            let slot = Box::into_raw(Box::new(Slot(Some(done)))).cast::<c_void>();
+            // SAFETY: bc came from BlockClient and is unblocked exactly once (taken above).
+            unsafe { raw::RedisModule_UnblockClient.unwrap()(bc.as_ptr(), slot) };
+        }
+    }
+}
+
+impl Drop for Blocked {
+    fn drop(&mut self) {
+        if let Some(fb) = self.fallback.take() {
+            self.unblock(fb);
+        }
+    }
+}
+
+/// Reply callback: the worker finished and the client is still waiting.
+///
+/// # Safety
+/// Called by the server on the main thread with a context whose private data is our `Slot`.
+unsafe extern "C" fn reply_cb(
+    ctx: *mut raw::RedisModuleCtx,
+    _argv: *mut *mut raw::RedisModuleString,
+    _argc: c_int,
+) -> c_int {
+    let ctx = Context::new(ctx);
+    // SAFETY: the private data is the Slot we passed to UnblockClient; free_cb frees it later.
+    let slot =
+        unsafe { raw::RedisModule_GetBlockedClientPrivateData.unwrap()(ctx.ctx) }.cast::<Slot>();
+    let Some(slot) = (unsafe { slot.as_mut() }) else {
+        ctx.reply_error_string(error::WORKER_LOST);
+        return raw::REDISMODULE_OK as c_int;
+    };
+    match slot.0.take() {
+        Some(mut done) => {
+            let reply = keys::with_db0(&ctx, |ctx| {
+                done.apply(ctx);
+                done.reply(ctx)
+            });
+            ctx.reply(reply);
+        }
+        None => {
+            ctx.reply_error_string(error::WORKER_LOST);
+        }
+    }
+    raw::REDISMODULE_OK as c_int
+}
+
+/// Timeout callback: the database did not answer in time. The job still runs to its end and
+/// its `apply` happens later through `free_cb`.
+///
+/// # Safety
+/// Called by the server on the main thread with a valid context.
+unsafe extern "C" fn timeout_cb(
+    ctx: *mut raw::RedisModuleCtx,
+    _argv: *mut *mut raw::RedisModuleString,
+    _argc: c_int,
+) -> c_int {
+    metrics::global(|m| m.db_timeouts += 1);
+    Context::new(ctx).reply_error_string(error::DB_TIMEOUT);
+    raw::REDISMODULE_OK as c_int
+}
+
+/// Frees the private data. If the reply callback did not run (timeout, disconnect), the
+/// completion's effects are still applied, on the main-thread queue with a proper context.
+///
+/// # Safety
+/// Called by the server on the main thread with the pointer we passed to UnblockClient.
+unsafe extern "C" fn free_cb(_ctx: *mut raw::RedisModuleCtx, privdata: *mut c_void) {
+    if privdata.is_null() {
+        return;
+    }
+    // SAFETY: privdata is the Box<Slot> leaked in `unblock`, freed only here.
+    let slot = unsafe { Box::from_raw(privdata.cast::<Slot>()) };
+    if let Some(done) = slot.0 {
+        mainq::defer(done);
+    }
+}

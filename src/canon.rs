@@ -1,0 +1,246 @@
+//! The one canonicalization function: ADD, EXISTS, DEL, the filter build and (later) sync all
+//! turn a raw item and scope into the same `Canon` here, so the tiers can never disagree.
+
+use std::borrow::Cow;
+
+use unicode_normalization::UnicodeNormalization;
+use xxhash_rust::xxh3::xxh3_128;
+
+use crate::error;
+
+/// Longest raw item accepted, in bytes (before normalization).
+pub const MAX_ITEM_BYTES: usize = 1024;
+/// Longest scope accepted, in bytes.
+pub const MAX_SCOPE_BYTES: usize = 256;
+
+/// How a set turns user input into its stored form. Fixed when the set is created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Normalize {
+    /// Bytes as given.
+    None,
+    /// Trimmed of surrounding white space, then lowercased.
+    Lower,
+    /// Unicode NFKC, case folded, trimmed: `Alice `, `ALICE` and `ａｌｉｃｅ` are one name.
+    Username,
+}
+
+impl Normalize {
+    pub fn parse(s: &[u8]) -> Option<Self> {
+        match s.to_ascii_lowercase().as_slice() {
+            b"none" => Some(Self::None),
+            b"lower" => Some(Self::Lower),
+            b"username" => Some(Self::Username),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Lower => "lower",
+            Self::Username => "username",
+        }
+    }
+
+    /// Applies the policy. Idempotent: `apply(apply(x)) == apply(x)`, which is what lets a
+    /// rebuild re-canonicalize rows that were stored already normalized.
+    pub fn apply(self, s: &str) -> Cow<'_, str> {
+        match self {
+            Self::None => Cow::Borrowed(s),
+            Self::Lower => {
+                let t = s.trim();
+                if t.bytes().any(|b| b.is_ascii_uppercase() || b >= 0x80) {
+                    Cow::Owned(t.to_lowercase())
+                } else {
+                    Cow::Borrowed(t)
+                }
+            }
+            Self::Username => {
+                let nfkc: String = s.trim().nfkc().collect();
+                let folded = caseless::default_case_fold_str(&nfkc);
+                let again: String = folded.nfkc().collect();
+                Cow::Owned(again.trim().to_owned())
+            }
+        }
+    }
+}
+
+/// A membership in canonical form: what the database stores (`entity`, `scope`), the bytes
+/// the exact-match key is named after (`key`), and the 128-bit hash the filter and the
+/// recent-writes marks use (computed once per request).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Canon<'a> {
+    pub entity: Cow<'a, str>,
+    pub scope: &'a str,
+    pub hash: u128,
+}
+
+impl Canon<'_> {
+    /// `entity NUL scope`: unambiguous because neither part may contain NUL.
+    pub fn key_bytes(&self) -> Vec<u8> {
+        let mut k = Vec::with_capacity(self.entity.len() + 1 + self.scope.len());
+        k.extend_from_slice(self.entity.as_bytes());
+        k.push(0);
+        k.extend_from_slice(self.scope.as_bytes());
+        k
+    }
+}
+
+/// Hash of the canonical key `entity NUL scope`; stable across builds and platforms, so a
+/// persisted filter means the same thing everywhere.
+pub fn hash_parts(entity: &str, scope: &str) -> u128 {
+    let total = entity.len() + 1 + scope.len();
+    if total <= 512 {
+        let mut buf = [0u8; 512];
+        buf[..entity.len()].copy_from_slice(entity.as_bytes());
+        buf[entity.len() + 1..total].copy_from_slice(scope.as_bytes());
+        xxh3_128(&buf[..total])
+    } else {
+        let mut v = Vec::with_capacity(total);
+        v.extend_from_slice(entity.as_bytes());
+        v.push(0);
+        v.extend_from_slice(scope.as_bytes());
+        xxh3_128(&v)
+    }
+}
+
+fn as_text(b: &[u8]) -> Option<&str> {
+    if b.contains(&0) {
+        return None;
+    }
+    std::str::from_utf8(b).ok()
+}
+
+/// Validates and canonicalizes one item and scope under a set's policy. The error is the exact
+/// reply text. Scopes are compared byte for byte (not normalized).
+pub fn canonicalize<'a>(
+    norm: Normalize,
+    item: &'a [u8],
+    scope: &'a [u8],
+) -> Result<Canon<'a>, &'static str> {
+    if item.is_empty() {
+        return Err(error::EMPTY_ITEM);
+    }
+    if item.len() > MAX_ITEM_BYTES {
+        return Err(error::ITEM_TOO_LONG);
+    }
+    if scope.len() > MAX_SCOPE_BYTES {
+        return Err(error::SCOPE_TOO_LONG);
+    }
+    let item = as_text(item).ok_or(error::ITEM_NOT_TEXT)?;
+    let scope = as_text(scope).ok_or(error::SCOPE_NOT_TEXT)?;
+    let entity = norm.apply(item);
+    if entity.is_empty() {
+        return Err(error::ITEM_EMPTY_AFTER_NORMALIZE);
+    }
+    let hash = hash_parts(&entity, scope);
+    Ok(Canon {
+        entity,
+        scope,
+        hash,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn canon(n: Normalize, item: &str) -> String {
+        canonicalize(n, item.as_bytes(), b"")
+            .unwrap()
+            .entity
+            .into_owned()
+    }
+
+    #[test]
+    fn none_keeps_bytes() {
+        assert_eq!(canon(Normalize::None, " Alice "), " Alice ");
+    }
+
+    #[test]
+    fn lower_trims_and_lowercases() {
+        assert_eq!(canon(Normalize::Lower, "  Alice\t"), "alice");
+        assert_eq!(canon(Normalize::Lower, "ÉCOLE"), "école");
+        assert!(matches!(
+            Normalize::Lower.apply("plain"),
+            Cow::Borrowed("plain")
+        ));
+    }
+
+    #[test]
+    fn username_folds_width_case_and_space() {
+        for v in ["Alice ", "ALICE", "alice", "ａｌｉｃｅ", " Ａlice\u{3000}"] {
+            assert_eq!(canon(Normalize::Username, v), "alice", "{v:?}");
+        }
+        // Full case folding, not just lowercasing.
+        assert_eq!(canon(Normalize::Username, "Straße"), "strasse");
+        // Compatibility forms: the ligature ﬁ becomes fi.
+        assert_eq!(canon(Normalize::Username, "ﬁona"), "fiona");
+    }
+
+    #[test]
+    fn normalization_is_idempotent() {
+        for n in [Normalize::None, Normalize::Lower, Normalize::Username] {
+            for v in [
+                "Alice ",
+                "ﬁona",
+                "Straße",
+                "ΣΑΣ",
+                "x\u{0301}",
+                "İstanbul",
+                "  ㈱  ",
+            ] {
+                let once = n.apply(v).into_owned();
+                assert_eq!(n.apply(&once), once, "{n:?} {v:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_bad_input() {
+        let n = Normalize::None;
+        assert_eq!(canonicalize(n, b"", b""), Err(error::EMPTY_ITEM));
+        assert_eq!(
+            canonicalize(n, &[b'a'; MAX_ITEM_BYTES + 1], b""),
+            Err(error::ITEM_TOO_LONG)
+        );
+        assert!(canonicalize(n, &[b'a'; MAX_ITEM_BYTES], b"").is_ok());
+        assert_eq!(canonicalize(n, b"a\0b", b""), Err(error::ITEM_NOT_TEXT));
+        assert_eq!(canonicalize(n, b"\xff", b""), Err(error::ITEM_NOT_TEXT));
+        assert_eq!(canonicalize(n, b"a", b"s\0"), Err(error::SCOPE_NOT_TEXT));
+        assert_eq!(
+            canonicalize(n, b"a", &[b's'; MAX_SCOPE_BYTES + 1]),
+            Err(error::SCOPE_TOO_LONG)
+        );
+        assert_eq!(
+            canonicalize(Normalize::Lower, b"   ", b""),
+            Err(error::ITEM_EMPTY_AFTER_NORMALIZE)
+        );
+    }
+
+    #[test]
+    fn scope_separates_memberships() {
+        let a = canonicalize(Normalize::None, b"card", b"m1").unwrap();
+        let b = canonicalize(Normalize::None, b"card", b"m2").unwrap();
+        let c = canonicalize(Normalize::None, b"card", b"").unwrap();
+        assert_ne!(a.hash, b.hash);
+        assert_ne!(a.hash, c.hash);
+        // "ab" + "" and "a" + "b" must not collide: the NUL separator keeps them apart.
+        let d = canonicalize(Normalize::None, b"ab", b"").unwrap();
+        let e = canonicalize(Normalize::None, b"a", b"b").unwrap();
+        assert_ne!(d.hash, e.hash);
+        assert_eq!(a.key_bytes(), b"card\0m1");
+    }
+
+    #[test]
+    fn hash_is_stable() {
+        // Pinned: a persisted filter must mean the same thing on every build.
+        let h = hash_parts("alice", "");
+        assert_eq!(h, xxh3_128(b"alice\0"));
+        let long = "x".repeat(600);
+        assert_eq!(
+            hash_parts(&long, "s"),
+            xxh3_128(format!("{long}\0s").as_bytes())
+        );
+    }
+}

@@ -1,0 +1,45 @@
+//! Learning the sets from PostgreSQL: at start-up (retried until the database answers) the
+//! catalog is read on a worker and registered on the main thread.
+
+use redis_module::Context;
+
+use crate::db::{pool, sql, DbErr};
+use crate::mainq;
+use crate::state::{self, SetDef};
+
+/// Loads the catalog in the background.
+pub fn load() {
+    pool::submit(Box::new(|db| {
+        let res = sql::load_catalog(db);
+        mainq::post(Box::new(move |ctx| apply(ctx, res)));
+    }));
+}
+
+fn apply(ctx: &Context, res: Result<Vec<SetDef>, DbErr>) {
+    match res {
+        Ok(defs) => {
+            let n = defs.len();
+            for def in defs {
+                state::register(def);
+            }
+            state::with(|r| {
+                r.catalog.loaded = true;
+                r.catalog.loading = false;
+                r.catalog.last_error = None;
+            });
+            ctx.log_notice(&format!("libmember: catalog loaded, {n} set(s)"));
+        }
+        Err(e) => {
+            let msg = e.reply_text();
+            state::with(|r| {
+                let c = &mut r.catalog;
+                c.loading = false;
+                c.next_try = Some(state::retry_at());
+                if c.last_error.as_deref() != Some(msg.as_str()) {
+                    ctx.log_warning(&format!("libmember: cannot load the set catalog: {msg}"));
+                }
+                c.last_error = Some(msg);
+            });
+        }
+    }
+}

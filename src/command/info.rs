@@ -1,0 +1,159 @@
+//! MEMBER.INFO <set> and the server's `INFO member` section.
+
+use std::sync::atomic::Ordering;
+
+use redis_module::{Context, InfoContext, RedisError, RedisResult, RedisString, RedisValue};
+
+use super::set_name;
+use crate::state::{self, Rebuild};
+use crate::{db, filter_type, keys, metrics};
+
+fn f(x: f64) -> String {
+    format!("{x:.6}")
+}
+
+/// MEMBER.INFO <set>: settings, filter geometry and fill, rebuild state, counters per path.
+pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    if args.len() != 2 {
+        return Err(RedisError::WrongArity);
+    }
+    let name = set_name(&args[1])?;
+    keys::with_db0(ctx, |ctx| {
+        let mut out: Vec<(&'static str, String)> = Vec::new();
+        let key = state::with(|r| -> Result<_, RedisError> {
+            let s = r.find(&name)?;
+            let d = &s.def;
+            out.push(("name", d.name.clone()));
+            out.push(("table", crate::db::sql::table(&d.name)));
+            out.push(("normalize", d.normalize.name().into()));
+            out.push(("error_rate", d.error_rate.to_string()));
+            out.push(("capacity", d.capacity.to_string()));
+            out.push(("cache_ttl", d.cache_ttl.to_string()));
+            out.push(("recent_ttl", d.recent_ttl.to_string()));
+            Ok(s.filter_key.clone())
+        })?;
+        let filter = filter_type::with(ctx, &key, |v| {
+            let b = &v.bloom;
+            vec![
+                ("filter_present", "1".to_string()),
+                ("filter_complete", (v.complete as u8).to_string()),
+                ("filter_bits", b.bits().to_string()),
+                ("filter_hashes", b.hashes().to_string()),
+                ("filter_items", b.items().to_string()),
+                ("filter_bytes", b.bytes().to_string()),
+                ("filter_fill", f(b.fill())),
+                ("filter_fpr_est", f(b.estimated_fpr())),
+            ]
+        })
+        .unwrap_or_else(|| {
+            vec![
+                ("filter_present", "0".to_string()),
+                ("filter_complete", "0".to_string()),
+            ]
+        });
+        out.extend(filter);
+        state::with(|r| {
+            let s = r.sets.get(&name).expect("checked above");
+            match &s.rebuild {
+                Rebuild::Idle => out.push(("rebuild_state", "idle".into())),
+                Rebuild::Running {
+                    started,
+                    rows,
+                    estimate,
+                    ..
+                } => {
+                    out.push(("rebuild_state", "running".into()));
+                    let n = rows.load(Ordering::Relaxed);
+                    out.push(("rebuild_rows", n.to_string()));
+                    let pct = if *estimate > 0 {
+                        (n as f64 / *estimate as f64 * 100.0).min(100.0)
+                    } else {
+                        0.0
+                    };
+                    out.push(("rebuild_percent", format!("{pct:.1}")));
+                    out.push((
+                        "rebuild_elapsed_s",
+                        format!("{:.3}", started.elapsed().as_secs_f64()),
+                    ));
+                }
+            }
+            match &s.last_rebuild {
+                None => out.push(("last_rebuild", "none".into())),
+                Some(Ok((rows, took))) => {
+                    out.push(("last_rebuild", "ok".into()));
+                    out.push(("last_rebuild_rows", rows.to_string()));
+                    out.push(("last_rebuild_s", format!("{:.3}", took.as_secs_f64())));
+                }
+                Some(Err(e)) => {
+                    out.push(("last_rebuild", "failed".into()));
+                    out.push(("last_rebuild_error", e.clone()));
+                }
+            }
+            out.push(("recent_marks", s.recent_marks().to_string()));
+            let c = &s.stats;
+            out.push(("exists_calls", c.exists.to_string()));
+            out.push(("path_bloom_negative", c.bloom_negative.to_string()));
+            out.push(("path_recent", c.recent.to_string()));
+            out.push(("path_cache_hit", c.cache_hit.to_string()));
+            out.push(("path_db_hit", c.db_hit.to_string()));
+            out.push(("path_db_miss", c.db_miss.to_string()));
+            out.push(("filter_incomplete_lookups", c.filter_incomplete.to_string()));
+            out.push(("db_errors", c.db_errors.to_string()));
+            out.push(("adds", c.adds.to_string()));
+            out.push(("adds_new", c.adds_new.to_string()));
+            out.push(("dels", c.dels.to_string()));
+            out.push(("bloom_exists_true_rate", f(c.bloom_exists_true_rate())));
+            out.push(("db_fallback_rate", f(c.db_fallback_rate())));
+            out.push(("false_positive_rate_est", f(c.false_positive_rate_est())));
+        });
+        let mut reply = Vec::with_capacity(out.len() * 2);
+        for (k, v) in out {
+            reply.push(RedisValue::SimpleStringStatic(k));
+            reply.push(RedisValue::BulkString(v));
+        }
+        Ok(RedisValue::Array(reply))
+    })
+}
+
+/// The `INFO member` section: the seeds' monitoring figures, module-wide.
+pub fn info_section(ctx: &InfoContext, _for_crash_report: bool) {
+    let (sets, catalog_loaded) = state::with(|r| (r.sets.len(), r.catalog.loaded));
+    let fields: Vec<(&str, String)> = metrics::global(|m| {
+        let c = &m.paths;
+        vec![
+            ("sets", sets.to_string()),
+            ("catalog_loaded", (catalog_loaded as u8).to_string()),
+            ("db_queue", db::pool::queued().to_string()),
+            ("exists_calls", c.exists.to_string()),
+            ("bloom_exists_true_rate", f(c.bloom_exists_true_rate())),
+            ("db_fallback_rate", f(c.db_fallback_rate())),
+            ("false_positive_rate_est", f(c.false_positive_rate_est())),
+            ("path_bloom_negative", c.bloom_negative.to_string()),
+            ("path_recent", c.recent.to_string()),
+            ("path_cache_hit", c.cache_hit.to_string()),
+            ("path_db_hit", c.db_hit.to_string()),
+            ("path_db_miss", c.db_miss.to_string()),
+            ("db_errors", c.db_errors.to_string()),
+            ("db_timeouts", m.db_timeouts.to_string()),
+            ("exists_p50_us", m.exists_latency.quantile(0.50).to_string()),
+            ("exists_p95_us", m.exists_latency.quantile(0.95).to_string()),
+            ("exists_p99_us", m.exists_latency.quantile(0.99).to_string()),
+            (
+                "exists_p999_us",
+                m.exists_latency.quantile(0.999).to_string(),
+            ),
+            ("rebuilds_done", m.rebuilds_done.to_string()),
+            ("rebuilds_failed", m.rebuilds_failed.to_string()),
+        ]
+    });
+    let mut b = ctx.builder().add_section("");
+    for (k, v) in fields {
+        b = match b.field(k, v) {
+            Ok(b) => b,
+            Err(_) => return,
+        };
+    }
+    if let Ok(b) = b.build_section() {
+        let _ = b.build_info();
+    }
+}

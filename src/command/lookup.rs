@@ -1,0 +1,173 @@
+//! MEMBER.EXISTS and MEMBER.EXPLAIN: the funnel, filter → recent → cache → database.
+
+use std::time::Instant;
+
+use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
+
+use super::{block_timeout, may_block, ItemArgs};
+use crate::block::{Blocked, Completion};
+use crate::canon::canonicalize;
+use crate::db::{pool, sql, DbErr};
+use crate::funnel::{self, Gate, Path};
+use crate::{error, filter_type, keys, metrics, state};
+
+fn reply(explain: bool, present: bool, path: Path) -> RedisValue {
+    if explain {
+        RedisValue::Array(vec![
+            RedisValue::Integer(present as i64),
+            RedisValue::SimpleStringStatic(path.name()),
+        ])
+    } else {
+        RedisValue::Integer(present as i64)
+    }
+}
+
+/// Records a decided EXISTS (EXPLAIN is diagnostic and not counted).
+fn record(set: &mut state::SetState, explain: bool, path: Path, started: Instant) {
+    if explain {
+        return;
+    }
+    set.stats.record(path);
+    metrics::global(|m| {
+        m.paths.record(path);
+        m.exists_latency
+            .record(started.elapsed().as_micros() as u64);
+    });
+}
+
+/// Shared body of EXISTS and EXPLAIN.
+pub fn lookup(ctx: &Context, args: Vec<RedisString>, explain: bool) -> RedisResult {
+    let started = Instant::now();
+    let a = ItemArgs::parse(args, &[])?;
+    keys::with_db0(ctx, |ctx| {
+        state::with(|r| {
+            let set = r.find(&a.set)?;
+            let canon = canonicalize(set.def.normalize, a.item.as_slice(), a.scope())
+                .map_err(RedisError::Str)?;
+            let view = filter_type::view(ctx, &set.filter_key, canon.hash);
+            let gate = funnel::gate(view, || set.is_recent(canon.hash));
+            if !explain {
+                let view_counts = |c: &mut metrics::PathCounters| {
+                    c.exists += 1;
+                    match view {
+                        funnel::FilterView::Incomplete => c.filter_incomplete += 1,
+                        funnel::FilterView::Complete { contains: true } => c.bloom_positive += 1,
+                        _ => {}
+                    }
+                };
+                view_counts(&mut set.stats);
+                metrics::global(|m| view_counts(&mut m.paths));
+            }
+            match gate {
+                Gate::Absent => {
+                    record(set, explain, Path::BloomNegative, started);
+                    return Ok(reply(explain, false, Path::BloomNegative));
+                }
+                Gate::Possible => {
+                    let key = keys::cache_key(ctx, &set.cache_prefix, &canon);
+                    if keys::cache_hit(ctx, &key) {
+                        record(set, explain, Path::CacheHit, started);
+                        return Ok(reply(explain, true, Path::CacheHit));
+                    }
+                }
+                Gate::Recent => {}
+            }
+            if !may_block(ctx) {
+                return Err(RedisError::Str(error::NEEDS_BLOCKING));
+            }
+            let done = LookupDone {
+                set: a.set.clone(),
+                entity: canon.entity.into_owned(),
+                scope: canon.scope.to_string(),
+                gate,
+                generation: set.generation,
+                started,
+                explain,
+                result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
+            };
+            let blocked = Blocked::block(ctx, block_timeout(), Box::new(done.clone()));
+            pool::submit(Box::new(move |db| {
+                let mut done = done;
+                done.result = sql::lookup(db, &done.set, &done.entity, &done.scope);
+                blocked.finish(Box::new(done));
+            }));
+            Ok(RedisValue::NoReply)
+        })
+    })
+}
+
+/// A database lookup's answer, applied and replied on the main thread.
+#[derive(Clone)]
+struct LookupDone {
+    set: String,
+    entity: String,
+    scope: String,
+    gate: Gate,
+    generation: u64,
+    started: Instant,
+    explain: bool,
+    /// `Some(expires_at)` when an active member.
+    result: Result<Option<Option<f64>>, DbErr>,
+}
+
+impl LookupDone {
+    fn path(&self) -> Option<Path> {
+        match &self.result {
+            Ok(found) => Some(funnel::db_path(self.gate, found.is_some())),
+            Err(_) => None,
+        }
+    }
+}
+
+impl Completion for LookupDone {
+    fn apply(&mut self, ctx: &Context) {
+        let is_replica = ctx.get_flags().contains(ContextFlags::SLAVE);
+        let path = self.path();
+        state::with(|r| {
+            let Some(set) = r.sets.get_mut(&self.set) else {
+                return;
+            };
+            match path {
+                Some(p) => record(set, self.explain, p, self.started),
+                None => {
+                    set.stats.db_errors += 1;
+                    metrics::global(|m| m.paths.db_errors += 1);
+                }
+            }
+            // Cache-aside fill, unless an ADD/DEL of this set landed since the lookup began
+            // (it may have read a row a concurrent DEL removed), or this node is a replica.
+            if let Ok(Some(expires_at)) = self.result {
+                if set.generation != self.generation || is_replica {
+                    return;
+                }
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs_f64())
+                    .unwrap_or(0.0);
+                if let Some(ttl) = funnel::cache_ttl_ms(set.def.cache_ttl, expires_at, now) {
+                    let canon = crate::canon::Canon {
+                        hash: 0,
+                        entity: std::borrow::Cow::Borrowed(&self.entity),
+                        scope: &self.scope,
+                    };
+                    let key = keys::cache_key(ctx, &set.cache_prefix, &canon);
+                    keys::cache_fill(ctx, &key, std::time::Duration::from_millis(ttl));
+                }
+            }
+        });
+    }
+
+    fn reply(&mut self, _ctx: &Context) -> RedisResult {
+        match &self.result {
+            Ok(found) => {
+                let present = found.is_some();
+                Ok(reply(
+                    self.explain,
+                    present,
+                    funnel::db_path(self.gate, present),
+                ))
+            }
+            Err(e) => Err(RedisError::String(e.reply_text())),
+        }
+    }
+}

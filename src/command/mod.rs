@@ -1,0 +1,122 @@
+//! The command layer: parse arguments into typed requests, hand them to the funnel or the
+//! database, reply. No SQL here.
+
+pub mod create;
+pub mod info;
+pub mod lookup;
+pub mod write;
+
+use std::time::Duration;
+
+use redis_module::{Context, ContextFlags, RedisError, RedisString};
+
+use crate::{config, error};
+
+fn err(msg: &'static str) -> RedisError {
+    RedisError::Str(msg)
+}
+
+/// Validates a set name: `[a-z0-9_]{1,40}`.
+pub fn set_name(arg: &RedisString) -> Result<String, RedisError> {
+    let b = arg.as_slice();
+    let ok = (1..=40).contains(&b.len())
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_');
+    if !ok {
+        return Err(err(error::BAD_SET_NAME));
+    }
+    Ok(String::from_utf8_lossy(b).into_owned())
+}
+
+/// `NAME value` option pairs after the positional arguments, each allowed at most once.
+pub struct Options {
+    pairs: Vec<(&'static str, RedisString)>,
+}
+
+impl Options {
+    pub fn parse(
+        rest: impl Iterator<Item = RedisString>,
+        allowed: &[&'static str],
+    ) -> Result<Options, RedisError> {
+        let mut rest = rest.peekable();
+        let mut pairs: Vec<(&'static str, RedisString)> = Vec::new();
+        while let Some(name) = rest.next() {
+            let upper = name.as_slice().to_ascii_uppercase();
+            let Some(opt) = allowed.iter().find(|a| a.as_bytes() == upper.as_slice()) else {
+                return Err(RedisError::String(format!(
+                    "ERR unknown option '{}'",
+                    String::from_utf8_lossy(name.as_slice())
+                )));
+            };
+            let value = rest
+                .next()
+                .ok_or_else(|| RedisError::String(format!("ERR option {opt} needs a value")))?;
+            if pairs.iter().any(|(n, _)| n == opt) {
+                return Err(err(error::DUPLICATE_OPTION));
+            }
+            pairs.push((opt, value));
+        }
+        Ok(Options { pairs })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&RedisString> {
+        self.pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
+    }
+
+    /// An integer option within `range`, or the fixed error `bad`.
+    pub fn int(
+        &self,
+        name: &str,
+        range: std::ops::RangeInclusive<i64>,
+        bad: &'static str,
+    ) -> Result<Option<i64>, RedisError> {
+        let Some(v) = self.get(name) else {
+            return Ok(None);
+        };
+        let n: i64 = std::str::from_utf8(v.as_slice())
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or(err(bad))?;
+        if !range.contains(&n) {
+            return Err(err(bad));
+        }
+        Ok(Some(n))
+    }
+}
+
+/// `<set> <item> [SCOPE <scope>] [extra options]`: the shape of ADD, EXISTS, DEL, EXPLAIN.
+pub struct ItemArgs {
+    pub set: String,
+    pub item: RedisString,
+    pub opts: Options,
+}
+
+impl ItemArgs {
+    pub fn parse(args: Vec<RedisString>, extra: &[&'static str]) -> Result<ItemArgs, RedisError> {
+        if args.len() < 3 || args.len().is_multiple_of(2) {
+            return Err(RedisError::WrongArity);
+        }
+        let mut it = args.into_iter().skip(1);
+        let set = set_name(&it.next().unwrap())?;
+        let item = it.next().unwrap();
+        let mut allowed = vec!["SCOPE"];
+        allowed.extend_from_slice(extra);
+        let opts = Options::parse(it, &allowed)?;
+        Ok(ItemArgs { set, item, opts })
+    }
+
+    pub fn scope(&self) -> &[u8] {
+        self.opts.get("SCOPE").map(|s| s.as_slice()).unwrap_or(b"")
+    }
+}
+
+/// Refuses calls that would need to block where the server forbids it (MULTI/EXEC, Lua,
+/// functions).
+pub fn may_block(ctx: &Context) -> bool {
+    !ctx.get_flags()
+        .intersects(ContextFlags::MULTI | ContextFlags::LUA | ContextFlags::DENY_BLOCKING)
+}
+
+pub fn block_timeout() -> Duration {
+    Duration::from_millis(config::db_timeout_ms())
+}

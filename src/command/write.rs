@@ -1,0 +1,159 @@
+//! MEMBER.ADD and MEMBER.DEL: database first (on a worker), then on the main thread the
+//! derived effects (recent mark, filter bit, cache invalidation), then the reply.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
+
+use super::{block_timeout, may_block, ItemArgs};
+use crate::block::{Blocked, Completion};
+use crate::canon::{canonicalize, Canon};
+use crate::db::{pool, sql, DbErr};
+use crate::filter::Bloom;
+use crate::filter_type::{self, FilterValue};
+use crate::{error, keys, state};
+
+/// Longest TTL or EXPIREAT horizon accepted: 10 years.
+const MAX_TTL_S: i64 = 315_360_000;
+
+fn now_s() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// The membership's expiry (unix seconds) from TTL or EXPIREAT, if any.
+fn expiry(a: &ItemArgs) -> Result<Option<f64>, RedisError> {
+    let ttl = a.opts.int("TTL", 1..=MAX_TTL_S, error::BAD_TTL)?;
+    let now = now_s();
+    let at = a.opts.int("EXPIREAT", 1..=i64::MAX, error::BAD_EXPIREAT)?;
+    match (ttl, at) {
+        (Some(_), Some(_)) => Err(RedisError::Str(error::TTL_AND_EXPIREAT)),
+        (Some(t), None) => Ok(Some(now + t as f64)),
+        (None, Some(at)) => {
+            let at = at as f64;
+            if at <= now || at > now + MAX_TTL_S as f64 {
+                return Err(RedisError::Str(error::BAD_EXPIREAT));
+            }
+            Ok(Some(at))
+        }
+        (None, None) => Ok(None),
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Op {
+    Add,
+    Del,
+}
+
+/// A write's outcome, applied on the main thread whether or not its client still waits.
+#[derive(Clone)]
+struct WriteDone {
+    op: Op,
+    set: String,
+    entity: String,
+    scope: String,
+    hash: u128,
+    result: Result<bool, DbErr>,
+}
+
+impl Completion for WriteDone {
+    fn apply(&mut self, ctx: &Context) {
+        let canon = Canon {
+            entity: std::borrow::Cow::Borrowed(&self.entity),
+            scope: &self.scope,
+            hash: self.hash,
+        };
+        state::with(|r| {
+            let Some(set) = r.sets.get_mut(&self.set) else {
+                return;
+            };
+            if self.op == Op::Add {
+                // The filter bit goes in whatever the outcome: if the insert committed it
+                // must, and if it did not, a stray bit is only a false positive.
+                if !filter_type::add(ctx, &set.filter_key, self.hash) {
+                    let mut bloom = Bloom::new(set.def.capacity, set.def.error_rate);
+                    bloom.add(self.hash);
+                    filter_type::install(
+                        ctx,
+                        &set.filter_key,
+                        FilterValue {
+                            bloom,
+                            complete: false,
+                        },
+                    );
+                }
+                set.journal(self.hash);
+                set.mark_end(self.hash);
+                set.stats.adds += 1;
+                if matches!(self.result, Ok(true)) {
+                    set.stats.adds_new += 1;
+                }
+            } else {
+                set.stats.dels += 1;
+            }
+            keys::cache_invalidate(ctx, &keys::cache_key(ctx, &set.cache_prefix, &canon));
+            set.generation += 1;
+        });
+    }
+
+    fn reply(&mut self, _ctx: &Context) -> RedisResult {
+        match &self.result {
+            Ok(b) => Ok(RedisValue::Integer(*b as i64)),
+            Err(e) => Err(RedisError::String(e.reply_text())),
+        }
+    }
+}
+
+fn write(ctx: &Context, args: Vec<RedisString>, op: Op) -> RedisResult {
+    let extra: &[&'static str] = if op == Op::Add {
+        &["TTL", "EXPIREAT"]
+    } else {
+        &[]
+    };
+    let a = ItemArgs::parse(args, extra)?;
+    let expires_at = expiry(&a)?;
+    keys::with_db0(ctx, |ctx| {
+        state::with(|r| {
+            let set = r.find(&a.set)?;
+            let canon = canonicalize(set.def.normalize, a.item.as_slice(), a.scope())
+                .map_err(RedisError::Str)?;
+            if !may_block(ctx) {
+                return Err(RedisError::Str(error::NEEDS_BLOCKING));
+            }
+            if op == Op::Add {
+                set.mark_begin(canon.hash);
+            }
+            let done = WriteDone {
+                op,
+                set: a.set.clone(),
+                entity: canon.entity.into_owned(),
+                scope: canon.scope.to_string(),
+                hash: canon.hash,
+                result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
+            };
+            let blocked = Blocked::block(ctx, block_timeout(), Box::new(done.clone()));
+            pool::submit(Box::new(move |db| {
+                let mut done = done;
+                done.result = match done.op {
+                    Op::Add => sql::add(db, &done.set, &done.entity, &done.scope, expires_at),
+                    Op::Del => sql::del(db, &done.set, &done.entity, &done.scope),
+                };
+                blocked.finish(Box::new(done));
+            }));
+            Ok(RedisValue::NoReply)
+        })
+    })
+}
+
+/// MEMBER.ADD <set> <item> [SCOPE <scope>] [TTL <s> | EXPIREAT <unix-s>]
+pub fn add(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    write(ctx, args, Op::Add)
+}
+
+/// MEMBER.DEL <set> <item> [SCOPE <scope>]
+pub fn del(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    write(ctx, args, Op::Del)
+}

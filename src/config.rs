@@ -1,0 +1,115 @@
+//! Module configs, each declared once (default, bounds, storage) and registered in lib.rs.
+//! All are settable on the command line, in a config file and with CONFIG SET.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use redis_module::configuration::ConfigurationContext;
+use redis_module::{ConfigurationValue, RedisError, RedisString};
+
+pub const PG_URL_DEFAULT: &str = "host=127.0.0.1 port=5432 user=postgres dbname=postgres";
+/// libpq key=value connection string of the source of truth.
+pub static PG_URL: Mutex<String> = Mutex::new(String::new());
+/// Bumped on every change of `PG_URL`, so workers reconnect.
+pub static PG_URL_GEN: AtomicU64 = AtomicU64::new(0);
+
+pub const WORKERS_DEFAULT: i64 = 4;
+pub const WORKERS_MIN: i64 = 1;
+pub const WORKERS_MAX: i64 = 64;
+/// Database worker threads (each holds one connection).
+pub static WORKERS: AtomicI64 = AtomicI64::new(WORKERS_DEFAULT);
+
+pub const DB_TIMEOUT_MS_DEFAULT: i64 = 2000;
+pub const DB_TIMEOUT_MS_MIN: i64 = 10;
+pub const DB_TIMEOUT_MS_MAX: i64 = 600_000;
+/// How long a blocked client waits for the database before it gets an UNAVAILABLE error.
+pub static DB_TIMEOUT_MS: AtomicI64 = AtomicI64::new(DB_TIMEOUT_MS_DEFAULT);
+
+pub const DEFAULT_CAPACITY_DEFAULT: i64 = 1_000_000;
+pub const DEFAULT_CAPACITY_MIN: i64 = 1;
+pub const DEFAULT_CAPACITY_MAX: i64 = 4_000_000_000;
+/// Filter capacity of sets created without CAPACITY.
+pub static DEFAULT_CAPACITY: AtomicI64 = AtomicI64::new(DEFAULT_CAPACITY_DEFAULT);
+
+pub const CACHE_TTL_DEFAULT: i64 = 300;
+pub const CACHE_TTL_MIN: i64 = 1;
+pub const CACHE_TTL_MAX: i64 = 31_536_000;
+/// Exact-match key TTL (seconds) of sets created without CACHE-TTL.
+pub static CACHE_TTL: AtomicI64 = AtomicI64::new(CACHE_TTL_DEFAULT);
+
+pub const RECENT_TTL_DEFAULT: i64 = 10;
+pub const RECENT_TTL_MIN: i64 = 1;
+pub const RECENT_TTL_MAX: i64 = 86_400;
+/// Seconds a recent-writes mark outlives its write, for sets created without RECENT-TTL.
+pub static RECENT_TTL: AtomicI64 = AtomicI64::new(RECENT_TTL_DEFAULT);
+
+pub const ERROR_RATE_DEFAULT: &str = "0.01";
+pub const ERROR_RATE_MIN: f64 = 0.000_001;
+pub const ERROR_RATE_MAX: f64 = 0.5;
+/// Filter false-positive rate of sets created without ERROR.
+pub static DEFAULT_ERROR_RATE: ErrorRate = ErrorRate(AtomicU64::new(0x3F84_7AE1_47AE_147B)); // 0.01
+
+/// An f64 config stored once, as bits; CONFIG GET prints it, CONFIG SET parses and bounds it.
+pub struct ErrorRate(AtomicU64);
+
+impl ErrorRate {
+    pub fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Ordering::Relaxed))
+    }
+}
+
+/// Parses an error rate, accepting only [ERROR_RATE_MIN, ERROR_RATE_MAX].
+pub fn parse_error_rate(s: &str) -> Option<f64> {
+    let v: f64 = s.trim().parse().ok()?;
+    (ERROR_RATE_MIN..=ERROR_RATE_MAX).contains(&v).then_some(v)
+}
+
+impl ConfigurationValue<RedisString> for ErrorRate {
+    fn get(&self, _: &ConfigurationContext) -> RedisString {
+        RedisString::create(None, self.get().to_string())
+    }
+    fn set(&self, _: &ConfigurationContext, val: RedisString) -> Result<(), RedisError> {
+        let v = parse_error_rate(&val.to_string_lossy()).ok_or(RedisError::Str(
+            "member.default-error-rate must be between 0.000001 and 0.5",
+        ))?;
+        self.0.store(v.to_bits(), Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+pub fn db_timeout_ms() -> u64 {
+    DB_TIMEOUT_MS.load(Ordering::Relaxed) as u64
+}
+
+pub fn pg_url() -> (String, u64) {
+    let url = PG_URL.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    (url, PG_URL_GEN.load(Ordering::Acquire))
+}
+
+pub fn on_pg_url_changed<T>(_: &ConfigurationContext, _: &str, _: &'static T) {
+    PG_URL_GEN.fetch_add(1, Ordering::AcqRel);
+}
+
+pub fn on_workers_changed<T>(_: &ConfigurationContext, _: &str, _: &'static T) {
+    crate::db::pool::resize();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_rate_default_bits_are_one_percent() {
+        assert_eq!(DEFAULT_ERROR_RATE.get(), 0.01);
+        assert_eq!(parse_error_rate(ERROR_RATE_DEFAULT), Some(0.01));
+    }
+
+    #[test]
+    fn error_rate_bounds() {
+        assert_eq!(parse_error_rate("0.5"), Some(0.5));
+        assert_eq!(parse_error_rate("0.6"), None);
+        assert_eq!(parse_error_rate("0"), None);
+        assert_eq!(parse_error_rate("nan"), None);
+        assert_eq!(parse_error_rate("x"), None);
+    }
+}

@@ -1,0 +1,142 @@
+//! Database side: one connection per worker thread, error classification, and the job queue.
+//! Nothing here runs on the server's main thread.
+
+pub mod pool;
+pub mod sql;
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use postgres::{Client, Config, NoTls, Statement};
+
+use crate::{config, error};
+
+/// Why a database call failed, with the reply text for the client.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DbErr {
+    /// Unreachable, shutting down, or too slow: `UNAVAILABLE ...`.
+    Unavailable(String),
+    /// The database answered with an error: `ERR database error: ...`.
+    Failed(String),
+    /// A refusal with a fixed reply (for example a CREATE that conflicts).
+    Refused(&'static str),
+}
+
+impl DbErr {
+    pub fn reply_text(&self) -> String {
+        match self {
+            DbErr::Unavailable(m) => error::db_error(true, m),
+            DbErr::Failed(m) => error::db_error(false, m),
+            DbErr::Refused(m) => (*m).to_string(),
+        }
+    }
+}
+
+/// Sorts a driver error into "unavailable" (connection, shutdown, timeout) or "failed".
+pub fn classify(e: &postgres::Error) -> DbErr {
+    match e.as_db_error() {
+        Some(db) => {
+            let code = db.code().code();
+            // 57014 query_canceled (statement_timeout), 57P0x shutdown/crash, 53xxx resources,
+            // 08xxx connection exceptions, 40001/40P01 retryable conflicts.
+            if code == "57014"
+                || code.starts_with("57P")
+                || code.starts_with("53")
+                || code.starts_with("08")
+            {
+                DbErr::Unavailable(db.message().to_string())
+            } else {
+                DbErr::Failed(db.message().to_string())
+            }
+        }
+        None => DbErr::Unavailable(e.to_string()),
+    }
+}
+
+/// Opens a connection to `member.pg-url` with the given server-side statement timeout
+/// (0 = none). Connecting is bounded by `member.db-timeout-ms`.
+pub fn connect(statement_timeout_ms: u64) -> Result<(Client, u64), DbErr> {
+    let (url, generation) = config::pg_url();
+    let mut cfg = Config::from_str(&url)
+        .map_err(|e| DbErr::Unavailable(format!("bad member.pg-url: {e}")))?;
+    cfg.connect_timeout(Duration::from_millis(config::db_timeout_ms()))
+        .keepalives(true)
+        .keepalives_idle(Duration::from_secs(10))
+        .application_name("libmember")
+        .options(&format!("-c statement_timeout={statement_timeout_ms}"));
+    let client = cfg.connect(NoTls).map_err(|e| classify(&e))?;
+    Ok((client, generation))
+}
+
+/// A worker's connection, opened lazily and reopened after a failure or a change of
+/// `member.pg-url`, with its prepared statements.
+#[derive(Default)]
+pub struct Db {
+    conn: Option<(Client, u64)>,
+    stmts: HashMap<String, Statement>,
+}
+
+impl Db {
+    /// Statements a client already gave up on still get this long to land (an ADD that
+    /// commits late still reaches the filter), then the server cancels them.
+    fn statement_timeout_ms() -> u64 {
+        config::db_timeout_ms().saturating_mul(4).max(1000)
+    }
+
+    pub fn client(&mut self) -> Result<&mut Client, DbErr> {
+        let (_, generation) = config::pg_url();
+        let stale = match &self.conn {
+            Some((c, g)) => *g != generation || c.is_closed(),
+            None => true,
+        };
+        if stale {
+            self.conn = None;
+            self.stmts.clear();
+            self.conn = Some(connect(Self::statement_timeout_ms())?);
+        }
+        Ok(&mut self.conn.as_mut().unwrap().0)
+    }
+
+    /// Runs `f` on the connection; on failure drops a broken connection so the next job
+    /// reconnects (the database coming back is noticed by itself).
+    pub fn run<T>(
+        &mut self,
+        f: impl FnOnce(&mut Client, &mut HashMap<String, Statement>) -> Result<T, postgres::Error>,
+    ) -> Result<T, DbErr> {
+        self.client()?;
+        let client = &mut self.conn.as_mut().expect("connected above").0;
+        match f(client, &mut self.stmts) {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                let err = classify(&e);
+                let broken = self.conn.as_ref().is_none_or(|(c, _)| c.is_closed());
+                if broken || matches!(err, DbErr::Unavailable(_)) {
+                    self.conn = None;
+                    self.stmts.clear();
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// Forgets the connection (after a panic mid-call, its state is unknown).
+    pub fn reset(&mut self) {
+        self.conn = None;
+        self.stmts.clear();
+    }
+}
+
+/// Prepares `sql` once per connection.
+pub fn prepared(
+    client: &mut Client,
+    stmts: &mut HashMap<String, Statement>,
+    sql: &str,
+) -> Result<Statement, postgres::Error> {
+    if let Some(s) = stmts.get(sql) {
+        return Ok(s.clone());
+    }
+    let s = client.prepare(sql)?;
+    stmts.insert(sql.to_string(), s.clone());
+    Ok(s)
+}

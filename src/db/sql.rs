@@ -1,0 +1,333 @@
+//! Every SQL statement libmember sends: the catalog, the per-set tables, the point writes and
+//! reads, and the COPY stream a filter is built from.
+
+use std::borrow::Cow;
+use std::io::BufRead;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use postgres::Client;
+
+use super::{prepared, Db, DbErr};
+use crate::canon::{self, Normalize};
+use crate::error;
+use crate::filter::Bloom;
+use crate::state::SetDef;
+
+const ADVISORY_KEY: i64 = 0x6c69_626d_656d; // "libmem"
+
+const CATALOG_DDL: &str = "CREATE TABLE IF NOT EXISTS member_catalog (
+    name text PRIMARY KEY,
+    error_rate double precision NOT NULL,
+    capacity bigint NOT NULL,
+    cache_ttl integer NOT NULL,
+    recent_ttl integer NOT NULL,
+    normalize text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+)";
+
+/// Name of a set's table. Set names are validated to `[a-z0-9_]{1,40}`, so this is safe SQL.
+pub fn table(set: &str) -> String {
+    format!("member_{set}")
+}
+
+const ACTIVE: &str = "status = 1 AND (expires_at IS NULL OR expires_at > now())";
+
+fn set_ddl(set: &str) -> String {
+    let t = table(set);
+    format!(
+        "CREATE TABLE IF NOT EXISTS {t} (
+            entity_id text NOT NULL,
+            scope text NOT NULL DEFAULT '',
+            status smallint NOT NULL DEFAULT 1,
+            created_at timestamptz NOT NULL DEFAULT now(),
+            updated_at timestamptz NOT NULL DEFAULT now(),
+            expires_at timestamptz,
+            PRIMARY KEY (entity_id, scope)
+        );
+        CREATE INDEX IF NOT EXISTS {t}_updated_at ON {t} (updated_at);"
+    )
+}
+
+fn row_to_def(row: &postgres::Row) -> Option<SetDef> {
+    Some(SetDef {
+        name: row.get(0),
+        error_rate: row.get(1),
+        capacity: row.get::<_, i64>(2) as u64,
+        cache_ttl: row.get::<_, i32>(3) as u64,
+        recent_ttl: row.get::<_, i32>(4) as u64,
+        normalize: Normalize::parse(row.get::<_, &str>(5).as_bytes())?,
+    })
+}
+
+const CATALOG_COLUMNS: &str = "name, error_rate, capacity, cache_ttl, recent_ttl, normalize";
+
+/// All set definitions. Creates the catalog table on a fresh database.
+pub fn load_catalog(db: &mut Db) -> Result<Vec<SetDef>, DbErr> {
+    db.run(|c, _| {
+        let mut tx = c.transaction()?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
+        tx.batch_execute(CATALOG_DDL)?;
+        let rows = tx.query(
+            &format!("SELECT {CATALOG_COLUMNS} FROM member_catalog ORDER BY name"),
+            &[],
+        )?;
+        tx.commit()?;
+        Ok(rows.iter().filter_map(row_to_def).collect())
+    })
+}
+
+/// Creates (or confirms) a set: catalog row and table. `explicit` says which settings the
+/// caller gave; an existing set whose given settings differ is refused. Returns the stored
+/// definition and, if `build`, the filter built from the rows already in the table.
+pub fn create_set(
+    db: &mut Db,
+    wanted: &SetDef,
+    explicit: &[bool; 5],
+    build: bool,
+    progress: &AtomicU64,
+) -> Result<(SetDef, Option<(Bloom, u64)>), DbErr> {
+    let def = db.run(|c, _| {
+        let mut tx = c.transaction()?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
+        tx.batch_execute(CATALOG_DDL)?;
+        let existing = tx.query_opt(
+            &format!("SELECT {CATALOG_COLUMNS} FROM member_catalog WHERE name = $1"),
+            &[&wanted.name],
+        )?;
+        let def = match existing.as_ref().and_then(row_to_def) {
+            Some(have) => {
+                if wanted.conflicts_with(&have, explicit) {
+                    return Ok(None);
+                }
+                have
+            }
+            None => {
+                tx.execute(
+                    "INSERT INTO member_catalog (name, error_rate, capacity, cache_ttl, recent_ttl, normalize)
+                     VALUES ($1, $2, $3, $4, $5, $6)",
+                    &[
+                        &wanted.name,
+                        &wanted.error_rate,
+                        &(wanted.capacity as i64),
+                        &(wanted.cache_ttl as i32),
+                        &(wanted.recent_ttl as i32),
+                        &wanted.normalize.name(),
+                    ],
+                )?;
+                wanted.clone()
+            }
+        };
+        tx.batch_execute(&set_ddl(&def.name))?;
+        tx.commit()?;
+        Ok(Some(def))
+    })?;
+    let def = def.ok_or(DbErr::Refused(error::SET_EXISTS_DIFFERENT))?;
+    let built = if build {
+        let built = db.client().and_then(|c| build_filter(c, &def, progress));
+        if matches!(built, Err(DbErr::Unavailable(_))) {
+            db.reset();
+        }
+        Some(built?)
+    } else {
+        None
+    };
+    Ok((def, built))
+}
+
+/// Inserts a membership. True when the call made it a member (a new row, or a deleted or
+/// expired one revived); false when it already was an active member. PostgreSQL's primary key
+/// decides between concurrent callers: exactly one gets true.
+pub fn add(
+    db: &mut Db,
+    set: &str,
+    entity: &str,
+    scope: &str,
+    expires_at: Option<f64>,
+) -> Result<bool, DbErr> {
+    let sql = format!(
+        "INSERT INTO {t} AS m (entity_id, scope, status, expires_at)
+         VALUES ($1, $2, 1, to_timestamp($3::float8))
+         ON CONFLICT (entity_id, scope) DO UPDATE
+            SET status = 1, expires_at = EXCLUDED.expires_at, created_at = now(), updated_at = now()
+            WHERE NOT (m.status = 1 AND (m.expires_at IS NULL OR m.expires_at > now()))
+         RETURNING 1",
+        t = table(set)
+    );
+    db.run(|c, s| {
+        let st = prepared(c, s, &sql)?;
+        Ok(c.query_opt(&st, &[&entity, &scope, &expires_at])?.is_some())
+    })
+}
+
+/// Deletes a membership row. True when an active member was removed.
+pub fn del(db: &mut Db, set: &str, entity: &str, scope: &str) -> Result<bool, DbErr> {
+    let sql = format!(
+        "DELETE FROM {t} WHERE entity_id = $1 AND scope = $2 RETURNING ({ACTIVE})",
+        t = table(set)
+    );
+    db.run(|c, s| {
+        let st = prepared(c, s, &sql)?;
+        Ok(c.query_opt(&st, &[&entity, &scope])?
+            .map(|r| r.get::<_, bool>(0))
+            .unwrap_or(false))
+    })
+}
+
+/// Looks one membership up. `Some(expires_at)` (unix seconds, if any) when it is an active
+/// member, `None` when not.
+pub fn lookup(
+    db: &mut Db,
+    set: &str,
+    entity: &str,
+    scope: &str,
+) -> Result<Option<Option<f64>>, DbErr> {
+    let sql = format!(
+        "SELECT EXTRACT(EPOCH FROM expires_at)::float8 FROM {t}
+         WHERE entity_id = $1 AND scope = $2 AND {ACTIVE}",
+        t = table(set)
+    );
+    db.run(|c, s| {
+        let st = prepared(c, s, &sql)?;
+        Ok(c.query_opt(&st, &[&entity, &scope])?
+            .map(|r| r.get::<_, Option<f64>>(0)))
+    })
+}
+
+/// Streams the set's active rows with `COPY … TO STDOUT` and builds a complete filter from
+/// them through the same canonicalization as the write path. Sized for the larger of the
+/// set's capacity and the row count. Peak extra memory: 16 bytes per row plus the filter.
+pub fn build_filter(
+    c: &mut Client,
+    def: &SetDef,
+    progress: &AtomicU64,
+) -> Result<(Bloom, u64), DbErr> {
+    let sql = format!(
+        "COPY (SELECT entity_id, scope FROM {t} WHERE {ACTIVE}) TO STDOUT",
+        t = table(&def.name)
+    );
+    let reader = c.copy_out(sql.as_str()).map_err(|e| super::classify(&e))?;
+    let mut reader = std::io::BufReader::with_capacity(1 << 16, reader);
+    let mut hashes: Vec<u128> = Vec::new();
+    let mut line = Vec::with_capacity(256);
+    loop {
+        line.clear();
+        let n = reader
+            .read_until(b'\n', &mut line)
+            .map_err(copy_read_error)?;
+        if n == 0 {
+            break;
+        }
+        if line.last() == Some(&b'\n') {
+            line.pop();
+        }
+        if let Some(h) = hash_copy_row(def.normalize, &line) {
+            hashes.push(h);
+        }
+        if hashes.len().is_multiple_of(4096) {
+            progress.store(hashes.len() as u64, Ordering::Relaxed);
+        }
+    }
+    progress.store(hashes.len() as u64, Ordering::Relaxed);
+    let mut bloom = Bloom::new(def.capacity.max(hashes.len() as u64), def.error_rate);
+    for h in &hashes {
+        bloom.add(*h);
+    }
+    Ok((bloom, hashes.len() as u64))
+}
+
+/// A read error from a COPY stream carries the driver's error inside; classify that.
+fn copy_read_error(e: std::io::Error) -> DbErr {
+    match e.into_inner().map(|b| b.downcast::<postgres::Error>()) {
+        Some(Ok(pg)) => super::classify(&pg),
+        Some(Err(other)) => DbErr::Unavailable(other.to_string()),
+        None => DbErr::Unavailable("COPY stream failed".into()),
+    }
+}
+
+/// Canonical hash of one COPY text-format row `entity \t scope`; None for rows the write
+/// path would have refused (they can only come from outside writes).
+fn hash_copy_row(norm: Normalize, line: &[u8]) -> Option<u128> {
+    let tab = line.iter().position(|&b| b == b'\t')?;
+    let entity = unescape(&line[..tab]);
+    let scope = unescape(&line[tab + 1..]);
+    canon::canonicalize(norm, &entity, &scope)
+        .ok()
+        .map(|c| c.hash)
+}
+
+/// Undoes COPY text-format escaping (`\\`, `\t`, `\n`, octal and hex escapes...).
+fn unescape(field: &[u8]) -> Cow<'_, [u8]> {
+    if !field.contains(&b'\\') {
+        return Cow::Borrowed(field);
+    }
+    let mut out = Vec::with_capacity(field.len());
+    let mut i = 0;
+    while i < field.len() {
+        let b = field[i];
+        if b != b'\\' || i + 1 == field.len() {
+            out.push(b);
+            i += 1;
+            continue;
+        }
+        let e = field[i + 1];
+        i += 2;
+        match e {
+            b'b' => out.push(8),
+            b'f' => out.push(12),
+            b'n' => out.push(b'\n'),
+            b'r' => out.push(b'\r'),
+            b't' => out.push(b'\t'),
+            b'v' => out.push(11),
+            b'0'..=b'7' => {
+                let mut v = (e - b'0') as u32;
+                let mut n = 1;
+                while n < 3 && i < field.len() && (b'0'..=b'7').contains(&field[i]) {
+                    v = v * 8 + (field[i] - b'0') as u32;
+                    i += 1;
+                    n += 1;
+                }
+                out.push(v as u8);
+            }
+            b'x' => {
+                let mut v = 0u32;
+                let mut n = 0;
+                while n < 2 && i < field.len() && field[i].is_ascii_hexdigit() {
+                    v = v * 16 + (field[i] as char).to_digit(16).unwrap();
+                    i += 1;
+                    n += 1;
+                }
+                out.push(v as u8);
+            }
+            other => out.push(other),
+        }
+    }
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unescape_copy_text() {
+        assert_eq!(&*unescape(b"plain"), b"plain");
+        assert_eq!(&*unescape(b"a\\tb\\nc\\\\d"), b"a\tb\nc\\d");
+        assert_eq!(&*unescape(b"\\101\\x42"), b"AB");
+    }
+
+    #[test]
+    fn copy_rows_hash_like_the_write_path() {
+        let row = b"alice\t";
+        let want = canon::canonicalize(Normalize::Username, b"alice", b"")
+            .unwrap()
+            .hash;
+        assert_eq!(hash_copy_row(Normalize::Username, row), Some(want));
+        // Rows written from outside are normalized the same way.
+        assert_eq!(hash_copy_row(Normalize::Username, b"  ALICE\t"), Some(want));
+        let scoped = canon::canonicalize(Normalize::None, b"a\tb", b"m1")
+            .unwrap()
+            .hash;
+        assert_eq!(hash_copy_row(Normalize::None, b"a\\tb\tm1"), Some(scoped));
+        assert_eq!(hash_copy_row(Normalize::None, b"no-tab"), None);
+    }
+}

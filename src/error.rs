@@ -1,0 +1,48 @@
+//! Every error reply libmember sends, with its exact text, in one place.
+//! Tests and the README quote these strings; change them here and nowhere else.
+
+/// Prefix of the one error that means "the source of truth could not answer": PostgreSQL is
+/// down, unreachable, or slower than `member.db-timeout-ms`. Never replaced by a 0 or a 1.
+pub const UNAVAILABLE: &str = "UNAVAILABLE";
+
+pub const WRONG_ARITY: &str = "ERR wrong number of arguments";
+pub const SYNTAX: &str = "ERR syntax error";
+pub const BAD_SET_NAME: &str = "ERR invalid set name: use 1 to 40 characters from [a-z0-9_]";
+pub const UNKNOWN_SET: &str = "ERR no such set: create it with MEMBER.CREATE";
+pub const EMPTY_ITEM: &str = "ERR item is empty";
+pub const ITEM_TOO_LONG: &str = "ERR item is longer than 1024 bytes";
+pub const ITEM_NOT_TEXT: &str = "ERR item must be valid UTF-8 without NUL bytes";
+pub const ITEM_EMPTY_AFTER_NORMALIZE: &str = "ERR item is empty after normalization";
+pub const SCOPE_TOO_LONG: &str = "ERR scope is longer than 256 bytes";
+pub const SCOPE_NOT_TEXT: &str = "ERR scope must be valid UTF-8 without NUL bytes";
+pub const BAD_TTL: &str = "ERR TTL must be an integer between 1 and 315360000 seconds";
+pub const BAD_EXPIREAT: &str =
+    "ERR EXPIREAT must be a unix time in seconds, in the future and within 10 years";
+pub const TTL_AND_EXPIREAT: &str = "ERR TTL and EXPIREAT cannot be combined";
+pub const BAD_ERROR_RATE: &str = "ERR ERROR must be a number between 0.000001 and 0.5";
+pub const BAD_CAPACITY: &str = "ERR CAPACITY must be an integer between 1 and 4000000000";
+pub const BAD_CACHE_TTL: &str = "ERR CACHE-TTL must be an integer between 1 and 31536000 seconds";
+pub const BAD_RECENT_TTL: &str = "ERR RECENT-TTL must be an integer between 1 and 86400 seconds";
+pub const BAD_NORMALIZE: &str = "ERR NORMALIZE must be one of none, lower, username";
+pub const DUPLICATE_OPTION: &str = "ERR option given more than once";
+pub const SET_EXISTS_DIFFERENT: &str =
+    "ERR set already exists with different settings (see MEMBER.INFO)";
+pub const NEEDS_BLOCKING: &str =
+    "ERR this call needs the database and cannot block inside MULTI/EXEC, Lua or functions";
+pub const CATALOG_NOT_LOADED: &str =
+    "UNAVAILABLE set catalog not loaded yet: PostgreSQL has not answered since start-up";
+pub const DB_TIMEOUT: &str =
+    "UNAVAILABLE source of truth did not answer within member.db-timeout-ms";
+pub const WORKER_LOST: &str = "UNAVAILABLE database worker failed before answering";
+pub const QUEUE_FULL: &str = "UNAVAILABLE database queue is full";
+
+/// The error reply for a failed database call: `UNAVAILABLE <detail>` when the database could
+/// not be reached or answered too slowly, `ERR <detail>` when it answered with an error.
+pub fn db_error(unavailable: bool, detail: &str) -> String {
+    let detail = detail.replace(['\r', '\n'], " ");
+    if unavailable {
+        format!("{UNAVAILABLE} source of truth unavailable: {detail}")
+    } else {
+        format!("ERR database error: {detail}")
+    }
+}

@@ -1,0 +1,299 @@
+//! The Bloom gate as plain Rust: sizing, probing, fill estimates and a versioned binary form.
+//! No server calls here; `filter_type.rs` wraps it as a Valkey data type.
+
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Magic and version in front of every serialized filter.
+const MAGIC: &[u8; 4] = b"LMBF";
+pub const FORMAT_VERSION: u16 = 1;
+const HEADER_LEN: usize = 4 + 2 + 2 + 8 + 8 + 8 + 8 + 8 + 1 + 8;
+
+/// Largest filter we will allocate or load: 8 GiB of bits.
+pub const MAX_BITS: u64 = 1 << 36;
+
+/// Bits and hash count for `capacity` items at false-positive rate `fpr`:
+/// m = -n ln p / (ln 2)^2 rounded up to whole 64-bit words, k = round(m/n ln 2).
+pub fn size_for(capacity: u64, fpr: f64) -> (u64, u32) {
+    let n = capacity.max(1) as f64;
+    let ln2 = std::f64::consts::LN_2;
+    let m = (-(n * fpr.ln()) / (ln2 * ln2)).ceil().max(64.0);
+    let m = ((m as u64).div_ceil(64) * 64).min(MAX_BITS);
+    let k = ((m as f64 / n) * ln2).round().clamp(1.0, 30.0) as u32;
+    (m, k)
+}
+
+/// A Bloom filter over 128-bit item hashes (see `canon::hash_parts`), using enhanced double
+/// hashing: one hash per item, k positions derived from its two halves.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Bloom {
+    bits: Vec<u64>,
+    k: u32,
+    /// Number of `add` calls that set at least one new bit (an estimate of distinct items).
+    items: u64,
+    /// Number of bits set, kept exact so fill and FPR estimates are O(1).
+    ones: u64,
+    /// Capacity and rate the filter was sized for.
+    capacity: u64,
+    fpr: f64,
+}
+
+#[inline]
+fn reduce(x: u64, m: u64) -> u64 {
+    ((x as u128 * m as u128) >> 64) as u64
+}
+
+impl Bloom {
+    pub fn new(capacity: u64, fpr: f64) -> Self {
+        let (m, k) = size_for(capacity, fpr);
+        Bloom {
+            bits: vec![0; (m / 64) as usize],
+            k,
+            items: 0,
+            ones: 0,
+            capacity,
+            fpr,
+        }
+    }
+
+    #[inline]
+    fn positions(&self, hash: u128) -> impl Iterator<Item = u64> {
+        let m = self.bits.len() as u64 * 64;
+        let mut h1 = hash as u64;
+        let mut h2 = (hash >> 64) as u64 | 1;
+        (0..self.k).map(move |i| {
+            let p = reduce(h1, m);
+            h1 = h1.wrapping_add(h2);
+            h2 = h2.wrapping_add(i as u64);
+            p
+        })
+    }
+
+    /// Sets the item's bits. Returns true when at least one bit was new.
+    pub fn add(&mut self, hash: u128) -> bool {
+        let mut new = 0;
+        for p in self.positions(hash) {
+            let (w, b) = ((p / 64) as usize, p % 64);
+            let mask = 1u64 << b;
+            if self.bits[w] & mask == 0 {
+                self.bits[w] |= mask;
+                new += 1;
+            }
+        }
+        self.ones += new;
+        if new > 0 {
+            self.items += 1;
+        }
+        new > 0
+    }
+
+    /// False means the item was never added. True means "possibly".
+    #[inline]
+    pub fn contains(&self, hash: u128) -> bool {
+        self.positions(hash)
+            .all(|p| self.bits[(p / 64) as usize] & (1u64 << (p % 64)) != 0)
+    }
+
+    pub fn bits(&self) -> u64 {
+        self.bits.len() as u64 * 64
+    }
+    pub fn hashes(&self) -> u32 {
+        self.k
+    }
+    pub fn items(&self) -> u64 {
+        self.items
+    }
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+    pub fn configured_fpr(&self) -> f64 {
+        self.fpr
+    }
+    pub fn bytes(&self) -> usize {
+        self.bits.len() * 8 + std::mem::size_of::<Self>()
+    }
+    /// Fraction of bits set.
+    pub fn fill(&self) -> f64 {
+        self.ones as f64 / self.bits() as f64
+    }
+    /// Current false-positive probability estimated from the fill: fill^k.
+    pub fn estimated_fpr(&self) -> f64 {
+        self.fill().powi(self.k as i32)
+    }
+
+    /// Serialized form: magic, version, k, reserved, bits, items, ones, capacity, fpr,
+    /// complete flag, xxh3 checksum of the bit array, then the bit array (little endian).
+    pub fn to_bytes(&self, complete: bool) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER_LEN + self.bits.len() * 8);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&(self.k as u16).to_le_bytes());
+        out.extend_from_slice(&self.bits().to_le_bytes());
+        out.extend_from_slice(&self.items.to_le_bytes());
+        out.extend_from_slice(&self.ones.to_le_bytes());
+        out.extend_from_slice(&self.capacity.to_le_bytes());
+        out.extend_from_slice(&self.fpr.to_le_bytes());
+        out.push(complete as u8);
+        let body_at = out.len() + 8;
+        out.extend_from_slice(&[0; 8]);
+        for w in &self.bits {
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+        let sum = xxh3_64(&out[body_at..]);
+        out[body_at - 8..body_at].copy_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    /// Parses `to_bytes` output, rejecting anything it cannot fully verify.
+    pub fn from_bytes(b: &[u8]) -> Result<(Bloom, bool), String> {
+        if b.len() < HEADER_LEN {
+            return Err(format!("filter payload too short ({} bytes)", b.len()));
+        }
+        if &b[0..4] != MAGIC {
+            return Err("filter payload has an unknown magic".into());
+        }
+        let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        let version = u16_at(4);
+        if version != FORMAT_VERSION {
+            return Err(format!(
+                "filter payload version {version} is not supported (this build reads {FORMAT_VERSION})"
+            ));
+        }
+        let k = u16_at(6) as u32;
+        let m = u64_at(8);
+        let items = u64_at(16);
+        let ones = u64_at(24);
+        let capacity = u64_at(32);
+        let fpr = f64::from_bits(u64_at(40));
+        let complete = match b[48] {
+            0 => false,
+            1 => true,
+            x => return Err(format!("filter payload has a bad completeness flag {x}")),
+        };
+        let sum = u64_at(49);
+        if !(1..=30).contains(&k) || m == 0 || m % 64 != 0 || m > MAX_BITS {
+            return Err(format!("filter payload has bad geometry (k={k}, m={m})"));
+        }
+        if !(fpr > 0.0 && fpr < 1.0) {
+            return Err("filter payload has a bad error rate".into());
+        }
+        let body = &b[HEADER_LEN..];
+        if body.len() as u64 != m / 8 {
+            return Err(format!(
+                "filter payload is truncated or padded: {} bit bytes, expected {}",
+                body.len(),
+                m / 8
+            ));
+        }
+        if xxh3_64(body) != sum {
+            return Err("filter payload checksum mismatch (corrupt data)".into());
+        }
+        let bits: Vec<u64> = body
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let real_ones: u64 = bits.iter().map(|w| w.count_ones() as u64).sum();
+        if real_ones != ones {
+            return Err("filter payload bit count mismatch (corrupt data)".into());
+        }
+        Ok((
+            Bloom {
+                bits,
+                k,
+                items,
+                ones,
+                capacity,
+                fpr,
+            },
+            complete,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::canon::hash_parts;
+
+    fn h(i: u64) -> u128 {
+        hash_parts(&format!("item-{i}"), "")
+    }
+
+    #[test]
+    fn sizing_matches_the_bloom_optimum() {
+        let (m, k) = size_for(1_000_000, 0.01);
+        let bits_per_item = m as f64 / 1e6;
+        assert!((9.58..9.62).contains(&bits_per_item), "{bits_per_item}");
+        assert_eq!(k, 7);
+        let (m, k) = size_for(1000, 0.001);
+        assert!((14.3..14.5).contains(&(m as f64 / 1000.0)));
+        assert_eq!(k, 10);
+        assert_eq!(size_for(0, 0.01).0 % 64, 0);
+    }
+
+    #[test]
+    fn no_false_negatives() {
+        let mut b = Bloom::new(10_000, 0.01);
+        for i in 0..10_000 {
+            b.add(h(i));
+        }
+        assert!((0..10_000).all(|i| b.contains(h(i))));
+    }
+
+    #[test]
+    fn measured_fpr_is_close_to_configured() {
+        for (seed, fpr) in [(0u64, 0.01), (7, 0.001)] {
+            let n = 50_000;
+            let mut b = Bloom::new(n, fpr);
+            for i in 0..n {
+                b.add(h(seed * 10_000_000 + i));
+            }
+            let probes = 200_000u64;
+            let fp = (0..probes)
+                .filter(|i| b.contains(h(seed * 10_000_000 + 5_000_000 + i)))
+                .count() as f64;
+            let measured = fp / probes as f64;
+            assert!(
+                (measured - fpr).abs() < fpr * 0.25,
+                "configured {fpr}, measured {measured}"
+            );
+            assert!((b.estimated_fpr() - fpr).abs() < fpr * 0.25);
+        }
+    }
+
+    #[test]
+    fn roundtrip_keeps_everything() {
+        let mut b = Bloom::new(1000, 0.01);
+        for i in 0..500 {
+            b.add(h(i));
+        }
+        let bytes = b.to_bytes(true);
+        let (c, complete) = Bloom::from_bytes(&bytes).unwrap();
+        assert!(complete);
+        assert_eq!(b, c);
+        let (_, complete) = Bloom::from_bytes(&b.to_bytes(false)).unwrap();
+        assert!(!complete);
+    }
+
+    #[test]
+    fn corrupt_payloads_are_rejected() {
+        let mut b = Bloom::new(1000, 0.01);
+        b.add(h(1));
+        let good = b.to_bytes(true);
+        assert!(Bloom::from_bytes(&good[..good.len() - 1]).is_err());
+        assert!(Bloom::from_bytes(&good[..10]).is_err());
+        assert!(Bloom::from_bytes(&[]).is_err());
+        let mut flipped = good.clone();
+        let last = flipped.len() - 3;
+        flipped[last] ^= 0x10;
+        assert!(Bloom::from_bytes(&flipped)
+            .unwrap_err()
+            .contains("checksum"));
+        let mut version = good.clone();
+        version[4] = 9;
+        assert!(Bloom::from_bytes(&version).unwrap_err().contains("version"));
+        let mut magic = good;
+        magic[0] = b'X';
+        assert!(Bloom::from_bytes(&magic).is_err());
+    }
+}

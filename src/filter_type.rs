@@ -1,0 +1,176 @@
+//! The filter as a Valkey data type (`member-bf`): RDB save/load of the versioned form from
+//! `filter.rs`, MEMORY USAGE, DEBUG DIGEST-VALUE, COPY and free.
+
+use std::os::raw::{c_int, c_void};
+
+use redis_module::logging::{log_io_error, RedisLogLevel};
+use redis_module::native_types::RedisType;
+use redis_module::{raw, Context, RedisString};
+
+use crate::filter::Bloom;
+use crate::funnel::FilterView;
+
+/// A set's filter and whether it was built from the whole table.
+#[derive(Clone, Debug)]
+pub struct FilterValue {
+    pub bloom: Bloom,
+    /// True only when built from the full table (CREATE, rebuild). A filter that is not
+    /// complete never answers "absent".
+    pub complete: bool,
+}
+
+/// RDB encoding version of the type (the payload carries its own format version as well).
+const ENCVER: i32 = 1;
+
+pub static FILTER_TYPE: RedisType = RedisType::new(
+    "member-bf",
+    ENCVER,
+    raw::RedisModuleTypeMethods {
+        version: raw::REDISMODULE_TYPE_METHOD_VERSION as u64,
+        rdb_load: Some(rdb_load),
+        rdb_save: Some(rdb_save),
+        aof_rewrite: None,
+        free: Some(free),
+        mem_usage: Some(mem_usage),
+        digest: Some(digest),
+        aux_load: None,
+        aux_save: None,
+        aux_save2: None,
+        aux_save_triggers: 0,
+        free_effort: None,
+        unlink: None,
+        copy: Some(copy),
+        defrag: None,
+        copy2: None,
+        free_effort2: None,
+        mem_usage2: None,
+        unlink2: None,
+    },
+);
+
+/// What the filter at `key` says about `hash`. A missing filter, or a key of another type,
+/// is incomplete: it can never answer "absent".
+#[inline]
+pub fn view(ctx: &Context, key: &RedisString, hash: u128) -> FilterView {
+    let k = ctx.open_key(key);
+    match k.get_value::<FilterValue>(&FILTER_TYPE) {
+        Ok(Some(f)) if f.complete => FilterView::Complete {
+            contains: f.bloom.contains(hash),
+        },
+        _ => FilterView::Incomplete,
+    }
+}
+
+/// Runs `f` on the filter at `key`, if there is one of our type.
+pub fn with<R>(ctx: &Context, key: &RedisString, f: impl FnOnce(&FilterValue) -> R) -> Option<R> {
+    let k = ctx.open_key(key);
+    match k.get_value::<FilterValue>(&FILTER_TYPE) {
+        Ok(Some(v)) => Some(f(v)),
+        _ => None,
+    }
+}
+
+/// Adds `hash` to the filter at `key`. Returns false when there is no filter of ours there
+/// (the caller then creates an incomplete one).
+pub fn add(ctx: &Context, key: &RedisString, hash: u128) -> bool {
+    let k = ctx.open_key_writable(key);
+    match k.get_value::<FilterValue>(&FILTER_TYPE) {
+        Ok(Some(v)) => {
+            v.bloom.add(hash);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Stores `value` at `key`, replacing whatever is there (the `member:` prefix is ours).
+pub fn install(ctx: &Context, key: &RedisString, value: FilterValue) {
+    let k = ctx.open_key_writable(key);
+    if !k.is_empty() && k.get_value::<FilterValue>(&FILTER_TYPE).is_err() {
+        let _ = k.delete();
+    }
+    let k = ctx.open_key_writable(key);
+    if let Err(e) = k.set_value(&FILTER_TYPE, value) {
+        ctx.log_warning(&format!("libmember: cannot store filter: {e}"));
+    }
+}
+
+/// # Safety
+/// `value` is a `FilterValue` we stored; `rdb` is the server's IO handle.
+unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
+    let v = unsafe { &*value.cast::<FilterValue>() };
+    raw::save_slice(rdb, &v.bloom.to_bytes(v.complete));
+}
+
+/// A payload that cannot be verified fails the load with a log line; it never crashes.
+/// A loaded filter is marked incomplete: writes may have landed in PostgreSQL after the
+/// snapshot, so it must not answer "absent" until a rebuild has caught it up.
+///
+/// # Safety
+/// `rdb` is the server's IO handle.
+unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
+    if encver != ENCVER {
+        log_io_error(
+            rdb,
+            RedisLogLevel::Warning,
+            &format!("libmember: filter encoding version {encver} is not supported"),
+        );
+        return std::ptr::null_mut();
+    }
+    let buf = match raw::load_string_buffer(rdb) {
+        Ok(b) => b,
+        Err(_) => {
+            log_io_error(
+                rdb,
+                RedisLogLevel::Warning,
+                "libmember: filter payload unreadable",
+            );
+            return std::ptr::null_mut();
+        }
+    };
+    match Bloom::from_bytes(buf.as_ref()) {
+        Ok((bloom, _complete)) => Box::into_raw(Box::new(FilterValue {
+            bloom,
+            complete: false,
+        }))
+        .cast(),
+        Err(e) => {
+            log_io_error(rdb, RedisLogLevel::Warning, &format!("libmember: {e}"));
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// # Safety
+/// `value` is a `FilterValue` we stored, freed exactly once by the server.
+unsafe extern "C" fn free(value: *mut c_void) {
+    drop(unsafe { Box::from_raw(value.cast::<FilterValue>()) });
+}
+
+/// # Safety
+/// `value` is a `FilterValue` we stored.
+unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
+    unsafe { &*value.cast::<FilterValue>() }.bloom.bytes()
+}
+
+/// # Safety
+/// `value` is a `FilterValue` we stored; `md` is the server's digest handle.
+unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
+    let v = unsafe { &*value.cast::<FilterValue>() };
+    let mut bytes = v.bloom.to_bytes(v.complete);
+    unsafe {
+        raw::RedisModule_DigestAddStringBuffer.unwrap()(md, bytes.as_mut_ptr().cast(), bytes.len());
+        raw::RedisModule_DigestEndSequence.unwrap()(md);
+    }
+}
+
+/// # Safety
+/// `value` is a `FilterValue` we stored.
+unsafe extern "C" fn copy(
+    _from: *mut raw::RedisModuleString,
+    _to: *mut raw::RedisModuleString,
+    value: *const c_void,
+) -> *mut c_void {
+    let v = unsafe { &*value.cast::<FilterValue>() };
+    Box::into_raw(Box::new(v.clone())).cast()
+}

@@ -1,0 +1,134 @@
+//! The funnel's decision logic, free of server calls: Bloom gate → recent-writes → exact-match
+//! cache → database. The command layer asks `gate`, then (maybe) the cache, then (maybe) the DB.
+
+/// What the filter tier knows about one item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FilterView {
+    /// The filter was built from the whole table: a negative is definitive.
+    Complete { contains: bool },
+    /// No filter, or one not (yet) built from the whole table: it cannot say "absent".
+    Incomplete,
+}
+
+/// The tier that decided an answer, as MEMBER.EXPLAIN names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    BloomNegative,
+    Recent,
+    CacheHit,
+    DbHit,
+    DbMiss,
+}
+
+impl Path {
+    pub fn name(self) -> &'static str {
+        match self {
+            Path::BloomNegative => "bloom-negative",
+            Path::Recent => "recent",
+            Path::CacheHit => "cache-hit",
+            Path::DbHit => "db-hit",
+            Path::DbMiss => "db-miss",
+        }
+    }
+}
+
+/// The first decision, taken without any I/O.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gate {
+    /// Definitely absent: answer 0 now.
+    Absent,
+    /// The filter says absent but a write of this item is in flight or just landed: only the
+    /// database may answer (the cache cannot hold anything newer than the write).
+    Recent,
+    /// Possibly present (filter hit, or filter incomplete): try the cache, then the database.
+    Possible,
+}
+
+/// Gate decision from the filter and the recent-writes marks. `recent` is only consulted on a
+/// filter negative, which is what keeps the common path to one probe.
+pub fn gate(filter: FilterView, recent: impl FnOnce() -> bool) -> Gate {
+    match filter {
+        FilterView::Complete { contains: false } => {
+            if recent() {
+                Gate::Recent
+            } else {
+                Gate::Absent
+            }
+        }
+        FilterView::Complete { contains: true } | FilterView::Incomplete => Gate::Possible,
+    }
+}
+
+/// The path to report once the database has answered a lookup that passed `gate`.
+pub fn db_path(gate: Gate, present: bool) -> Path {
+    match (gate, present) {
+        (Gate::Recent, _) => Path::Recent,
+        (_, true) => Path::DbHit,
+        (_, false) => Path::DbMiss,
+    }
+}
+
+/// Seconds an exact-match entry may live: the set's cache TTL, never past the membership's
+/// expiry. `None` means "do not cache" (already expired or about to).
+pub fn cache_ttl_ms(cache_ttl_s: u64, expires_at_s: Option<f64>, now_s: f64) -> Option<u64> {
+    let cap = cache_ttl_s.saturating_mul(1000);
+    let ttl = match expires_at_s {
+        None => cap,
+        Some(exp) => {
+            let left = ((exp - now_s) * 1000.0).floor();
+            if left < 1.0 {
+                return None;
+            }
+            cap.min(left as u64)
+        }
+    };
+    (ttl > 0).then_some(ttl)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn complete_negative_without_recent_is_absent() {
+        assert_eq!(
+            gate(FilterView::Complete { contains: false }, || false),
+            Gate::Absent
+        );
+    }
+
+    #[test]
+    fn recent_write_overrides_a_filter_negative() {
+        assert_eq!(
+            gate(FilterView::Complete { contains: false }, || true),
+            Gate::Recent
+        );
+        assert_eq!(db_path(Gate::Recent, true), Path::Recent);
+        assert_eq!(db_path(Gate::Recent, false), Path::Recent);
+    }
+
+    #[test]
+    fn incomplete_filter_never_answers_absent() {
+        assert_eq!(gate(FilterView::Incomplete, || false), Gate::Possible);
+        assert_eq!(gate(FilterView::Incomplete, || true), Gate::Possible);
+    }
+
+    #[test]
+    fn recent_is_not_consulted_on_a_hit() {
+        let g = gate(FilterView::Complete { contains: true }, || {
+            panic!("consulted")
+        });
+        assert_eq!(g, Gate::Possible);
+        assert_eq!(db_path(g, true), Path::DbHit);
+        assert_eq!(db_path(g, false), Path::DbMiss);
+    }
+
+    #[test]
+    fn cache_ttl_never_outlives_expiry() {
+        assert_eq!(cache_ttl_ms(300, None, 1000.0), Some(300_000));
+        assert_eq!(cache_ttl_ms(300, Some(1010.0), 1000.0), Some(10_000));
+        assert_eq!(cache_ttl_ms(300, Some(5000.0), 1000.0), Some(300_000));
+        assert_eq!(cache_ttl_ms(300, Some(1000.0005), 1000.0), None);
+        assert_eq!(cache_ttl_ms(300, Some(900.0), 1000.0), None);
+    }
+}

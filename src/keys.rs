@@ -1,0 +1,62 @@
+//! The Valkey keys libmember owns, all under the reserved prefix `member:` in DB 0:
+//! the filter `member:<set>:bloom` and the exact-match entries `member:<set>:hit:<entity>\0<scope>`.
+
+use std::time::Duration;
+
+use redis_module::{raw, Context, RedisString};
+
+use crate::canon::Canon;
+
+/// Name of a set's filter key.
+pub fn filter_key(set: &str) -> RedisString {
+    RedisString::create(None, format!("member:{set}:bloom"))
+}
+
+/// Prefix of a set's exact-match keys.
+pub fn cache_prefix(set: &str) -> Vec<u8> {
+    format!("member:{set}:hit:").into_bytes()
+}
+
+/// Name of one membership's exact-match key.
+pub fn cache_key(ctx: &Context, prefix: &[u8], canon: &Canon) -> RedisString {
+    let mut k = Vec::with_capacity(prefix.len() + canon.entity.len() + 1 + canon.scope.len());
+    k.extend_from_slice(prefix);
+    k.extend_from_slice(&canon.key_bytes());
+    RedisString::create_from_slice(ctx.ctx, &k)
+}
+
+/// True when a confirmed membership is cached (an expired entry counts as absent).
+pub fn cache_hit(ctx: &Context, key: &RedisString) -> bool {
+    !ctx.open_key(key).is_null()
+}
+
+/// Caches a confirmed membership for `ttl`.
+pub fn cache_fill(ctx: &Context, key: &RedisString, ttl: Duration) {
+    let k = ctx.open_key_writable(key);
+    if k.write("1").is_ok() {
+        let _ = k.set_expire(ttl);
+    }
+}
+
+/// Drops a cached membership (after any ADD or DEL of it).
+pub fn cache_invalidate(ctx: &Context, key: &RedisString) {
+    let k = ctx.open_key_writable(key);
+    if !k.is_empty() {
+        let _ = k.delete();
+    }
+}
+
+/// Runs `f` with DB 0 selected, restoring the caller's DB afterwards: libmember's keys live in
+/// DB 0 whatever database the client has selected.
+pub fn with_db0<R>(ctx: &Context, f: impl FnOnce(&Context) -> R) -> R {
+    // SAFETY: ctx is a live context with a client (command, reply callback or timer).
+    let current = unsafe { raw::RedisModule_GetSelectedDb.unwrap()(ctx.ctx) };
+    if current != 0 {
+        unsafe { raw::RedisModule_SelectDb.unwrap()(ctx.ctx, 0) };
+    }
+    let r = f(ctx);
+    if current != 0 {
+        unsafe { raw::RedisModule_SelectDb.unwrap()(ctx.ctx, current) };
+    }
+    r
+}

@@ -1,0 +1,111 @@
+//! libmember: "is X a member of set S?" in one round trip, never wrong. Registration only:
+//! commands, configs, the filter data type and the INFO section. The funnel lives in
+//! `command/lookup.rs` → `funnel.rs`; the database in `db/`.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod block;
+pub mod canon;
+pub mod catalog;
+pub mod command;
+pub mod config;
+pub mod db;
+pub mod error;
+pub mod filter;
+pub mod filter_type;
+pub mod funnel;
+pub mod keys;
+pub mod mainq;
+pub mod metrics;
+pub mod rebuild;
+pub mod state;
+
+use redis_module::configuration::ConfigurationFlags;
+use redis_module::{redis_module, Context, InfoContext, RedisResult, RedisString, Status};
+
+use command::{create, info, lookup, write};
+use config::*;
+use filter_type::FILTER_TYPE;
+
+/// MEMBER.CREATE <set> [ERROR <rate>] [CAPACITY <n>] [CACHE-TTL <s>] [RECENT-TTL <s>] [NORMALIZE none|lower|username]
+fn member_create(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
+    create::create(ctx, args)
+}
+/// MEMBER.ADD <set> <item> [SCOPE <scope>] [TTL <s> | EXPIREAT <unix-s>]
+fn member_add(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
+    write::add(ctx, args)
+}
+/// MEMBER.DEL <set> <item> [SCOPE <scope>]
+fn member_del(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
+    write::del(ctx, args)
+}
+/// MEMBER.EXISTS <set> <item> [SCOPE <scope>]
+fn member_exists(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
+    lookup::lookup(ctx, args, false)
+}
+/// MEMBER.EXPLAIN <set> <item> [SCOPE <scope>]
+fn member_explain(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
+    lookup::lookup(ctx, args, true)
+}
+/// MEMBER.INFO <set>
+fn member_info(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
+    info::info(ctx, args)
+}
+
+// Unit tests run outside the server, where its allocator does not exist.
+#[cfg(not(test))]
+type Alloc = redis_module::alloc::RedisAlloc;
+#[cfg(not(test))]
+const ALLOC: Alloc = redis_module::alloc::RedisAlloc;
+#[cfg(test)]
+type Alloc = std::alloc::System;
+#[cfg(test)]
+const ALLOC: Alloc = std::alloc::System;
+
+fn info_member(ctx: &InfoContext, for_crash_report: bool) {
+    info::info_section(ctx, for_crash_report);
+}
+
+fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+    {
+        let mut url = PG_URL.lock().unwrap_or_else(|e| e.into_inner());
+        if url.is_empty() {
+            *url = PG_URL_DEFAULT.to_string();
+        }
+    }
+    db::pool::resize();
+    mainq::start(ctx);
+    Status::Ok
+}
+
+redis_module! {
+    name: "member",
+    version: 1,
+    allocator: (Alloc, ALLOC),
+    data_types: [FILTER_TYPE],
+    init: init,
+    info: info_member,
+    commands: [
+        ["member.create", member_create, "write deny-oom", 0, 0, 0, ""],
+        ["member.add", member_add, "write deny-oom", 0, 0, 0, ""],
+        ["member.del", member_del, "write", 0, 0, 0, ""],
+        ["member.exists", member_exists, "readonly fast", 0, 0, 0, ""],
+        ["member.explain", member_explain, "readonly", 0, 0, 0, ""],
+        ["member.info", member_info, "readonly", 0, 0, 0, ""],
+    ],
+    configurations: [
+        i64: [
+            ["workers", &WORKERS, WORKERS_DEFAULT, WORKERS_MIN, WORKERS_MAX, ConfigurationFlags::DEFAULT, Some(Box::new(on_workers_changed))],
+            ["db-timeout-ms", &DB_TIMEOUT_MS, DB_TIMEOUT_MS_DEFAULT, DB_TIMEOUT_MS_MIN, DB_TIMEOUT_MS_MAX, ConfigurationFlags::DEFAULT, None],
+            ["default-capacity", &DEFAULT_CAPACITY, DEFAULT_CAPACITY_DEFAULT, DEFAULT_CAPACITY_MIN, DEFAULT_CAPACITY_MAX, ConfigurationFlags::DEFAULT, None],
+            ["cache-ttl", &CACHE_TTL, CACHE_TTL_DEFAULT, CACHE_TTL_MIN, CACHE_TTL_MAX, ConfigurationFlags::DEFAULT, None],
+            ["recent-ttl", &RECENT_TTL, RECENT_TTL_DEFAULT, RECENT_TTL_MIN, RECENT_TTL_MAX, ConfigurationFlags::DEFAULT, None],
+        ],
+        string: [
+            ["pg-url", &PG_URL, PG_URL_DEFAULT, ConfigurationFlags::SENSITIVE, Some(Box::new(on_pg_url_changed))],
+            ["default-error-rate", &DEFAULT_ERROR_RATE, ERROR_RATE_DEFAULT, ConfigurationFlags::DEFAULT, None],
+        ],
+        bool: [],
+        enum: [],
+        module_args_as_configuration: true,
+    ]
+}

@@ -1,0 +1,258 @@
+//! Main-thread state: the sets this node knows (from the catalog), their recent-writes marks,
+//! invalidation generations, rebuild progress and counters. Thread-local: only the server's
+//! main thread (commands, callbacks, timers) ever touches it, so no lock is taken.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis_module::{Context, RedisString};
+
+use crate::canon::Normalize;
+use crate::metrics::PathCounters;
+use crate::{filter_type, keys, rebuild};
+
+/// A set's settings, as stored in the `member_catalog` table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SetDef {
+    pub name: String,
+    pub error_rate: f64,
+    pub capacity: u64,
+    pub cache_ttl: u64,
+    pub recent_ttl: u64,
+    pub normalize: Normalize,
+}
+
+impl SetDef {
+    /// True when a setting the caller gave explicitly (`explicit`, in the order error rate,
+    /// capacity, cache TTL, recent TTL, normalize) differs from the stored one.
+    pub fn conflicts_with(&self, have: &SetDef, explicit: &[bool; 5]) -> bool {
+        (explicit[0] && self.error_rate != have.error_rate)
+            || (explicit[1] && self.capacity != have.capacity)
+            || (explicit[2] && self.cache_ttl != have.cache_ttl)
+            || (explicit[3] && self.recent_ttl != have.recent_ttl)
+            || (explicit[4] && self.normalize != have.normalize)
+    }
+}
+
+/// Hasher for keys that are already uniform hashes (the 128-bit canonical hash).
+#[derive(Default)]
+pub struct IdHasher(u64);
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ *b as u64;
+        }
+    }
+    fn write_u128(&mut self, v: u128) {
+        self.0 = v as u64 ^ (v >> 64) as u64;
+    }
+}
+type IdMap<V> = HashMap<u128, V, BuildHasherDefault<IdHasher>>;
+
+/// A recent-writes mark: held while ADDs of the item are in flight, and for the set's
+/// RECENT-TTL after the last one finished.
+#[derive(Clone, Copy, Debug)]
+struct Mark {
+    pending: u32,
+    until: Instant,
+}
+
+/// A running or finished filter build.
+pub enum Rebuild {
+    Idle,
+    Running {
+        started: Instant,
+        rows: Arc<AtomicU64>,
+        estimate: u64,
+        /// Items added while the build ran; folded into the new filter at the swap.
+        journal: Vec<u128>,
+    },
+}
+
+/// Everything the main thread knows about one set.
+pub struct SetState {
+    pub def: SetDef,
+    pub filter_key: RedisString,
+    pub cache_prefix: Vec<u8>,
+    marks: IdMap<Mark>,
+    /// Bumped by every ADD/DEL effect; a lookup that started under an older generation does
+    /// not fill the cache (it may have read a row that a concurrent DEL just removed).
+    pub generation: u64,
+    pub rebuild: Rebuild,
+    pub last_rebuild: Option<Result<(u64, Duration), String>>,
+    pub next_rebuild_try: Option<Instant>,
+    pub stats: PathCounters,
+}
+
+impl SetState {
+    pub fn new(def: SetDef) -> Self {
+        SetState {
+            filter_key: keys::filter_key(&def.name),
+            cache_prefix: keys::cache_prefix(&def.name),
+            def,
+            marks: IdMap::default(),
+            generation: 0,
+            rebuild: Rebuild::Idle,
+            last_rebuild: None,
+            next_rebuild_try: None,
+            stats: PathCounters::default(),
+        }
+    }
+
+    /// An ADD of `hash` is starting: from now until its effects are applied (and RECENT-TTL
+    /// after), a filter negative for it is not trusted.
+    pub fn mark_begin(&mut self, hash: u128) {
+        let until = Instant::now() + Duration::from_secs(self.def.recent_ttl);
+        let m = self.marks.entry(hash).or_insert(Mark { pending: 0, until });
+        m.pending += 1;
+        m.until = m.until.max(until);
+    }
+
+    /// An ADD of `hash` finished (its filter bit, if any, is set).
+    pub fn mark_end(&mut self, hash: u128) {
+        let until = Instant::now() + Duration::from_secs(self.def.recent_ttl);
+        if let Some(m) = self.marks.get_mut(&hash) {
+            m.pending = m.pending.saturating_sub(1);
+            m.until = m.until.max(until);
+        }
+    }
+
+    /// True when a write of `hash` is in flight or finished within RECENT-TTL.
+    #[inline]
+    pub fn is_recent(&self, hash: u128) -> bool {
+        if self.marks.is_empty() {
+            return false;
+        }
+        self.marks
+            .get(&hash)
+            .is_some_and(|m| m.pending > 0 || Instant::now() < m.until)
+    }
+
+    pub fn recent_marks(&self) -> usize {
+        self.marks.len()
+    }
+
+    fn purge_marks(&mut self, now: Instant) {
+        self.marks.retain(|_, m| m.pending > 0 || now < m.until);
+    }
+
+    /// Records an item whose effects were just applied, so a running rebuild includes it.
+    pub fn journal(&mut self, hash: u128) {
+        if let Rebuild::Running { journal, .. } = &mut self.rebuild {
+            journal.push(hash);
+        }
+    }
+}
+
+/// Whether the set definitions have been read from PostgreSQL since start-up.
+#[derive(Debug, Default)]
+pub struct Catalog {
+    pub loaded: bool,
+    pub loading: bool,
+    pub last_error: Option<String>,
+    pub next_try: Option<Instant>,
+}
+
+#[derive(Default)]
+pub struct Registry {
+    pub sets: HashMap<String, SetState>,
+    pub catalog: Catalog,
+    last_sweep: Option<Instant>,
+}
+
+impl Registry {
+    /// The set named `name`, or the error a client should get.
+    pub fn find(&mut self, name: &str) -> Result<&mut SetState, redis_module::RedisError> {
+        if self.sets.contains_key(name) {
+            return Ok(self.sets.get_mut(name).unwrap());
+        }
+        Err(redis_module::RedisError::Str(if self.catalog.loaded {
+            crate::error::UNKNOWN_SET
+        } else {
+            crate::error::CATALOG_NOT_LOADED
+        }))
+    }
+}
+
+thread_local! {
+    static REGISTRY: RefCell<Registry> = RefCell::new(Registry::default());
+}
+
+/// Access to the registry. Main thread only; never call back into it from inside `f`.
+pub fn with<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
+    REGISTRY.with(|r| f(&mut r.borrow_mut()))
+}
+
+/// Registers (or updates) a set definition.
+pub fn register(def: SetDef) {
+    with(|r| match r.sets.get_mut(&def.name) {
+        Some(s) => s.def = def,
+        None => {
+            r.sets.insert(def.name.clone(), SetState::new(def));
+        }
+    });
+}
+
+const SWEEP_EVERY: Duration = Duration::from_millis(500);
+const RETRY_AFTER: Duration = Duration::from_secs(2);
+
+/// Periodic upkeep from the main-thread timer: drops expired marks, retries the catalog load,
+/// and starts a rebuild for every set whose filter is missing or incomplete.
+pub fn housekeeping(ctx: &Context) {
+    let now = Instant::now();
+    let due = with(|r| {
+        if r.last_sweep
+            .is_some_and(|t| now.duration_since(t) < SWEEP_EVERY)
+        {
+            return false;
+        }
+        r.last_sweep = Some(now);
+        true
+    });
+    if !due {
+        return;
+    }
+    let load_catalog = with(|r| {
+        for s in r.sets.values_mut() {
+            s.purge_marks(now);
+        }
+        let c = &mut r.catalog;
+        if !c.loaded && !c.loading && c.next_try.is_none_or(|t| now >= t) {
+            c.loading = true;
+            true
+        } else {
+            false
+        }
+    });
+    if load_catalog {
+        crate::catalog::load();
+    }
+    let names: Vec<String> = with(|r| {
+        r.sets
+            .values()
+            .filter(|s| matches!(s.rebuild, Rebuild::Idle))
+            .filter(|s| s.next_rebuild_try.is_none_or(|t| now >= t))
+            .map(|s| s.def.name.clone())
+            .collect()
+    });
+    for name in names {
+        let key = with(|r| r.sets.get(&name).map(|s| s.filter_key.clone()));
+        let Some(key) = key else { continue };
+        let complete = filter_type::with(ctx, &key, |f| f.complete).unwrap_or(false);
+        if !complete {
+            rebuild::start(&name);
+        }
+    }
+}
+
+/// Delay before retrying a failed catalog load or rebuild.
+pub fn retry_at() -> Instant {
+    Instant::now() + RETRY_AFTER
+}

@@ -1,0 +1,107 @@
+//! Helpers for talking to libmember through a real client.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use redis::{Connection, Value};
+
+use super::{fresh_db, start_with, wait_until, TestDb, Valkey};
+
+/// A fresh database and a Valkey with the module pointed at it, catalog loaded.
+pub struct Env {
+    pub db: TestDb,
+    pub vk: Valkey,
+}
+
+impl Env {
+    pub fn new() -> Env {
+        Env::with(&[])
+    }
+
+    pub fn with(extra: &[(&str, &str)]) -> Env {
+        let db = fresh_db();
+        let vk = start_with(&db.url(), extra);
+        let mut c = vk.conn();
+        assert!(
+            wait_until(Duration::from_secs(20), || info_field(
+                &mut c,
+                "catalog_loaded"
+            )
+            .as_deref()
+                == Some("1")),
+            "catalog never loaded:\n{}",
+            vk.log()
+        );
+        Env { db, vk }
+    }
+
+    pub fn conn(&self) -> Connection {
+        self.vk.conn()
+    }
+
+    pub fn pg(&self) -> postgres::Client {
+        self.db.client()
+    }
+}
+
+/// One field of `INFO member` (fields are printed as `member_<name>`).
+pub fn info_field(c: &mut Connection, name: &str) -> Option<String> {
+    let info: String = redis::cmd("INFO").arg("member").query(c).ok()?;
+    info.lines().find_map(|l| {
+        l.strip_prefix(&format!("member_{name}:"))
+            .map(|v| v.trim().to_string())
+    })
+}
+
+/// One field of `MEMBER.INFO <set>`.
+pub fn set_info(c: &mut Connection, set: &str, name: &str) -> Option<String> {
+    let v: Vec<String> = redis::cmd("MEMBER.INFO").arg(set).query(c).ok()?;
+    v.chunks(2).find(|p| p[0] == name).map(|p| p[1].clone())
+}
+
+pub fn cmd(c: &mut Connection, args: &[&str]) -> redis::RedisResult<Value> {
+    let mut k = redis::cmd(args[0]);
+    for a in &args[1..] {
+        k.arg(*a);
+    }
+    k.query(c)
+}
+
+pub fn int(c: &mut Connection, args: &[&str]) -> i64 {
+    let mut k = redis::cmd(args[0]);
+    for a in &args[1..] {
+        k.arg(*a);
+    }
+    k.query::<i64>(c)
+        .unwrap_or_else(|e| panic!("{args:?} failed: {e}"))
+}
+
+/// The error text of a call that must fail.
+pub fn err(c: &mut Connection, args: &[&str]) -> String {
+    match cmd(c, args) {
+        Ok(v) => panic!("{args:?} should fail, got {v:?}"),
+        Err(e) => {
+            let code = e.code().unwrap_or("").to_string();
+            let detail = e.detail().unwrap_or("").to_string();
+            format!("{code} {detail}").trim().to_string()
+        }
+    }
+}
+
+/// `MEMBER.EXPLAIN` as (answer, path).
+pub fn explain(c: &mut Connection, set: &str, item: &str) -> (i64, String) {
+    let v: (i64, String) = redis::cmd("MEMBER.EXPLAIN")
+        .arg(set)
+        .arg(item)
+        .query(c)
+        .unwrap_or_else(|e| panic!("EXPLAIN {set} {item}: {e}"));
+    v
+}
+
+pub fn ok(c: &mut Connection, args: &[&str]) {
+    let v = cmd(c, args).unwrap_or_else(|e| panic!("{args:?} failed: {e}"));
+    assert!(
+        matches!(&v, Value::Okay) || matches!(&v, Value::SimpleString(s) if s == "OK"),
+        "{args:?} -> {v:?}"
+    );
+}

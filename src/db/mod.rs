@@ -54,6 +54,21 @@ pub fn classify(e: &postgres::Error) -> DbErr {
     }
 }
 
+/// True when the error means the session is gone (closed socket, server shutdown or
+/// termination), as opposed to a statement that failed on a live session.
+fn connection_lost(e: &postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    match e.as_db_error() {
+        Some(db) => {
+            let code = db.code().code();
+            code.starts_with("57P") || code.starts_with("08")
+        }
+        None => true,
+    }
+}
+
 /// Opens a connection to `member.pg-url` with the given server-side statement timeout
 /// (0 = none). Connecting is bounded by `member.db-timeout-ms`.
 pub fn connect(statement_timeout_ms: u64) -> Result<(Client, u64), DbErr> {
@@ -100,22 +115,42 @@ impl Db {
 
     /// Runs `f` on the connection; on failure drops a broken connection so the next job
     /// reconnects (the database coming back is noticed by itself).
+    ///
+    /// A connection that sat idle may have been closed by the server (a restart, a
+    /// failover, `idle_session_timeout`); the synchronous driver only notices on the next
+    /// call, which then fails before the statement ran. Such a call is retried once on a
+    /// fresh connection, so a database that is back answers the very next request.
     pub fn run<T>(
         &mut self,
-        f: impl FnOnce(&mut Client, &mut HashMap<String, Statement>) -> Result<T, postgres::Error>,
+        mut f: impl FnMut(&mut Client, &mut HashMap<String, Statement>) -> Result<T, postgres::Error>,
     ) -> Result<T, DbErr> {
-        self.client()?;
+        let reused = self.conn.is_some();
+        match self.attempt(&mut f) {
+            Err((_, true)) if reused => {
+                self.reset();
+                self.attempt(&mut f).map_err(|(e, _)| e)
+            }
+            other => other.map_err(|(e, _)| e),
+        }
+    }
+
+    /// One call; the error says whether the connection itself failed.
+    fn attempt<T>(
+        &mut self,
+        f: &mut impl FnMut(&mut Client, &mut HashMap<String, Statement>) -> Result<T, postgres::Error>,
+    ) -> Result<T, (DbErr, bool)> {
+        self.client().map_err(|e| (e, false))?;
         let client = &mut self.conn.as_mut().expect("connected above").0;
         match f(client, &mut self.stmts) {
             Ok(v) => Ok(v),
             Err(e) => {
                 let err = classify(&e);
-                let broken = self.conn.as_ref().is_none_or(|(c, _)| c.is_closed());
-                if broken || matches!(err, DbErr::Unavailable(_)) {
-                    self.conn = None;
-                    self.stmts.clear();
+                let lost =
+                    connection_lost(&e) || self.conn.as_ref().is_none_or(|(c, _)| c.is_closed());
+                if lost || matches!(err, DbErr::Unavailable(_)) {
+                    self.reset();
                 }
-                Err(err)
+                Err((err, lost))
             }
         }
     }

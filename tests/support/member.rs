@@ -105,3 +105,23 @@ pub fn ok(c: &mut Connection, args: &[&str]) {
         "{args:?} -> {v:?}"
     );
 }
+
+/// Waits up to `timeout` until `INFO member` reports the set catalog loaded.
+pub fn wait_catalog_loaded(c: &mut Connection, timeout: Duration) -> bool {
+    wait_until(timeout, || {
+        info_field(c, "catalog_loaded").as_deref() == Some("1")
+    })
+}
+
+/// A Valkey with the module pointed at `pg_url` (any cluster, e.g. an `OwnPg`), catalog
+/// loaded. For fault tests; `Env` always uses the shared cluster.
+pub fn start_loaded(pg_url: &str, extra: &[(&str, &str)]) -> Valkey {
+    let vk = start_with(pg_url, extra);
+    let mut c = vk.conn();
+    assert!(
+        wait_catalog_loaded(&mut c, Duration::from_secs(20)),
+        "catalog never loaded:\n{}",
+        vk.log()
+    );
+    vk
+}

@@ -6,7 +6,17 @@ use xxhash_rust::xxh3::xxh3_64;
 /// Magic and version in front of every serialized filter.
 const MAGIC: &[u8; 4] = b"LMBF";
 pub const FORMAT_VERSION: u16 = 1;
-const HEADER_LEN: usize = 4 + 2 + 2 + 8 + 8 + 8 + 8 + 8 + 1 + 8;
+const HEADER_LEN: usize = 4 + 2 + 2 + 8 + 8 + 8 + 8 + 8 + 1 + 8 + 8;
+
+/// What a filter knows about its own coverage of the table, persisted with its bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Coverage {
+    /// Built from the whole table (CREATE, rebuild), not just from writes seen since.
+    pub complete: bool,
+    /// Sync watermark: every active row with `updated_at` before it (microseconds since the
+    /// Unix epoch) was in the table when the filter last caught up, and is in the filter.
+    pub watermark: Option<i64>,
+}
 
 /// Largest filter we will allocate or load: 8 GiB of bits.
 pub const MAX_BITS: u64 = 1 << 36;
@@ -120,9 +130,10 @@ impl Bloom {
         self.fill().powi(self.k as i32)
     }
 
-    /// Serialized form: magic, version, k, reserved, bits, items, ones, capacity, fpr,
-    /// complete flag, xxh3 checksum of the bit array, then the bit array (little endian).
-    pub fn to_bytes(&self, complete: bool) -> Vec<u8> {
+    /// Serialized form: magic, version, k, bits, items, ones, capacity, fpr, complete flag,
+    /// watermark (i64::MIN for none), xxh3 checksum of the bit array, then the bit array
+    /// (all little endian).
+    pub fn to_bytes(&self, cov: Coverage) -> Vec<u8> {
         let mut out = Vec::with_capacity(HEADER_LEN + self.bits.len() * 8);
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -132,7 +143,8 @@ impl Bloom {
         out.extend_from_slice(&self.ones.to_le_bytes());
         out.extend_from_slice(&self.capacity.to_le_bytes());
         out.extend_from_slice(&self.fpr.to_le_bytes());
-        out.push(complete as u8);
+        out.push(cov.complete as u8);
+        out.extend_from_slice(&cov.watermark.unwrap_or(i64::MIN).to_le_bytes());
         let body_at = out.len() + 8;
         out.extend_from_slice(&[0; 8]);
         for w in &self.bits {
@@ -144,7 +156,7 @@ impl Bloom {
     }
 
     /// Parses `to_bytes` output, rejecting anything it cannot fully verify.
-    pub fn from_bytes(b: &[u8]) -> Result<(Bloom, bool), String> {
+    pub fn from_bytes(b: &[u8]) -> Result<(Bloom, Coverage), String> {
         if b.len() < HEADER_LEN {
             return Err(format!("filter payload too short ({} bytes)", b.len()));
         }
@@ -170,7 +182,11 @@ impl Bloom {
             1 => true,
             x => return Err(format!("filter payload has a bad completeness flag {x}")),
         };
-        let sum = u64_at(49);
+        let watermark = match u64_at(49) as i64 {
+            i64::MIN => None,
+            w => Some(w),
+        };
+        let sum = u64_at(57);
         if !(1..=30).contains(&k) || m == 0 || m % 64 != 0 || m > MAX_BITS {
             return Err(format!("filter payload has bad geometry (k={k}, m={m})"));
         }
@@ -205,7 +221,10 @@ impl Bloom {
                 capacity,
                 fpr,
             },
-            complete,
+            Coverage {
+                complete,
+                watermark,
+            },
         ))
     }
 }
@@ -267,19 +286,29 @@ mod tests {
         for i in 0..500 {
             b.add(h(i));
         }
-        let bytes = b.to_bytes(true);
-        let (c, complete) = Bloom::from_bytes(&bytes).unwrap();
-        assert!(complete);
+        let cov = Coverage {
+            complete: true,
+            watermark: Some(1_764_000_000_123_456),
+        };
+        let (c, got) = Bloom::from_bytes(&b.to_bytes(cov)).unwrap();
+        assert_eq!(got, cov);
         assert_eq!(b, c);
-        let (_, complete) = Bloom::from_bytes(&b.to_bytes(false)).unwrap();
-        assert!(!complete);
+        let none = Coverage {
+            complete: false,
+            watermark: None,
+        };
+        let (_, got) = Bloom::from_bytes(&b.to_bytes(none)).unwrap();
+        assert_eq!(got, none);
     }
 
     #[test]
     fn corrupt_payloads_are_rejected() {
         let mut b = Bloom::new(1000, 0.01);
         b.add(h(1));
-        let good = b.to_bytes(true);
+        let good = b.to_bytes(Coverage {
+            complete: true,
+            watermark: None,
+        });
         assert!(Bloom::from_bytes(&good[..good.len() - 1]).is_err());
         assert!(Bloom::from_bytes(&good[..10]).is_err());
         assert!(Bloom::from_bytes(&[]).is_err());

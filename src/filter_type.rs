@@ -1,22 +1,72 @@
-//! The filter as a Valkey data type (`member-bf`): RDB save/load of the versioned form from
-//! `filter.rs`, MEMORY USAGE, DEBUG DIGEST-VALUE, COPY and free.
+//! The filter as a Valkey data type (`member-bf`): RDB save/load and AOF rewrite of the
+//! versioned form from `filter.rs`, MEMORY USAGE, DEBUG DIGEST-VALUE, COPY and free.
 
+use std::ffi::CString;
 use std::os::raw::{c_int, c_void};
 
 use redis_module::logging::{log_io_error, RedisLogLevel};
 use redis_module::native_types::RedisType;
 use redis_module::{raw, Context, RedisString};
 
-use crate::filter::Bloom;
+use crate::filter::{Bloom, Coverage};
 use crate::funnel::FilterView;
 
-/// A set's filter and whether it was built from the whole table.
+/// A set's filter, what it covers, and whether it may answer "absent" right now.
 #[derive(Clone, Debug)]
 pub struct FilterValue {
     pub bloom: Bloom,
-    /// True only when built from the full table (CREATE, rebuild). A filter that is not
-    /// complete never answers "absent".
-    pub complete: bool,
+    pub cov: Coverage,
+    /// False after a load from RDB/AOF or a promotion until the sync loop has caught the
+    /// filter up from its watermark. Not persisted: every load starts false.
+    pub caught_up: bool,
+}
+
+impl FilterValue {
+    /// A filter just built from the whole table, current up to `watermark`.
+    pub fn built(bloom: Bloom, watermark: i64) -> Self {
+        FilterValue {
+            bloom,
+            cov: Coverage {
+                complete: true,
+                watermark: Some(watermark),
+            },
+            caught_up: true,
+        }
+    }
+
+    /// A filter holding only writes seen by this node (after FLUSHALL, say): never trusted
+    /// for "absent" until a rebuild replaces it.
+    pub fn partial(bloom: Bloom) -> Self {
+        FilterValue {
+            bloom,
+            cov: Coverage {
+                complete: false,
+                watermark: None,
+            },
+            caught_up: false,
+        }
+    }
+
+    /// True when a negative from this filter is definitive.
+    #[inline]
+    pub fn trusted(&self) -> bool {
+        self.cov.complete && self.caught_up
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.bloom.to_bytes(self.cov)
+    }
+
+    /// Parses a serialized filter; it starts not caught up unless `caught_up` says otherwise
+    /// (a filter replicated live from a primary's rebuild is as current as the primary's).
+    pub fn from_bytes(b: &[u8], caught_up: bool) -> Result<Self, String> {
+        let (bloom, cov) = Bloom::from_bytes(b)?;
+        Ok(FilterValue {
+            bloom,
+            cov,
+            caught_up: caught_up && cov.complete,
+        })
+    }
 }
 
 /// RDB encoding version of the type (the payload carries its own format version as well).
@@ -29,7 +79,7 @@ pub static FILTER_TYPE: RedisType = RedisType::new(
         version: raw::REDISMODULE_TYPE_METHOD_VERSION as u64,
         rdb_load: Some(rdb_load),
         rdb_save: Some(rdb_save),
-        aof_rewrite: None,
+        aof_rewrite: Some(aof_rewrite),
         free: Some(free),
         mem_usage: Some(mem_usage),
         digest: Some(digest),
@@ -54,7 +104,7 @@ pub static FILTER_TYPE: RedisType = RedisType::new(
 pub fn view(ctx: &Context, key: &RedisString, hash: u128) -> FilterView {
     let k = ctx.open_key(key);
     match k.get_value::<FilterValue>(&FILTER_TYPE) {
-        Ok(Some(f)) if f.complete => FilterView::Complete {
+        Ok(Some(f)) if f.trusted() => FilterView::Complete {
             contains: f.bloom.contains(hash),
         },
         _ => FilterView::Incomplete,
@@ -64,6 +114,19 @@ pub fn view(ctx: &Context, key: &RedisString, hash: u128) -> FilterView {
 /// Runs `f` on the filter at `key`, if there is one of our type.
 pub fn with<R>(ctx: &Context, key: &RedisString, f: impl FnOnce(&FilterValue) -> R) -> Option<R> {
     let k = ctx.open_key(key);
+    match k.get_value::<FilterValue>(&FILTER_TYPE) {
+        Ok(Some(v)) => Some(f(v)),
+        _ => None,
+    }
+}
+
+/// Runs `f` on the filter at `key` for writing, if there is one of our type.
+pub fn with_mut<R>(
+    ctx: &Context,
+    key: &RedisString,
+    f: impl FnOnce(&mut FilterValue) -> R,
+) -> Option<R> {
+    let k = ctx.open_key_writable(key);
     match k.get_value::<FilterValue>(&FILTER_TYPE) {
         Ok(Some(v)) => Some(f(v)),
         _ => None,
@@ -99,12 +162,39 @@ pub fn install(ctx: &Context, key: &RedisString, value: FilterValue) {
 /// `value` is a `FilterValue` we stored; `rdb` is the server's IO handle.
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
     let v = unsafe { &*value.cast::<FilterValue>() };
-    raw::save_slice(rdb, &v.bloom.to_bytes(v.complete));
+    raw::save_slice(rdb, &v.to_bytes());
+}
+
+/// Rewrites the filter as one `MEMBER._LOAD <key> <payload>` command.
+///
+/// # Safety
+/// `aof` is the server's IO handle, `key` the key name, `value` a `FilterValue` we stored.
+unsafe extern "C" fn aof_rewrite(
+    aof: *mut raw::RedisModuleIO,
+    key: *mut raw::RedisModuleString,
+    value: *mut c_void,
+) {
+    let v = unsafe { &*value.cast::<FilterValue>() };
+    let bytes = v.to_bytes();
+    let cmd = CString::new("MEMBER._LOAD").unwrap();
+    let fmt = CString::new("sb").unwrap();
+    // SAFETY: "sb" takes a RedisModuleString* and a (char*, size_t) buffer.
+    unsafe {
+        raw::RedisModule_EmitAOF.unwrap()(
+            aof,
+            cmd.as_ptr(),
+            fmt.as_ptr(),
+            key,
+            bytes.as_ptr().cast::<std::os::raw::c_char>(),
+            bytes.len(),
+        )
+    };
 }
 
 /// A payload that cannot be verified fails the load with a log line; it never crashes.
-/// A loaded filter is marked incomplete: writes may have landed in PostgreSQL after the
-/// snapshot, so it must not answer "absent" until a rebuild has caught it up.
+/// A loaded filter keeps its completeness and watermark but starts not caught up: rows may
+/// have landed in PostgreSQL after the snapshot, so it answers "absent" again only after the
+/// sync loop has read everything since its watermark.
 ///
 /// # Safety
 /// `rdb` is the server's IO handle.
@@ -128,12 +218,8 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
             return std::ptr::null_mut();
         }
     };
-    match Bloom::from_bytes(buf.as_ref()) {
-        Ok((bloom, _complete)) => Box::into_raw(Box::new(FilterValue {
-            bloom,
-            complete: false,
-        }))
-        .cast(),
+    match FilterValue::from_bytes(buf.as_ref(), false) {
+        Ok(v) => Box::into_raw(Box::new(v)).cast(),
         Err(e) => {
             log_io_error(rdb, RedisLogLevel::Warning, &format!("libmember: {e}"));
             std::ptr::null_mut()
@@ -157,7 +243,7 @@ unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
 /// `value` is a `FilterValue` we stored; `md` is the server's digest handle.
 unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
     let v = unsafe { &*value.cast::<FilterValue>() };
-    let mut bytes = v.bloom.to_bytes(v.complete);
+    let mut bytes = v.to_bytes();
     unsafe {
         raw::RedisModule_DigestAddStringBuffer.unwrap()(md, bytes.as_mut_ptr().cast(), bytes.len());
         raw::RedisModule_DigestEndSequence.unwrap()(md);

@@ -9,6 +9,7 @@ pub mod catalog;
 pub mod command;
 pub mod config;
 pub mod db;
+pub mod effects;
 pub mod error;
 pub mod filter;
 pub mod filter_type;
@@ -18,11 +19,12 @@ pub mod mainq;
 pub mod metrics;
 pub mod rebuild;
 pub mod state;
+pub mod sync;
 
 use redis_module::configuration::ConfigurationFlags;
 use redis_module::{redis_module, Context, InfoContext, RedisResult, RedisString, Status};
 
-use command::{create, info, lookup, write};
+use command::{create, info, internal, lookup, write};
 use config::*;
 use filter_type::FILTER_TYPE;
 
@@ -45,6 +47,26 @@ fn member_exists(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisRe
 /// MEMBER.EXPLAIN <set> <item> [SCOPE <scope>]
 fn member_explain(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
     lookup::lookup(ctx, args, true)
+}
+/// MEMBER.REBUILD <set> [SYNC]
+fn member_rebuild(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
+    command::rebuild::rebuild(ctx, args)
+}
+/// MEMBER._ADD <set> <entity> <scope> (replication and AOF only)
+fn member_int_add(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
+    internal::add(ctx, args)
+}
+/// MEMBER._DEL <set> <entity> <scope> (replication and AOF only)
+fn member_int_del(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
+    internal::del(ctx, args)
+}
+/// MEMBER._LOAD <key> <payload> (replication and AOF only)
+fn member_int_load(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
+    internal::load(ctx, args)
+}
+/// MEMBER._SET <set> <error_rate> <capacity> <cache_ttl> <recent_ttl> <normalize> (replication and AOF only)
+fn member_int_set(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
+    internal::set(ctx, args)
 }
 /// MEMBER.INFO <set>
 fn member_info(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
@@ -72,6 +94,9 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
             *url = PG_URL_DEFAULT.to_string();
         }
     }
+    // A short read of a filter payload must fail the load cleanly (rdb_load checks for it),
+    // not abort the server.
+    ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
     db::pool::resize();
     mainq::start(ctx);
     Status::Ok
@@ -91,6 +116,11 @@ redis_module! {
         ["member.exists", member_exists, "readonly fast", 0, 0, 0, ""],
         ["member.explain", member_explain, "readonly", 0, 0, 0, ""],
         ["member.info", member_info, "readonly", 0, 0, 0, ""],
+        ["member.rebuild", member_rebuild, "write", 0, 0, 0, ""],
+        ["member._add", member_int_add, "write deny-oom", 0, 0, 0, ""],
+        ["member._del", member_int_del, "write", 0, 0, 0, ""],
+        ["member._load", member_int_load, "write deny-oom", 0, 0, 0, ""],
+        ["member._set", member_int_set, "write", 0, 0, 0, ""],
     ],
     configurations: [
         i64: [
@@ -98,6 +128,8 @@ redis_module! {
             ["db-timeout-ms", &DB_TIMEOUT_MS, DB_TIMEOUT_MS_DEFAULT, DB_TIMEOUT_MS_MIN, DB_TIMEOUT_MS_MAX, ConfigurationFlags::DEFAULT, None],
             ["default-capacity", &DEFAULT_CAPACITY, DEFAULT_CAPACITY_DEFAULT, DEFAULT_CAPACITY_MIN, DEFAULT_CAPACITY_MAX, ConfigurationFlags::DEFAULT, None],
             ["cache-ttl", &CACHE_TTL, CACHE_TTL_DEFAULT, CACHE_TTL_MIN, CACHE_TTL_MAX, ConfigurationFlags::DEFAULT, None],
+            ["sync-interval-ms", &SYNC_INTERVAL_MS, SYNC_INTERVAL_MS_DEFAULT, SYNC_INTERVAL_MS_MIN, SYNC_INTERVAL_MS_MAX, ConfigurationFlags::DEFAULT, None],
+            ["rebuild-interval-s", &REBUILD_INTERVAL_S, REBUILD_INTERVAL_S_DEFAULT, REBUILD_INTERVAL_S_MIN, REBUILD_INTERVAL_S_MAX, ConfigurationFlags::DEFAULT, None],
             ["recent-ttl", &RECENT_TTL, RECENT_TTL_DEFAULT, RECENT_TTL_MIN, RECENT_TTL_MAX, ConfigurationFlags::DEFAULT, None],
         ],
         string: [

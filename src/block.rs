@@ -32,7 +32,7 @@ pub struct Blocked {
 unsafe impl Send for Blocked {}
 
 impl Blocked {
-    /// Blocks the calling client for at most `timeout`. `fallback` is what the client gets if
+    /// Blocks the calling client for at most `timeout` (zero: until finished). `fallback` is what the client gets if
     /// this handle is dropped without `finish` (worker panic, queue full).
     ///
     /// The caller must have checked that blocking is allowed (not in MULTI, Lua or functions).
@@ -44,7 +44,8 @@ impl Blocked {
                 Some(reply_cb),
                 Some(timeout_cb),
                 Some(free_cb),
-                timeout.as_millis().max(1) as c_longlong,
+                // 0 means no timeout (MEMBER.REBUILD SYNC).
+                timeout.as_millis() as c_longlong,
             )
         };
         Blocked {

@@ -43,6 +43,19 @@ pub const RECENT_TTL_MAX: i64 = 86_400;
 /// Seconds a recent-writes mark outlives its write, for sets created without RECENT-TTL.
 pub static RECENT_TTL: AtomicI64 = AtomicI64::new(RECENT_TTL_DEFAULT);
 
+pub const SYNC_INTERVAL_MS_DEFAULT: i64 = 1000;
+pub const SYNC_INTERVAL_MS_MIN: i64 = 100;
+pub const SYNC_INTERVAL_MS_MAX: i64 = 3_600_000;
+/// How often the sync loop reads rows written outside the module (and catches up filters).
+pub static SYNC_INTERVAL_MS: AtomicI64 = AtomicI64::new(SYNC_INTERVAL_MS_DEFAULT);
+
+pub const REBUILD_INTERVAL_S_DEFAULT: i64 = 0;
+pub const REBUILD_INTERVAL_S_MIN: i64 = 0;
+pub const REBUILD_INTERVAL_S_MAX: i64 = 2_592_000;
+/// Seconds between automatic rebuilds of every set (0 = never), to drop deleted and expired
+/// members' bits.
+pub static REBUILD_INTERVAL_S: AtomicI64 = AtomicI64::new(REBUILD_INTERVAL_S_DEFAULT);
+
 pub const ERROR_RATE_DEFAULT: &str = "0.01";
 pub const ERROR_RATE_MIN: f64 = 0.000_001;
 pub const ERROR_RATE_MAX: f64 = 0.5;
@@ -74,6 +87,17 @@ impl ConfigurationValue<RedisString> for ErrorRate {
         ))?;
         self.0.store(v.to_bits(), Ordering::Relaxed);
         Ok(())
+    }
+}
+
+pub fn sync_interval() -> std::time::Duration {
+    std::time::Duration::from_millis(SYNC_INTERVAL_MS.load(Ordering::Relaxed) as u64)
+}
+
+pub fn rebuild_interval() -> Option<std::time::Duration> {
+    match REBUILD_INTERVAL_S.load(Ordering::Relaxed) {
+        0 => None,
+        s => Some(std::time::Duration::from_secs(s as u64)),
     }
 }
 

@@ -29,6 +29,7 @@ pub const SET_EXISTS_DIFFERENT: &str =
     "ERR set already exists with different settings (see MEMBER.INFO)";
 pub const NEEDS_BLOCKING: &str =
     "ERR this call needs the database and cannot block inside MULTI/EXEC, Lua or functions";
+pub const REBUILD_RUNNING: &str = "ERR a rebuild of this set is already running (see MEMBER.INFO)";
 pub const CATALOG_NOT_LOADED: &str =
     "UNAVAILABLE set catalog not loaded yet: PostgreSQL has not answered since start-up";
 pub const DB_TIMEOUT: &str =

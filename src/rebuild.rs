@@ -1,19 +1,22 @@
 //! Filter (re)builds off the main thread: a dedicated thread streams the table with COPY and
-//! builds a new filter; the main thread folds in the adds journaled meanwhile and swaps it in.
+//! builds a new filter; the main thread folds in the adds journaled meanwhile and swaps it in
+//! atomically (one key write), then answers any MEMBER.REBUILD SYNC callers.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Instant;
 
-use redis_module::Context;
+use redis_module::{Context, RedisError, RedisResult, RedisValue};
 
+use crate::block::{Blocked, Completion};
+use crate::command::internal;
+use crate::db::sql::Built;
 use crate::db::{self, sql, DbErr};
-use crate::filter::Bloom;
 use crate::filter_type::{self, FilterValue};
 use crate::state::{self, Rebuild};
 use crate::{mainq, metrics};
 
-/// Starts a rebuild of `name` unless one is running. Returns false if one already was.
+/// Starts a rebuild of `name`. Returns false if one is already running (or no such set).
 pub fn start(name: &str) -> bool {
     let started = state::with(|r| {
         let s = r.sets.get_mut(name)?;
@@ -21,15 +24,17 @@ pub fn start(name: &str) -> bool {
             return None;
         }
         let rows = Arc::new(AtomicU64::new(0));
+        let estimate = Arc::new(AtomicU64::new(0));
         s.rebuild = Rebuild::Running {
             started: Instant::now(),
             rows: rows.clone(),
-            estimate: 0,
+            estimate: estimate.clone(),
             journal: Vec::new(),
+            waiters: Vec::new(),
         };
-        Some((s.def.clone(), rows))
+        Some((s.def.clone(), rows, estimate))
     });
-    let Some((def, rows)) = started else {
+    let Some((def, rows, estimate)) = started else {
         return false;
     };
     let name = name.to_string();
@@ -38,11 +43,11 @@ pub fn start(name: &str) -> bool {
         .name("member-rebuild".into())
         .spawn(move || {
             // A rebuild has no statement timeout: it streams the whole table.
-            let res = db::connect(0).and_then(|(mut c, _)| sql::build_filter(&mut c, &def, &rows));
+            let res = db::connect(0)
+                .and_then(|(mut c, _)| sql::build_filter(&mut c, &def, &rows, &estimate));
             mainq::post(Box::new(move |ctx| finish(ctx, &thread_name, res)));
         });
     if let Err(e) = spawned {
-        let name = name.clone();
         mainq::post(Box::new(move |ctx| {
             finish(
                 ctx,
@@ -56,35 +61,33 @@ pub fn start(name: &str) -> bool {
 
 /// Main thread: swaps a finished build in, or records why it failed (the old filter keeps
 /// serving; an incomplete one keeps falling through to the database).
-fn finish(ctx: &Context, name: &str, res: Result<(Bloom, u64), DbErr>) {
+fn finish(ctx: &Context, name: &str, res: Result<Built, DbErr>) {
     let done = state::with(|r| {
         let s = r.sets.get_mut(name)?;
         let Rebuild::Running {
-            started, journal, ..
+            started,
+            journal,
+            waiters,
+            ..
         } = std::mem::replace(&mut s.rebuild, Rebuild::Idle)
         else {
             return None;
         };
-        Some((s.filter_key.clone(), started, journal))
+        Some((s.filter_key.clone(), started, journal, waiters))
     });
-    let Some((key, started, journal)) = done else {
+    let Some((key, started, journal, waiters)) = done else {
         return;
     };
     let outcome = match res {
-        Ok((mut bloom, rows)) => {
+        Ok(mut built) => {
             for h in journal {
-                bloom.add(h);
+                built.bloom.add(h);
             }
-            filter_type::install(
-                ctx,
-                &key,
-                FilterValue {
-                    bloom,
-                    complete: true,
-                },
-            );
+            let v = FilterValue::built(built.bloom, built.watermark);
+            internal::replicate_filter(ctx, &key, &v);
+            filter_type::install(ctx, &key, v);
             metrics::global(|m| m.rebuilds_done += 1);
-            Ok((rows, started.elapsed()))
+            Ok((built.rows, started.elapsed()))
         }
         Err(e) => {
             metrics::global(|m| m.rebuilds_failed += 1);
@@ -95,10 +98,42 @@ fn finish(ctx: &Context, name: &str, res: Result<(Bloom, u64), DbErr>) {
             Err(e.reply_text())
         }
     };
+    for w in waiters {
+        w.finish(Box::new(RebuildReply(
+            outcome
+                .as_ref()
+                .map(|(rows, _)| *rows)
+                .map_err(|e| e.clone()),
+        )));
+    }
     state::with(|r| {
         if let Some(s) = r.sets.get_mut(name) {
             s.next_rebuild_try = outcome.is_err().then(state::retry_at);
-            s.last_rebuild = Some(outcome);
+            s.last_rebuild = Some((Instant::now(), outcome));
+        }
+    });
+}
+
+/// The reply of MEMBER.REBUILD SYNC: members loaded, or why the rebuild failed.
+pub struct RebuildReply(pub Result<u64, String>);
+
+impl Completion for RebuildReply {
+    fn apply(&mut self, _ctx: &Context) {}
+    fn reply(&mut self, _ctx: &Context) -> RedisResult {
+        match &self.0 {
+            Ok(n) => Ok(RedisValue::Integer(*n as i64)),
+            Err(e) => Err(RedisError::String(e.clone())),
+        }
+    }
+}
+
+/// Makes `waiter` get the outcome of the running rebuild of `name`.
+pub fn wait(name: &str, waiter: Blocked) {
+    state::with(|r| {
+        if let Some(s) = r.sets.get_mut(name) {
+            if let Rebuild::Running { waiters, .. } = &mut s.rebuild {
+                waiters.push(waiter);
+            }
         }
     });
 }

@@ -13,7 +13,7 @@ use redis_module::{Context, RedisString};
 
 use crate::canon::Normalize;
 use crate::metrics::PathCounters;
-use crate::{filter_type, keys, rebuild};
+use crate::{config, filter_type, keys, rebuild};
 
 /// A set's settings, as stored in the `member_catalog` table.
 #[derive(Clone, Debug, PartialEq)]
@@ -70,11 +70,16 @@ pub enum Rebuild {
     Running {
         started: Instant,
         rows: Arc<AtomicU64>,
-        estimate: u64,
+        estimate: Arc<AtomicU64>,
         /// Items added while the build ran; folded into the new filter at the swap.
         journal: Vec<u128>,
+        /// MEMBER.REBUILD SYNC callers waiting for the outcome.
+        waiters: Vec<crate::block::Blocked>,
     },
 }
+
+/// Rows loaded and time taken, or why it failed.
+pub type RebuildOutcome = Result<(u64, Duration), String>;
 
 /// Everything the main thread knows about one set.
 pub struct SetState {
@@ -86,8 +91,10 @@ pub struct SetState {
     /// not fill the cache (it may have read a row that a concurrent DEL just removed).
     pub generation: u64,
     pub rebuild: Rebuild,
-    pub last_rebuild: Option<Result<(u64, Duration), String>>,
+    /// When the last rebuild ended, and its rows and duration or its error.
+    pub last_rebuild: Option<(Instant, RebuildOutcome)>,
     pub next_rebuild_try: Option<Instant>,
+    pub sync: crate::sync::SyncState,
     pub stats: PathCounters,
 }
 
@@ -102,6 +109,7 @@ impl SetState {
             rebuild: Rebuild::Idle,
             last_rebuild: None,
             next_rebuild_try: None,
+            sync: Default::default(),
             stats: PathCounters::default(),
         }
     }
@@ -165,6 +173,8 @@ pub struct Registry {
     pub sets: HashMap<String, SetState>,
     pub catalog: Catalog,
     last_sweep: Option<Instant>,
+    /// Whether this node was a primary at the last sweep (None before the first).
+    was_primary: Option<bool>,
 }
 
 impl Registry {
@@ -200,7 +210,7 @@ pub fn register(def: SetDef) {
     });
 }
 
-const SWEEP_EVERY: Duration = Duration::from_millis(500);
+const SWEEP_EVERY: Duration = Duration::from_millis(100);
 const RETRY_AFTER: Duration = Duration::from_secs(2);
 
 /// Periodic upkeep from the main-thread timer: drops expired marks, retries the catalog load,
@@ -234,22 +244,40 @@ pub fn housekeeping(ctx: &Context) {
     if load_catalog {
         crate::catalog::load();
     }
-    let names: Vec<String> = with(|r| {
+    let primary = ctx.get_flags().contains(redis_module::ContextFlags::MASTER);
+    let promoted = with(|r| {
+        let promoted = r.was_primary == Some(false) && primary;
+        r.was_primary = Some(primary);
+        promoted
+    });
+    let every = config::rebuild_interval();
+    let idle: Vec<(String, RedisString, bool)> = with(|r| {
         r.sets
             .values()
             .filter(|s| matches!(s.rebuild, Rebuild::Idle))
             .filter(|s| s.next_rebuild_try.is_none_or(|t| now >= t))
-            .map(|s| s.def.name.clone())
+            .map(|s| {
+                let due = every.is_some_and(|e| {
+                    s.last_rebuild
+                        .as_ref()
+                        .is_none_or(|(at, _)| now.duration_since(*at) >= e)
+                });
+                (s.def.name.clone(), s.filter_key.clone(), due)
+            })
             .collect()
     });
-    for name in names {
-        let key = with(|r| r.sets.get(&name).map(|s| s.filter_key.clone()));
-        let Some(key) = key else { continue };
-        let complete = filter_type::with(ctx, &key, |f| f.complete).unwrap_or(false);
-        if !complete {
+    for (name, key, due) in idle {
+        if promoted {
+            // A promoted replica may lack effects its old primary never sent: it catches up
+            // from the database before it answers "absent" again.
+            filter_type::with_mut(ctx, &key, |f| f.caught_up = false);
+        }
+        let complete = filter_type::with(ctx, &key, |f| f.cov.complete).unwrap_or(false);
+        if !complete || due {
             rebuild::start(&name);
         }
     }
+    crate::sync::run(ctx, promoted);
 }
 
 /// Delay before retrying a failed catalog load or rebuild.

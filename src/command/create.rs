@@ -5,12 +5,13 @@ use std::sync::atomic::AtomicU64;
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
+use super::internal;
 use super::{block_timeout, may_block, set_name, Options};
 use crate::block::{Blocked, Completion};
 use crate::canon::Normalize;
 use crate::config::{self, parse_error_rate};
+use crate::db::sql::Built;
 use crate::db::{pool, sql, DbErr};
-use crate::filter::Bloom;
 use crate::filter_type::{self, FilterValue};
 use crate::state::{self, SetDef};
 use crate::{error, keys};
@@ -91,7 +92,7 @@ pub fn create(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 struct CreateDone {
-    result: Result<(SetDef, Option<(Bloom, u64)>), DbErr>,
+    result: Result<(SetDef, Option<Built>), DbErr>,
 }
 
 impl Completion for CreateDone {
@@ -101,15 +102,12 @@ impl Completion for CreateDone {
         };
         let newly = state::with(|r| !r.sets.contains_key(&def.name));
         state::register(def.clone());
-        if let (true, Some((bloom, _rows))) = (newly, built.take()) {
-            filter_type::install(
-                ctx,
-                &keys::filter_key(&def.name),
-                FilterValue {
-                    bloom,
-                    complete: true,
-                },
-            );
+        internal::replicate_set(ctx, def);
+        if let (true, Some(b)) = (newly, built.take()) {
+            let key = keys::filter_key(&def.name);
+            let v = FilterValue::built(b.bloom, b.watermark);
+            internal::replicate_filter(ctx, &key, &v);
+            filter_type::install(ctx, &key, v);
         }
     }
 

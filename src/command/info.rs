@@ -36,7 +36,12 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             let b = &v.bloom;
             vec![
                 ("filter_present", "1".to_string()),
-                ("filter_complete", (v.complete as u8).to_string()),
+                ("filter_complete", (v.cov.complete as u8).to_string()),
+                ("filter_caught_up", (v.caught_up as u8).to_string()),
+                (
+                    "sync_watermark_us",
+                    v.cov.watermark.map(|w| w.to_string()).unwrap_or_default(),
+                ),
                 ("filter_bits", b.bits().to_string()),
                 ("filter_hashes", b.hashes().to_string()),
                 ("filter_items", b.items().to_string()),
@@ -64,9 +69,11 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                 } => {
                     out.push(("rebuild_state", "running".into()));
                     let n = rows.load(Ordering::Relaxed);
+                    let estimate = estimate.load(Ordering::Relaxed);
                     out.push(("rebuild_rows", n.to_string()));
-                    let pct = if *estimate > 0 {
-                        (n as f64 / *estimate as f64 * 100.0).min(100.0)
+                    out.push(("rebuild_rows_estimate", estimate.to_string()));
+                    let pct = if estimate > 0 {
+                        (n as f64 / estimate as f64 * 100.0).min(100.0)
                     } else {
                         0.0
                     };
@@ -79,17 +86,27 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             }
             match &s.last_rebuild {
                 None => out.push(("last_rebuild", "none".into())),
-                Some(Ok((rows, took))) => {
+                Some((_, Ok((rows, took)))) => {
                     out.push(("last_rebuild", "ok".into()));
                     out.push(("last_rebuild_rows", rows.to_string()));
                     out.push(("last_rebuild_s", format!("{:.3}", took.as_secs_f64())));
                 }
-                Some(Err(e)) => {
+                Some((_, Err(e))) => {
                     out.push(("last_rebuild", "failed".into()));
                     out.push(("last_rebuild_error", e.clone()));
                 }
             }
             out.push(("recent_marks", s.recent_marks().to_string()));
+            out.push((
+                "sync_age_ms",
+                crate::sync::age(&s.sync)
+                    .map(|d| d.as_millis().to_string())
+                    .unwrap_or_else(|| "never".into()),
+            ));
+            out.push(("sync_rows_applied", s.sync.rows_applied.to_string()));
+            if let Some(e) = &s.sync.last_error {
+                out.push(("sync_last_error", e.clone()));
+            }
             let c = &s.stats;
             out.push(("exists_calls", c.exists.to_string()));
             out.push(("path_bloom_negative", c.bloom_negative.to_string()));

@@ -3,7 +3,9 @@
 
 pub mod create;
 pub mod info;
+pub mod internal;
 pub mod lookup;
+pub mod rebuild;
 pub mod write;
 
 use std::time::Duration;

@@ -9,9 +9,7 @@ use super::{block_timeout, may_block, ItemArgs};
 use crate::block::{Blocked, Completion};
 use crate::canon::{canonicalize, Canon};
 use crate::db::{pool, sql, DbErr};
-use crate::filter::Bloom;
-use crate::filter_type::{self, FilterValue};
-use crate::{error, keys, state};
+use crate::{effects, error, keys, state};
 
 /// Longest TTL or EXPIREAT horizon accepted: 10 years.
 const MAX_TTL_S: i64 = 315_360_000;
@@ -66,37 +64,37 @@ impl Completion for WriteDone {
             scope: &self.scope,
             hash: self.hash,
         };
-        state::with(|r| {
-            let Some(set) = r.sets.get_mut(&self.set) else {
-                return;
-            };
-            if self.op == Op::Add {
+        let args: [&[u8]; 3] = [
+            self.set.as_bytes(),
+            self.entity.as_bytes(),
+            self.scope.as_bytes(),
+        ];
+        match self.op {
+            Op::Add => {
                 // The filter bit goes in whatever the outcome: if the insert committed it
                 // must, and if it did not, a stray bit is only a false positive.
-                if !filter_type::add(ctx, &set.filter_key, self.hash) {
-                    let mut bloom = Bloom::new(set.def.capacity, set.def.error_rate);
-                    bloom.add(self.hash);
-                    filter_type::install(
-                        ctx,
-                        &set.filter_key,
-                        FilterValue {
-                            bloom,
-                            complete: false,
-                        },
-                    );
-                }
-                set.journal(self.hash);
-                set.mark_end(self.hash);
-                set.stats.adds += 1;
-                if matches!(self.result, Ok(true)) {
-                    set.stats.adds_new += 1;
-                }
-            } else {
-                set.stats.dels += 1;
+                effects::added(ctx, &self.set, &canon);
+                effects::replicate(ctx, "MEMBER._ADD", &args);
+                state::with(|r| {
+                    if let Some(set) = r.sets.get_mut(&self.set) {
+                        set.mark_end(self.hash);
+                        set.stats.adds += 1;
+                        if matches!(self.result, Ok(true)) {
+                            set.stats.adds_new += 1;
+                        }
+                    }
+                });
             }
-            keys::cache_invalidate(ctx, &keys::cache_key(ctx, &set.cache_prefix, &canon));
-            set.generation += 1;
-        });
+            Op::Del => {
+                effects::removed(ctx, &self.set, &canon);
+                effects::replicate(ctx, "MEMBER._DEL", &args);
+                state::with(|r| {
+                    if let Some(set) = r.sets.get_mut(&self.set) {
+                        set.stats.dels += 1;
+                    }
+                });
+            }
+        }
     }
 
     fn reply(&mut self, _ctx: &Context) -> RedisResult {

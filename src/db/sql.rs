@@ -32,6 +32,20 @@ pub fn table(set: &str) -> String {
 
 const ACTIVE: &str = "status = 1 AND (expires_at IS NULL OR expires_at > now())";
 
+/// The sync horizon, in microseconds since the epoch: the start of the oldest transaction
+/// still open on the server (its rows, defaulting `updated_at` to its start, may commit
+/// later), or now. Every row committed later has `updated_at` at or after it — as long as
+/// writers let `updated_at` default to `now()`. Seeing other roles' transactions needs
+/// superuser or `pg_read_all_stats`.
+///
+/// It must be read *before* the snapshot the rows are read in is taken: a transaction that
+/// commits between a snapshot and a later look at `pg_stat_activity` would be in neither.
+const HORIZON: &str = "SELECT (EXTRACT(EPOCH FROM least(now(), coalesce(
+        (SELECT min(xact_start) FROM pg_stat_activity
+          WHERE xact_start IS NOT NULL AND pid <> pg_backend_pid()
+            AND backend_type = 'client backend'),
+        now()))) * 1000000)::int8";
+
 fn set_ddl(set: &str) -> String {
     let t = table(set);
     format!(
@@ -85,7 +99,7 @@ pub fn create_set(
     explicit: &[bool; 5],
     build: bool,
     progress: &AtomicU64,
-) -> Result<(SetDef, Option<(Bloom, u64)>), DbErr> {
+) -> Result<(SetDef, Option<Built>), DbErr> {
     let def = db.run(|c, _| {
         let mut tx = c.transaction()?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
@@ -123,7 +137,9 @@ pub fn create_set(
     })?;
     let def = def.ok_or(DbErr::Refused(error::SET_EXISTS_DIFFERENT))?;
     let built = if build {
-        let built = db.client().and_then(|c| build_filter(c, &def, progress));
+        let built = db
+            .client()
+            .and_then(|c| build_filter(c, &def, progress, &AtomicU64::new(0)));
         if matches!(built, Err(DbErr::Unavailable(_))) {
             db.reset();
         }
@@ -193,46 +209,109 @@ pub fn lookup(
     })
 }
 
-/// Streams the set's active rows with `COPY … TO STDOUT` and builds a complete filter from
-/// them through the same canonicalization as the write path. Sized for the larger of the
-/// set's capacity and the row count. Peak extra memory: 16 bytes per row plus the filter.
+/// A filter built from the whole table.
+pub struct Built {
+    pub bloom: Bloom,
+    pub rows: u64,
+    /// Sync watermark of the build (see `HORIZON`).
+    pub watermark: i64,
+}
+
+fn tx_error(e: postgres::Error) -> DbErr {
+    super::classify(&e)
+}
+
+/// Streams the set's active rows with `COPY … TO STDOUT` inside one repeatable-read snapshot
+/// and builds a complete filter from them through the same canonicalization as the write path.
+/// Sized for the larger of the set's capacity and the row count. `estimate` receives the
+/// planner's row estimate for progress reports. Peak extra memory: 16 bytes per row (the
+/// hashes) plus the new filter.
 pub fn build_filter(
     c: &mut Client,
     def: &SetDef,
     progress: &AtomicU64,
-) -> Result<(Bloom, u64), DbErr> {
-    let sql = format!(
-        "COPY (SELECT entity_id, scope FROM {t} WHERE {ACTIVE}) TO STDOUT",
-        t = table(&def.name)
-    );
-    let reader = c.copy_out(sql.as_str()).map_err(|e| super::classify(&e))?;
-    let mut reader = std::io::BufReader::with_capacity(1 << 16, reader);
-    let mut hashes: Vec<u128> = Vec::new();
-    let mut line = Vec::with_capacity(256);
-    loop {
-        line.clear();
-        let n = reader
-            .read_until(b'\n', &mut line)
-            .map_err(copy_read_error)?;
-        if n == 0 {
-            break;
-        }
-        if line.last() == Some(&b'\n') {
-            line.pop();
-        }
-        if let Some(h) = hash_copy_row(def.normalize, &line) {
-            hashes.push(h);
-        }
-        if hashes.len().is_multiple_of(4096) {
-            progress.store(hashes.len() as u64, Ordering::Relaxed);
+    estimate: &AtomicU64,
+) -> Result<Built, DbErr> {
+    let t = table(&def.name);
+    // The horizon first, in its own statement; then the snapshot the COPY reads.
+    let watermark: i64 = c.query_one(HORIZON, &[]).map_err(tx_error)?.get(0);
+    let mut tx = c
+        .build_transaction()
+        .isolation_level(postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .map_err(tx_error)?;
+    let est: f32 = tx
+        .query_one(
+            "SELECT coalesce((SELECT reltuples FROM pg_class WHERE oid = to_regclass($1)), 0)",
+            &[&t],
+        )
+        .map_err(tx_error)?
+        .get(0);
+    estimate.store(est.max(0.0) as u64, Ordering::Relaxed);
+    let sql = format!("COPY (SELECT entity_id, scope FROM {t} WHERE {ACTIVE}) TO STDOUT");
+    let mut hashes: Vec<u128> = Vec::with_capacity((est.max(0.0) as usize).min(1 << 26));
+    {
+        let reader = tx.copy_out(sql.as_str()).map_err(tx_error)?;
+        let mut reader = std::io::BufReader::with_capacity(1 << 16, reader);
+        let mut line = Vec::with_capacity(256);
+        loop {
+            line.clear();
+            let n = reader
+                .read_until(b'\n', &mut line)
+                .map_err(copy_read_error)?;
+            if n == 0 {
+                break;
+            }
+            if line.last() == Some(&b'\n') {
+                line.pop();
+            }
+            if let Some(h) = hash_copy_row(def.normalize, &line) {
+                hashes.push(h);
+            }
+            if hashes.len().is_multiple_of(4096) {
+                progress.store(hashes.len() as u64, Ordering::Relaxed);
+            }
         }
     }
+    tx.commit().map_err(tx_error)?;
     progress.store(hashes.len() as u64, Ordering::Relaxed);
     let mut bloom = Bloom::new(def.capacity.max(hashes.len() as u64), def.error_rate);
     for h in &hashes {
         bloom.add(*h);
     }
-    Ok((bloom, hashes.len() as u64))
+    Ok(Built {
+        bloom,
+        rows: hashes.len() as u64,
+        watermark,
+    })
+}
+
+/// Rows that became active members since `watermark` (inclusive), canonicalized, and the new
+/// watermark: the sync loop's one query. Catches writes made outside the module.
+pub fn changes_since(db: &mut Db, def: &SetDef, watermark: i64) -> Result<(Vec<u128>, i64), DbErr> {
+    let sql = format!(
+        "SELECT entity_id, scope FROM {t}
+          WHERE updated_at >= 'epoch'::timestamptz + $1::int8 * interval '1 microsecond' AND {ACTIVE}",
+        t = table(&def.name)
+    );
+    db.run(|c, s| {
+        // Two autocommit statements, horizon first: the rows query takes a newer snapshot.
+        let horizon: i64 = c.query_one(HORIZON, &[])?.get(0);
+        let st = prepared(c, s, &sql)?;
+        let rows = c.query(&st, &[&watermark])?;
+        let hashes = rows
+            .iter()
+            .filter_map(|r| {
+                let entity: &str = r.get(0);
+                let scope: &str = r.get(1);
+                canon::canonicalize(def.normalize, entity.as_bytes(), scope.as_bytes())
+                    .ok()
+                    .map(|c| c.hash)
+            })
+            .collect();
+        Ok((hashes, horizon))
+    })
 }
 
 /// A read error from a COPY stream carries the driver's error inside; classify that.

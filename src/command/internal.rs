@@ -1,0 +1,110 @@
+//! Internal commands that carry derived-state effects to replicas and the AOF:
+//! `MEMBER._ADD`, `MEMBER._DEL`, `MEMBER._LOAD`, `MEMBER._SET`. They never touch PostgreSQL and
+//! are refused unless they come from the replication link or the AOF.
+
+use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
+
+use super::set_name;
+use crate::canon::{self, Canon, Normalize};
+use crate::effects;
+use crate::filter_type::{self, FilterValue};
+use crate::state::{self, SetDef};
+
+const NOT_INTERNAL: &str = "ERR internal command: only accepted from a primary or the AOF";
+
+fn guard(ctx: &Context) -> Result<(), RedisError> {
+    if effects::from_replication_or_load(ctx) {
+        Ok(())
+    } else {
+        Err(RedisError::Str(NOT_INTERNAL))
+    }
+}
+
+fn canon_of<'a>(entity: &'a RedisString, scope: &'a RedisString) -> Result<Canon<'a>, RedisError> {
+    let e =
+        std::str::from_utf8(entity.as_slice()).map_err(|_| RedisError::Str("ERR bad entity"))?;
+    let s = std::str::from_utf8(scope.as_slice()).map_err(|_| RedisError::Str("ERR bad scope"))?;
+    Ok(Canon {
+        entity: std::borrow::Cow::Borrowed(e),
+        scope: s,
+        hash: canon::hash_parts(e, s),
+    })
+}
+
+/// MEMBER._ADD <set> <entity> <scope> — a committed ADD's filter and cache effects.
+pub fn add(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard(ctx)?;
+    let [_, set, entity, scope] =
+        <[RedisString; 4]>::try_from(args).map_err(|_| RedisError::WrongArity)?;
+    let set = set_name(&set)?;
+    effects::added(ctx, &set, &canon_of(&entity, &scope)?);
+    Ok(RedisValue::SimpleStringStatic("OK"))
+}
+
+/// MEMBER._DEL <set> <entity> <scope> — a committed DEL's cache invalidation.
+pub fn del(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard(ctx)?;
+    let [_, set, entity, scope] =
+        <[RedisString; 4]>::try_from(args).map_err(|_| RedisError::WrongArity)?;
+    let set = set_name(&set)?;
+    effects::removed(ctx, &set, &canon_of(&entity, &scope)?);
+    Ok(RedisValue::SimpleStringStatic("OK"))
+}
+
+/// MEMBER._LOAD <key> <payload> — a whole filter (a rebuild's swap, or an AOF rewrite).
+/// Loaded from the AOF it starts not caught up; replicated live it is as current as the
+/// primary's.
+pub fn load(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard(ctx)?;
+    let [_, key, payload] =
+        <[RedisString; 3]>::try_from(args).map_err(|_| RedisError::WrongArity)?;
+    let live = !ctx.get_flags().contains(ContextFlags::LOADING);
+    let v = FilterValue::from_bytes(payload.as_slice(), live)
+        .map_err(|e| RedisError::String(format!("ERR libmember: {e}")))?;
+    filter_type::install(ctx, &key, v);
+    Ok(RedisValue::SimpleStringStatic("OK"))
+}
+
+/// MEMBER._SET <set> <error_rate> <capacity> <cache_ttl> <recent_ttl> <normalize> — a set
+/// definition created on the primary.
+pub fn set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard(ctx)?;
+    let [_, name, rate, cap, cache, recent, norm] =
+        <[RedisString; 7]>::try_from(args).map_err(|_| RedisError::WrongArity)?;
+    let bad = || RedisError::Str("ERR bad set definition");
+    let num = |s: &RedisString| -> Result<f64, RedisError> {
+        std::str::from_utf8(s.as_slice())
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(bad)
+    };
+    state::register(SetDef {
+        name: set_name(&name)?,
+        error_rate: num(&rate)?,
+        capacity: num(&cap)? as u64,
+        cache_ttl: num(&cache)? as u64,
+        recent_ttl: num(&recent)? as u64,
+        normalize: Normalize::parse(norm.as_slice()).ok_or_else(bad)?,
+    });
+    Ok(RedisValue::SimpleStringStatic("OK"))
+}
+
+/// Replicates a set definition as `MEMBER._SET`.
+pub fn replicate_set(ctx: &Context, d: &SetDef) {
+    let fields = [
+        d.name.clone(),
+        d.error_rate.to_string(),
+        d.capacity.to_string(),
+        d.cache_ttl.to_string(),
+        d.recent_ttl.to_string(),
+        d.normalize.name().to_string(),
+    ];
+    let args: Vec<&[u8]> = fields.iter().map(|f| f.as_bytes()).collect();
+    effects::replicate(ctx, "MEMBER._SET", &args);
+}
+
+/// Replicates a whole filter as `MEMBER._LOAD`.
+pub fn replicate_filter(ctx: &Context, key: &RedisString, v: &FilterValue) {
+    let payload = v.to_bytes();
+    effects::replicate(ctx, "MEMBER._LOAD", &[key.as_slice(), &payload]);
+}

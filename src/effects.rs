@@ -1,0 +1,67 @@
+//! The derived-state effects of a membership change, applied on the main thread: one place
+//! used by write completions on the primary, the replicated internal commands on replicas and
+//! AOF load, and the sync loop.
+
+use redis_module::{Context, ContextFlags};
+
+use crate::canon::Canon;
+use crate::filter::Bloom;
+use crate::filter_type::{self, FilterValue};
+use crate::{config, keys, state};
+
+/// `canon` became (or may have become) a member of `set`: set its filter bits (creating a
+/// partial filter if there is none), make a running rebuild include it, drop its cache entry.
+pub fn added(ctx: &Context, set: &str, canon: &Canon) {
+    state::with(|r| {
+        let (key, prefix, sizing) = match r.sets.get_mut(set) {
+            Some(s) => {
+                s.journal(canon.hash);
+                s.generation += 1;
+                (
+                    s.filter_key.clone(),
+                    s.cache_prefix.clone(),
+                    (s.def.capacity, s.def.error_rate),
+                )
+            }
+            None => (
+                keys::filter_key(set),
+                keys::cache_prefix(set),
+                (
+                    config::DEFAULT_CAPACITY.load(std::sync::atomic::Ordering::Relaxed) as u64,
+                    config::DEFAULT_ERROR_RATE.get(),
+                ),
+            ),
+        };
+        if !filter_type::add(ctx, &key, canon.hash) {
+            let mut bloom = Bloom::new(sizing.0, sizing.1);
+            bloom.add(canon.hash);
+            filter_type::install(ctx, &key, FilterValue::partial(bloom));
+        }
+        keys::cache_invalidate(ctx, &keys::cache_key(ctx, &prefix, canon));
+    });
+}
+
+/// `canon` stopped being a member of `set`: drop its cache entry (the filter keeps its bits
+/// until the next rebuild; a stale bit is only a false positive).
+pub fn removed(ctx: &Context, set: &str, canon: &Canon) {
+    let prefix = state::with(|r| match r.sets.get_mut(set) {
+        Some(s) => {
+            s.generation += 1;
+            s.cache_prefix.clone()
+        }
+        None => keys::cache_prefix(set),
+    });
+    keys::cache_invalidate(ctx, &keys::cache_key(ctx, &prefix, canon));
+}
+
+/// Sends a derived-state effect to replicas and the AOF (never the database write itself).
+pub fn replicate(ctx: &Context, command: &str, args: &[&[u8]]) {
+    ctx.replicate(command, args);
+}
+
+/// True when this context executes on behalf of the primary or while loading the AOF: the
+/// only callers internal commands accept.
+pub fn from_replication_or_load(ctx: &Context) -> bool {
+    ctx.get_flags()
+        .intersects(ContextFlags::REPLICATED | ContextFlags::LOADING)
+}

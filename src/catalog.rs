@@ -9,10 +9,10 @@ use crate::state::{self, SetDef};
 
 /// Loads the catalog in the background.
 pub fn load() {
-    pool::submit(Box::new(|db| {
+    pool::run(|db| {
         let res = sql::load_catalog(db);
         mainq::post(Box::new(move |ctx| apply(ctx, res)));
-    }));
+    });
 }
 
 fn apply(ctx: &Context, res: Result<Vec<SetDef>, DbErr>) {

@@ -25,6 +25,13 @@ pub const DB_TIMEOUT_MS_MAX: i64 = 600_000;
 /// How long a blocked client waits for the database before it gets an UNAVAILABLE error.
 pub static DB_TIMEOUT_MS: AtomicI64 = AtomicI64::new(DB_TIMEOUT_MS_DEFAULT);
 
+pub const BATCH_SIZE_DEFAULT: i64 = 256;
+pub const BATCH_SIZE_MIN: i64 = 1;
+pub const BATCH_SIZE_MAX: i64 = 10_000;
+/// Most queued jobs a worker takes at once; lookups (and ADDs) of one set among them share
+/// one statement.
+pub static BATCH_SIZE: AtomicI64 = AtomicI64::new(BATCH_SIZE_DEFAULT);
+
 pub const DEFAULT_CAPACITY_DEFAULT: i64 = 1_000_000;
 pub const DEFAULT_CAPACITY_MIN: i64 = 1;
 pub const DEFAULT_CAPACITY_MAX: i64 = 4_000_000_000;

@@ -126,6 +126,7 @@ redis_module! {
         i64: [
             ["workers", &WORKERS, WORKERS_DEFAULT, WORKERS_MIN, WORKERS_MAX, ConfigurationFlags::DEFAULT, Some(Box::new(on_workers_changed))],
             ["db-timeout-ms", &DB_TIMEOUT_MS, DB_TIMEOUT_MS_DEFAULT, DB_TIMEOUT_MS_MIN, DB_TIMEOUT_MS_MAX, ConfigurationFlags::DEFAULT, None],
+            ["batch-size", &BATCH_SIZE, BATCH_SIZE_DEFAULT, BATCH_SIZE_MIN, BATCH_SIZE_MAX, ConfigurationFlags::DEFAULT, None],
             ["default-capacity", &DEFAULT_CAPACITY, DEFAULT_CAPACITY_DEFAULT, DEFAULT_CAPACITY_MIN, DEFAULT_CAPACITY_MAX, ConfigurationFlags::DEFAULT, None],
             ["cache-ttl", &CACHE_TTL, CACHE_TTL_DEFAULT, CACHE_TTL_MIN, CACHE_TTL_MAX, ConfigurationFlags::DEFAULT, None],
             ["sync-interval-ms", &SYNC_INTERVAL_MS, SYNC_INTERVAL_MS_DEFAULT, SYNC_INTERVAL_MS_MIN, SYNC_INTERVAL_MS_MAX, ConfigurationFlags::DEFAULT, None],

@@ -50,10 +50,10 @@ pub fn run(ctx: &Context, now_all: bool) {
             from,
             result: Some(Err(DbErr::Unavailable("sync job dropped".into()))),
         };
-        pool::submit(Box::new(move |db| {
+        pool::run(move |db| {
             let mut pass = pass;
             pass.result = Some(sql::changes_since(db, &def, from));
-        }));
+        });
     }
 }
 

@@ -387,3 +387,71 @@ fn info_reports_paths_and_rates() {
         assert!(info_field(&mut c, f).is_some(), "INFO member lacks {f}");
     }
 }
+
+#[test]
+fn batched_database_work_answers_each_caller_correctly() {
+    // One worker, so concurrent lookups and ADDs pile up and are resolved in shared statements.
+    let env = Env::with(&[("member.workers", "1"), ("member.batch-size", "64")]);
+    let mut c = env.conn();
+    ok(
+        &mut c,
+        &["MEMBER.CREATE", "b", "ERROR", "0.5", "CAPACITY", "1"],
+    );
+    // A lossy filter: most absent items pass it and need the database too.
+    let handles: Vec<_> = (0..32)
+        .map(|t| {
+            let mut conn = env.conn();
+            thread::spawn(move || {
+                let mut wins = Vec::new();
+                for i in 0..20 {
+                    // Every thread adds the shared items and its own ones, with and without scope.
+                    let shared = format!("shared-{i}");
+                    let own = format!("own-{t}-{i}");
+                    wins.push((
+                        shared.clone(),
+                        int(&mut conn, &["MEMBER.ADD", "b", &shared]),
+                    ));
+                    assert_eq!(int(&mut conn, &["MEMBER.ADD", "b", &own, "SCOPE", "x"]), 1);
+                }
+                wins
+            })
+        })
+        .collect();
+    let mut won = std::collections::HashMap::new();
+    for h in handles {
+        for (item, r) in h.join().unwrap() {
+            *won.entry(item).or_insert(0) += r;
+        }
+    }
+    assert!(won.values().all(|&n| n == 1), "{won:?}");
+    let handles: Vec<_> = (0..32)
+        .map(|t| {
+            let mut conn = env.conn();
+            thread::spawn(move || {
+                for i in 0..20 {
+                    let own = format!("own-{t}-{i}");
+                    assert_eq!(
+                        int(&mut conn, &["MEMBER.EXISTS", "b", &own, "SCOPE", "x"]),
+                        1
+                    );
+                    assert_eq!(int(&mut conn, &["MEMBER.EXISTS", "b", &own]), 0);
+                    assert_eq!(
+                        int(&mut conn, &["MEMBER.EXISTS", "b", &format!("no-{t}-{i}")]),
+                        0
+                    );
+                    assert_eq!(
+                        int(&mut conn, &["MEMBER.EXISTS", "b", &format!("shared-{i}")]),
+                        1
+                    );
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    // The work really was shared: fewer statements than points.
+    let batches: u64 = info_field(&mut c, "db_batches").unwrap().parse().unwrap();
+    let points: u64 = info_field(&mut c, "db_batched_points").unwrap().parse().unwrap();
+    assert!(points > batches, "{points} points in {batches} statements");
+}

@@ -83,11 +83,11 @@ pub fn create(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
     };
     let blocked = Blocked::block(ctx, block_timeout(), Box::new(fallback));
-    pool::submit(Box::new(move |db| {
+    pool::run(move |db| {
         let progress = AtomicU64::new(0);
         let result = sql::create_set(db, &def, &explicit, build, &progress);
         blocked.finish(Box::new(CreateDone { result }));
-    }));
+    });
     Ok(RedisValue::NoReply)
 }
 

@@ -141,6 +141,11 @@ pub fn info_section(ctx: &InfoContext, _for_crash_report: bool) {
             ("sets", sets.to_string()),
             ("catalog_loaded", (catalog_loaded as u8).to_string()),
             ("db_queue", db::pool::queued().to_string()),
+            ("db_batches", db::pool::BATCHES.load(Ordering::Relaxed).to_string()),
+            (
+                "db_batched_points",
+                db::pool::BATCHED_POINTS.load(Ordering::Relaxed).to_string(),
+            ),
             ("exists_calls", c.exists.to_string()),
             ("bloom_exists_true_rate", f(c.bloom_exists_true_rate())),
             ("db_fallback_rate", f(c.db_fallback_rate())),

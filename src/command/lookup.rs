@@ -7,7 +7,8 @@ use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, 
 use super::{block_timeout, may_block, ItemArgs};
 use crate::block::{Blocked, Completion};
 use crate::canon::canonicalize;
-use crate::db::{pool, sql, DbErr};
+use crate::db::pool::{self, Job, Point};
+use crate::db::DbErr;
 use crate::funnel::{self, Gate, Path};
 use crate::{error, filter_type, keys, metrics, state};
 
@@ -86,10 +87,15 @@ pub fn lookup(ctx: &Context, args: Vec<RedisString>, explain: bool) -> RedisResu
                 result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
             };
             let blocked = Blocked::block(ctx, block_timeout(), Box::new(done.clone()));
-            pool::submit(Box::new(move |db| {
-                let mut done = done;
-                done.result = sql::lookup(db, &done.set, &done.entity, &done.scope);
-                blocked.finish(Box::new(done));
+            pool::submit(Job::Lookup(Point {
+                set: done.set.clone(),
+                entity: done.entity.clone(),
+                scope: done.scope.clone(),
+                reply: Box::new(move |res| {
+                    let mut done = done;
+                    done.result = res;
+                    blocked.finish(Box::new(done));
+                }),
             }));
             Ok(RedisValue::NoReply)
         })

@@ -8,7 +8,8 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 use super::{block_timeout, may_block, ItemArgs};
 use crate::block::{Blocked, Completion};
 use crate::canon::{canonicalize, Canon};
-use crate::db::{pool, sql, DbErr};
+use crate::db::pool::{self, Job, Point};
+use crate::db::{sql, DbErr};
 use crate::{effects, error, keys, state};
 
 /// Longest TTL or EXPIREAT horizon accepted: 10 years.
@@ -133,14 +134,23 @@ fn write(ctx: &Context, args: Vec<RedisString>, op: Op) -> RedisResult {
                 result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
             };
             let blocked = Blocked::block(ctx, block_timeout(), Box::new(done.clone()));
-            pool::submit(Box::new(move |db| {
-                let mut done = done;
-                done.result = match done.op {
-                    Op::Add => sql::add(db, &done.set, &done.entity, &done.scope, expires_at),
-                    Op::Del => sql::del(db, &done.set, &done.entity, &done.scope),
-                };
-                blocked.finish(Box::new(done));
-            }));
+            let point = Point {
+                set: done.set.clone(),
+                entity: done.entity.clone(),
+                scope: done.scope.clone(),
+                reply: Box::new(move |res| {
+                    let mut done = done;
+                    done.result = res;
+                    blocked.finish(Box::new(done));
+                }),
+            };
+            pool::submit(match op {
+                Op::Add => Job::Add(point, expires_at),
+                Op::Del => Job::Run(Box::new(move |db| {
+                    let res = sql::del(db, &point.set, &point.entity, &point.scope);
+                    (point.reply)(res);
+                })),
+            });
             Ok(RedisValue::NoReply)
         })
     })

@@ -1,19 +1,50 @@
 //! The worker pool: `member.workers` threads, each with its own connection, draining one
-//! bounded queue. A job that panics is contained; its blocked client still gets a reply.
+//! bounded queue. A worker takes what is queued (up to `member.batch-size` jobs) and resolves
+//! all point lookups of a set with one query and all ADDs of a set with one multi-row insert.
+//! A job that panics is contained; its blocked client still gets a reply.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 
-use super::Db;
+use super::{sql, Db, DbErr};
 use crate::config;
 
-/// A unit of database work. It owns its blocked client (if any), so dropping it unrun still
+/// A unit of database work. Each owns its blocked client (if any), so dropping it unrun still
 /// answers the client.
-pub type Job = Box<dyn FnOnce(&mut Db) + Send>;
+pub enum Job {
+    /// Is (entity, scope) an active member? Batched per set.
+    Lookup(Point<Option<Option<f64>>>),
+    /// Make (entity, scope) a member, expiring at the given unix time. Batched per set.
+    Add(Point<bool>, Option<f64>),
+    /// Anything else, run alone.
+    Run(Box<dyn FnOnce(&mut Db) + Send>),
+}
+
+/// One membership to resolve and where its answer goes.
+pub struct Point<T> {
+    pub set: String,
+    pub entity: String,
+    pub scope: String,
+    pub reply: Box<dyn FnOnce(Result<T, DbErr>) + Send>,
+}
+
+/// Batched statements sent, and the points they resolved (INFO shows the average batch).
+pub static BATCHES: AtomicU64 = AtomicU64::new(0);
+pub static BATCHED_POINTS: AtomicU64 = AtomicU64::new(0);
+
+fn count_batch(points: usize) {
+    BATCHES.fetch_add(1, Ordering::Relaxed);
+    BATCHED_POINTS.fetch_add(points as u64, Ordering::Relaxed);
+}
+
+/// Shorthand for `submit(Job::Run(..))`.
+pub fn run(f: impl FnOnce(&mut Db) + Send + 'static) {
+    submit(Job::Run(Box::new(f)));
+}
 
 /// Jobs waiting beyond this many are refused with UNAVAILABLE rather than queued.
 pub const QUEUE_LIMIT: usize = 100_000;
@@ -79,13 +110,105 @@ fn worker(id: usize) {
             }
         }
         match p.rx.recv_timeout(Duration::from_secs(1)) {
-            Ok(job) => {
-                if catch_unwind(AssertUnwindSafe(|| job(&mut db))).is_err() {
-                    db.reset();
-                }
+            Ok(first) => {
+                let max = config::BATCH_SIZE.load(Ordering::Relaxed).max(1) as usize;
+                let mut batch = vec![first];
+                batch.extend(p.rx.try_iter().take(max - 1));
+                run_batch(&mut db, batch);
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
         }
+    }
+}
+
+/// Runs `f` on the worker's connection, containing a panic (the jobs it owned are dropped
+/// and answer their clients with their fallback).
+fn contained(db: &mut Db, f: impl FnOnce(&mut Db)) {
+    if catch_unwind(AssertUnwindSafe(|| f(db))).is_err() {
+        db.reset();
+    }
+}
+
+/// Groups points by set, keeping arrival order within each group.
+fn by_set<T>(points: Vec<T>, set: impl Fn(&T) -> &str) -> Vec<Vec<T>> {
+    let mut groups: Vec<Vec<T>> = Vec::new();
+    for p in points {
+        match groups.iter_mut().find(|g| set(&g[0]) == set(&p)) {
+            Some(g) => g.push(p),
+            None => groups.push(vec![p]),
+        }
+    }
+    groups
+}
+
+/// Answers every point of a group with the result at its index, or the group's error.
+fn answer<T: Clone>(points: Vec<Point<T>>, results: Result<Vec<T>, DbErr>) {
+    match results {
+        Ok(rs) => {
+            for (p, r) in points.into_iter().zip(rs) {
+                (p.reply)(Ok(r));
+            }
+        }
+        Err(e) => {
+            for p in points {
+                (p.reply)(Err(e.clone()));
+            }
+        }
+    }
+}
+
+fn run_batch(db: &mut Db, batch: Vec<Job>) {
+    let mut lookups = Vec::new();
+    let mut adds = Vec::new();
+    for job in batch {
+        match job {
+            Job::Lookup(p) => lookups.push(p),
+            Job::Add(p, exp) => adds.push((p, exp)),
+            Job::Run(f) => contained(db, f),
+        }
+    }
+    for group in by_set(adds, |(p, _)| &p.set) {
+        contained(db, |db| {
+            let items: Vec<(&str, &str, Option<f64>)> = group
+                .iter()
+                .map(|(p, exp)| (p.entity.as_str(), p.scope.as_str(), *exp))
+                .collect();
+            count_batch(items.len());
+            let res = sql::add_many(db, &group[0].0.set, &items);
+            answer(group.into_iter().map(|(p, _)| p).collect(), res);
+        });
+    }
+    for group in by_set(lookups, |p| &p.set) {
+        contained(db, |db| {
+            let items: Vec<(&str, &str)> = group
+                .iter()
+                .map(|p| (p.entity.as_str(), p.scope.as_str()))
+                .collect();
+            count_batch(items.len());
+            let res = sql::lookup_many(db, &group[0].set, &items);
+            answer(group, res);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_by_set_in_arrival_order() {
+        let g = by_set(
+            vec![("a", 1), ("b", 2), ("a", 3), ("c", 4), ("b", 5)],
+            |p| p.0,
+        );
+        assert_eq!(
+            g,
+            vec![
+                vec![("a", 1), ("a", 3)],
+                vec![("b", 2), ("b", 5)],
+                vec![("c", 4)]
+            ]
+        );
     }
 }

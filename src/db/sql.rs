@@ -2,6 +2,8 @@
 //! reads, and the COPY stream a filter is built from.
 
 use std::borrow::Cow;
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
 use std::io::BufRead;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -31,6 +33,8 @@ pub fn table(set: &str) -> String {
 }
 
 const ACTIVE: &str = "status = 1 AND (expires_at IS NULL OR expires_at > now())";
+/// `ACTIVE` for a table aliased `m` (prefix the first column with `m.`).
+const ACTIVE_M: &str = "status = 1 AND (m.expires_at IS NULL OR m.expires_at > now())";
 
 /// The sync horizon, in microseconds since the epoch: the start of the oldest transaction
 /// still open on the server (its rows, defaulting `updated_at` to its start, may commit
@@ -150,29 +154,83 @@ pub fn create_set(
     Ok((def, built))
 }
 
-/// Inserts a membership. True when the call made it a member (a new row, or a deleted or
-/// expired one revived); false when it already was an active member. PostgreSQL's primary key
-/// decides between concurrent callers: exactly one gets true.
-pub fn add(
+/// Inserts memberships with one multi-row statement. For each item, true when the call made
+/// it a member (a new row, or a deleted or expired one revived); false when it already was an
+/// active member. PostgreSQL's primary key decides between concurrent callers: exactly one
+/// gets true. An item given twice in one batch is inserted once; its later copies get false,
+/// as if they had come just after.
+pub fn add_many(
     db: &mut Db,
     set: &str,
-    entity: &str,
-    scope: &str,
-    expires_at: Option<f64>,
-) -> Result<bool, DbErr> {
+    items: &[(&str, &str, Option<f64>)],
+) -> Result<Vec<bool>, DbErr> {
     let sql = format!(
         "INSERT INTO {t} AS m (entity_id, scope, status, expires_at)
-         VALUES ($1, $2, 1, to_timestamp($3::float8))
+         SELECT e, s, 1, to_timestamp(x) FROM unnest($1::text[], $2::text[], $3::float8[]) AS u(e, s, x)
          ON CONFLICT (entity_id, scope) DO UPDATE
             SET status = 1, expires_at = EXCLUDED.expires_at, created_at = now(), updated_at = now()
             WHERE NOT (m.status = 1 AND (m.expires_at IS NULL OR m.expires_at > now()))
-         RETURNING 1",
+         RETURNING entity_id, scope",
         t = table(set)
     );
-    db.run(|c, s| {
-        let st = prepared(c, s, &sql)?;
-        Ok(c.query_opt(&st, &[&entity, &scope, &expires_at])?.is_some())
-    })
+    let mut first: HashMap<(&str, &str), usize> = HashMap::with_capacity(items.len());
+    let (mut es, mut ss, mut xs) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, (e, s, x)) in items.iter().enumerate() {
+        if let Entry::Vacant(v) = first.entry((e, s)) {
+            v.insert(i);
+            es.push(*e);
+            ss.push(*s);
+            xs.push(*x);
+        }
+    }
+    let inserted = db.run(|c, st| {
+        let q = prepared(c, st, &sql)?;
+        c.query(&q, &[&es, &ss, &xs])
+    })?;
+    let mut out = vec![false; items.len()];
+    for row in &inserted {
+        let key = (row.get::<_, &str>(0), row.get::<_, &str>(1));
+        if let Some(&i) = first.get(&key) {
+            out[i] = true;
+        }
+    }
+    Ok(out)
+}
+
+/// Looks memberships up with one query. For each item, `Some(expires_at)` (unix seconds, if
+/// any) when it is an active member, `None` when not. Repeated items are asked once.
+pub fn lookup_many(
+    db: &mut Db,
+    set: &str,
+    items: &[(&str, &str)],
+) -> Result<Vec<Option<Option<f64>>>, DbErr> {
+    let sql = format!(
+        "SELECT m.entity_id, m.scope, EXTRACT(EPOCH FROM m.expires_at)::float8
+           FROM {t} m
+          WHERE (m.entity_id, m.scope) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+            AND m.{ACTIVE_M}",
+        t = table(set)
+    );
+    let mut uniq: HashMap<(&str, &str), Option<Option<f64>>> = HashMap::with_capacity(items.len());
+    let (mut es, mut ss) = (Vec::new(), Vec::new());
+    for &(e, s) in items {
+        if let Entry::Vacant(v) = uniq.entry((e, s)) {
+            v.insert(None);
+            es.push(e);
+            ss.push(s);
+        }
+    }
+    let rows = db.run(|c, st| {
+        let q = prepared(c, st, &sql)?;
+        c.query(&q, &[&es, &ss])
+    })?;
+    for row in &rows {
+        let key = (row.get::<_, &str>(0), row.get::<_, &str>(1));
+        if let Some(v) = uniq.get_mut(&key) {
+            *v = Some(row.get::<_, Option<f64>>(2));
+        }
+    }
+    Ok(items.iter().map(|k| uniq[k]).collect())
 }
 
 /// Deletes a membership row. True when an active member was removed.
@@ -186,26 +244,6 @@ pub fn del(db: &mut Db, set: &str, entity: &str, scope: &str) -> Result<bool, Db
         Ok(c.query_opt(&st, &[&entity, &scope])?
             .map(|r| r.get::<_, bool>(0))
             .unwrap_or(false))
-    })
-}
-
-/// Looks one membership up. `Some(expires_at)` (unix seconds, if any) when it is an active
-/// member, `None` when not.
-pub fn lookup(
-    db: &mut Db,
-    set: &str,
-    entity: &str,
-    scope: &str,
-) -> Result<Option<Option<f64>>, DbErr> {
-    let sql = format!(
-        "SELECT EXTRACT(EPOCH FROM expires_at)::float8 FROM {t}
-         WHERE entity_id = $1 AND scope = $2 AND {ACTIVE}",
-        t = table(set)
-    );
-    db.run(|c, s| {
-        let st = prepared(c, s, &sql)?;
-        Ok(c.query_opt(&st, &[&entity, &scope])?
-            .map(|r| r.get::<_, Option<f64>>(0)))
     })
 }
 

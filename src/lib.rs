@@ -11,6 +11,7 @@ pub mod config;
 pub mod db;
 pub mod effects;
 pub mod error;
+pub mod fast_exists;
 pub mod filter;
 pub mod filter_type;
 pub mod funnel;
@@ -39,10 +40,6 @@ fn member_add(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResul
 /// MEMBER.DEL <set> <item> [SCOPE <scope>]
 fn member_del(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
     write::del(ctx, args)
-}
-/// MEMBER.EXISTS <set> <item> [SCOPE <scope>]
-fn member_exists(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
-    lookup::lookup(ctx, args, false)
 }
 /// MEMBER.EXPLAIN <set> <item> [SCOPE <scope>]
 fn member_explain(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
@@ -97,6 +94,10 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     // A short read of a filter payload must fail the load cleanly (rdb_load checks for it),
     // not abort the server.
     ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
+    // MEMBER.EXISTS <set> <item> [SCOPE <scope>]: the hot path, registered raw.
+    if let Status::Err = fast_exists::register(ctx) {
+        return Status::Err;
+    }
     db::pool::resize();
     mainq::start(ctx);
     Status::Ok
@@ -113,7 +114,6 @@ redis_module! {
         ["member.create", member_create, "write deny-oom", 0, 0, 0, ""],
         ["member.add", member_add, "write deny-oom", 0, 0, 0, ""],
         ["member.del", member_del, "write", 0, 0, 0, ""],
-        ["member.exists", member_exists, "readonly fast", 0, 0, 0, ""],
         ["member.explain", member_explain, "readonly", 0, 0, 0, ""],
         ["member.info", member_info, "readonly", 0, 0, 0, ""],
         ["member.rebuild", member_rebuild, "write", 0, 0, 0, ""],

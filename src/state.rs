@@ -54,6 +54,25 @@ impl Hasher for IdHasher {
         self.0 = v as u64 ^ (v >> 64) as u64;
     }
 }
+/// FNV-1a for set names: a handful of short keys looked up on every call, where SipHash's
+/// setup cost shows in profiles and flooding is not a concern (names are validated).
+pub struct NameHasher(u64);
+impl Default for NameHasher {
+    fn default() -> Self {
+        NameHasher(0xcbf2_9ce4_8422_2325)
+    }
+}
+impl Hasher for NameHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
 type IdMap<V> = HashMap<u128, V, BuildHasherDefault<IdHasher>>;
 
 /// A recent-writes mark: held while ADDs of the item are in flight, and for the set's
@@ -170,7 +189,7 @@ pub struct Catalog {
 
 #[derive(Default)]
 pub struct Registry {
-    pub sets: HashMap<String, SetState>,
+    pub sets: HashMap<String, SetState, BuildHasherDefault<NameHasher>>,
     pub catalog: Catalog,
     last_sweep: Option<Instant>,
     /// Whether this node was a primary at the last sweep (None before the first).

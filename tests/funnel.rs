@@ -452,6 +452,9 @@ fn batched_database_work_answers_each_caller_correctly() {
     }
     // The work really was shared: fewer statements than points.
     let batches: u64 = info_field(&mut c, "db_batches").unwrap().parse().unwrap();
-    let points: u64 = info_field(&mut c, "db_batched_points").unwrap().parse().unwrap();
+    let points: u64 = info_field(&mut c, "db_batched_points")
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(points > batches, "{points} points in {batches} statements");
 }

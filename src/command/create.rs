@@ -24,7 +24,7 @@ fn parse(args: Vec<RedisString>) -> Result<(SetDef, [bool; 5]), RedisError> {
     }
     let mut it = args.into_iter().skip(1);
     let name = set_name(&it.next().unwrap())?;
-    let o = Options::parse(it, &OPTIONS)?;
+    let o = Options::parse(it, OPTIONS[0], &OPTIONS[1..])?;
     let error_rate = match o.get("ERROR") {
         Some(v) => std::str::from_utf8(v.as_slice())
             .ok()

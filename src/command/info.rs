@@ -141,7 +141,10 @@ pub fn info_section(ctx: &InfoContext, _for_crash_report: bool) {
             ("sets", sets.to_string()),
             ("catalog_loaded", (catalog_loaded as u8).to_string()),
             ("db_queue", db::pool::queued().to_string()),
-            ("db_batches", db::pool::BATCHES.load(Ordering::Relaxed).to_string()),
+            (
+                "db_batches",
+                db::pool::BATCHES.load(Ordering::Relaxed).to_string(),
+            ),
             (
                 "db_batched_points",
                 db::pool::BATCHED_POINTS.load(Ordering::Relaxed).to_string(),

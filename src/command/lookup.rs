@@ -23,28 +23,58 @@ fn reply(explain: bool, present: bool, path: Path) -> RedisValue {
     }
 }
 
-/// Records a decided EXISTS (EXPLAIN is diagnostic and not counted).
-fn record(set: &mut state::SetState, explain: bool, path: Path, started: Instant) {
+/// Records a decided EXISTS (EXPLAIN is diagnostic and not counted). Latency is measured
+/// on a sample of calls (`started` is set for those).
+fn record(set: &mut state::SetState, explain: bool, path: Path, started: Option<Instant>) {
     if explain {
         return;
     }
     set.stats.record(path);
     metrics::global(|m| {
         m.paths.record(path);
-        m.exists_latency
-            .record(started.elapsed().as_micros() as u64);
+        if let Some(t) = started {
+            m.exists_latency
+                .record_sample(t.elapsed().as_micros() as u64);
+        }
     });
 }
 
-/// Shared body of EXISTS and EXPLAIN.
+/// MEMBER.EXISTS and MEMBER.EXPLAIN through the generic parser.
 pub fn lookup(ctx: &Context, args: Vec<RedisString>, explain: bool) -> RedisResult {
-    let started = Instant::now();
+    let started = metrics::sample_start();
     let a = ItemArgs::parse(args, &[])?;
+    funnel(ctx, &a.set, a.item.as_slice(), a.scope(), explain, started)
+}
+
+/// MEMBER.EXISTS straight from the argument bytes, with nothing copied or retained: the hot
+/// path. `None` for any shape the generic parser must judge (it then gives the same errors).
+pub fn exists_fast(ctx: &Context, argv: &[&[u8]]) -> Option<RedisResult> {
+    let started = metrics::sample_start();
+    let (set, item, scope): (&[u8], &[u8], &[u8]) = match *argv {
+        [_, set, item] => (set, item, b""),
+        [_, set, item, opt, scope] if opt.eq_ignore_ascii_case(b"SCOPE") => (set, item, scope),
+        _ => return None,
+    };
+    if !super::valid_set_name(set) {
+        return None;
+    }
+    let set = std::str::from_utf8(set).ok()?;
+    Some(funnel(ctx, set, item, scope, false, started))
+}
+
+/// The funnel on parsed arguments: filter → recent → cache → database.
+fn funnel(
+    ctx: &Context,
+    set_name: &str,
+    item: &[u8],
+    scope: &[u8],
+    explain: bool,
+    started: Option<Instant>,
+) -> RedisResult {
     keys::with_db0(ctx, |ctx| {
         state::with(|r| {
-            let set = r.find(&a.set)?;
-            let canon = canonicalize(set.def.normalize, a.item.as_slice(), a.scope())
-                .map_err(RedisError::Str)?;
+            let set = r.find(set_name)?;
+            let canon = canonicalize(set.def.normalize, item, scope).map_err(RedisError::Str)?;
             let view = filter_type::view(ctx, &set.filter_key, canon.hash);
             let gate = funnel::gate(view, || set.is_recent(canon.hash));
             if !explain {
@@ -77,7 +107,7 @@ pub fn lookup(ctx: &Context, args: Vec<RedisString>, explain: bool) -> RedisResu
                 return Err(RedisError::Str(error::NEEDS_BLOCKING));
             }
             let done = LookupDone {
-                set: a.set.clone(),
+                set: set_name.to_string(),
                 entity: canon.entity.into_owned(),
                 scope: canon.scope.to_string(),
                 gate,
@@ -110,7 +140,7 @@ struct LookupDone {
     scope: String,
     gate: Gate,
     generation: u64,
-    started: Instant,
+    started: Option<Instant>,
     explain: bool,
     /// `Some(expires_at)` when an active member.
     result: Result<Option<Option<f64>>, DbErr>,

@@ -18,13 +18,17 @@ fn err(msg: &'static str) -> RedisError {
     RedisError::Str(msg)
 }
 
-/// Validates a set name: `[a-z0-9_]{1,40}`.
+/// True for a valid set name: `[a-z0-9_]{1,40}`.
+pub fn valid_set_name(b: &[u8]) -> bool {
+    (1..=40).contains(&b.len())
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_')
+}
+
+/// Validates a set name argument.
 pub fn set_name(arg: &RedisString) -> Result<String, RedisError> {
     let b = arg.as_slice();
-    let ok = (1..=40).contains(&b.len())
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_');
-    if !ok {
+    if !valid_set_name(b) {
         return Err(err(error::BAD_SET_NAME));
     }
     Ok(String::from_utf8_lossy(b).into_owned())
@@ -36,15 +40,20 @@ pub struct Options {
 }
 
 impl Options {
+    /// Parses pairs whose names are `first` or one of `more` (case-insensitive).
     pub fn parse(
         rest: impl Iterator<Item = RedisString>,
-        allowed: &[&'static str],
+        first: &'static str,
+        more: &[&'static str],
     ) -> Result<Options, RedisError> {
         let mut rest = rest.peekable();
         let mut pairs: Vec<(&'static str, RedisString)> = Vec::new();
         while let Some(name) = rest.next() {
-            let upper = name.as_slice().to_ascii_uppercase();
-            let Some(opt) = allowed.iter().find(|a| a.as_bytes() == upper.as_slice()) else {
+            let given = name.as_slice();
+            let Some(opt) = std::iter::once(&first)
+                .chain(more)
+                .find(|a| a.as_bytes().eq_ignore_ascii_case(given))
+            else {
                 return Err(RedisError::String(format!(
                     "ERR unknown option '{}'",
                     String::from_utf8_lossy(name.as_slice())
@@ -101,9 +110,7 @@ impl ItemArgs {
         let mut it = args.into_iter().skip(1);
         let set = set_name(&it.next().unwrap())?;
         let item = it.next().unwrap();
-        let mut allowed = vec!["SCOPE"];
-        allowed.extend_from_slice(extra);
-        let opts = Options::parse(it, &allowed)?;
+        let opts = Options::parse(it, "SCOPE", extra)?;
         Ok(ItemArgs { set, item, opts })
     }
 

@@ -1,0 +1,72 @@
+//! The hot path's entry point: MEMBER.EXISTS registered with the raw command API, so its
+//! arguments are read in place (no vector, no retained strings) before the funnel runs.
+//! Every other command goes through the `redis_module!` wrappers.
+
+use std::ffi::CString;
+use std::os::raw::c_int;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use redis_module::{raw, Context, RedisError, Status};
+
+use crate::command::lookup;
+
+/// Longest argument vector read in place: `MEMBER.EXISTS <set> <item> SCOPE <scope>`.
+const MAX_ARGS: usize = 5;
+
+/// # Safety
+/// Called by the server on the main thread with a valid context and `argc` arguments.
+unsafe extern "C" fn exists_cmd(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    let context = Context::new(ctx);
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        let argc = argc.max(0) as usize;
+        let fast = if argc <= MAX_ARGS {
+            let mut buf: [&[u8]; MAX_ARGS] = [&[]; MAX_ARGS];
+            // SAFETY: argv holds argc live strings for the duration of this call.
+            let args = unsafe { std::slice::from_raw_parts(argv, argc) };
+            for (slot, &a) in buf.iter_mut().zip(args) {
+                let mut len = 0;
+                let p = unsafe { raw::RedisModule_StringPtrLen.unwrap()(a, &mut len) };
+                *slot = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) };
+            }
+            lookup::exists_fast(&context, &buf[..argc])
+        } else {
+            None
+        };
+        fast.unwrap_or_else(|| {
+            let args = redis_module::decode_args(ctx, argv, argc as c_int);
+            lookup::lookup(&context, args, false)
+        })
+    }))
+    .unwrap_or(Err(RedisError::Str(
+        "ERR libmember: internal error in MEMBER.EXISTS",
+    )));
+    context.reply(result);
+    raw::REDISMODULE_OK as c_int
+}
+
+/// Registers MEMBER.EXISTS. Call from module load.
+pub fn register(ctx: &Context) -> Status {
+    let name = CString::new("member.exists").unwrap();
+    let flags = CString::new("readonly fast").unwrap();
+    // SAFETY: called during OnLoad with the module's context.
+    let rc = unsafe {
+        raw::RedisModule_CreateCommand.unwrap()(
+            ctx.ctx,
+            name.as_ptr(),
+            Some(exists_cmd),
+            flags.as_ptr(),
+            0,
+            0,
+            0,
+        )
+    };
+    if rc == raw::REDISMODULE_OK as c_int {
+        Status::Ok
+    } else {
+        Status::Err
+    }
+}

@@ -3,7 +3,7 @@
 # ~/.cargo/bin is not on PATH (CI, fresh shells).
 CARGO_ENV = command -v cargo >/dev/null 2>&1 || . "$$HOME/.cargo/env";
 
-.PHONY: deps build run stop test lint
+.PHONY: deps build run stop test lint bench
 
 deps:
 	bash scripts/install-deps.sh
@@ -25,3 +25,11 @@ test: deps
 lint:
 	$(CARGO_ENV) cargo fmt --check
 	$(CARGO_ENV) cargo clippy --all-targets -- -D warnings
+
+# Benchmark against its own PostgreSQL and valkey-server. Prints one table and writes
+# bench/results.md and bench/latency.svg. `make bench ARGS=--ten-million` loads 10 M members.
+# `cargo bench` does not build the cdylib (nothing links it), so build it first: the bench loads
+# target/release/deps/libmember.so (MEMBER_MODULE overrides).
+bench: deps
+	$(CARGO_ENV) cargo build --release
+	$(CARGO_ENV) cargo bench --bench member -- $(ARGS)

@@ -4,10 +4,10 @@ use std::time::Instant;
 
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
-use super::{block_timeout, may_block, ItemArgs};
-use crate::block::{Blocked, Completion};
+use super::{block_on_point, may_block, ItemArgs, PointDone};
+use crate::block::Completion;
 use crate::canon::canonicalize;
-use crate::db::pool::{self, Job, Point};
+use crate::db::pool::{self, Job};
 use crate::db::DbErr;
 use crate::funnel::{self, Gate, Path};
 use crate::{error, filter_type, keys, metrics, state};
@@ -116,17 +116,7 @@ fn funnel(
                 explain,
                 result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
             };
-            let blocked = Blocked::block(ctx, block_timeout(), Box::new(done.clone()));
-            pool::submit(Job::Lookup(Point {
-                set: done.set.clone(),
-                entity: done.entity.clone(),
-                scope: done.scope.clone(),
-                reply: Box::new(move |res| {
-                    let mut done = done;
-                    done.result = res;
-                    blocked.finish(Box::new(done));
-                }),
-            }));
+            pool::submit(Job::Lookup(block_on_point(ctx, done)));
             Ok(RedisValue::NoReply)
         })
     })
@@ -152,6 +142,15 @@ impl LookupDone {
             Ok(found) => Some(funnel::db_path(self.gate, found.is_some())),
             Err(_) => None,
         }
+    }
+}
+
+impl PointDone<Option<Option<f64>>> for LookupDone {
+    fn target(&self) -> (&str, &str, &str) {
+        (&self.set, &self.entity, &self.scope)
+    }
+    fn answered(&mut self, res: Result<Option<Option<f64>>, DbErr>) {
+        self.result = res;
     }
 }
 

@@ -12,6 +12,9 @@ use std::time::Duration;
 
 use redis_module::{Context, ContextFlags, RedisError, RedisString};
 
+use crate::block::{Blocked, Completion};
+use crate::db::pool::Point;
+use crate::db::DbErr;
 use crate::{config, error};
 
 fn err(msg: &'static str) -> RedisError {
@@ -128,4 +131,31 @@ pub fn may_block(ctx: &Context) -> bool {
 
 pub fn block_timeout() -> Duration {
     Duration::from_millis(config::db_timeout_ms())
+}
+
+/// A completion that carries the answer of one point query (a lookup or a write).
+pub trait PointDone<T>: Completion + Clone {
+    /// The (set, entity, scope) the query is about.
+    fn target(&self) -> (&str, &str, &str);
+    /// Stores the database's answer.
+    fn answered(&mut self, res: Result<T, DbErr>);
+}
+
+/// Blocks the calling client and returns the point query whose answer completes `done` on the
+/// main thread. If the query is dropped unanswered, the client gets `done` as it is (its
+/// result preset to an error).
+pub fn block_on_point<T: 'static, D: PointDone<T>>(ctx: &Context, done: D) -> Point<T> {
+    let blocked = Blocked::block(ctx, block_timeout(), Box::new(done.clone()));
+    let (set, entity, scope) = done.target();
+    let (set, entity, scope) = (set.to_string(), entity.to_string(), scope.to_string());
+    Point {
+        set,
+        entity,
+        scope,
+        reply: Box::new(move |res| {
+            let mut done = done;
+            done.answered(res);
+            blocked.finish(Box::new(done));
+        }),
+    }
 }

@@ -5,10 +5,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
-use super::{block_timeout, may_block, ItemArgs};
-use crate::block::{Blocked, Completion};
+use super::{block_on_point, may_block, ItemArgs, PointDone};
+use crate::block::Completion;
 use crate::canon::{canonicalize, Canon};
-use crate::db::pool::{self, Job, Point};
+use crate::db::pool::{self, Job};
 use crate::db::{sql, DbErr};
 use crate::{effects, error, keys, state};
 
@@ -56,6 +56,15 @@ struct WriteDone {
     scope: String,
     hash: u128,
     result: Result<bool, DbErr>,
+}
+
+impl PointDone<bool> for WriteDone {
+    fn target(&self) -> (&str, &str, &str) {
+        (&self.set, &self.entity, &self.scope)
+    }
+    fn answered(&mut self, res: Result<bool, DbErr>) {
+        self.result = res;
+    }
 }
 
 impl Completion for WriteDone {
@@ -133,17 +142,7 @@ fn write(ctx: &Context, args: Vec<RedisString>, op: Op) -> RedisResult {
                 hash: canon.hash,
                 result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
             };
-            let blocked = Blocked::block(ctx, block_timeout(), Box::new(done.clone()));
-            let point = Point {
-                set: done.set.clone(),
-                entity: done.entity.clone(),
-                scope: done.scope.clone(),
-                reply: Box::new(move |res| {
-                    let mut done = done;
-                    done.result = res;
-                    blocked.finish(Box::new(done));
-                }),
-            };
+            let point = block_on_point(ctx, done);
             pool::submit(match op {
                 Op::Add => Job::Add(point, expires_at),
                 Op::Del => Job::Run(Box::new(move |db| {

@@ -18,9 +18,11 @@ stop:
 	bash scripts/run-local.sh stop
 
 # Tests start their own PostgreSQL and valkey-server; they load target/debug/libmember.so.
+# The integration tests then run once more against Redis 7.0, the second supported server.
 test: deps
 	$(CARGO_ENV) cargo build
 	$(CARGO_ENV) cargo test --all-targets -- --test-threads=4
+	$(CARGO_ENV) MEMBER_SERVER=redis-server cargo test --tests -- --test-threads=4
 
 lint:
 	$(CARGO_ENV) cargo fmt --check

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages libmember needs on Debian 12: Valkey 8 (bookworm-backports),
-# PostgreSQL 15, libclang (bindgen). Idempotent; does nothing when everything is present.
+# PostgreSQL 15, libclang (bindgen), and Redis 7.0 (the second server the tests run against).
+# Idempotent; does nothing when everything is present.
 set -euo pipefail
 
 need=()
@@ -8,6 +9,7 @@ command -v valkey-server >/dev/null 2>&1 || need+=(valkey-server valkey-tools)
 command -v valkey-cli >/dev/null 2>&1 || need+=(valkey-tools)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 command -v psql >/dev/null 2>&1 || need+=(postgresql-client)
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
 [ ${#need[@]} -eq 0 ] && exit 0
 
@@ -29,7 +31,7 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 # shellcheck disable=SC2068
 $SUDO apt-get install -y -qq -t bookworm-backports valkey-server valkey-tools >/dev/null
-$SUDO apt-get install -y -qq postgresql postgresql-client libclang-dev >/dev/null
-# The Debian package starts a system-wide valkey/postgres; libmember runs its own.
-$SUDO systemctl disable --now valkey-server postgresql >/dev/null 2>&1 || true
-$SUDO service valkey-server stop >/dev/null 2>&1 || true
+$SUDO apt-get install -y -qq postgresql postgresql-client libclang-dev redis-server >/dev/null
+# The Debian packages start system-wide servers; libmember runs its own.
+$SUDO systemctl disable --now valkey-server postgresql redis-server >/dev/null 2>&1 || true
+for s in valkey-server redis-server postgresql; do $SUDO service "$s" stop >/dev/null 2>&1 || true; done

@@ -537,6 +537,12 @@ pub fn module_path() -> PathBuf {
     deps.parent().unwrap_or(deps).join("libmember.so")
 }
 
+/// The server binary the tests run: `valkey-server`, or `MEMBER_SERVER` (for example
+/// `redis-server`, the second target).
+pub fn server_binary() -> String {
+    std::env::var("MEMBER_SERVER").unwrap_or_else(|_| "valkey-server".to_string())
+}
+
 /// One valkey-server for one test. Killed and its dir removed on drop.
 pub struct Valkey {
     child: Child,
@@ -588,7 +594,7 @@ impl Valkey {
         let port = free_port();
         let logfile = dir.join("valkey.log");
         let out = fs::File::create(dir.join("stdout.log")).unwrap();
-        let mut cmd = Command::new("valkey-server");
+        let mut cmd = Command::new(server_binary());
         cmd.arg("--port")
             .arg(port.to_string())
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
@@ -743,7 +749,7 @@ impl Valkey {
             .append(true)
             .open(self.dir.join("stdout.log"))
             .unwrap();
-        let mut cmd = Command::new("valkey-server");
+        let mut cmd = Command::new(server_binary());
         cmd.args(&self.argv)
             .current_dir(&self.dir)
             .stdin(Stdio::null())

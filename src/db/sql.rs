@@ -37,7 +37,7 @@ const ACTIVE: &str = "status = 1 AND (expires_at IS NULL OR expires_at > now())"
 const ACTIVE_M: &str = "status = 1 AND (m.expires_at IS NULL OR m.expires_at > now())";
 
 /// The sync horizon, in microseconds since the epoch: the start of the oldest transaction
-/// still open on the server (its rows, defaulting `updated_at` to its start, may commit
+/// still open in this database (its rows, defaulting `updated_at` to its start, may commit
 /// later), or now. Every row committed later has `updated_at` at or after it — as long as
 /// writers let `updated_at` default to `now()`. Seeing other roles' transactions needs
 /// superuser or `pg_read_all_stats`.
@@ -47,7 +47,7 @@ const ACTIVE_M: &str = "status = 1 AND (m.expires_at IS NULL OR m.expires_at > n
 const HORIZON: &str = "SELECT (EXTRACT(EPOCH FROM least(now(), coalesce(
         (SELECT min(xact_start) FROM pg_stat_activity
           WHERE xact_start IS NOT NULL AND pid <> pg_backend_pid()
-            AND backend_type = 'client backend'),
+            AND backend_type = 'client backend' AND datname = current_database()),
         now()))) * 1000000)::int8";
 
 fn set_ddl(set: &str) -> String {

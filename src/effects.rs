@@ -55,8 +55,41 @@ pub fn removed(ctx: &Context, set: &str, canon: &Canon) {
 }
 
 /// Sends a derived-state effect to replicas and the AOF (never the database write itself).
+///
+/// While the server pauses replica traffic (`CLIENT PAUSE WRITE`, `FAILOVER`), propagating
+/// from a module aborts the server (valkey-io/valkey#1921): effects are then queued, in
+/// order, and sent by `flush_replication` once the pause ends. The local effects and the
+/// client's reply do not wait.
 pub fn replicate(ctx: &Context, command: &str, args: &[&[u8]]) {
-    ctx.replicate(command, args);
+    let must_queue = replica_traffic_paused() || HELD.with(|h| !h.borrow().is_empty());
+    if must_queue {
+        let owned = args.iter().map(|a| a.to_vec()).collect();
+        HELD.with(|h| h.borrow_mut().push((command.to_string(), owned)));
+    } else {
+        ctx.replicate(command, args);
+    }
+}
+
+thread_local! {
+    static HELD: std::cell::RefCell<Vec<(String, Vec<Vec<u8>>)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn replica_traffic_paused() -> bool {
+    // SAFETY: a plain query of server state, on the main thread.
+    unsafe { redis_module::raw::RedisModule_AvoidReplicaTraffic.unwrap()() != 0 }
+}
+
+/// Sends the effects held back during a pause, once it is over (main-thread timer).
+pub fn flush_replication(ctx: &Context) {
+    if replica_traffic_paused() {
+        return;
+    }
+    let held = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
+    for (command, args) in held {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
+        ctx.replicate(&command, args.as_slice());
+    }
 }
 
 /// True when this context executes on behalf of the primary or while loading the AOF: the

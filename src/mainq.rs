@@ -42,6 +42,8 @@ fn tick(ctx: &Context, _: ()) {
         for task in queue().1.try_iter().take(10_000) {
             task(ctx);
         }
+
+        crate::effects::flush_replication(ctx);
         crate::state::housekeeping(ctx);
     });
     ctx.create_timer(TICK, tick, ());

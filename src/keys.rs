@@ -1,7 +1,8 @@
 //! The Valkey keys libmember owns, all under the reserved prefix `member:` in DB 0:
 //! the filter `member:<set>:bloom` and the exact-match entries `member:<set>:hit:<entity>\0<scope>`.
 
-use std::time::Duration;
+use std::sync::OnceLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis_module::{raw, Context, RedisString};
 
@@ -25,15 +26,32 @@ pub fn cache_key(ctx: &Context, prefix: &[u8], canon: &Canon) -> RedisString {
     RedisString::create_from_slice(ctx.ctx, &k)
 }
 
-/// True when a confirmed membership is cached (an expired entry counts as absent).
+/// The value this process writes into exact-match keys. Entries are trusted only when they
+/// carry it: an entry restored from an RDB or AOF file may predate a DEL whose invalidation
+/// was lost with the process (or came from another node, which fills and invalidates on its
+/// own), so after a restart every entry is refilled from the database before it is believed.
+fn boot_nonce() -> &'static str {
+    static NONCE: OnceLock<String> = OnceLock::new();
+    NONCE.get_or_init(|| {
+        let t = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let seed = format!("{t}:{}:{:p}", std::process::id(), &NONCE);
+        format!("{:032x}", xxhash_rust::xxh3::xxh3_128(seed.as_bytes()))
+    })
+}
+
+/// True when this process cached a confirmed membership there (an expired entry, or one
+/// written by an earlier process, counts as absent).
 pub fn cache_hit(ctx: &Context, key: &RedisString) -> bool {
-    !ctx.open_key(key).is_null()
+    matches!(ctx.open_key(key).read(), Ok(Some(v)) if v == boot_nonce().as_bytes())
 }
 
 /// Caches a confirmed membership for `ttl`.
 pub fn cache_fill(ctx: &Context, key: &RedisString, ttl: Duration) {
     let k = ctx.open_key_writable(key);
-    if k.write("1").is_ok() {
+    if k.write(boot_nonce()).is_ok() {
         let _ = k.set_expire(ttl);
     }
 }

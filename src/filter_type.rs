@@ -148,9 +148,12 @@ pub fn add(ctx: &Context, key: &RedisString, hash: u128) -> bool {
 
 /// Stores `value` at `key`, replacing whatever is there (the `member:` prefix is ours).
 pub fn install(ctx: &Context, key: &RedisString, value: FilterValue) {
-    let k = ctx.open_key_writable(key);
-    if !k.is_empty() && k.get_value::<FilterValue>(&FILTER_TYPE).is_err() {
-        let _ = k.delete();
+    {
+        // One handle at a time: a second one would free the old value under the first.
+        let k = ctx.open_key_writable(key);
+        if !k.is_empty() && k.get_value::<FilterValue>(&FILTER_TYPE).is_err() {
+            let _ = k.delete();
+        }
     }
     let k = ctx.open_key_writable(key);
     if let Err(e) = k.set_value(&FILTER_TYPE, value) {

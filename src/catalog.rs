@@ -7,12 +7,26 @@ use crate::db::{pool, sql, DbErr};
 use crate::mainq;
 use crate::state::{self, SetDef};
 
-/// Loads the catalog in the background.
+/// Loads the catalog in the background. However the job ends (done, dropped from a full
+/// queue, panicked), its outcome reaches the main thread, so the load is retried.
 pub fn load() {
-    pool::run(|db| {
-        let res = sql::load_catalog(db);
-        mainq::post(Box::new(move |ctx| apply(ctx, res)));
+    let load = Load(None);
+    pool::run(move |db| {
+        let mut load = load;
+        load.0 = Some(sql::load_catalog(db));
     });
+}
+
+struct Load(Option<Result<Vec<SetDef>, DbErr>>);
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        let res = self
+            .0
+            .take()
+            .unwrap_or_else(|| Err(DbErr::Unavailable("catalog load did not run".into())));
+        mainq::post(Box::new(move |ctx| apply(ctx, res)));
+    }
 }
 
 fn apply(ctx: &Context, res: Result<Vec<SetDef>, DbErr>) {

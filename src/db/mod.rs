@@ -6,7 +6,7 @@ pub mod sql;
 
 use std::collections::HashMap;
 use std::str::FromStr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use postgres::{Client, Config, NoTls, Statement};
 
@@ -69,9 +69,9 @@ fn connection_lost(e: &postgres::Error) -> bool {
     }
 }
 
-/// Opens a connection to `member.pg-url` with the given server-side statement timeout
-/// (0 = none). Connecting is bounded by `member.db-timeout-ms`.
-pub fn connect(statement_timeout_ms: u64) -> Result<(Client, u64), DbErr> {
+/// Opens a connection to `member.pg-url` with the given server-side statement and lock
+/// timeouts (0 = none). Connecting is bounded by `member.db-timeout-ms`.
+pub fn connect(statement_timeout_ms: u64, lock_timeout_ms: u64) -> Result<(Client, u64), DbErr> {
     let (url, generation) = config::pg_url();
     let mut cfg = Config::from_str(&url)
         .map_err(|e| DbErr::Unavailable(format!("bad member.pg-url: {e}")))?;
@@ -79,7 +79,9 @@ pub fn connect(statement_timeout_ms: u64) -> Result<(Client, u64), DbErr> {
         .keepalives(true)
         .keepalives_idle(Duration::from_secs(10))
         .application_name("libmember")
-        .options(&format!("-c statement_timeout={statement_timeout_ms}"));
+        .options(&format!(
+            "-c statement_timeout={statement_timeout_ms} -c lock_timeout={lock_timeout_ms}"
+        ));
     let client = cfg.connect(NoTls).map_err(|e| classify(&e))?;
     Ok((client, generation))
 }
@@ -90,7 +92,12 @@ pub fn connect(statement_timeout_ms: u64) -> Result<(Client, u64), DbErr> {
 pub struct Db {
     conn: Option<(Client, u64)>,
     stmts: HashMap<String, Statement>,
+    last_used: Option<Instant>,
 }
+
+/// A connection idle longer than this is checked (one empty round trip) before a write uses
+/// it: the server may have closed it meanwhile, and a write is not retried.
+const IDLE_CHECK_AFTER: Duration = Duration::from_secs(1);
 
 impl Db {
     /// Statements a client already gave up on still get this long to land (an ADD that
@@ -105,11 +112,21 @@ impl Db {
             Some((c, g)) => *g != generation || c.is_closed(),
             None => true,
         };
-        if stale {
+        let idle = self
+            .last_used
+            .is_some_and(|t| t.elapsed() > IDLE_CHECK_AFTER);
+        let dead = !stale
+            && idle
+            && self.conn.as_mut().is_some_and(|(c, _)| {
+                c.is_valid(Duration::from_millis(config::db_timeout_ms()))
+                    .is_err()
+            });
+        if stale || dead {
             self.conn = None;
             self.stmts.clear();
-            self.conn = Some(connect(Self::statement_timeout_ms())?);
+            self.conn = Some(connect(Self::statement_timeout_ms(), 0)?);
         }
+        self.last_used = Some(Instant::now());
         Ok(&mut self.conn.as_mut().unwrap().0)
     }
 
@@ -118,8 +135,8 @@ impl Db {
     ///
     /// A connection that sat idle may have been closed by the server (a restart, a
     /// failover, `idle_session_timeout`); the synchronous driver only notices on the next
-    /// call, which then fails before the statement ran. Such a call is retried once on a
-    /// fresh connection, so a database that is back answers the very next request.
+    /// call. A read that fails that way is retried once on a fresh connection, so a database
+    /// that is back answers the very next request. Writes use `run_once`.
     pub fn run<T>(
         &mut self,
         mut f: impl FnMut(&mut Client, &mut HashMap<String, Statement>) -> Result<T, postgres::Error>,
@@ -132,6 +149,16 @@ impl Db {
             }
             other => other.map_err(|(e, _)| e),
         }
+    }
+
+    /// Runs a write once: if the connection died mid-call the write may or may not have
+    /// committed, and retrying could turn a 1 into a 0. The client gets UNAVAILABLE instead
+    /// (a timed-out write's usual contract); idle connections are checked before use.
+    pub fn run_once<T>(
+        &mut self,
+        mut f: impl FnMut(&mut Client, &mut HashMap<String, Statement>) -> Result<T, postgres::Error>,
+    ) -> Result<T, DbErr> {
+        self.attempt(&mut f).map_err(|(e, _)| e)
     }
 
     /// One call; the error says whether the connection itself failed.

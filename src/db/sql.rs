@@ -183,7 +183,7 @@ pub fn add_many(
             xs.push(*x);
         }
     }
-    let inserted = db.run(|c, st| {
+    let inserted = db.run_once(|c, st| {
         let q = prepared(c, st, &sql)?;
         c.query(&q, &[&es, &ss, &xs])
     })?;
@@ -239,7 +239,7 @@ pub fn del(db: &mut Db, set: &str, entity: &str, scope: &str) -> Result<bool, Db
         "DELETE FROM {t} WHERE entity_id = $1 AND scope = $2 RETURNING ({ACTIVE})",
         t = table(set)
     );
-    db.run(|c, s| {
+    db.run_once(|c, s| {
         let st = prepared(c, s, &sql)?;
         Ok(c.query_opt(&st, &[&entity, &scope])?
             .map(|r| r.get::<_, bool>(0))

@@ -84,6 +84,14 @@ fn info_member(ctx: &InfoContext, for_crash_report: bool) {
     info::info_section(ctx, for_crash_report);
 }
 
+/// A promotion makes every filter untrusted for "absent" until it has caught up again.
+#[redis_module_macros::role_changed_event_handler]
+fn on_role_changed(_ctx: &Context, role: redis_module::server_events::ServerRole) {
+    if role == redis_module::server_events::ServerRole::Primary {
+        state::on_promoted();
+    }
+}
+
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     {
         let mut url = PG_URL.lock().unwrap_or_else(|e| e.into_inner());

@@ -2,6 +2,7 @@
 //! builds a new filter; the main thread folds in the adds journaled meanwhile and swaps it in
 //! atomically (one key write), then answers any MEMBER.REBUILD SYNC callers.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,11 +15,12 @@ use crate::db::sql::Built;
 use crate::db::{self, sql, DbErr};
 use crate::filter_type::{self, FilterValue};
 use crate::state::{self, Rebuild};
-use crate::{mainq, metrics};
+use crate::{config, mainq, metrics};
 
 /// Starts a rebuild of `name`. Returns false if one is already running (or no such set).
 pub fn start(name: &str) -> bool {
     let started = state::with(|r| {
+        let epoch = r.epoch;
         let s = r.sets.get_mut(name)?;
         if matches!(s.rebuild, Rebuild::Running { .. }) {
             return None;
@@ -26,6 +28,7 @@ pub fn start(name: &str) -> bool {
         let rows = Arc::new(AtomicU64::new(0));
         let estimate = Arc::new(AtomicU64::new(0));
         s.rebuild = Rebuild::Running {
+            epoch,
             started: Instant::now(),
             rows: rows.clone(),
             estimate: estimate.clone(),
@@ -42,9 +45,15 @@ pub fn start(name: &str) -> bool {
     let spawned = std::thread::Builder::new()
         .name("member-rebuild".into())
         .spawn(move || {
-            // A rebuild has no statement timeout: it streams the whole table.
-            let res = db::connect(0)
-                .and_then(|(mut c, _)| sql::build_filter(&mut c, &def, &rows, &estimate));
+            // A rebuild has no statement timeout (it streams the whole table), but it does not
+            // queue forever behind a lock (ALTER TABLE, VACUUM FULL): it fails, says why in
+            // MEMBER.INFO, and is retried. A panic becomes a failed rebuild, never a stuck one.
+            let lock_timeout = config::db_timeout_ms().saturating_mul(5).max(10_000);
+            let res = catch_unwind(AssertUnwindSafe(|| {
+                db::connect(0, lock_timeout)
+                    .and_then(|(mut c, _)| sql::build_filter(&mut c, &def, &rows, &estimate))
+            }))
+            .unwrap_or_else(|_| Err(DbErr::Failed("rebuild panicked".into())));
             mainq::post(Box::new(move |ctx| finish(ctx, &thread_name, res)));
         });
     if let Err(e) = spawned {
@@ -65,6 +74,7 @@ fn finish(ctx: &Context, name: &str, res: Result<Built, DbErr>) {
     let done = state::with(|r| {
         let s = r.sets.get_mut(name)?;
         let Rebuild::Running {
+            epoch,
             started,
             journal,
             waiters,
@@ -73,9 +83,9 @@ fn finish(ctx: &Context, name: &str, res: Result<Built, DbErr>) {
         else {
             return None;
         };
-        Some((s.filter_key.clone(), started, journal, waiters))
+        Some((s.filter_key.clone(), epoch, started, journal, waiters))
     });
-    let Some((key, started, journal, waiters)) = done else {
+    let Some((key, epoch, started, journal, waiters)) = done else {
         return;
     };
     let outcome = match res {
@@ -87,6 +97,7 @@ fn finish(ctx: &Context, name: &str, res: Result<Built, DbErr>) {
             internal::replicate_filter(ctx, &key, &v);
             filter_type::install(ctx, &key, v);
             metrics::global(|m| m.rebuilds_done += 1);
+            state::with(|r| state::synced(r, name, epoch));
             Ok((built.rows, started.elapsed()))
         }
         Err(e) => {

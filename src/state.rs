@@ -87,6 +87,8 @@ struct Mark {
 pub enum Rebuild {
     Idle,
     Running {
+        /// Promotion epoch when the build started.
+        epoch: u64,
         started: Instant,
         rows: Arc<AtomicU64>,
         estimate: Arc<AtomicU64>,
@@ -114,6 +116,8 @@ pub struct SetState {
     pub last_rebuild: Option<(Instant, RebuildOutcome)>,
     pub next_rebuild_try: Option<Instant>,
     pub sync: crate::sync::SyncState,
+    /// The promotion epoch in which this set's filter last caught up (see `Registry::epoch`).
+    pub synced_epoch: u64,
     pub stats: PathCounters,
 }
 
@@ -129,6 +133,7 @@ impl SetState {
             last_rebuild: None,
             next_rebuild_try: None,
             sync: Default::default(),
+            synced_epoch: 0,
             stats: PathCounters::default(),
         }
     }
@@ -192,8 +197,12 @@ pub struct Registry {
     pub sets: HashMap<String, SetState, BuildHasherDefault<NameHasher>>,
     pub catalog: Catalog,
     last_sweep: Option<Instant>,
-    /// Whether this node was a primary at the last sweep (None before the first).
-    was_primary: Option<bool>,
+    /// Bumped each time this node is promoted to primary. A filter answers "absent" only if
+    /// its set has been caught up (sync pass or rebuild) by work *started* in the current
+    /// epoch: the old primary may have acknowledged ADDs whose effects never arrived here.
+    pub epoch: u64,
+    /// Set by a promotion; the next sweep starts sync passes for every set at once.
+    promoted: bool,
 }
 
 impl Registry {
@@ -219,12 +228,34 @@ pub fn with<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
     REGISTRY.with(|r| f(&mut r.borrow_mut()))
 }
 
+/// This node just became a primary (called from the role-change event, before any command
+/// runs in the new role): no filter is trusted for "absent" until it has caught up again.
+pub fn on_promoted() {
+    with(|r| {
+        r.epoch += 1;
+        r.promoted = true;
+    });
+}
+
+/// Records that `set`'s filter was caught up by work started in `epoch`.
+pub fn synced(r: &mut Registry, set: &str, epoch: u64) {
+    if epoch == r.epoch {
+        if let Some(s) = r.sets.get_mut(set) {
+            s.synced_epoch = epoch;
+        }
+    }
+}
+
 /// Registers (or updates) a set definition.
 pub fn register(def: SetDef) {
     with(|r| match r.sets.get_mut(&def.name) {
         Some(s) => s.def = def,
         None => {
-            r.sets.insert(def.name.clone(), SetState::new(def));
+            // A set first seen now has no filter older than this epoch to distrust (one
+            // loaded from disk is held back by its own caught_up flag).
+            let mut s = SetState::new(def);
+            s.synced_epoch = r.epoch;
+            r.sets.insert(s.def.name.clone(), s);
         }
     });
 }
@@ -263,12 +294,7 @@ pub fn housekeeping(ctx: &Context) {
     if load_catalog {
         crate::catalog::load();
     }
-    let primary = ctx.get_flags().contains(redis_module::ContextFlags::MASTER);
-    let promoted = with(|r| {
-        let promoted = r.was_primary == Some(false) && primary;
-        r.was_primary = Some(primary);
-        promoted
-    });
+    let promoted = with(|r| std::mem::take(&mut r.promoted));
     let every = config::rebuild_interval();
     let idle: Vec<(String, RedisString, bool)> = with(|r| {
         r.sets
@@ -286,11 +312,6 @@ pub fn housekeeping(ctx: &Context) {
             .collect()
     });
     for (name, key, due) in idle {
-        if promoted {
-            // A promoted replica may lack effects its old primary never sent: it catches up
-            // from the database before it answers "absent" again.
-            filter_type::with_mut(ctx, &key, |f| f.caught_up = false);
-        }
         let complete = filter_type::with(ctx, &key, |f| f.cov.complete).unwrap_or(false);
         if !complete || due {
             rebuild::start(&name);

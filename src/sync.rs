@@ -45,8 +45,10 @@ pub fn run(ctx: &Context, now_all: bool) {
                 s.sync.in_flight = true;
             }
         });
+        let epoch = state::with(|r| r.epoch);
         let pass = Pass {
             name,
+            epoch,
             from,
             result: Some(Err(DbErr::Unavailable("sync job dropped".into()))),
         };
@@ -61,22 +63,24 @@ pub fn run(ctx: &Context, now_all: bool) {
 /// main thread exactly once.
 struct Pass {
     name: String,
+    /// Promotion epoch when the pass started.
+    epoch: u64,
     from: i64,
     result: Option<Result<(Vec<u128>, i64), DbErr>>,
 }
 
 impl Drop for Pass {
     fn drop(&mut self) {
-        let (name, from) = (std::mem::take(&mut self.name), self.from);
+        let (name, from, epoch) = (std::mem::take(&mut self.name), self.from, self.epoch);
         let res = self
             .result
             .take()
             .unwrap_or(Err(DbErr::Unavailable("sync lost".into())));
-        mainq::post(Box::new(move |ctx| apply(ctx, &name, from, res)));
+        mainq::post(Box::new(move |ctx| apply(ctx, &name, epoch, from, res)));
     }
 }
 
-fn apply(ctx: &Context, name: &str, from: i64, res: Result<(Vec<u128>, i64), DbErr>) {
+fn apply(ctx: &Context, name: &str, epoch: u64, from: i64, res: Result<(Vec<u128>, i64), DbErr>) {
     let key = state::with(|r| {
         let s = r.sets.get_mut(name)?;
         s.sync.in_flight = false;
@@ -109,6 +113,7 @@ fn apply(ctx: &Context, name: &str, from: i64, res: Result<(Vec<u128>, i64), DbE
             }
         }
     });
+    state::with(|r| state::synced(r, name, epoch));
 }
 
 /// Time since the last successful pass, for MEMBER.INFO.

@@ -73,9 +73,15 @@ fn funnel(
 ) -> RedisResult {
     keys::with_db0(ctx, |ctx| {
         state::with(|r| {
+            let epoch = r.epoch;
             let set = r.find(set_name)?;
             let canon = canonicalize(set.def.normalize, item, scope).map_err(RedisError::Str)?;
-            let view = filter_type::view(ctx, &set.filter_key, canon.hash);
+            let view = if set.synced_epoch == epoch {
+                filter_type::view(ctx, &set.filter_key, canon.hash)
+            } else {
+                // Promoted and not caught up since: the filter may miss acknowledged ADDs.
+                funnel::FilterView::Incomplete
+            };
             let gate = funnel::gate(view, || set.is_recent(canon.hash));
             if !explain {
                 let view_counts = |c: &mut metrics::PathCounters| {

@@ -922,3 +922,64 @@ fn corrupt_rdb_fails_to_load_without_crashing() {
     let mut c = reconnect_loaded(&env.vk);
     assert_members(&env.vk, &mut c, "s", &names("item", 100), "intact RDB");
 }
+
+// ---------------------------------------------------------------------------------------------
+// review findings
+
+#[test]
+fn cache_entries_from_an_earlier_process_are_not_trusted() {
+    let mut env = env(&[]);
+    let mut c = env.conn();
+    create(&mut c, "s", &[]);
+    add_all(&env.vk, &mut c, "s", &["zed".to_string()]);
+    assert_eq!(explain(&mut c, "s", "zed"), (1, "db-hit".to_string()));
+    assert_eq!(explain(&mut c, "s", "zed"), (1, "cache-hit".to_string()));
+    ok(&mut c, &["SAVE"]); // the snapshot holds zed's exact-match key
+    assert_eq!(int(&mut c, &["MEMBER.DEL", "s", "zed"]), 1);
+    // The invalidation dies with the process; the restored key must not answer for it.
+    env.vk.kill9_and_restart();
+    let mut c = reconnect_loaded(&env.vk);
+    let restored: i64 = redis::cmd("EXISTS")
+        .arg(hit_key("s", "zed"))
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(restored, 1, "the snapshot should carry the stale entry");
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s", "zed"]), 0);
+    assert_eq!(explain(&mut c, "s", "zed").0, 0);
+}
+
+#[test]
+fn effects_during_client_pause_write_are_held_not_fatal() {
+    // With an AOF, every derived effect is propagated; propagating while writes are paused
+    // aborts the server (valkey-io/valkey#1921), so the module must hold them back.
+    let env = env(&[("appendonly", "yes")]);
+    let mut c = env.conn();
+    create(&mut c, "s", &[]);
+    env.pg()
+        .batch_execute(
+            "INSERT INTO member_s (entity_id) SELECT 'bulk-' || g FROM generate_series(1, 200000) g",
+        )
+        .unwrap();
+    add_all(&env.vk, &mut c, "s", &names("item", 20));
+    ok(&mut c, &["MEMBER.REBUILD", "s"]);
+    ok(&mut c, &["CLIENT", "PAUSE", "1500", "WRITE"]);
+    // The rebuild finishes (and would replicate MEMBER._LOAD) during the pause.
+    thread::sleep(Duration::from_millis(2000));
+    assert_eq!(
+        redis::cmd("PING").query::<String>(&mut c).unwrap(),
+        "PONG",
+        "server died during the pause:\n{}",
+        log_tail(&env.vk)
+    );
+    wait_info(
+        &env.vk,
+        &mut c,
+        "s",
+        "rebuild_state",
+        "idle",
+        REBUILD_TIMEOUT,
+    );
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "s", "after-pause"]), 1);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s", "after-pause"]), 1);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s", "bulk-777"]), 1);
+}

@@ -133,7 +133,12 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// The `INFO member` section: the seeds' monitoring figures, module-wide.
-pub fn info_section(ctx: &InfoContext, _for_crash_report: bool) {
+pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
+    if for_crash_report {
+        // The crash may have happened mid-update of the state read below; print nothing
+        // rather than panic inside the crash report.
+        return;
+    }
     let (sets, catalog_loaded) = state::with(|r| (r.sets.len(), r.catalog.loaded));
     let fields: Vec<(&str, String)> = metrics::global(|m| {
         let c = &m.paths;

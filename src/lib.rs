@@ -107,6 +107,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         return Status::Err;
     }
     db::pool::resize();
+    mainq::batch_per_iteration(ctx);
     mainq::start(ctx);
     Status::Ok
 }

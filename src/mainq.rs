@@ -48,3 +48,39 @@ fn tick(ctx: &Context, _: ()) {
     });
     ctx.create_timer(TICK, tick, ());
 }
+
+/// Flushes the jobs submitted during an event-loop iteration just before the server sleeps,
+/// so one iteration's database work reaches the workers in one envelope and one wake-up.
+///
+/// # Safety
+/// Called by the server on the main thread for the event-loop event we subscribed to.
+unsafe extern "C" fn before_sleep(
+    _ctx: *mut redis_module::raw::RedisModuleCtx,
+    _eid: redis_module::raw::RedisModuleEvent,
+    subevent: u64,
+    _data: *mut std::os::raw::c_void,
+) {
+    if subevent == redis_module::raw::REDISMODULE_SUBEVENT_EVENTLOOP_BEFORE_SLEEP {
+        crate::db::pool::flush();
+    }
+}
+
+/// Subscribes `before_sleep`; on success `pool::submit` batches per iteration, otherwise it
+/// keeps sending each job at once.
+pub fn batch_per_iteration(ctx: &Context) {
+    let event = redis_module::raw::RedisModuleEvent {
+        id: redis_module::raw::REDISMODULE_EVENT_EVENTLOOP,
+        dataver: 1,
+    };
+    // SAFETY: module load, with the module's context and a callback of the right type.
+    let rc = unsafe {
+        redis_module::raw::RedisModule_SubscribeToServerEvent.unwrap()(
+            ctx.ctx,
+            event,
+            Some(before_sleep),
+        )
+    };
+    if rc == redis_module::raw::REDISMODULE_OK as i32 {
+        crate::db::pool::flush_before_sleep();
+    }
+}

@@ -4,11 +4,12 @@
 //! A job that panics is contained; its blocked client still gets a reply.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 
 use super::{sql, Db, DbErr};
 use crate::config;
@@ -50,8 +51,12 @@ pub fn run(f: impl FnOnce(&mut Db) + Send + 'static) {
 pub const QUEUE_LIMIT: usize = 100_000;
 
 struct Pool {
-    tx: Sender<Job>,
-    rx: Receiver<Job>,
+    /// Jobs travel in envelopes: everything one event-loop iteration submitted, sent with a
+    /// single wake-up of one worker (and resolved there in shared statements).
+    tx: Sender<Vec<Job>>,
+    rx: Receiver<Vec<Job>>,
+    /// Jobs sent and not yet taken by a worker.
+    queued: AtomicUsize,
     alive: Mutex<Vec<bool>>,
 }
 
@@ -59,26 +64,62 @@ static POOL: OnceLock<Pool> = OnceLock::new();
 
 fn pool() -> &'static Pool {
     POOL.get_or_init(|| {
-        let (tx, rx) = bounded(QUEUE_LIMIT);
+        let (tx, rx) = unbounded();
         Pool {
             tx,
             rx,
+            queued: AtomicUsize::new(0),
             alive: Mutex::new(Vec::new()),
         }
     })
 }
 
-/// Queues a job. When the queue is full the job is dropped, which answers its client with
-/// the job's fallback error.
+thread_local! {
+    /// Jobs submitted during the current event-loop iteration (main thread).
+    static PENDING: RefCell<Vec<Job>> = const { RefCell::new(Vec::new()) };
+}
+
+/// True once `flush` is called before each event-loop sleep; until then (or on a server
+/// without that event) every job is sent at once.
+static FLUSH_BEFORE_SLEEP: AtomicBool = AtomicBool::new(false);
+
+/// Queues a job (main thread). It reaches a worker when the event loop is about to sleep,
+/// together with every other job of this iteration. When the queue is full the job is
+/// dropped, which answers its client with the job's fallback error.
 pub fn submit(job: Job) {
-    if let Err(e) = pool().tx.try_send(job) {
-        drop(e.into_inner());
+    let waiting = pool().queued.load(Ordering::Relaxed) + PENDING.with(|p| p.borrow().len());
+    if waiting >= QUEUE_LIMIT {
+        drop(job);
+        return;
     }
+    PENDING.with(|p| p.borrow_mut().push(job));
+    if !FLUSH_BEFORE_SLEEP.load(Ordering::Relaxed) {
+        flush();
+    }
+}
+
+/// Sends the jobs of this iteration to the workers in one envelope (main thread).
+pub fn flush() {
+    let jobs = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    if jobs.is_empty() {
+        return;
+    }
+    let p = pool();
+    p.queued.fetch_add(jobs.len(), Ordering::Relaxed);
+    if let Err(e) = p.tx.send(jobs) {
+        p.queued.fetch_sub(e.0.len(), Ordering::Relaxed);
+    }
+}
+
+/// Switches `submit` to sending once per event-loop iteration; call after subscribing
+/// `flush` to the before-sleep event.
+pub fn flush_before_sleep() {
+    FLUSH_BEFORE_SLEEP.store(true, Ordering::Relaxed);
 }
 
 /// Jobs waiting for a worker.
 pub fn queued() -> usize {
-    pool().rx.len()
+    pool().queued.load(Ordering::Relaxed) + PENDING.with(|p| p.borrow().len())
 }
 
 /// Starts or stops workers to match `member.workers`.
@@ -110,11 +151,20 @@ fn worker(id: usize) {
             }
         }
         match p.rx.recv_timeout(Duration::from_secs(1)) {
-            Ok(first) => {
+            Ok(mut batch) => {
                 let max = config::BATCH_SIZE.load(Ordering::Relaxed).max(1) as usize;
-                let mut batch = vec![first];
-                batch.extend(p.rx.try_iter().take(max - 1));
-                run_batch(&mut db, batch);
+                while batch.len() < max {
+                    match p.rx.try_recv() {
+                        Ok(more) => batch.extend(more),
+                        Err(_) => break,
+                    }
+                }
+                p.queued.fetch_sub(batch.len(), Ordering::Relaxed);
+                while !batch.is_empty() {
+                    let rest = batch.split_off(batch.len().min(max));
+                    run_batch(&mut db, batch);
+                    batch = rest;
+                }
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,

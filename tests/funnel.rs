@@ -458,3 +458,29 @@ fn batched_database_work_answers_each_caller_correctly() {
         .unwrap();
     assert!(points > batches, "{points} points in {batches} statements");
 }
+
+#[test]
+fn a_build_sizes_the_filter_for_the_rows_found_not_just_capacity() {
+    let env = Env::new();
+    let mut c = env.conn();
+    ok(&mut c, &["MEMBER.CREATE", "grow", "CAPACITY", "100"]);
+    // Rows arrive outside the module (a migration), far beyond the declared capacity; the
+    // table has never been analyzed, so the planner's estimate is no help either.
+    env.pg()
+        .batch_execute(
+            "INSERT INTO member_grow (entity_id) SELECT 'row-' || g FROM generate_series(1, 20000) g",
+        )
+        .unwrap();
+    assert_eq!(int(&mut c, &["MEMBER.REBUILD", "grow", "SYNC"]), 20000);
+    let bits: u64 = set_info(&mut c, "grow", "filter_bits")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(bits >= 20000 * 9, "filter of {bits} bits for 20000 members");
+    let fpr: f64 = set_info(&mut c, "grow", "filter_fpr_est")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(fpr < 0.015, "estimated FPR {fpr} after the build");
+    assert_eq!(explain(&mut c, "grow", "row-12345").0, 1);
+}

@@ -3,8 +3,8 @@
 //! all point lookups of a set with one query and all ADDs of a set with one multi-row insert.
 //! A job that panics is contained; its blocked client still gets a reply.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::cell::RefCell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;

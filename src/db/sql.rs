@@ -289,10 +289,6 @@ pub fn build_filter(
     estimate.store(est.max(0.0) as u64, Ordering::Relaxed);
     let sql = format!("COPY (SELECT entity_id, scope FROM {t} WHERE {ACTIVE}) TO STDOUT");
     let mut hashes: Vec<u128> = Vec::with_capacity((est.max(0.0) as usize).min(1 << 26));
-    // Sized from the planner's estimate so bits are set while PostgreSQL is still streaming
-    // (the two overlap on different cores); resized below if the estimate was far off.
-    let planned = def.capacity.max(est.max(0.0) as u64);
-    let mut bloom = Bloom::new(planned, def.error_rate);
     {
         let reader = tx.copy_out(sql.as_str()).map_err(tx_error)?;
         let mut reader = std::io::BufReader::with_capacity(1 << 16, reader);
@@ -309,7 +305,6 @@ pub fn build_filter(
                 line.pop();
             }
             if let Some(h) = hash_copy_row(def.normalize, &line) {
-                bloom.add(h);
                 hashes.push(h);
             }
             if hashes.len().is_multiple_of(4096) {
@@ -319,14 +314,9 @@ pub fn build_filter(
     }
     tx.commit().map_err(tx_error)?;
     progress.store(hashes.len() as u64, Ordering::Relaxed);
-    // The filter must fit the larger of CAPACITY and the real row count, without being much
-    // larger than that because of a stale estimate.
-    let want = def.capacity.max(hashes.len() as u64);
-    if planned < want || planned > want + want / 4 {
-        bloom = Bloom::new(want, def.error_rate);
-        for h in &hashes {
-            bloom.add(*h);
-        }
+    let mut bloom = Bloom::new(def.capacity.max(hashes.len() as u64), def.error_rate);
+    for h in &hashes {
+        bloom.add(*h);
     }
     Ok(Built {
         bloom,

@@ -161,6 +161,27 @@ fn sleep_until(t: Instant) {
 /// Calls made right after recovery, each needing the database: more than the 4 workers.
 const RECOVERY_CALLS: usize = 12;
 
+/// Every call that needs the database answers: EXISTS of `e-<i>` (in the filter, never looked
+/// up, so not cached) is 1 and ADD of `d-<i>` is 1 and lands in PostgreSQL, RECOVERY_CALLS
+/// times, more than there are workers, so each worker's connection gets used.
+fn every_call_answers(vk: &Valkey, c: &mut Connection, pgc: &mut postgres::Client, set: &str) {
+    for i in 0..RECOVERY_CALLS {
+        let e = format!("e-{i}");
+        assert_eq!(
+            must_answer(vk, c, &["MEMBER.EXISTS", set, &e]),
+            Value::Int(1),
+            "EXISTS {e}"
+        );
+        let d = format!("d-{i}");
+        assert_eq!(
+            must_answer(vk, c, &["MEMBER.ADD", set, &d]),
+            Value::Int(1),
+            "ADD {d}"
+        );
+        assert_eq!(pg_active(pgc, set, &d), 1);
+    }
+}
+
 #[test]
 fn postgres_down_gives_errors_not_answers_and_recovers() {
     let mut pg = OwnPg::start_new();
@@ -214,21 +235,7 @@ fn postgres_down_gives_errors_not_answers_and_recovers() {
     // Recovered means recovered: once the database answers again, so does every call that
     // needs it. More calls than workers (4), so each worker's connection gets used: every
     // e-<i> is in the filter and was never looked up (not cached), and every ADD writes.
-    for i in 0..RECOVERY_CALLS {
-        let e = format!("e-{i}");
-        assert_eq!(
-            must_answer(&vk, &mut c, &["MEMBER.EXISTS", "s1", &e]),
-            Value::Int(1),
-            "EXISTS {e}"
-        );
-        let d = format!("d-{i}");
-        assert_eq!(
-            must_answer(&vk, &mut c, &["MEMBER.ADD", "s1", &d]),
-            Value::Int(1),
-            "ADD {d}"
-        );
-        assert_eq!(pg_active(&mut pgc, "s1", &d), 1);
-    }
+    every_call_answers(&vk, &mut c, &mut pgc, "s1");
     assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s1", "a"]), 1);
     assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s1", "c-new"]), 0);
     assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s1", "d-0"]), 1);
@@ -569,19 +576,5 @@ fn quiet_postgres_restart_then_every_call_answers() {
     thread::sleep(Duration::from_secs(3));
 
     let mut pgc = pg.client();
-    for i in 0..RECOVERY_CALLS {
-        let e = format!("e-{i}");
-        assert_eq!(
-            must_answer(&vk, &mut c, &["MEMBER.EXISTS", "s6", &e]),
-            Value::Int(1),
-            "EXISTS {e}"
-        );
-        let d = format!("d-{i}");
-        assert_eq!(
-            must_answer(&vk, &mut c, &["MEMBER.ADD", "s6", &d]),
-            Value::Int(1),
-            "ADD {d}"
-        );
-        assert_eq!(pg_active(&mut pgc, "s6", &d), 1);
-    }
+    every_call_answers(&vk, &mut c, &mut pgc, "s6");
 }

@@ -68,6 +68,14 @@ pub fn db_path(gate: Gate, present: bool) -> Path {
     }
 }
 
+/// Wall-clock unix time in seconds, the scale of `expires_at` in the database.
+pub fn now_s() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
 /// Seconds an exact-match entry may live: the set's cache TTL, never past the membership's
 /// expiry. `None` means "do not cache" (already expired or about to).
 pub fn cache_ttl_ms(cache_ttl_s: u64, expires_at_s: Option<f64>, now_s: f64) -> Option<u64> {

@@ -181,10 +181,7 @@ impl Completion for LookupDone {
                 if set.generation != self.generation || is_replica {
                     return;
                 }
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_secs_f64())
-                    .unwrap_or(0.0);
+                let now = funnel::now_s();
                 if let Some(ttl) = funnel::cache_ttl_ms(set.def.cache_ttl, expires_at, now) {
                     let canon = crate::canon::Canon {
                         hash: 0,

@@ -1,8 +1,6 @@
 //! MEMBER.ADD and MEMBER.DEL: database first (on a worker), then on the main thread the
 //! derived effects (recent mark, filter bit, cache invalidation), then the reply.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use super::{block_on_point, may_block, ItemArgs, PointDone};
@@ -10,22 +8,15 @@ use crate::block::Completion;
 use crate::canon::{canonicalize, Canon};
 use crate::db::pool::{self, Job};
 use crate::db::{sql, DbErr};
-use crate::{effects, error, keys, state};
+use crate::{effects, error, funnel, keys, state};
 
 /// Longest TTL or EXPIREAT horizon accepted: 10 years.
 const MAX_TTL_S: i64 = 315_360_000;
 
-fn now_s() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
-
 /// The membership's expiry (unix seconds) from TTL or EXPIREAT, if any.
 fn expiry(a: &ItemArgs) -> Result<Option<f64>, RedisError> {
     let ttl = a.opts.int("TTL", 1..=MAX_TTL_S, error::BAD_TTL)?;
-    let now = now_s();
+    let now = funnel::now_s();
     let at = a.opts.int("EXPIREAT", 1..=i64::MAX, error::BAD_EXPIREAT)?;
     match (ttl, at) {
         (Some(_), Some(_)) => Err(RedisError::Str(error::TTL_AND_EXPIREAT)),

@@ -1,5 +1,5 @@
 //! The worker pool: `member.workers` threads, each with its own connection, draining one
-//! bounded queue. A worker takes what is queued (up to `member.batch-size` jobs) and resolves
+//! queue (refusing jobs past QUEUE_LIMIT). A worker takes what is queued (up to `member.batch-size` jobs) and resolves
 //! all point lookups of a set with one query and all ADDs of a set with one multi-row insert.
 //! A job that panics is contained; its blocked client still gets a reply.
 

@@ -50,7 +50,7 @@ pub fn start(name: &str) -> bool {
             // MEMBER.INFO, and is retried. A panic becomes a failed rebuild, never a stuck one.
             let lock_timeout = config::db_timeout_ms().saturating_mul(5).max(10_000);
             let res = catch_unwind(AssertUnwindSafe(|| {
-                db::connect(0, lock_timeout)
+                db::connect(0, lock_timeout, false)
                     .and_then(|(mut c, _)| sql::build_filter(&mut c, &def, &rows, &estimate))
             }))
             .unwrap_or_else(|_| Err(DbErr::Failed("rebuild panicked".into())));

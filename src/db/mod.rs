@@ -71,7 +71,17 @@ fn connection_lost(e: &postgres::Error) -> bool {
 
 /// Opens a connection to `member.pg-url` with the given server-side statement and lock
 /// timeouts (0 = none). Connecting is bounded by `member.db-timeout-ms`.
-pub fn connect(statement_timeout_ms: u64, lock_timeout_ms: u64) -> Result<(Client, u64), DbErr> {
+///
+/// `generic_plans` makes prepared statements keep one generic plan. The workers' statements
+/// are key lookups and inserts whose plan never depends on the values, but PostgreSQL's
+/// default (`plan_cache_mode = auto`) keeps planning array-parameter lookups afresh on every
+/// call, because a plan for 2 items looks cheaper than a generic one for an unknown array:
+/// that planning was half of each lookup's cost in the database.
+pub fn connect(
+    statement_timeout_ms: u64,
+    lock_timeout_ms: u64,
+    generic_plans: bool,
+) -> Result<(Client, u64), DbErr> {
     let (url, generation) = config::pg_url();
     let mut cfg = Config::from_str(&url)
         .map_err(|e| DbErr::Unavailable(format!("bad member.pg-url: {e}")))?;
@@ -80,7 +90,12 @@ pub fn connect(statement_timeout_ms: u64, lock_timeout_ms: u64) -> Result<(Clien
         .keepalives_idle(Duration::from_secs(10))
         .application_name("libmember")
         .options(&format!(
-            "-c statement_timeout={statement_timeout_ms} -c lock_timeout={lock_timeout_ms}"
+            "-c statement_timeout={statement_timeout_ms} -c lock_timeout={lock_timeout_ms}{}",
+            if generic_plans {
+                " -c plan_cache_mode=force_generic_plan"
+            } else {
+                ""
+            }
         ));
     let client = cfg.connect(NoTls).map_err(|e| classify(&e))?;
     Ok((client, generation))
@@ -124,7 +139,7 @@ impl Db {
         if stale || dead {
             self.conn = None;
             self.stmts.clear();
-            self.conn = Some(connect(Self::statement_timeout_ms(), 0)?);
+            self.conn = Some(connect(Self::statement_timeout_ms(), 0, true)?);
         }
         self.last_used = Some(Instant::now());
         Ok(&mut self.conn.as_mut().unwrap().0)

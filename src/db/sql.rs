@@ -328,16 +328,19 @@ pub fn build_filter(
 /// Rows that became active members since `watermark` (inclusive), canonicalized, and the new
 /// watermark: the sync loop's one query. Catches writes made outside the module.
 pub fn changes_since(db: &mut Db, def: &SetDef, watermark: i64) -> Result<(Vec<u128>, i64), DbErr> {
+    // The watermark is written into the text (it is an integer), not bound: the workers'
+    // connections keep generic plans, and a generic plan for "updated_at >= $1" cannot know
+    // that the range is the last second of a large table. Planned once per pass instead.
     let sql = format!(
         "SELECT entity_id, scope FROM {t}
-          WHERE updated_at >= 'epoch'::timestamptz + $1::int8 * interval '1 microsecond' AND {ACTIVE}",
+          WHERE updated_at >= 'epoch'::timestamptz + {watermark}::int8 * interval '1 microsecond'
+            AND {ACTIVE}",
         t = table(&def.name)
     );
-    db.run(|c, s| {
+    db.run(|c, _| {
         // Two autocommit statements, horizon first: the rows query takes a newer snapshot.
         let horizon: i64 = c.query_one(HORIZON, &[])?.get(0);
-        let st = prepared(c, s, &sql)?;
-        let rows = c.query(&st, &[&watermark])?;
+        let rows = c.query(sql.as_str(), &[])?;
         let hashes = rows
             .iter()
             .filter_map(|r| {

@@ -110,9 +110,12 @@ pub struct Db {
     last_used: Option<Instant>,
 }
 
-/// A connection idle longer than this is checked (one empty round trip) before a write uses
-/// it: the server may have closed it meanwhile, and a write is not retried.
-const IDLE_CHECK_AFTER: Duration = Duration::from_secs(1);
+/// A connection idle longer than this is checked (one empty round trip) before a job uses
+/// it: the server may have closed it meanwhile, and a write is not retried. It must be
+/// shorter than any stop and start of PostgreSQL (a connection last used just before a
+/// fast restart otherwise fails the first write after it), and a busy worker never waits
+/// this long between jobs, so the check costs nothing under load.
+const IDLE_CHECK_AFTER: Duration = Duration::from_millis(100);
 
 impl Db {
     /// Statements a client already gave up on still get this long to land (an ADD that

@@ -2,7 +2,7 @@
 //! used by write completions on the primary, the replicated internal commands on replicas and
 //! AOF load, and the sync loop.
 
-use redis_module::{Context, ContextFlags};
+use redis_module::{Context, ContextFlags, RedisString};
 
 use crate::canon::Canon;
 use crate::filter::Bloom;
@@ -64,6 +64,18 @@ pub fn replicate(ctx: &Context, command: &str, args: &[&[u8]]) {
     let must_queue = replica_traffic_paused() || HELD.with(|h| !h.borrow().is_empty());
     if must_queue {
         let owned = args.iter().map(|a| a.to_vec()).collect();
+        HELD.with(|h| h.borrow_mut().push((command.to_string(), owned)));
+    } else {
+        ctx.replicate(command, args);
+    }
+}
+
+/// `replicate` for arguments that are already server strings: they are passed by reference,
+/// so even a large payload is not copied on the main thread.
+pub fn replicate_strings(ctx: &Context, command: &str, args: &[&RedisString]) {
+    let must_queue = replica_traffic_paused() || HELD.with(|h| !h.borrow().is_empty());
+    if must_queue {
+        let owned = args.iter().map(|a| a.as_slice().to_vec()).collect();
         HELD.with(|h| h.borrow_mut().push((command.to_string(), owned)));
     } else {
         ctx.replicate(command, args);

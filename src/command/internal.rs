@@ -51,18 +51,54 @@ pub fn del(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     Ok(RedisValue::SimpleStringStatic("OK"))
 }
 
-/// MEMBER._LOAD <key> <payload> — a whole filter (a rebuild's swap, or an AOF rewrite).
+/// MEMBER._LOAD <key> <payload> [<adds>] — a whole filter (a rebuild's swap, or an AOF
+/// rewrite), then the hashes in `adds` (16 bytes each, little endian): the ADDs that landed
+/// while the rebuild streamed, folded in on the primary after the payload was made.
 /// Loaded from the AOF it starts not caught up; replicated live it is as current as the
 /// primary's.
 pub fn load(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard(ctx)?;
-    let [_, key, payload] =
-        <[RedisString; 3]>::try_from(args).map_err(|_| RedisError::WrongArity)?;
+    let (key, payload, adds) = match <[RedisString; 4]>::try_from(args) {
+        Ok([_, key, payload, adds]) => (key, payload, Some(adds)),
+        Err(args) => {
+            let [_, key, payload] =
+                <[RedisString; 3]>::try_from(args).map_err(|_| RedisError::WrongArity)?;
+            (key, payload, None)
+        }
+    };
     let live = !ctx.get_flags().contains(ContextFlags::LOADING);
-    let v = FilterValue::from_bytes(payload.as_slice(), live)
+    let mut v = FilterValue::from_bytes(payload.as_slice(), live)
         .map_err(|e| RedisError::String(format!("ERR libmember: {e}")))?;
+    if let Some(adds) = adds {
+        let adds = adds.as_slice();
+        if adds.len() % 16 != 0 {
+            return Err(RedisError::Str("ERR libmember: bad filter adds"));
+        }
+        for h in adds.chunks_exact(16) {
+            v.bloom
+                .add(u128::from_le_bytes(h.try_into().expect("16 bytes")));
+        }
+    }
     filter_type::install(ctx, &key, v);
     Ok(RedisValue::SimpleStringStatic("OK"))
+}
+
+/// Replicates a rebuilt filter as `MEMBER._LOAD`: `payload` was serialized before `adds`
+/// (the journal) were folded into the filter now installed, so they travel with it.
+pub fn replicate_built_filter(
+    ctx: &Context,
+    key: &RedisString,
+    payload: &RedisString,
+    adds: &[u128],
+) {
+    if adds.is_empty() {
+        effects::replicate_strings(ctx, "MEMBER._LOAD", &[key, payload]);
+    } else {
+        let blob: Vec<u8> = adds.iter().flat_map(|h| h.to_le_bytes()).collect();
+        // Binary: not `create_string`, which goes through a C string and rejects NUL bytes.
+        let blob = RedisString::create_from_slice(ctx.ctx, &blob);
+        effects::replicate_strings(ctx, "MEMBER._LOAD", &[key, payload, &blob]);
+    }
 }
 
 /// MEMBER._SET <set> <error_rate> <capacity> <cache_ttl> <recent_ttl> <normalize> — a set

@@ -125,7 +125,7 @@ fn postgres_ids() -> (u32, u32) {
 }
 
 /// Path of a PostgreSQL server binary: newest /usr/lib/postgresql/<v>/bin/<name>, else PATH.
-fn pg_bin(name: &str) -> PathBuf {
+pub fn pg_bin(name: &str) -> PathBuf {
     let mut best: Option<(u32, PathBuf)> = None;
     if let Ok(rd) = fs::read_dir("/usr/lib/postgresql") {
         for e in rd.flatten() {

@@ -208,14 +208,13 @@ pub struct Registry {
 impl Registry {
     /// The set named `name`, or the error a client should get.
     pub fn find(&mut self, name: &str) -> Result<&mut SetState, redis_module::RedisError> {
-        if self.sets.contains_key(name) {
-            return Ok(self.sets.get_mut(name).unwrap());
-        }
-        Err(redis_module::RedisError::Str(if self.catalog.loaded {
+        // The error is decided first so that the hot path is a single map lookup.
+        let missing = redis_module::RedisError::Str(if self.catalog.loaded {
             crate::error::UNKNOWN_SET
         } else {
             crate::error::CATALOG_NOT_LOADED
-        }))
+        });
+        self.sets.get_mut(name).ok_or(missing)
     }
 }
 

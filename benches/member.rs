@@ -60,15 +60,30 @@ struct Opts {
     secs: f64,
     workers: Option<u32>,
     fpr_probes: u64,
+    /// Sections to run (all when None); a partial run prints its table and writes no files.
+    only: Option<Vec<String>>,
+}
+
+/// The sections of a run, in order (`--only` takes a comma-separated list of these).
+const SECTIONS: [&str; 6] = ["memory", "negative", "mixed", "cold", "rebuild", "writes"];
+
+impl Opts {
+    fn runs(&self, section: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|o| o.iter().any(|s| s == section))
+    }
 }
 
 const USAGE: &str = "usage: cargo bench --bench member -- [--ten-million] [--members N] \
-     [--seconds S] [--workers N] [--fpr-probes N]
+     [--seconds S] [--workers N] [--fpr-probes N] [--only SECTIONS]
   --ten-million   load 10 000 000 members instead of 1 000 000
   --members N     load N members
   --seconds S     seconds of load per side of each comparison (default 4)
   --workers N     member.workers for the module (default: the module's default)
-  --fpr-probes N  absent probes for the measured false-positive rate (default 1 000 000)";
+  --fpr-probes N  absent probes for the measured false-positive rate (default 1 000 000)
+  --only SECTIONS run only these, comma-separated: memory,negative,mixed,cold,rebuild,writes
+                  (prints the table; bench/results.md and the chart are kept as they are)";
 
 impl Opts {
     fn parse() -> Opts {
@@ -83,6 +98,7 @@ impl Opts {
             secs: 4.0,
             workers: None,
             fpr_probes: 1_000_000,
+            only: None,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -102,6 +118,18 @@ impl Opts {
                 }
                 "--workers" => o.workers = Some(parse_num(&value("--workers")) as u32),
                 "--fpr-probes" => o.fpr_probes = parse_num(&value("--fpr-probes")),
+                "--only" => {
+                    let list: Vec<String> = value("--only")
+                        .split(',')
+                        .map(|s| s.trim().to_string())
+                        .collect();
+                    if let Some(bad) = list.iter().find(|s| !SECTIONS.contains(&s.as_str())) {
+                        die(&format!(
+                            "--only: unknown section {bad:?} (one of {SECTIONS:?})"
+                        ));
+                    }
+                    o.only = Some(list);
+                }
                 "-h" | "--help" => {
                     println!("{USAGE}");
                     std::process::exit(0);
@@ -292,6 +320,78 @@ where
         }
     });
     merge(results.into_inner().unwrap())
+}
+
+/// pgbench, `-S` style: `clients` connections on 2 threads, each running one prepared point
+/// query of a random member after another, for `dur` (rounded up to whole seconds).
+fn pgbench(db: &support::TestDb, members: u64, clients: usize, dur: Duration) -> Stats {
+    static RUN: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "member-pgbench-{}-{}",
+        std::process::id(),
+        RUN.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create pgbench dir");
+    let script = dir.join("point.sql");
+    std::fs::write(
+        &script,
+        format!(
+            "\\set id random(1, {members})\n\
+             SELECT 1 FROM member_bench WHERE entity_id = 'm' || :id AND scope = '';\n"
+        ),
+    )
+    .expect("write pgbench script");
+    let secs = dur.as_secs_f64().ceil().max(1.0) as u64;
+    let out = Command::new(support::pg_bin("pgbench"))
+        .current_dir(&dir)
+        .args(["-h", "127.0.0.1", "-U", "postgres", "-n", "-M", "prepared"])
+        .args(["-p", &support::Pg::get().port().to_string()])
+        .args([
+            "-c",
+            &clients.to_string(),
+            "-j",
+            "2",
+            "-T",
+            &secs.to_string(),
+        ])
+        .arg("-f")
+        .arg(&script)
+        .args(["-l", "--log-prefix=tx"])
+        .arg(&db.name)
+        .output()
+        .unwrap_or_else(|e| die(&format!("cannot run pgbench: {e}")));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        die(&format!(
+            "pgbench failed: {}{}",
+            stdout,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let tps: f64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("tps = "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| die(&format!("no tps in pgbench output: {stdout}")));
+    // Log lines: client_id transaction_no latency_us script_no epoch_s epoch_us.
+    let mut lat = Vec::new();
+    for e in std::fs::read_dir(&dir).expect("read pgbench dir").flatten() {
+        if !e.file_name().to_string_lossy().starts_with("tx.") {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+        lat.extend(text.lines().filter_map(|l| {
+            l.split_whitespace()
+                .nth(2)
+                .and_then(|us| us.parse::<u64>().ok())
+                .map(|us| us * 1000)
+        }));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let ops = lat.len() as u64;
+    Stats::from_samples(ops, ops as f64 / tps.max(1.0), lat)
 }
 
 type ThreadResult = (Instant, Instant, u64, u64, u64, Option<String>, Vec<u64>);
@@ -1170,12 +1270,24 @@ fn main() {
     let started = Instant::now();
     let cpu_before = (loadavg(), cpu_ticks(), own_tree_ticks());
     let mut b = Bench::setup(opts);
-    b.memory();
-    b.negative_path();
-    b.mixed();
-    b.cold_path();
-    b.rebuild();
-    b.adds();
+    if b.opts.runs("memory") {
+        b.memory();
+    }
+    if b.opts.runs("negative") {
+        b.negative_path();
+    }
+    if b.opts.runs("mixed") {
+        b.mixed();
+    }
+    if b.opts.runs("cold") {
+        b.cold_path();
+    }
+    if b.opts.runs("rebuild") {
+        b.rebuild();
+    }
+    if b.opts.runs("writes") {
+        b.adds();
+    }
     b.finish(&module, started.elapsed(), cpu_before);
 }
 
@@ -1743,53 +1855,37 @@ impl Bench {
     // --- cold path --------------------------------------------------------------------------
 
     fn cold_path(&mut self) {
-        const THREADS: usize = 64;
+        const CLIENTS: usize = 64;
         progress(
-            "cold path: EXISTS of present, uncached items vs a prepared point query, 64 clients",
+            "cold path: EXISTS of present, uncached items vs pgbench (prepared point query), 64 clients",
         );
         let port = self.port;
         let half = self.half();
         let n = self.opts.members;
-        let url = self.db.url();
         let cold_next = &self.cold_next;
         let mut c = self.vk.conn();
         let before = set_info_all(&mut c);
-        let exists = || {
-            thread_load(
-                THREADS,
-                half,
-                |_| vk_conn(port),
-                |c, _| {
-                    // Members from n/2 on were never looked up; wrap (warm) only if a run
-                    // ever gets through half the set.
-                    let k = cold_next.fetch_add(1, Ordering::Relaxed);
-                    let item = format!("m{}", (k - 1) % n + 1);
-                    let v: i64 = redis::cmd("MEMBER.EXISTS")
-                        .arg(SET)
-                        .arg(&item)
-                        .query(c)
-                        .map_err(|e| e.to_string())?;
-                    Ok(v == 1)
-                },
-            )
+        // Both sides use an event-loop client (2 threads), so the figure compares what the
+        // servers spend per lookup, not 64 client threads fighting over two CPUs.
+        let load = RawLoad {
+            threads: 2,
+            conns_per_thread: CLIENTS / 2,
+            pipeline: 1,
+            limit: Limit::Time(half),
         };
-        let pg = || {
-            thread_load(
-                THREADS,
-                half,
-                |_| {
-                    let mut pg = pg_connect(&url);
-                    let st = pg.prepare(POINT_QUERY).unwrap();
-                    (pg, st)
-                },
-                |(pg, st), rng| {
-                    let item = format!("m{}", 1 + rng.below(n));
-                    let row = pg.query_opt(&*st, &[&item]).map_err(|e| e.to_string())?;
-                    Ok(row.is_some())
-                },
-            )
+        let gen = |_: &mut Rng, buf: &mut Vec<u8>| {
+            // Members from n/2 on were never looked up; wrap (warm) only if a run ever gets
+            // through half the set.
+            let k = cold_next.fetch_add(1, Ordering::Relaxed);
+            let item = format!("m{}", (k - 1) % n + 1);
+            push_cmd(buf, &[b"MEMBER.EXISTS", SET.as_bytes(), item.as_bytes()]);
+            Expect::Yes
         };
-        let (e, p) = abba(&exists, &pg);
+        let db = &self.db;
+        let (e, p) = abba(
+            || raw_load(port, &load, &gen),
+            || pgbench(db, n, CLIENTS, half),
+        );
         self.r.pair(
             "Cold path (every lookup needs PostgreSQL), 64 clients",
             "present, uncached items",
@@ -1797,7 +1893,26 @@ impl Bench {
             &p,
             Some(2.0),
             None,
-            "prepared point query, 64 connections",
+            "pgbench -M prepared -c 64 -j 2: one point query per lookup",
+        );
+        // The ceiling on this machine: the same generator and connections running GET, which
+        // does no database work at all, against the same pgbench.
+        let get = |_: &mut Rng, buf: &mut Vec<u8>| {
+            push_cmd(buf, &[b"GET", PRESENT_KEY.as_bytes()]);
+            Expect::Yes
+        };
+        let (g, p2) = abba(
+            || raw_load(port, &load, &get),
+            || pgbench(db, n, CLIENTS, half),
+        );
+        self.r.pair(
+            "Cold path (every lookup needs PostgreSQL), 64 clients",
+            "diagnostic: ceiling, GET of a present key with the same 64 connections",
+            &g,
+            &p2,
+            None,
+            None,
+            "pgbench -M prepared -c 64 -j 2: one point query per lookup",
         );
         let after = set_info_all(&mut c);
         let d = |k: &str| num(&after, k) - num(&before, k);
@@ -2066,8 +2181,10 @@ impl Bench {
              5 % one of the first 20 000 members, whose cache entries were filled first. The GET baseline reads the \
              same items' cache keys (`member:bench:hit:<item>\\0`: 5 % hits, 95 % nil). The 16-thread rows use the \
              `redis` crate for both MEMBER.EXISTS and the application pattern.\n\
-             - Cold path: items from the second half of the set, each looked up once (never cached), vs a prepared \
-             `SELECT 1 FROM member_bench WHERE entity_id = $1 AND scope = ''` on 64 connections.\n\
+             - Cold path: items from the second half of the set, each looked up once (never cached), sent by the RESP \
+             generator (2 threads × 32 connections, one request in flight each), vs `pgbench -n -M prepared -c 64 -j 2` \
+             running `SELECT 1 FROM member_bench WHERE entity_id = 'm' || :id AND scope = ''` for random members \
+             (latency from pgbench's per-transaction log).\n\
              - False-positive rate: `exists_calls − path_bloom_negative` over the probes, from MEMBER.INFO before/after.\n\
              - Latency: about 1 % of absent probes pass the filter and wait for PostgreSQL, so the p99 of a \
              mostly-absent load sits at the edge of that slow tail (and, pipelined, a false positive holds up its \
@@ -2083,6 +2200,12 @@ impl Bench {
         }
         let doc = format!("{head}{table}{notes}");
         println!("\n{doc}");
+        if self.opts.only.is_some() {
+            progress(
+                "partial run (--only): bench/results.md and bench/latency.svg left as they were",
+            );
+            return;
+        }
 
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("bench");
         std::fs::create_dir_all(&dir).expect("create bench/");

@@ -127,9 +127,7 @@ fn finish(ctx: &Context, name: &str, res: Result<Ready, DbErr>) {
             rows,
         }) => {
             let swap = Instant::now();
-            for &h in &journal {
-                filter.bloom.add(h);
-            }
+            filter.bloom.add_many(&journal);
             internal::replicate_built_filter(ctx, &key, &payload.0, &journal);
             drop(payload);
             filter_type::install(ctx, &key, filter);

@@ -315,9 +315,7 @@ pub fn build_filter(
     tx.commit().map_err(tx_error)?;
     progress.store(hashes.len() as u64, Ordering::Relaxed);
     let mut bloom = Bloom::new(def.capacity.max(hashes.len() as u64), def.error_rate);
-    for h in &hashes {
-        bloom.add(*h);
-    }
+    bloom.add_many(&hashes);
     Ok(Built {
         bloom,
         rows: hashes.len() as u64,

@@ -769,13 +769,21 @@ where
 // load generator 3: valkey-benchmark
 
 /// One valkey-benchmark run of `n` requests; parses its CSV line.
-fn vb_run(port: u16, clients: usize, pipeline: usize, n: u64, random: bool, cmd: &[&str]) -> Stats {
+/// `keyspace`: the range of `__rand_int__` (`-r`), when the command uses it.
+fn vb_run(
+    port: u16,
+    clients: usize,
+    pipeline: usize,
+    n: u64,
+    keyspace: Option<u64>,
+    cmd: &[&str],
+) -> Stats {
     let mut c = Command::new("valkey-benchmark");
     c.args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(["-c", &clients.to_string(), "-P", &pipeline.to_string()])
         .args(["-n", &n.to_string(), "--csv", "--precision", "3"]);
-    if random {
-        c.args(["-r", "1000000000"]);
+    if let Some(r) = keyspace {
+        c.args(["-r", &r.to_string()]);
     }
     c.args(cmd);
     let out = c
@@ -810,12 +818,18 @@ fn vb_run(port: u16, clients: usize, pipeline: usize, n: u64, random: bool, cmd:
 }
 
 /// Sizes a valkey-benchmark run to about `secs` from a short calibration run.
-fn vb_timed(port: u16, pipeline: usize, secs: f64, random: bool, cmd: &[&str]) -> Stats {
+fn vb_timed(port: u16, pipeline: usize, secs: f64, keyspace: Option<u64>, cmd: &[&str]) -> Stats {
     let probe = if pipeline > 1 { 200_000 } else { 40_000 };
-    let cal = vb_run(port, 50, pipeline, probe, random, cmd);
+    let cal = vb_run(port, 50, pipeline, probe, keyspace, cmd);
     let n = ((cal.rps() * secs) as u64).clamp(probe, 50_000_000);
-    vb_run(port, 50, pipeline, n, random, cmd)
+    vb_run(port, 50, pipeline, n, keyspace, cmd)
 }
+
+/// `__rand_int__` range of the random absent probes: practically never repeated.
+const ABSENT_KEYSPACE: u64 = 1_000_000_000;
+/// A pool of absent items checked again and again (names re-typed at sign-up, cards seen on
+/// every payment): its false positives are remembered after their first database answer.
+const REPEATED_KEYSPACE: u64 = 100_000;
 
 // ---------------------------------------------------------------------------------------------
 // small client helpers
@@ -1626,13 +1640,13 @@ impl Bench {
                 "negative path: EXISTS of absent items vs GET, 50 connections, pipeline {pipeline}"
             ));
             let (get, ex) = abba(
-                || vb_timed(port, pipeline, half, false, &["GET", PRESENT_KEY]),
+                || vb_timed(port, pipeline, half, None, &["GET", PRESENT_KEY]),
                 || {
                     vb_timed(
                         port,
                         pipeline,
                         half,
-                        true,
+                        Some(ABSENT_KEYSPACE),
                         &["MEMBER.EXISTS", SET, "absent:__rand_int__"],
                     )
                 },
@@ -1682,8 +1696,8 @@ impl Bench {
             "negative path, diagnostic: one filter-rejected item (no false positives), pipeline 16",
         );
         let (get, ex) = abba(
-            || vb_timed(port, 16, half, false, &["GET", PRESENT_KEY]),
-            || vb_timed(port, 16, half, false, &["MEMBER.EXISTS", SET, &rejected]),
+            || vb_timed(port, 16, half, None, &["GET", PRESENT_KEY]),
+            || vb_timed(port, 16, half, None, &["MEMBER.EXISTS", SET, &rejected]),
         );
         self.r.pair(
             "Negative path (valkey-benchmark)",
@@ -1694,6 +1708,40 @@ impl Bench {
             None,
             "GET of a present key",
         );
+        // The same absent probes drawn from a pool of 100 000 items that recur: each false
+        // positive waits for PostgreSQL once, then the fp-cache tier answers it.
+        progress("negative path: absent items from a recurring pool of 100 000, pipeline 16");
+        let before = set_info_all(&mut c);
+        let (get, ex) = abba(
+            || vb_timed(port, 16, half, None, &["GET", PRESENT_KEY]),
+            || {
+                vb_timed(
+                    port,
+                    16,
+                    half,
+                    Some(REPEATED_KEYSPACE),
+                    &["MEMBER.EXISTS", SET, "absent:__rand_int__"],
+                )
+            },
+        );
+        self.r.pair(
+            "Negative path (valkey-benchmark)",
+            "absent items from a recurring pool of 100 000, pipeline 16, 50 conns",
+            &ex,
+            &get,
+            Some(0.95),
+            None,
+            "GET of a present key",
+        );
+        let after = set_info_all(&mut c);
+        let d = |k: &str| num(&after, k) - num(&before, k);
+        self.r.note(format!(
+            "recurring absent pool: {:.3} % of EXISTS answered by the fp-cache tier, {:.3} % waited for \
+             PostgreSQL (first sight of a false positive); fp_cache_entries {}",
+            100.0 * d("path_fp_cache") / d("exists_calls").max(1.0),
+            100.0 * d("path_db_miss") / d("exists_calls").max(1.0),
+            after.get("fp_cache_entries").map_or("?", |v| v.as_str()),
+        ));
         let errors_after = info_stat(&mut c, "stats", "total_error_replies");
         if errors_before != errors_after {
             self.r.note(format!(
@@ -2199,7 +2247,8 @@ impl Bench {
         let mut notes = String::from(
             "\nHow each figure is measured:\n\n\
              - Negative path: `valkey-benchmark -c 50 [-P 16] -r 1000000000 MEMBER.EXISTS bench absent:__rand_int__` \
-             vs `GET bench:present`; latency is per request (a pipelined batch's latency for each of its requests).\n\
+             vs `GET bench:present`; latency is per request (a pipelined batch's latency for each of its requests). \
+             The recurring pool is the same command with `-r 100000`: 100 000 absent items checked again and again.\n\
              - Mixed: a Rust RESP generator, 2 threads × 25 non-blocking connections, each with one batch in flight \
              (like valkey-benchmark); 95 % `absent:<random>`, \
              5 % one of the first 20 000 members, whose cache entries were filled first. The GET baseline reads the \

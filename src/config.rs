@@ -44,6 +44,13 @@ pub const CACHE_TTL_MAX: i64 = 31_536_000;
 /// Exact-match key TTL (seconds) of sets created without CACHE-TTL.
 pub static CACHE_TTL: AtomicI64 = AtomicI64::new(CACHE_TTL_DEFAULT);
 
+pub const FP_CACHE_SIZE_DEFAULT: i64 = 65_536;
+pub const FP_CACHE_SIZE_MIN: i64 = 0;
+pub const FP_CACHE_SIZE_MAX: i64 = 100_000_000;
+/// Confirmed false positives remembered per set (each for the set's CACHE-TTL); 0 turns the
+/// tier off.
+pub static FP_CACHE_SIZE: AtomicI64 = AtomicI64::new(FP_CACHE_SIZE_DEFAULT);
+
 pub const RECENT_TTL_DEFAULT: i64 = 10;
 pub const RECENT_TTL_MIN: i64 = 1;
 pub const RECENT_TTL_MAX: i64 = 86_400;

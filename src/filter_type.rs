@@ -8,49 +8,80 @@ use redis_module::logging::{log_io_error, RedisLogLevel};
 use redis_module::native_types::RedisType;
 use redis_module::{raw, Context, RedisString};
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
 use crate::filter::{Bloom, Coverage};
 use crate::funnel::FilterView;
+use crate::known_absent::KnownAbsent;
 
 /// A set's filter, what it covers, and whether it may answer "absent" right now.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct FilterValue {
     pub bloom: Bloom,
     pub cov: Coverage,
     /// False after a load from RDB/AOF or a promotion until the sync loop has caught the
     /// filter up from its watermark. Not persisted: every load starts false.
     pub caught_up: bool,
+    /// False positives the database confirmed absent while this filter served. Not
+    /// persisted, not copied: every new value starts empty.
+    pub known_absent: KnownAbsent,
+    /// Identity of this value (never reused): a database answer is only remembered in the
+    /// filter whose answer sent it to the database, not in one swapped in meanwhile.
+    pub id: u64,
+}
+
+/// Source of `FilterValue::id`.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+impl Clone for FilterValue {
+    /// A copy (COPY of the key) is a new value: same bits and coverage, nothing remembered.
+    fn clone(&self) -> Self {
+        FilterValue::new(self.bloom.clone(), self.cov, self.caught_up)
+    }
 }
 
 impl FilterValue {
-    /// A filter just built from the whole table, current up to `watermark`.
-    pub fn built(bloom: Bloom, watermark: i64) -> Self {
+    fn new(bloom: Bloom, cov: Coverage, caught_up: bool) -> Self {
         FilterValue {
             bloom,
-            cov: Coverage {
-                complete: true,
-                watermark: Some(watermark),
-            },
-            caught_up: true,
+            cov,
+            caught_up,
+            known_absent: KnownAbsent::default(),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         }
+    }
+
+    /// A filter just built from the whole table, current up to `watermark`.
+    pub fn built(bloom: Bloom, watermark: i64) -> Self {
+        let cov = Coverage {
+            complete: true,
+            watermark: Some(watermark),
+        };
+        FilterValue::new(bloom, cov, true)
     }
 
     /// A filter holding only writes seen by this node (after FLUSHALL, say): never trusted
     /// for "absent" until a rebuild replaces it.
     pub fn partial(bloom: Bloom) -> Self {
-        FilterValue {
-            bloom,
-            cov: Coverage {
-                complete: false,
-                watermark: None,
-            },
-            caught_up: false,
-        }
+        let cov = Coverage {
+            complete: false,
+            watermark: None,
+        };
+        FilterValue::new(bloom, cov, false)
     }
 
     /// True when a negative from this filter is definitive.
     #[inline]
     pub fn trusted(&self) -> bool {
         self.cov.complete && self.caught_up
+    }
+
+    /// `hash` became (or may have become) a member: its bits, and it is no longer known
+    /// absent. Every add to a serving filter goes through here.
+    pub fn add(&mut self, hash: u128) {
+        self.bloom.add(hash);
+        self.known_absent.remove(hash);
     }
 
     pub fn to_bytes(&self) -> Vec<u8> {
@@ -61,11 +92,7 @@ impl FilterValue {
     /// (a filter replicated live from a primary's rebuild is as current as the primary's).
     pub fn from_bytes(b: &[u8], caught_up: bool) -> Result<Self, String> {
         let (bloom, cov) = Bloom::from_bytes(b)?;
-        Ok(FilterValue {
-            bloom,
-            cov,
-            caught_up: caught_up && cov.complete,
-        })
+        Ok(FilterValue::new(bloom, cov, caught_up && cov.complete))
     }
 }
 
@@ -104,11 +131,39 @@ pub static FILTER_TYPE: RedisType = RedisType::new(
 pub fn view(ctx: &Context, key: &RedisString, hash: u128) -> FilterView {
     let k = ctx.open_key(key);
     match k.get_value::<FilterValue>(&FILTER_TYPE) {
-        Ok(Some(f)) if f.trusted() => FilterView::Complete {
-            contains: f.bloom.contains(hash),
-        },
+        Ok(Some(f)) if f.trusted() => {
+            if !f.bloom.contains(hash) {
+                FilterView::Complete { contains: false }
+            } else if f.known_absent.contains(hash, Instant::now()) {
+                FilterView::KnownAbsent
+            } else {
+                FilterView::Complete { contains: true }
+            }
+        }
         _ => FilterView::Incomplete,
     }
+}
+
+/// The identity of the filter at `key` while it is trusted: what a database "absent" for an
+/// item it let through may be remembered against.
+pub fn trusted_id(ctx: &Context, key: &RedisString) -> Option<u64> {
+    with(ctx, key, |f| f.trusted().then_some(f.id)).flatten()
+}
+
+/// Remembers that the database found `hash` absent, if the filter at `key` is still the
+/// trusted filter `id` that let it through.
+pub fn remember_absent(ctx: &Context, key: &RedisString, id: u64, hash: u128, ttl_s: u64) {
+    let cap = crate::config::FP_CACHE_SIZE.load(Ordering::Relaxed).max(0) as usize;
+    if cap == 0 {
+        return;
+    }
+    with_mut(ctx, key, |f| {
+        if f.id == id && f.trusted() {
+            let now = Instant::now();
+            let until = now + std::time::Duration::from_secs(ttl_s);
+            f.known_absent.insert(hash, until, now, cap);
+        }
+    });
 }
 
 /// Runs `f` on the filter at `key`, if there is one of our type.
@@ -139,7 +194,7 @@ pub fn add(ctx: &Context, key: &RedisString, hash: u128) -> bool {
     let k = ctx.open_key_writable(key);
     match k.get_value::<FilterValue>(&FILTER_TYPE) {
         Ok(Some(v)) => {
-            v.bloom.add(hash);
+            v.add(hash);
             true
         }
         _ => false,
@@ -239,7 +294,8 @@ unsafe extern "C" fn free(value: *mut c_void) {
 /// # Safety
 /// `value` is a `FilterValue` we stored.
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
-    unsafe { &*value.cast::<FilterValue>() }.bloom.bytes()
+    let v = unsafe { &*value.cast::<FilterValue>() };
+    v.bloom.bytes() + v.known_absent.bytes()
 }
 
 /// # Safety

@@ -8,6 +8,9 @@ pub enum FilterView {
     Complete { contains: bool },
     /// No filter, or one not (yet) built from the whole table: it cannot say "absent".
     Incomplete,
+    /// The (complete) filter lets the item through, but the database recently confirmed it
+    /// absent and nothing has added it since: a known false positive.
+    KnownAbsent,
 }
 
 /// The tier that decided an answer, as MEMBER.EXPLAIN names it.
@@ -16,6 +19,8 @@ pub enum Path {
     BloomNegative,
     Recent,
     CacheHit,
+    /// A known false positive: the database said absent moments ago (see `known_absent`).
+    FpCache,
     DbHit,
     DbMiss,
 }
@@ -26,6 +31,7 @@ impl Path {
             Path::BloomNegative => "bloom-negative",
             Path::Recent => "recent",
             Path::CacheHit => "cache-hit",
+            Path::FpCache => "fp-cache",
             Path::DbHit => "db-hit",
             Path::DbMiss => "db-miss",
         }
@@ -42,10 +48,13 @@ pub enum Gate {
     Recent,
     /// Possibly present (filter hit, or filter incomplete): try the cache, then the database.
     Possible,
+    /// A filter hit the database recently confirmed absent, with no write of it in flight:
+    /// answer 0 now.
+    KnownAbsent,
 }
 
 /// Gate decision from the filter and the recent-writes marks. `recent` is only consulted on a
-/// filter negative, which is what keeps the common path to one probe.
+/// filter negative or a known false positive, which keeps the common path to one probe.
 pub fn gate(filter: FilterView, recent: impl FnOnce() -> bool) -> Gate {
     match filter {
         FilterView::Complete { contains: false } => {
@@ -53,6 +62,14 @@ pub fn gate(filter: FilterView, recent: impl FnOnce() -> bool) -> Gate {
                 Gate::Recent
             } else {
                 Gate::Absent
+            }
+        }
+        // A write in flight or just landed is never answered from memory.
+        FilterView::KnownAbsent => {
+            if recent() {
+                Gate::Possible
+            } else {
+                Gate::KnownAbsent
             }
         }
         FilterView::Complete { contains: true } | FilterView::Incomplete => Gate::Possible,
@@ -119,6 +136,12 @@ mod tests {
     fn incomplete_filter_never_answers_absent() {
         assert_eq!(gate(FilterView::Incomplete, || false), Gate::Possible);
         assert_eq!(gate(FilterView::Incomplete, || true), Gate::Possible);
+    }
+
+    #[test]
+    fn known_false_positive_answers_absent_unless_a_write_is_recent() {
+        assert_eq!(gate(FilterView::KnownAbsent, || false), Gate::KnownAbsent);
+        assert_eq!(gate(FilterView::KnownAbsent, || true), Gate::Possible);
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub struct PathCounters {
     pub filter_incomplete: u64,
     pub recent: u64,
     pub cache_hit: u64,
+    pub fp_cache: u64,
     pub db_hit: u64,
     pub db_miss: u64,
     pub db_errors: u64,
@@ -29,6 +30,7 @@ impl PathCounters {
             Path::BloomNegative => self.bloom_negative += 1,
             Path::Recent => self.recent += 1,
             Path::CacheHit => self.cache_hit += 1,
+            Path::FpCache => self.fp_cache += 1,
             Path::DbHit => self.db_hit += 1,
             Path::DbMiss => self.db_miss += 1,
         }
@@ -51,9 +53,10 @@ impl PathCounters {
         Self::ratio(self.db_hit + self.db_miss + self.recent, self.exists)
     }
     /// Share of absent items the filter wrongly let through: filter hits the database
-    /// answered "absent", over all items found absent by filter or database.
+    /// answered "absent" (now or moments ago, `fp_cache`), over all items found absent.
     pub fn false_positive_rate_est(&self) -> f64 {
-        Self::ratio(self.db_miss, self.db_miss + self.bloom_negative)
+        let fp = self.db_miss + self.fp_cache;
+        Self::ratio(fp, fp + self.bloom_negative)
     }
 }
 

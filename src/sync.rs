@@ -89,6 +89,11 @@ fn apply(ctx: &Context, name: &str, epoch: u64, from: i64, res: Result<(Vec<u128
                 for h in hashes {
                     s.journal(*h);
                 }
+                if !hashes.is_empty() {
+                    // A lookup that read the database before these rows committed must not
+                    // fill the cache or remember the item as absent when it comes back.
+                    s.generation += 1;
+                }
                 s.sync.rows_applied += hashes.len() as u64;
                 s.sync.last_ok = Some(Instant::now());
                 s.sync.last_error = None;
@@ -102,7 +107,7 @@ fn apply(ctx: &Context, name: &str, epoch: u64, from: i64, res: Result<(Vec<u128
     };
     filter_type::with_mut(ctx, &key, |f| {
         for h in &hashes {
-            f.bloom.add(*h);
+            f.add(*h);
         }
         // The filter now covers everything before `horizon` only if this pass started at or
         // before what it already covered (a rebuild may have swapped in a newer one).

@@ -5,6 +5,7 @@ mod support;
 use std::thread;
 use std::time::Duration;
 
+use redis::Connection;
 use support::member::*;
 use support::wait_until;
 
@@ -33,37 +34,167 @@ fn explain_names_every_deciding_tier() {
     assert!(ttl > 0 && ttl <= 300_000, "cache TTL {ttl}");
 }
 
-#[test]
-fn filter_false_positive_is_resolved_by_the_database() {
-    let env = Env::new();
-    let mut c = env.conn();
-    // A deliberately tiny, lossy filter: false positives are easy to find.
+/// A set with a deliberately tiny, lossy filter (false positives are easy to find), 20
+/// members, and one of its false positives: an absent item the filter lets through.
+fn lossy_set_and_false_positive(c: &mut Connection, set: &str) -> String {
     ok(
-        &mut c,
-        &["MEMBER.CREATE", "fp", "ERROR", "0.5", "CAPACITY", "1"],
+        c,
+        &[
+            "MEMBER.CREATE",
+            set,
+            "ERROR",
+            "0.5",
+            "CAPACITY",
+            "1",
+            "RECENT-TTL",
+            "1",
+        ],
     );
     for i in 0..20 {
-        int(&mut c, &["MEMBER.ADD", "fp", &format!("member-{i}")]);
+        int(c, &["MEMBER.ADD", set, &format!("member-{i}")]);
     }
     let fp = (0..1000)
         .map(|i| format!("absent-{i}"))
-        .find(|item| explain(&mut c, "fp", item).1 != "bloom-negative")
+        .find(|item| {
+            let (answer, path) = explain(c, set, item);
+            assert_eq!(answer, 0, "{item}: {path}");
+            path != "bloom-negative"
+        })
         .expect("no false positive in 1000 probes of a 50% filter");
-    assert_eq!(explain(&mut c, "fp", &fp), (0, "db-miss".into()));
+    fp
+}
+
+fn info_num(c: &mut Connection, set: &str, field: &str) -> u64 {
+    set_info(c, set, field)
+        .unwrap_or_else(|| panic!("no {field} in MEMBER.INFO"))
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn filter_false_positive_is_resolved_by_the_database_then_remembered() {
+    let env = Env::new();
+    let mut c = env.conn();
+    let fp = lossy_set_and_false_positive(&mut c, "fp");
+    // The probe that found it went to the database (db-miss); from then on the database's
+    // answer is remembered against this filter.
+    assert_eq!(
+        info_num(&mut c, "fp", "path_db_miss"),
+        0,
+        "EXPLAIN is not counted"
+    );
+    assert_eq!(info_num(&mut c, "fp", "fp_cache_entries"), 1);
+    assert_eq!(explain(&mut c, "fp", &fp), (0, "fp-cache".into()));
     assert_eq!(int(&mut c, &["MEMBER.EXISTS", "fp", &fp]), 0);
-    // A miss is never cached.
+    assert_eq!(info_num(&mut c, "fp", "path_fp_cache"), 1);
+    // A miss never creates an exact-match key.
     let exists: i64 = redis::cmd("EXISTS")
         .arg(hit_key("fp", &fp, ""))
         .query(&mut c)
         .unwrap();
     assert_eq!(exists, 0);
+    // A remembered false positive is still a false positive in the estimate.
+    let rate: f64 = set_info(&mut c, "fp", "false_positive_rate_est")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(rate > 0.0, "false_positive_rate_est {rate}");
+    // The members themselves are unaffected.
+    for i in 0..20 {
+        assert_eq!(
+            int(&mut c, &["MEMBER.EXISTS", "fp", &format!("member-{i}")]),
+            1
+        );
+    }
+}
+
+#[test]
+fn a_remembered_false_positive_is_forgotten_when_added() {
+    let env = Env::new();
+    let mut c = env.conn();
+    let fp = lossy_set_and_false_positive(&mut c, "fp");
+    assert_eq!(explain(&mut c, "fp", &fp), (0, "fp-cache".into()));
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "fp", &fp]), 1);
+    assert_eq!(info_num(&mut c, "fp", "fp_cache_entries"), 0);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "fp", &fp]), 1);
+    // Deleted again: the database decides. While the ADD is recent (RECENT-TTL 1 s) it
+    // keeps deciding; after that the absence is remembered again.
+    assert_eq!(int(&mut c, &["MEMBER.DEL", "fp", &fp]), 1);
+    assert_eq!(explain(&mut c, "fp", &fp), (0, "db-miss".into()));
+    assert_eq!(explain(&mut c, "fp", &fp), (0, "db-miss".into()));
+    thread::sleep(Duration::from_millis(1200));
+    assert_eq!(explain(&mut c, "fp", &fp), (0, "fp-cache".into()));
+    // An ADD that finds it already a member (0) forgets it too: another writer put it back.
+    env.pg()
+        .execute(
+            "INSERT INTO member_fp (entity_id) VALUES ($1)",
+            &[&fp.as_str()],
+        )
+        .unwrap();
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "fp", &fp]), 0);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "fp", &fp]), 1);
+}
+
+#[test]
+fn an_outside_write_of_a_remembered_false_positive_reaches_exists() {
+    let env = Env::with(&[("member.sync-interval-ms", "200")]);
+    let mut c = env.conn();
+    let fp = lossy_set_and_false_positive(&mut c, "fp");
+    assert_eq!(explain(&mut c, "fp", &fp), (0, "fp-cache".into()));
+    env.pg()
+        .execute(
+            "INSERT INTO member_fp (entity_id) VALUES ($1)",
+            &[&fp.as_str()],
+        )
+        .unwrap();
+    // Within the sync loop's bound, as for any outside write.
     assert!(
-        set_info(&mut c, "fp", "path_db_miss")
-            .unwrap()
-            .parse::<u64>()
-            .unwrap()
-            >= 1
+        wait_until(Duration::from_secs(10), || int(
+            &mut c,
+            &["MEMBER.EXISTS", "fp", &fp]
+        ) == 1),
+        "an outside insert of a remembered false positive never reached EXISTS: {:?}",
+        explain(&mut c, "fp", &fp)
     );
+    assert_eq!(info_num(&mut c, "fp", "fp_cache_entries"), 0);
+}
+
+#[test]
+fn a_rebuild_forgets_remembered_false_positives() {
+    let env = Env::new();
+    let mut c = env.conn();
+    let fp = lossy_set_and_false_positive(&mut c, "fp");
+    assert_eq!(explain(&mut c, "fp", &fp), (0, "fp-cache".into()));
+    assert_eq!(int(&mut c, &["MEMBER.REBUILD", "fp", "SYNC"]), 20);
+    assert_eq!(info_num(&mut c, "fp", "fp_cache_entries"), 0);
+    // The rebuilt filter is sized for its 20 rows and may no longer let it through at all.
+    let path = explain(&mut c, "fp", &fp).1;
+    assert!(path == "db-miss" || path == "bloom-negative", "{path}");
+}
+
+#[test]
+fn fp_cache_size_zero_turns_the_tier_off() {
+    let env = Env::with(&[("member.fp-cache-size", "0")]);
+    let mut c = env.conn();
+    let fp = lossy_set_and_false_positive(&mut c, "fp");
+    for _ in 0..3 {
+        assert_eq!(explain(&mut c, "fp", &fp), (0, "db-miss".into()));
+    }
+    assert_eq!(info_num(&mut c, "fp", "fp_cache_entries"), 0);
+    // Out of range is refused and changes nothing; turning it on works at once.
+    for bad in ["-1", "100000001", "many"] {
+        let e = err(&mut c, &["CONFIG", "SET", "member.fp-cache-size", bad]);
+        assert!(e.starts_with("ERR"), "{bad}: {e}");
+    }
+    let v: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("member.fp-cache-size")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(v[1], "0");
+    ok(&mut c, &["CONFIG", "SET", "member.fp-cache-size", "10"]);
+    assert_eq!(explain(&mut c, "fp", &fp), (0, "db-miss".into()));
+    assert_eq!(explain(&mut c, "fp", &fp), (0, "fp-cache".into()));
 }
 
 #[test]

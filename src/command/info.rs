@@ -48,6 +48,7 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                 ("filter_bytes", b.bytes().to_string()),
                 ("filter_fill", f(b.fill())),
                 ("filter_fpr_est", f(b.estimated_fpr())),
+                ("fp_cache_entries", v.known_absent.len().to_string()),
             ]
         })
         .unwrap_or_else(|| {
@@ -112,6 +113,7 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             out.push(("path_bloom_negative", c.bloom_negative.to_string()));
             out.push(("path_recent", c.recent.to_string()));
             out.push(("path_cache_hit", c.cache_hit.to_string()));
+            out.push(("path_fp_cache", c.fp_cache.to_string()));
             out.push(("path_db_hit", c.db_hit.to_string()));
             out.push(("path_db_miss", c.db_miss.to_string()));
             out.push(("filter_incomplete_lookups", c.filter_incomplete.to_string()));
@@ -161,6 +163,7 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
             ("path_bloom_negative", c.bloom_negative.to_string()),
             ("path_recent", c.recent.to_string()),
             ("path_cache_hit", c.cache_hit.to_string()),
+            ("path_fp_cache", c.fp_cache.to_string()),
             ("path_db_hit", c.db_hit.to_string()),
             ("path_db_miss", c.db_miss.to_string()),
             ("db_errors", c.db_errors.to_string()),

@@ -89,7 +89,8 @@ fn funnel(
                     c.exists += 1;
                     match view {
                         funnel::FilterView::Incomplete => c.filter_incomplete += 1,
-                        funnel::FilterView::Complete { contains: true } => c.bloom_positive += 1,
+                        funnel::FilterView::Complete { contains: true }
+                        | funnel::FilterView::KnownAbsent => c.bloom_positive += 1,
                         _ => {}
                     }
                 };
@@ -100,6 +101,10 @@ fn funnel(
                 Gate::Absent => {
                     record(set, explain, Path::BloomNegative, started);
                     return Ok(reply(explain, false, Path::BloomNegative));
+                }
+                Gate::KnownAbsent => {
+                    record(set, explain, Path::FpCache, started);
+                    return Ok(reply(explain, false, Path::FpCache));
                 }
                 Gate::Possible => {
                     let key = keys::cache_key(ctx, &set.cache_prefix, &canon);
@@ -113,11 +118,21 @@ fn funnel(
             if !may_block(ctx) {
                 return Err(RedisError::Str(error::NEEDS_BLOCKING));
             }
+            // A filter hit that the database then finds absent is remembered against this
+            // very filter (see known_absent.rs); an incomplete filter remembers nothing.
+            let remember = match view {
+                funnel::FilterView::Complete { contains: true } => {
+                    filter_type::trusted_id(ctx, &set.filter_key)
+                }
+                _ => None,
+            };
             let done = LookupDone {
                 set: set_name.to_string(),
                 entity: canon.entity.into_owned(),
                 scope: canon.scope.to_string(),
                 gate,
+                hash: canon.hash,
+                remember,
                 generation: set.generation,
                 started,
                 explain,
@@ -136,6 +151,9 @@ struct LookupDone {
     entity: String,
     scope: String,
     gate: Gate,
+    hash: u128,
+    /// The trusted filter that let the item through, if any.
+    remember: Option<u64>,
     generation: u64,
     started: Option<Instant>,
     explain: bool,
@@ -175,6 +193,16 @@ impl Completion for LookupDone {
                     set.stats.db_errors += 1;
                     metrics::global(|m| m.paths.db_errors += 1);
                 }
+            }
+            // A false positive confirmed by the database: remember it, unless a write of
+            // this set landed since the lookup began (it may have read the table before an
+            // ADD or an outside write of this item committed).
+            if let (Ok(None), Some(id)) = (&self.result, self.remember) {
+                if set.generation == self.generation {
+                    let ttl = set.def.cache_ttl;
+                    crate::filter_type::remember_absent(ctx, &set.filter_key, id, self.hash, ttl);
+                }
+                return;
             }
             // Cache-aside fill, unless an ADD/DEL of this set landed since the lookup began
             // (it may have read a row a concurrent DEL removed), or this node is a replica.

@@ -3,10 +3,11 @@
 //! unblocks the client with its fallback, so every blocked client gets exactly one reply.
 
 use std::os::raw::{c_int, c_longlong, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 use std::time::Duration;
 
-use redis_module::{raw, Context, RedisResult};
+use redis_module::{raw, Context, RedisError, RedisResult};
 
 use crate::{error, keys, mainq, metrics};
 
@@ -95,9 +96,17 @@ unsafe extern "C" fn reply_cb(
     };
     match slot.0.take() {
         Some(mut done) => {
-            let reply = keys::with_db0(&ctx, |ctx| {
-                done.apply(ctx);
-                done.reply(ctx)
+            // A panic must not unwind into the server (that aborts it): the client gets an
+            // error instead, still exactly one reply.
+            let reply = catch_unwind(AssertUnwindSafe(|| {
+                keys::with_db0(&ctx, |ctx| {
+                    done.apply(ctx);
+                    done.reply(ctx)
+                })
+            }))
+            .unwrap_or_else(|_| {
+                ctx.log_warning("libmember: internal error completing a request (contained)");
+                Err(RedisError::Str(error::INTERNAL))
             });
             ctx.reply(reply);
         }

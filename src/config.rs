@@ -44,11 +44,11 @@ pub const CACHE_TTL_MAX: i64 = 31_536_000;
 /// Exact-match key TTL (seconds) of sets created without CACHE-TTL.
 pub static CACHE_TTL: AtomicI64 = AtomicI64::new(CACHE_TTL_DEFAULT);
 
-pub const FP_CACHE_SIZE_DEFAULT: i64 = 65_536;
+pub const FP_CACHE_SIZE_DEFAULT: i64 = 16_384;
 pub const FP_CACHE_SIZE_MIN: i64 = 0;
-pub const FP_CACHE_SIZE_MAX: i64 = 100_000_000;
-/// Confirmed false positives remembered per set (each for the set's CACHE-TTL); 0 turns the
-/// tier off.
+pub const FP_CACHE_SIZE_MAX: i64 = 16_777_216;
+/// Confirmed false positives remembered per set (each for the set's CACHE-TTL; 32 bytes a
+/// slot, slots grown as needed up to this rounded to a power of two); 0 turns the tier off.
 pub static FP_CACHE_SIZE: AtomicI64 = AtomicI64::new(FP_CACHE_SIZE_DEFAULT);
 
 pub const RECENT_TTL_DEFAULT: i64 = 10;

@@ -47,3 +47,6 @@ pub fn db_error(unavailable: bool, detail: &str) -> String {
         format!("ERR database error: {detail}")
     }
 }
+
+/// A bug was contained (a panic while applying or answering a completed request).
+pub const INTERNAL: &str = "ERR libmember: internal error (logged; please report it)";

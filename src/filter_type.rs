@@ -134,7 +134,7 @@ pub fn view(ctx: &Context, key: &RedisString, hash: u128) -> FilterView {
         Ok(Some(f)) if f.trusted() => {
             if !f.bloom.contains(hash) {
                 FilterView::Complete { contains: false }
-            } else if f.known_absent.contains(hash, Instant::now()) {
+            } else if fp_cache_on() && f.known_absent.contains(hash) {
                 FilterView::KnownAbsent
             } else {
                 FilterView::Complete { contains: true }
@@ -150,20 +150,44 @@ pub fn trusted_id(ctx: &Context, key: &RedisString) -> Option<u64> {
     with(ctx, key, |f| f.trusted().then_some(f.id)).flatten()
 }
 
+fn fp_cache_size() -> usize {
+    crate::config::FP_CACHE_SIZE.load(Ordering::Relaxed).max(0) as usize
+}
+
+/// `member.fp-cache-size` is not 0.
+#[inline]
+fn fp_cache_on() -> bool {
+    crate::config::FP_CACHE_SIZE.load(Ordering::Relaxed) > 0
+}
+
 /// Remembers that the database found `hash` absent, if the filter at `key` is still the
-/// trusted filter `id` that let it through.
+/// trusted filter `id` that let it through. With the tier turned off, frees what it held.
 pub fn remember_absent(ctx: &Context, key: &RedisString, id: u64, hash: u128, ttl_s: u64) {
-    let cap = crate::config::FP_CACHE_SIZE.load(Ordering::Relaxed).max(0) as usize;
+    let cap = fp_cache_size();
     if cap == 0 {
+        if with(ctx, key, |f| f.known_absent.bytes() > 0) == Some(true) {
+            with_mut(ctx, key, |f| f.known_absent = KnownAbsent::default());
+        }
         return;
     }
+    let ttl = std::time::Duration::from_secs(ttl_s.min(crate::config::CACHE_TTL_MAX as u64));
+    let now = Instant::now();
+    let Some(until) = now.checked_add(ttl) else {
+        return;
+    };
     with_mut(ctx, key, |f| {
         if f.id == id && f.trusted() {
-            let now = Instant::now();
-            let until = now + std::time::Duration::from_secs(ttl_s);
             f.known_absent.insert(hash, until, now, cap);
         }
     });
+}
+
+/// A lookup found `hash` present: whatever the filter at `key` remembered as absent (read
+/// before an outside write committed) is forgotten at once, not at the next sync pass.
+pub fn forget_absent(ctx: &Context, key: &RedisString, hash: u128) {
+    if with(ctx, key, |f| f.known_absent.contains(hash)) == Some(true) {
+        with_mut(ctx, key, |f| f.known_absent.remove(hash));
+    }
 }
 
 /// Runs `f` on the filter at `key`, if there is one of our type.

@@ -67,14 +67,22 @@ pub fn cache_invalidate(ctx: &Context, key: &RedisString) {
 /// Runs `f` with DB 0 selected, restoring the caller's DB afterwards: libmember's keys live in
 /// DB 0 whatever database the client has selected.
 pub fn with_db0<R>(ctx: &Context, f: impl FnOnce(&Context) -> R) -> R {
+    /// Puts the client's own DB back however `f` ends (a panic contained further up must
+    /// not leave the client in DB 0).
+    struct Restore<'a>(&'a Context, i32);
+    impl Drop for Restore<'_> {
+        fn drop(&mut self) {
+            if self.1 != 0 {
+                // SAFETY: the same live context, on the main thread.
+                unsafe { raw::RedisModule_SelectDb.unwrap()(self.0.ctx, self.1) };
+            }
+        }
+    }
     // SAFETY: ctx is a live context with a client (command, reply callback or timer).
     let current = unsafe { raw::RedisModule_GetSelectedDb.unwrap()(ctx.ctx) };
     if current != 0 {
         unsafe { raw::RedisModule_SelectDb.unwrap()(ctx.ctx, 0) };
     }
-    let r = f(ctx);
-    if current != 0 {
-        unsafe { raw::RedisModule_SelectDb.unwrap()(ctx.ctx, current) };
-    }
-    r
+    let _restore = Restore(ctx, current);
+    f(ctx)
 }

@@ -6,91 +6,133 @@
 //! An entry lives inside the filter value it complements, so it can never outlive that
 //! filter (a rebuild, a load or a FLUSHALL starts empty). It is dropped the moment the item
 //! is added to that filter (MEMBER.ADD, a replicated ADD, the sync loop reading an outside
-//! write), and in any case after the set's CACHE-TTL. Pure data: no server calls.
+//! write) or found present by a lookup, and in any case after the set's CACHE-TTL.
+//!
+//! The store is a two-way set-associative table indexed by the item hash: every operation is
+//! O(1) on the main thread, whatever the size, and a full table simply overwrites. It starts
+//! small and doubles up to the configured size. Pure data: no server calls.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Instant;
 
-/// Item hashes are already uniformly random: hashing them again is wasted work.
-#[derive(Default)]
-pub struct TakeLow64(u64);
+/// One remembered item; `until == None` is an empty slot.
+#[derive(Clone, Copy, Debug, Default)]
+struct Slot {
+    hash: u128,
+    until: Option<Instant>,
+}
 
-impl Hasher for TakeLow64 {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        // Only reached for non-u128 keys (none here); fold the bytes in anyway.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ b as u64;
-        }
-    }
-    fn write_u128(&mut self, v: u128) {
-        self.0 = v as u64;
+impl Slot {
+    fn live(&self, now: Instant) -> bool {
+        self.until.is_some_and(|t| now < t)
     }
 }
 
-/// Item hash → when the database's "absent" stops being trusted.
+/// Slots allocated when the first entry arrives.
+const FIRST_SLOTS: usize = 1024;
+
 #[derive(Clone, Debug, Default)]
 pub struct KnownAbsent {
-    until: HashMap<u128, Instant, BuildHasherDefault<TakeLow64>>,
-    /// When a full map may next be swept for expired entries (a sweep is O(entries), so at
-    /// most once a second, however many inserts find it full).
-    next_sweep: Option<Instant>,
+    /// A power of two long (or empty); item `h` may sit in the pair at `pair(h)`.
+    slots: Vec<Slot>,
+    /// Occupied slots (some may have expired).
+    used: usize,
 }
 
-/// How often a full map is swept for expired entries.
-const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
-
 impl KnownAbsent {
-    /// True when the database said `hash` is absent and nothing has added it since.
-    #[inline]
-    pub fn contains(&self, hash: u128, now: Instant) -> bool {
-        !self.is_empty() && self.until.get(&hash).is_some_and(|&t| now < t)
+    fn pair(&self, hash: u128) -> usize {
+        (hash as usize) & (self.slots.len() - 1) & !1
     }
 
-    /// Remembers `hash` as absent until `until`, holding at most `cap` entries (0 disables).
-    /// When full: expired entries go (swept at most once a second), else an arbitrary one
-    /// does, so a stream of one-off false positives cannot crowd out a hot one for long.
+    /// True when the database said `hash` is absent, nothing has added it since, and the
+    /// entry has not expired. Reads the clock only when the item is held.
+    #[inline]
+    pub fn contains(&self, hash: u128) -> bool {
+        if self.used == 0 {
+            return false;
+        }
+        let i = self.pair(hash);
+        self.slots[i..i + 2]
+            .iter()
+            .any(|s| s.hash == hash && s.until.is_some_and(|t| Instant::now() < t))
+    }
+
+    /// Remembers `hash` as absent until `until`, holding at most `cap` entries (rounded up to a
+    /// power of two; 0 forgets everything and frees the table). When the item's pair is full
+    /// of live entries, one of them (picked by the new item's hash) makes room.
     pub fn insert(&mut self, hash: u128, until: Instant, now: Instant, cap: usize) {
         if cap == 0 {
+            *self = KnownAbsent::default();
             return;
         }
-        while self.until.len() >= cap && !self.until.contains_key(&hash) {
-            if self.next_sweep.is_none_or(|t| now >= t) {
-                self.next_sweep = Some(now + SWEEP_EVERY);
-                self.until.retain(|_, t| now < *t);
-                continue;
-            }
-            let Some(&victim) = self.until.keys().next() else {
-                break;
-            };
-            self.until.remove(&victim);
+        let max = cap.next_power_of_two().max(2);
+        if self.slots.is_empty() {
+            self.resize(FIRST_SLOTS.min(max));
+        } else if self.slots.len() > max
+            || (self.used * 2 >= self.slots.len() && self.slots.len() < max)
+        {
+            self.resize(if self.slots.len() > max {
+                max
+            } else {
+                self.slots.len() * 2
+            });
         }
-        self.until.insert(hash, until);
+        self.place(hash, until, now);
+    }
+
+    fn place(&mut self, hash: u128, until: Instant, now: Instant) {
+        let i = self.pair(hash);
+        let pick = match (&self.slots[i], &self.slots[i + 1]) {
+            (a, _) if a.until.is_some() && a.hash == hash => i,
+            (_, b) if b.until.is_some() && b.hash == hash => i + 1,
+            (a, _) if !a.live(now) => i,
+            (_, b) if !b.live(now) => i + 1,
+            _ => i + ((hash >> 64) as usize & 1),
+        };
+        if self.slots[pick].until.is_none() {
+            self.used += 1;
+        }
+        self.slots[pick] = Slot {
+            hash,
+            until: Some(until),
+        };
+    }
+
+    /// Rebuilds the table at `len` slots, keeping what fits.
+    fn resize(&mut self, len: usize) {
+        let old = std::mem::replace(&mut self.slots, vec![Slot::default(); len]);
+        self.used = 0;
+        let now = Instant::now();
+        for s in old {
+            if let Some(t) = s.until.filter(|&t| now < t) {
+                self.place(s.hash, t, now);
+            }
+        }
     }
 
     /// `hash` became (or may have become) a member.
     #[inline]
     pub fn remove(&mut self, hash: u128) {
-        if !self.is_empty() {
-            self.until.remove(&hash);
+        if self.used == 0 {
+            return;
+        }
+        let i = self.pair(hash);
+        for s in &mut self.slots[i..i + 2] {
+            if s.until.is_some() && s.hash == hash {
+                s.until = None;
+                self.used -= 1;
+            }
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.until.len()
+    /// Entries that have not expired (a scan: for MEMBER.INFO, not the hot path).
+    pub fn live(&self) -> usize {
+        let now = Instant::now();
+        self.slots.iter().filter(|s| s.live(now)).count()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.until.is_empty()
-    }
-
-    /// Approximate heap bytes (for MEMORY USAGE).
+    /// Heap bytes (for MEMORY USAGE).
     pub fn bytes(&self) -> usize {
-        // Key, value and one control byte per bucket.
-        self.until.capacity() * (16 + std::mem::size_of::<Instant>() + 1)
+        self.slots.capacity() * std::mem::size_of::<Slot>()
     }
 }
 
@@ -99,42 +141,60 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    fn h(i: u64) -> u128 {
+        crate::canon::hash_parts(&format!("fp-{i}"), "")
+    }
+
     #[test]
     fn remembers_until_removed_or_expired() {
         let now = Instant::now();
         let mut k = KnownAbsent::default();
-        assert!(!k.contains(1, now));
-        k.insert(1, now + Duration::from_secs(10), now, 100);
-        k.insert(2, now + Duration::from_secs(1), now, 100);
-        assert!(k.contains(1, now) && k.contains(2, now));
-        k.remove(1);
-        assert!(!k.contains(1, now));
-        assert!(!k.contains(2, now + Duration::from_secs(2)), "expired");
+        assert!(!k.contains(h(1)));
+        k.insert(h(1), now + Duration::from_secs(60), now, 100);
+        k.insert(h(2), now + Duration::from_millis(30), now, 100);
+        assert!(k.contains(h(1)) && k.contains(h(2)));
+        assert!(!k.contains(h(3)));
+        k.remove(h(1));
+        assert!(!k.contains(h(1)));
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(!k.contains(h(2)), "expired");
+        assert_eq!(k.live(), 0);
     }
 
     #[test]
-    fn bounded_and_can_be_off() {
+    fn bounded_grows_and_shrinks_and_can_be_off() {
         let now = Instant::now();
         let later = now + Duration::from_secs(60);
         let mut k = KnownAbsent::default();
-        for h in 0..10 {
-            k.insert(h, later, now, 5);
+        for i in 0..100_000 {
+            k.insert(h(i), later, now, 5000);
         }
-        assert_eq!(k.len(), 5);
-        assert!(k.contains(9, now), "a full cache makes room for the newest");
-        // Re-remembering a held item evicts nothing.
-        k.insert(9, later, now, 5);
-        assert_eq!(k.len(), 5);
-        // Expired entries make room.
-        let mut e = KnownAbsent::default();
-        for h in 0..5 {
-            e.insert(h, now + Duration::from_millis(1), now, 5);
-        }
-        let after = now + Duration::from_millis(2);
-        e.insert(99, later, after, 5);
-        assert!(e.contains(99, after));
-        let mut off = KnownAbsent::default();
-        off.insert(1, later, now, 0);
-        assert_eq!(off.len(), 0);
+        assert_eq!(k.slots.len(), 8192, "grown to the cap's power of two");
+        assert!(k.live() <= 8192 && k.live() > 4000, "{}", k.live());
+        assert!(k.contains(h(99_999)), "the newest always finds room");
+        // A smaller cap shrinks the table at the next insert, keeping what fits.
+        k.insert(h(100_000), later, now, 64);
+        assert_eq!(k.slots.len(), 64);
+        assert!(k.contains(h(100_000)));
+        assert!(k.live() <= 64);
+        // 0 turns it off and frees the table.
+        k.insert(h(7), later, now, 0);
+        assert_eq!((k.slots.len(), k.live(), k.bytes()), (0, 0, 0));
+        assert!(!k.contains(h(7)));
+    }
+
+    #[test]
+    fn a_pair_of_live_entries_makes_room_and_updates_in_place() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(60);
+        let mut k = KnownAbsent::default();
+        k.insert(h(1), later, now, 2);
+        assert_eq!(k.slots.len(), 2);
+        k.insert(h(1), later, now, 2);
+        assert_eq!(k.used, 1, "same item, same slot");
+        k.insert(h(2), later, now, 2);
+        k.insert(h(3), later, now, 2);
+        assert!(k.contains(h(3)));
+        assert_eq!(k.used, 2);
     }
 }

@@ -48,7 +48,7 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                 ("filter_bytes", b.bytes().to_string()),
                 ("filter_fill", f(b.fill())),
                 ("filter_fpr_est", f(b.estimated_fpr())),
-                ("fp_cache_entries", v.known_absent.len().to_string()),
+                ("fp_cache_entries", v.known_absent.live().to_string()),
             ]
         })
         .unwrap_or_else(|| {

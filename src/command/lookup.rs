@@ -204,6 +204,10 @@ impl Completion for LookupDone {
                 }
                 return;
             }
+            if let Ok(Some(_)) = self.result {
+                // Present now: an older lookup's "absent" must not outlive this answer.
+                crate::filter_type::forget_absent(ctx, &set.filter_key, self.hash);
+            }
             // Cache-aside fill, unless an ADD/DEL of this set landed since the lookup began
             // (it may have read a row a concurrent DEL removed), or this node is a replica.
             if let Ok(Some(expires_at)) = self.result {

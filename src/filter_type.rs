@@ -125,29 +125,25 @@ pub static FILTER_TYPE: RedisType = RedisType::new(
     },
 );
 
-/// What the filter at `key` says about `hash`. A missing filter, or a key of another type,
-/// is incomplete: it can never answer "absent".
+/// What the filter at `key` says about `hash`, and the identity of that filter when it is
+/// trusted (what a database "absent" for an item it let through may be remembered against).
+/// A missing filter, or a key of another type, is incomplete: it can never answer "absent".
 #[inline]
-pub fn view(ctx: &Context, key: &RedisString, hash: u128) -> FilterView {
+pub fn view(ctx: &Context, key: &RedisString, hash: u128) -> (FilterView, Option<u64>) {
     let k = ctx.open_key(key);
     match k.get_value::<FilterValue>(&FILTER_TYPE) {
         Ok(Some(f)) if f.trusted() => {
-            if !f.bloom.contains(hash) {
+            let view = if !f.bloom.contains(hash) {
                 FilterView::Complete { contains: false }
             } else if fp_cache_on() && f.known_absent.contains(hash) {
                 FilterView::KnownAbsent
             } else {
                 FilterView::Complete { contains: true }
-            }
+            };
+            (view, Some(f.id))
         }
-        _ => FilterView::Incomplete,
+        _ => (FilterView::Incomplete, None),
     }
-}
-
-/// The identity of the filter at `key` while it is trusted: what a database "absent" for an
-/// item it let through may be remembered against.
-pub fn trusted_id(ctx: &Context, key: &RedisString) -> Option<u64> {
-    with(ctx, key, |f| f.trusted().then_some(f.id)).flatten()
 }
 
 fn fp_cache_size() -> usize {

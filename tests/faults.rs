@@ -75,6 +75,17 @@ fn exists_or_unavailable(vk: &Valkey, c: &mut Connection, set: &str, item: &str)
     }
 }
 
+/// Waits until `vk` has logged a failed load of the set catalog (PostgreSQL unreachable).
+fn wait_failed_catalog_load(vk: &Valkey) {
+    assert!(
+        wait_until(Duration::from_secs(10), || vk
+            .log()
+            .contains("cannot load the set catalog")),
+        "no failed catalog load logged\nvalkey log:\n{}",
+        vk.log()
+    );
+}
+
 /// Runs a call that must answer (the database is up); an error fails with the server log.
 fn must_answer(vk: &Valkey, c: &mut Connection, args: &[&str]) -> Value {
     cmd(c, args).unwrap_or_else(|e| {
@@ -429,13 +440,7 @@ fn start_while_postgres_is_down() {
     let vk = start_with(&pg.url(), &FAST);
     let mut c = vk.conn();
     // Give the catalog load a chance to fail at least once.
-    assert!(
-        wait_until(Duration::from_secs(10), || vk
-            .log()
-            .contains("cannot load the set catalog")),
-        "no failed catalog load logged\nvalkey log:\n{}",
-        vk.log()
-    );
+    wait_failed_catalog_load(&vk);
     assert_eq!(info_field(&mut c, "catalog_loaded").as_deref(), Some("0"));
     unavailable(&vk, &mut c, &["MEMBER.EXISTS", "s4", "x"]);
     unavailable(&vk, &mut c, &["MEMBER.EXISTS", "s4", "present"]);
@@ -486,13 +491,7 @@ fn pg_url_change_via_config_set() {
     );
     let vk = start_with(&wrong, &FAST);
     let mut c = vk.conn();
-    assert!(
-        wait_until(Duration::from_secs(10), || vk
-            .log()
-            .contains("cannot load the set catalog")),
-        "no failed catalog load logged\nvalkey log:\n{}",
-        vk.log()
-    );
+    wait_failed_catalog_load(&vk);
     assert_eq!(info_field(&mut c, "catalog_loaded").as_deref(), Some("0"));
     unavailable(&vk, &mut c, &["MEMBER.EXISTS", "s5", "x"]);
 

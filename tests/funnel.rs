@@ -64,6 +64,16 @@ fn lossy_set_and_false_positive(c: &mut Connection, set: &str) -> String {
     fp
 }
 
+/// Writes `item` into the set's table directly, as another service would.
+fn insert_outside(env: &Env, set: &str, item: &str) {
+    env.pg()
+        .execute(
+            &format!("INSERT INTO member_{set} (entity_id) VALUES ($1)"),
+            &[&item],
+        )
+        .unwrap();
+}
+
 fn info_num(c: &mut Connection, set: &str, field: &str) -> u64 {
     set_info(c, set, field)
         .unwrap_or_else(|| panic!("no {field} in MEMBER.INFO"))
@@ -125,12 +135,7 @@ fn a_remembered_false_positive_is_forgotten_when_added() {
     thread::sleep(Duration::from_millis(1200));
     assert_eq!(explain(&mut c, "fp", &fp), (0, "fp-cache".into()));
     // An ADD that finds it already a member (0) forgets it too: another writer put it back.
-    env.pg()
-        .execute(
-            "INSERT INTO member_fp (entity_id) VALUES ($1)",
-            &[&fp.as_str()],
-        )
-        .unwrap();
+    insert_outside(&env, "fp", &fp);
     assert_eq!(int(&mut c, &["MEMBER.ADD", "fp", &fp]), 0);
     assert_eq!(int(&mut c, &["MEMBER.EXISTS", "fp", &fp]), 1);
 }
@@ -141,12 +146,7 @@ fn an_outside_write_of_a_remembered_false_positive_reaches_exists() {
     let mut c = env.conn();
     let fp = lossy_set_and_false_positive(&mut c, "fp");
     assert_eq!(explain(&mut c, "fp", &fp), (0, "fp-cache".into()));
-    env.pg()
-        .execute(
-            "INSERT INTO member_fp (entity_id) VALUES ($1)",
-            &[&fp.as_str()],
-        )
-        .unwrap();
+    insert_outside(&env, "fp", &fp);
     // Within the sync loop's bound, as for any outside write.
     assert!(
         wait_until(Duration::from_secs(10), || int(

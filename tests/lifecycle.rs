@@ -223,6 +223,25 @@ fn raw_pipeline(vk: &Valkey, cmds: &[&[&str]]) -> Vec<String> {
         .collect()
 }
 
+/// A replica of `env`'s server with the sync loop off (SYNC_OFF), once its link is up.
+fn start_quiet_replica(env: &Env) -> (Valkey, Connection) {
+    let primary = format!("127.0.0.1 {}", env.vk.port());
+    let replica = start_loaded(&env.db.url(), &[SYNC_OFF, ("replicaof", primary.as_str())]);
+    let mut r = replica.conn();
+    assert!(
+        wait_until(Duration::from_secs(20), || info_section(
+            &mut r,
+            "replication",
+            "master_link_status"
+        )
+        .as_deref()
+            == Some("up")),
+        "replica never linked\n{}",
+        log_tail(&replica)
+    );
+    (replica, r)
+}
+
 fn info_section(c: &mut Connection, section: &str, field: &str) -> Option<String> {
     let text: String = redis::cmd("INFO").arg(section).query(c).ok()?;
     text.lines()
@@ -422,23 +441,10 @@ fn flushall_falls_through_and_rebuilds() {
 fn replica_and_promotion() {
     // No 5 s wait before the full sync.
     let env = env(&[("repl-diskless-sync-delay", "0")]);
-    let primary = format!("127.0.0.1 {}", env.vk.port());
     // The replica's own sync loop stays quiet: only the replicated MEMBER._ADD can put an
     // item into its filter (until the promotion, which triggers a catch-up pass).
-    let replica = start_loaded(&env.db.url(), &[SYNC_OFF, ("replicaof", primary.as_str())]);
+    let (replica, mut r) = start_quiet_replica(&env);
     let mut p = env.conn();
-    let mut r = replica.conn();
-    assert!(
-        wait_until(Duration::from_secs(20), || info_section(
-            &mut r,
-            "replication",
-            "master_link_status"
-        )
-        .as_deref()
-            == Some("up")),
-        "replica never linked\n{}",
-        log_tail(&replica)
-    );
 
     create(&mut p, "s", &[]);
     // The replica learns the set and runs its one sync pass before any ADD.
@@ -604,20 +610,7 @@ fn rebuild_sync_and_races() {
     // and on its replica (which receives the swap as MEMBER._LOAD).
     let env = env(&[SYNC_OFF, ("repl-diskless-sync-delay", "0")]);
     let vk = &env.vk;
-    let primary = format!("127.0.0.1 {}", vk.port());
-    let replica = start_loaded(&env.db.url(), &[SYNC_OFF, ("replicaof", primary.as_str())]);
-    let mut r = replica.conn();
-    assert!(
-        wait_until(Duration::from_secs(20), || info_section(
-            &mut r,
-            "replication",
-            "master_link_status"
-        )
-        .as_deref()
-            == Some("up")),
-        "replica never linked\n{}",
-        log_tail(&replica)
-    );
+    let (replica, mut r) = start_quiet_replica(&env);
     let mut c = env.conn();
     create(&mut c, "s", &[]);
     // The replica learns the set and runs its one sync pass: from then on its filter is

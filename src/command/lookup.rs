@@ -77,11 +77,11 @@ fn funnel(
             let epoch = r.epoch;
             let set = r.find(set_name)?;
             let canon = canonicalize(set.def.normalize, item, scope).map_err(RedisError::Str)?;
-            let view = if set.synced_epoch == epoch {
+            let (view, filter_id) = if set.synced_epoch == epoch {
                 filter_type::view(ctx, &set.filter_key, canon.hash)
             } else {
                 // Promoted and not caught up since: the filter may miss acknowledged ADDs.
-                funnel::FilterView::Incomplete
+                (funnel::FilterView::Incomplete, None)
             };
             let gate = funnel::gate(view, || set.is_recent(canon.hash));
             if !explain {
@@ -121,9 +121,7 @@ fn funnel(
             // A filter hit that the database then finds absent is remembered against this
             // very filter (see known_absent.rs); an incomplete filter remembers nothing.
             let remember = match view {
-                funnel::FilterView::Complete { contains: true } => {
-                    filter_type::trusted_id(ctx, &set.filter_key)
-                }
+                funnel::FilterView::Complete { contains: true } => filter_id,
                 _ => None,
             };
             let done = LookupDone {

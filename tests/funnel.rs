@@ -181,6 +181,13 @@ fn fp_cache_size_zero_turns_the_tier_off() {
         assert_eq!(explain(&mut c, "fp", &fp), (0, "db-miss".into()));
     }
     assert_eq!(info_num(&mut c, "fp", "fp_cache_entries"), 0);
+    // Turned off while it holds entries: they stop answering at once and are freed.
+    ok(&mut c, &["CONFIG", "SET", "member.fp-cache-size", "10"]);
+    assert_eq!(explain(&mut c, "fp", &fp), (0, "db-miss".into()));
+    assert_eq!(explain(&mut c, "fp", &fp), (0, "fp-cache".into()));
+    ok(&mut c, &["CONFIG", "SET", "member.fp-cache-size", "0"]);
+    assert_eq!(explain(&mut c, "fp", &fp), (0, "db-miss".into()));
+    assert_eq!(info_num(&mut c, "fp", "fp_cache_entries"), 0);
     // Out of range is refused and changes nothing; turning it on works at once.
     for bad in ["-1", "100000001", "many"] {
         let e = err(&mut c, &["CONFIG", "SET", "member.fp-cache-size", bad]);

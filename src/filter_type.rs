@@ -81,7 +81,7 @@ impl FilterValue {
     /// absent. Every add to a serving filter goes through here.
     pub fn add(&mut self, hash: u128) {
         self.bloom.add(hash);
-        self.known_absent.remove(hash);
+        self.known_absent.added(hash);
     }
 
     pub fn to_bytes(&self) -> Vec<u8> {
@@ -156,9 +156,17 @@ fn fp_cache_on() -> bool {
     crate::config::FP_CACHE_SIZE.load(Ordering::Relaxed) > 0
 }
 
-/// Remembers that the database found `hash` absent, if the filter at `key` is still the
-/// trusted filter `id` that let it through. With the tier turned off, frees what it held.
-pub fn remember_absent(ctx: &Context, key: &RedisString, id: u64, hash: u128, ttl_s: u64) {
+/// Remembers that the database found `hash` absent when asked at `asked`, if the filter at
+/// `key` is still the trusted filter `id` that let it through and nothing added the item
+/// since. With the tier turned off, frees what it held.
+pub fn remember_absent(
+    ctx: &Context,
+    key: &RedisString,
+    id: u64,
+    hash: u128,
+    asked: Instant,
+    ttl_s: u64,
+) {
     let cap = fp_cache_size();
     if cap == 0 {
         if with(ctx, key, |f| f.known_absent.bytes() > 0) == Some(true) {
@@ -173,7 +181,7 @@ pub fn remember_absent(ctx: &Context, key: &RedisString, id: u64, hash: u128, tt
     };
     with_mut(ctx, key, |f| {
         if f.id == id && f.trusted() {
-            f.known_absent.insert(hash, until, now, cap);
+            f.known_absent.insert(hash, asked, until, now, cap);
         }
     });
 }

@@ -6,7 +6,10 @@
 //! An entry lives inside the filter value it complements, so it can never outlive that
 //! filter (a rebuild, a load or a FLUSHALL starts empty). It is dropped the moment the item
 //! is added to that filter (MEMBER.ADD, a replicated ADD, the sync loop reading an outside
-//! write) or found present by a lookup, and in any case after the set's CACHE-TTL.
+//! write) or found present by a lookup, and in any case after the set's CACHE-TTL. And an
+//! answer the database gave before such an add is never remembered after it: the time of the
+//! last add is kept per hash slot, and a lookup only remembers if nothing hashing to its slot
+//! was added since it was asked.
 //!
 //! The store is a two-way set-associative table indexed by the item hash: every operation is
 //! O(1) on the main thread, whatever the size, and a full table simply overwrites. It starts
@@ -30,12 +33,18 @@ impl Slot {
 /// Slots allocated when the first entry arrives.
 const FIRST_SLOTS: usize = 1024;
 
+/// Slots of the last-add times (one per hash slot; a shared slot only makes a remember more
+/// cautious).
+const ADDED_SLOTS: usize = 1024;
+
 #[derive(Clone, Debug, Default)]
 pub struct KnownAbsent {
     /// A power of two long (or empty); item `h` may sit in the pair at `pair(h)`.
     slots: Vec<Slot>,
     /// Occupied slots (some may have expired).
     used: usize,
+    /// When an item of each hash slot was last added (empty until the first add).
+    added: Vec<Option<Instant>>,
 }
 
 impl KnownAbsent {
@@ -56,12 +65,22 @@ impl KnownAbsent {
             .any(|s| s.hash == hash && s.until.is_some_and(|t| Instant::now() < t))
     }
 
-    /// Remembers `hash` as absent until `until`, holding at most `cap` entries (rounded up to a
-    /// power of two; 0 forgets everything and frees the table). When the item's pair is full
-    /// of live entries, one of them (picked by the new item's hash) makes room.
-    pub fn insert(&mut self, hash: u128, until: Instant, now: Instant, cap: usize) {
+    /// Remembers `hash` as absent until `until`, as the database answered a lookup asked at
+    /// `asked` (skipped if an item of its slot was added since). Holds at most `cap` entries
+    /// (rounded up to a power of two; 0 forgets everything and frees the table). When the
+    /// item's pair is full of live entries, one of them (picked by the new item's hash) makes
+    /// room.
+    pub fn insert(&mut self, hash: u128, asked: Instant, until: Instant, now: Instant, cap: usize) {
         if cap == 0 {
-            *self = KnownAbsent::default();
+            self.slots = Vec::new();
+            self.used = 0;
+            return;
+        }
+        if self
+            .added
+            .get(hash as usize % ADDED_SLOTS)
+            .is_some_and(|t| t.is_some_and(|t| t >= asked))
+        {
             return;
         }
         let max = cap.next_power_of_two().max(2);
@@ -109,7 +128,16 @@ impl KnownAbsent {
         }
     }
 
-    /// `hash` became (or may have become) a member.
+    /// `hash` became (or may have become) a member: forgotten, and noted as added now.
+    pub fn added(&mut self, hash: u128) {
+        if self.added.is_empty() {
+            self.added = vec![None; ADDED_SLOTS];
+        }
+        self.added[hash as usize % ADDED_SLOTS] = Some(Instant::now());
+        self.remove(hash);
+    }
+
+    /// `hash` was found present: forgotten.
     #[inline]
     pub fn remove(&mut self, hash: u128) {
         if self.used == 0 {
@@ -133,6 +161,7 @@ impl KnownAbsent {
     /// Heap bytes (for MEMORY USAGE).
     pub fn bytes(&self) -> usize {
         self.slots.capacity() * std::mem::size_of::<Slot>()
+            + self.added.capacity() * std::mem::size_of::<Option<Instant>>()
     }
 }
 
@@ -150,8 +179,8 @@ mod tests {
         let now = Instant::now();
         let mut k = KnownAbsent::default();
         assert!(!k.contains(h(1)));
-        k.insert(h(1), now + Duration::from_secs(60), now, 100);
-        k.insert(h(2), now + Duration::from_millis(30), now, 100);
+        k.insert(h(1), now, now + Duration::from_secs(60), now, 100);
+        k.insert(h(2), now, now + Duration::from_millis(30), now, 100);
         assert!(k.contains(h(1)) && k.contains(h(2)));
         assert!(!k.contains(h(3)));
         k.remove(h(1));
@@ -167,20 +196,35 @@ mod tests {
         let later = now + Duration::from_secs(60);
         let mut k = KnownAbsent::default();
         for i in 0..100_000 {
-            k.insert(h(i), later, now, 5000);
+            k.insert(h(i), now, later, now, 5000);
         }
         assert_eq!(k.slots.len(), 8192, "grown to the cap's power of two");
         assert!(k.live() <= 8192 && k.live() > 4000, "{}", k.live());
         assert!(k.contains(h(99_999)), "the newest always finds room");
         // A smaller cap shrinks the table at the next insert, keeping what fits.
-        k.insert(h(100_000), later, now, 64);
+        k.insert(h(100_000), now, later, now, 64);
         assert_eq!(k.slots.len(), 64);
         assert!(k.contains(h(100_000)));
         assert!(k.live() <= 64);
         // 0 turns it off and frees the table.
-        k.insert(h(7), later, now, 0);
+        k.insert(h(7), now, later, now, 0);
         assert_eq!((k.slots.len(), k.live(), k.bytes()), (0, 0, 0));
         assert!(!k.contains(h(7)));
+    }
+
+    #[test]
+    fn an_answer_older_than_an_add_is_not_remembered() {
+        let later = Instant::now() + Duration::from_secs(60);
+        let mut k = KnownAbsent::default();
+        let asked = Instant::now();
+        k.added(h(1));
+        k.insert(h(1), asked, later, Instant::now(), 100);
+        assert!(!k.contains(h(1)), "asked before the add");
+        let asked = Instant::now();
+        k.insert(h(1), asked, later, asked, 100);
+        assert!(k.contains(h(1)), "asked after the add");
+        k.added(h(1));
+        assert!(!k.contains(h(1)), "an add forgets it");
     }
 
     #[test]
@@ -188,12 +232,12 @@ mod tests {
         let now = Instant::now();
         let later = now + Duration::from_secs(60);
         let mut k = KnownAbsent::default();
-        k.insert(h(1), later, now, 2);
+        k.insert(h(1), now, later, now, 2);
         assert_eq!(k.slots.len(), 2);
-        k.insert(h(1), later, now, 2);
+        k.insert(h(1), now, later, now, 2);
         assert_eq!(k.used, 1, "same item, same slot");
-        k.insert(h(2), later, now, 2);
-        k.insert(h(3), later, now, 2);
+        k.insert(h(2), now, later, now, 2);
+        k.insert(h(3), now, later, now, 2);
         assert!(k.contains(h(3)));
         assert_eq!(k.used, 2);
     }

@@ -89,11 +89,6 @@ fn apply(ctx: &Context, name: &str, epoch: u64, from: i64, res: Result<(Vec<u128
                 for h in hashes {
                     s.journal(*h);
                 }
-                if !hashes.is_empty() {
-                    // A lookup that read the database before these rows committed must not
-                    // fill the cache or remember the item as absent when it comes back.
-                    s.generation += 1;
-                }
                 s.sync.rows_applied += hashes.len() as u64;
                 s.sync.last_ok = Some(Instant::now());
                 s.sync.last_error = None;

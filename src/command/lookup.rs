@@ -131,6 +131,7 @@ fn funnel(
                 gate,
                 hash: canon.hash,
                 remember,
+                asked: Instant::now(),
                 generation: set.generation,
                 started,
                 explain,
@@ -152,6 +153,8 @@ struct LookupDone {
     hash: u128,
     /// The trusted filter that let the item through, if any.
     remember: Option<u64>,
+    /// When the lookup was sent to the database (before it read anything).
+    asked: Instant,
     generation: u64,
     started: Option<Instant>,
     explain: bool,
@@ -192,14 +195,12 @@ impl Completion for LookupDone {
                     metrics::global(|m| m.paths.db_errors += 1);
                 }
             }
-            // A false positive confirmed by the database: remember it, unless a write of
-            // this set landed since the lookup began (it may have read the table before an
-            // ADD or an outside write of this item committed).
+            // A false positive confirmed by the database: remember it, unless the item was
+            // added since the lookup was asked (it may have read the table before an ADD or
+            // an outside write of it committed; remember_absent checks).
             if let (Ok(None), Some(id)) = (&self.result, self.remember) {
-                if set.generation == self.generation {
-                    let ttl = set.def.cache_ttl;
-                    crate::filter_type::remember_absent(ctx, &set.filter_key, id, self.hash, ttl);
-                }
+                let (key, ttl) = (&set.filter_key, set.def.cache_ttl);
+                crate::filter_type::remember_absent(ctx, key, id, self.hash, self.asked, ttl);
                 return;
             }
             if let Ok(Some(_)) = self.result {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use redis_module::{raw, Context, RedisError, RedisResult};
 
-use crate::{error, keys, mainq, metrics};
+use crate::{error, keys, mainq, metrics, reply};
 
 /// The result of a worker's job, finished on the main thread.
 pub trait Completion: Send + 'static {
@@ -91,7 +91,7 @@ unsafe extern "C" fn reply_cb(
     let slot =
         unsafe { raw::RedisModule_GetBlockedClientPrivateData.unwrap()(ctx.ctx) }.cast::<Slot>();
     let Some(slot) = (unsafe { slot.as_mut() }) else {
-        ctx.reply_error_string(error::WORKER_LOST);
+        reply::send_error(&ctx, error::WORKER_LOST);
         return raw::REDISMODULE_OK as c_int;
     };
     match slot.0.take() {
@@ -105,13 +105,17 @@ unsafe extern "C" fn reply_cb(
                 })
             }))
             .unwrap_or_else(|_| {
-                ctx.log_warning("libmember: internal error completing a request (contained)");
+                reply::log(
+                    &ctx,
+                    reply::Level::Warning,
+                    "libmember: internal error completing a request (contained)",
+                );
                 Err(RedisError::Str(error::INTERNAL))
             });
-            ctx.reply(reply);
+            reply::send(&ctx, reply);
         }
         None => {
-            ctx.reply_error_string(error::WORKER_LOST);
+            reply::send_error(&ctx, error::WORKER_LOST);
         }
     }
     raw::REDISMODULE_OK as c_int
@@ -128,7 +132,7 @@ unsafe extern "C" fn timeout_cb(
     _argc: c_int,
 ) -> c_int {
     metrics::global(|m| m.db_timeouts += 1);
-    Context::new(ctx).reply_error_string(error::DB_TIMEOUT);
+    reply::send_error(&Context::new(ctx), error::DB_TIMEOUT);
     raw::REDISMODULE_OK as c_int
 }
 

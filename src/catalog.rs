@@ -41,7 +41,11 @@ fn apply(ctx: &Context, res: Result<Vec<SetDef>, DbErr>) {
                 r.catalog.loading = false;
                 r.catalog.last_error = None;
             });
-            ctx.log_notice(&format!("libmember: catalog loaded, {n} set(s)"));
+            crate::reply::log(
+                ctx,
+                crate::reply::Level::Notice,
+                &format!("libmember: catalog loaded, {n} set(s)"),
+            );
         }
         Err(e) => {
             let msg = e.reply_text();
@@ -50,7 +54,11 @@ fn apply(ctx: &Context, res: Result<Vec<SetDef>, DbErr>) {
                 c.loading = false;
                 c.next_try = Some(state::retry_at());
                 if c.last_error.as_deref() != Some(msg.as_str()) {
-                    ctx.log_warning(&format!("libmember: cannot load the set catalog: {msg}"));
+                    crate::reply::log(
+                        ctx,
+                        crate::reply::Level::Warning,
+                        &format!("libmember: cannot load the set catalog: {msg}"),
+                    );
                 }
                 c.last_error = Some(msg);
             });

@@ -70,6 +70,19 @@ pub const REBUILD_INTERVAL_S_MAX: i64 = 2_592_000;
 /// members' bits.
 pub static REBUILD_INTERVAL_S: AtomicI64 = AtomicI64::new(REBUILD_INTERVAL_S_DEFAULT);
 
+pub const MAX_FILTER_BYTES_DEFAULT: i64 = 1 << 30;
+pub const MAX_FILTER_BYTES_MIN: i64 = 1 << 12;
+pub const MAX_FILTER_BYTES_MAX: i64 = (crate::filter::MAX_BITS / 8) as i64;
+/// Largest filter (bit array, bytes) CREATE, a rebuild or a write may allocate for one set;
+/// checked before anything is allocated.
+pub static MAX_FILTER_BYTES: AtomicI64 = AtomicI64::new(MAX_FILTER_BYTES_DEFAULT);
+
+pub fn max_filter_bytes() -> u64 {
+    MAX_FILTER_BYTES
+        .load(Ordering::Relaxed)
+        .max(MAX_FILTER_BYTES_MIN) as u64
+}
+
 pub const ERROR_RATE_DEFAULT: &str = "0.01";
 pub const ERROR_RATE_MIN: f64 = 0.000_001;
 pub const ERROR_RATE_MAX: f64 = 0.5;

@@ -33,9 +33,12 @@ pub fn added(ctx: &Context, set: &str, canon: &Canon) {
             ),
         };
         if !filter_type::add(ctx, &key, canon.hash) {
-            let mut bloom = Bloom::new(sizing.0, sizing.1);
-            bloom.add(canon.hash);
-            filter_type::install(ctx, &key, FilterValue::partial(bloom));
+            // Without a filter the set already falls through to the database; one that may not
+            // be allocated (over the ceiling, out of memory) is simply not made.
+            if let Ok(mut bloom) = Bloom::try_new(sizing.0, sizing.1, config::max_filter_bytes()) {
+                bloom.add(canon.hash);
+                filter_type::install(ctx, &key, FilterValue::partial(bloom));
+            }
         }
         keys::cache_invalidate(ctx, &keys::cache_key(ctx, &prefix, canon));
     });

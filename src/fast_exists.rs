@@ -44,7 +44,7 @@ unsafe extern "C" fn exists_cmd(
     .unwrap_or(Err(RedisError::Str(
         "ERR libmember: internal error in MEMBER.EXISTS",
     )));
-    context.reply(result);
+    crate::reply::send(&context, result);
     raw::REDISMODULE_OK as c_int
 }
 

@@ -32,6 +32,46 @@ pub fn size_for(capacity: u64, fpr: f64) -> (u64, u32) {
     (m, k)
 }
 
+/// Bytes of the bit array a filter for `capacity` items at `fpr` needs, without the
+/// `MAX_BITS` cap that `size_for` applies: what a size check must compare.
+pub fn bytes_for(capacity: u64, fpr: f64) -> u64 {
+    if !(fpr > 0.0 && fpr < 1.0) {
+        return u64::MAX;
+    }
+    let n = capacity.max(1) as f64;
+    let ln2 = std::f64::consts::LN_2;
+    let m = (-(n * fpr.ln()) / (ln2 * ln2)).ceil().max(64.0);
+    if !m.is_finite() || m >= (u64::MAX / 2) as f64 {
+        return u64::MAX;
+    }
+    (m as u64).div_ceil(64) * 8
+}
+
+/// Why a filter could not be made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SizeError {
+    /// It would need `needed` bytes, more than the ceiling `max` allows.
+    TooLarge { needed: u64, max: u64 },
+    /// The allocator refused `bytes`.
+    NoMemory { bytes: u64 },
+}
+
+impl std::fmt::Display for SizeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SizeError::TooLarge { needed, max } => write!(
+                f,
+                "the filter would need {needed} bytes ({:.2} GiB), more than member.max-filter-bytes \
+                 ({max} bytes); lower CAPACITY or raise ERROR (or the ceiling)",
+                *needed as f64 / (1u64 << 30) as f64
+            ),
+            SizeError::NoMemory { bytes } => {
+                write!(f, "out of memory allocating a filter of {bytes} bytes")
+            }
+        }
+    }
+}
+
 /// A Bloom filter over 128-bit item hashes (see `canon::hash_parts`), using enhanced double
 /// hashing: one hash per item, k positions derived from its two halves.
 #[derive(Clone, Debug, PartialEq)]
@@ -69,7 +109,41 @@ fn reduce(x: u64, m: u64) -> u64 {
     ((x as u128 * m as u128) >> 64) as u64
 }
 
+/// Refuses a filter for `capacity` items at `fpr` that would not fit in `max_bytes` (nor in
+/// `MAX_BITS`), before anything is allocated.
+pub fn check_size(capacity: u64, fpr: f64, max_bytes: u64) -> Result<(), SizeError> {
+    let needed = bytes_for(capacity, fpr);
+    let max = max_bytes.min(MAX_BITS / 8);
+    if needed > max {
+        return Err(SizeError::TooLarge { needed, max });
+    }
+    Ok(())
+}
+
 impl Bloom {
+    /// A filter for `capacity` items at `fpr`, if it fits in `max_bytes` (and `MAX_BITS`) and
+    /// the allocator grants it: never a smaller filter than the rate needs, never an abort.
+    pub fn try_new(capacity: u64, fpr: f64, max_bytes: u64) -> Result<Self, SizeError> {
+        check_size(capacity, fpr, max_bytes)?;
+        let needed = bytes_for(capacity, fpr);
+        let (m, k) = size_for(capacity, fpr);
+        let words = (m / 64) as usize;
+        let mut bits: Vec<u64> = Vec::new();
+        bits.try_reserve_exact(words)
+            .map_err(|_| SizeError::NoMemory { bytes: needed })?;
+        bits.resize(words, 0);
+        Ok(Bloom {
+            bits,
+            k,
+            items: 0,
+            ones: 0,
+            capacity,
+            fpr,
+        })
+    }
+
+    /// A filter for `capacity` items at `fpr`, capped at `MAX_BITS` (tests and small sizes;
+    /// anything sized from user input goes through `try_new`).
     pub fn new(capacity: u64, fpr: f64) -> Self {
         let (m, k) = size_for(capacity, fpr);
         Bloom {
@@ -299,6 +373,37 @@ mod tests {
         assert!((14.3..14.5).contains(&(m as f64 / 1000.0)));
         assert_eq!(k, 10);
         assert_eq!(size_for(0, 0.01).0 % 64, 0);
+    }
+
+    #[test]
+    fn try_new_refuses_what_the_ceiling_or_the_rate_forbids() {
+        // 1 % needs 9.59 bits a member: 1 000 000 members fit in 2 MB, not in 1 MB.
+        assert!(Bloom::try_new(1_000_000, 0.01, 2 << 20).is_ok());
+        match Bloom::try_new(1_000_000, 0.01, 1 << 20) {
+            Err(SizeError::TooLarge { needed, max }) => {
+                assert_eq!(max, 1 << 20);
+                assert_eq!(needed, bytes_for(1_000_000, 0.01));
+                assert!(needed > 1_190_000 && needed < 1_210_000, "{needed}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // 4·10⁹ members at 10⁻⁶ need ~14 GB: refused even with no ceiling, never capped.
+        let e = Bloom::try_new(4_000_000_000, 0.000001, u64::MAX).unwrap_err();
+        assert!(matches!(e, SizeError::TooLarge { needed, .. } if needed > 14_000_000_000));
+        assert!(e.to_string().contains("member.max-filter-bytes"));
+    }
+
+    #[test]
+    fn bytes_for_matches_size_for_below_the_cap() {
+        for (n, p) in [
+            (1, 0.5),
+            (1000, 0.01),
+            (123_457, 0.001),
+            (10_000_000, 0.000001),
+        ] {
+            assert_eq!(bytes_for(n, p), size_for(n, p).0 / 8, "{n} {p}");
+        }
+        assert_eq!(bytes_for(1, f64::NAN), u64::MAX);
     }
 
     #[test]

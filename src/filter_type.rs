@@ -4,7 +4,6 @@
 use std::ffi::CString;
 use std::os::raw::{c_int, c_void};
 
-use redis_module::logging::{log_io_error, RedisLogLevel};
 use redis_module::native_types::RedisType;
 use redis_module::{raw, Context, RedisString};
 
@@ -240,7 +239,11 @@ pub fn install(ctx: &Context, key: &RedisString, value: FilterValue) {
     }
     let k = ctx.open_key_writable(key);
     if let Err(e) = k.set_value(&FILTER_TYPE, value) {
-        ctx.log_warning(&format!("libmember: cannot store filter: {e}"));
+        crate::reply::log(
+            ctx,
+            crate::reply::Level::Warning,
+            &format!("libmember: cannot store filter: {e}"),
+        );
     }
 }
 
@@ -286,28 +289,24 @@ unsafe extern "C" fn aof_rewrite(
 /// `rdb` is the server's IO handle.
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
     if encver != ENCVER {
-        log_io_error(
-            rdb,
-            RedisLogLevel::Warning,
-            &format!("libmember: filter encoding version {encver} is not supported"),
-        );
+        let msg = format!("libmember: filter encoding version {encver} is not supported");
+        // SAFETY: rdb is the live handle of this callback.
+        unsafe { crate::reply::log_io_error(rdb, &msg) };
         return std::ptr::null_mut();
     }
     let buf = match raw::load_string_buffer(rdb) {
         Ok(b) => b,
         Err(_) => {
-            log_io_error(
-                rdb,
-                RedisLogLevel::Warning,
-                "libmember: filter payload unreadable",
-            );
+            // SAFETY: rdb is the live handle of this callback.
+            unsafe { crate::reply::log_io_error(rdb, "libmember: filter payload unreadable") };
             return std::ptr::null_mut();
         }
     };
     match FilterValue::from_bytes(buf.as_ref(), false) {
         Ok(v) => Box::into_raw(Box::new(v)).cast(),
         Err(e) => {
-            log_io_error(rdb, RedisLogLevel::Warning, &format!("libmember: {e}"));
+            // SAFETY: rdb is the live handle of this callback.
+            unsafe { crate::reply::log_io_error(rdb, &format!("libmember: {e}")) };
             std::ptr::null_mut()
         }
     }

@@ -3,6 +3,7 @@
 //! `command/lookup.rs` → `funnel.rs`; the database in `db/`.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod alloc;
 pub mod block;
 pub mod canon;
 pub mod catalog;
@@ -20,6 +21,7 @@ pub mod known_absent;
 pub mod mainq;
 pub mod metrics;
 pub mod rebuild;
+pub mod reply;
 pub mod state;
 pub mod sync;
 
@@ -32,50 +34,52 @@ use filter_type::FILTER_TYPE;
 
 /// MEMBER.CREATE <set> [ERROR <rate>] [CAPACITY <n>] [CACHE-TTL <s>] [RECENT-TTL <s>] [NORMALIZE none|lower|username]
 fn member_create(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
-    create::create(ctx, args)
+    reply::guard(ctx, "MEMBER.CREATE", || create::create(ctx, args))
 }
 /// MEMBER.ADD <set> <item> [SCOPE <scope>] [TTL <s> | EXPIREAT <unix-s>]
 fn member_add(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
-    write::add(ctx, args)
+    reply::guard(ctx, "MEMBER.ADD", || write::add(ctx, args))
 }
 /// MEMBER.DEL <set> <item> [SCOPE <scope>]
 fn member_del(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
-    write::del(ctx, args)
+    reply::guard(ctx, "MEMBER.DEL", || write::del(ctx, args))
 }
 /// MEMBER.EXPLAIN <set> <item> [SCOPE <scope>]
 fn member_explain(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
-    lookup::lookup(ctx, args, true)
+    reply::guard(ctx, "MEMBER.EXPLAIN", || lookup::lookup(ctx, args, true))
 }
 /// MEMBER.REBUILD <set> [SYNC]
 fn member_rebuild(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
-    command::rebuild::rebuild(ctx, args)
+    reply::guard(ctx, "MEMBER.REBUILD", || {
+        command::rebuild::rebuild(ctx, args)
+    })
 }
 /// MEMBER._ADD <set> <entity> <scope> (replication and AOF only)
 fn member_int_add(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
-    internal::add(ctx, args)
+    reply::guard(ctx, "MEMBER._ADD", || internal::add(ctx, args))
 }
 /// MEMBER._DEL <set> <entity> <scope> (replication and AOF only)
 fn member_int_del(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
-    internal::del(ctx, args)
+    reply::guard(ctx, "MEMBER._DEL", || internal::del(ctx, args))
 }
 /// MEMBER._LOAD <key> <payload> (replication and AOF only)
 fn member_int_load(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
-    internal::load(ctx, args)
+    reply::guard(ctx, "MEMBER._LOAD", || internal::load(ctx, args))
 }
 /// MEMBER._SET <set> <error_rate> <capacity> <cache_ttl> <recent_ttl> <normalize> (replication and AOF only)
 fn member_int_set(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
-    internal::set(ctx, args)
+    reply::guard(ctx, "MEMBER._SET", || internal::set(ctx, args))
 }
 /// MEMBER.INFO <set>
 fn member_info(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
-    info::info(ctx, args)
+    reply::guard(ctx, "MEMBER.INFO", || info::info(ctx, args))
 }
 
 // Unit tests run outside the server, where its allocator does not exist.
 #[cfg(not(test))]
-type Alloc = redis_module::alloc::RedisAlloc;
+type Alloc = alloc::ServerAlloc;
 #[cfg(not(test))]
-const ALLOC: Alloc = redis_module::alloc::RedisAlloc;
+const ALLOC: Alloc = alloc::ServerAlloc;
 #[cfg(test)]
 type Alloc = std::alloc::System;
 #[cfg(test)]
@@ -142,6 +146,7 @@ redis_module! {
             ["sync-interval-ms", &SYNC_INTERVAL_MS, SYNC_INTERVAL_MS_DEFAULT, SYNC_INTERVAL_MS_MIN, SYNC_INTERVAL_MS_MAX, ConfigurationFlags::DEFAULT, None],
             ["rebuild-interval-s", &REBUILD_INTERVAL_S, REBUILD_INTERVAL_S_DEFAULT, REBUILD_INTERVAL_S_MIN, REBUILD_INTERVAL_S_MAX, ConfigurationFlags::DEFAULT, None],
             ["fp-cache-size", &FP_CACHE_SIZE, FP_CACHE_SIZE_DEFAULT, FP_CACHE_SIZE_MIN, FP_CACHE_SIZE_MAX, ConfigurationFlags::DEFAULT, None],
+            ["max-filter-bytes", &MAX_FILTER_BYTES, MAX_FILTER_BYTES_DEFAULT, MAX_FILTER_BYTES_MIN, MAX_FILTER_BYTES_MAX, ConfigurationFlags::MEMORY, None],
             ["recent-ttl", &RECENT_TTL, RECENT_TTL_DEFAULT, RECENT_TTL_MIN, RECENT_TTL_MAX, ConfigurationFlags::DEFAULT, None],
         ],
         string: [

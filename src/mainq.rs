@@ -43,12 +43,27 @@ fn tick(ctx: &Context, _: ()) {
             // A panicking task must not unwind into the server (that aborts it); it is lost,
             // and whatever it owned (a blocked client's completion) answers by being dropped.
             if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task(ctx))).is_err() {
-                ctx.log_warning("libmember: internal error in a main-thread task (contained)");
+                crate::reply::log(
+                    ctx,
+                    crate::reply::Level::Warning,
+                    "libmember: internal error in a main-thread task (contained)",
+                );
             }
         }
 
-        crate::effects::flush_replication(ctx);
-        crate::state::housekeeping(ctx);
+        // Upkeep is contained the same way: a panic there must not take the server down,
+        // and the timer is re-armed whatever happens.
+        let upkeep = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            crate::effects::flush_replication(ctx);
+            crate::state::housekeeping(ctx);
+        }));
+        if upkeep.is_err() {
+            crate::reply::log(
+                ctx,
+                crate::reply::Level::Warning,
+                "libmember: internal error in housekeeping (contained)",
+            );
+        }
     });
     ctx.create_timer(TICK, tick, ());
 }

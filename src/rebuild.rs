@@ -133,21 +133,29 @@ fn finish(ctx: &Context, name: &str, res: Result<Ready, DbErr>) {
             filter_type::install(ctx, &key, filter);
             metrics::global(|m| m.rebuilds_done += 1);
             state::with(|r| state::synced(r, name, epoch));
-            ctx.log_notice(&format!(
-                "libmember: rebuilt set '{name}': {rows} members in {:.3} s; the swap ({} \
+            crate::reply::log(
+                ctx,
+                crate::reply::Level::Notice,
+                &format!(
+                    "libmember: rebuilt set '{name}': {rows} members in {:.3} s; the swap ({} \
                  journaled adds) held the main thread {:.3} ms",
-                started.elapsed().as_secs_f64(),
-                journal.len(),
-                swap.elapsed().as_secs_f64() * 1e3
-            ));
+                    started.elapsed().as_secs_f64(),
+                    journal.len(),
+                    swap.elapsed().as_secs_f64() * 1e3
+                ),
+            );
             Ok((rows, started.elapsed()))
         }
         Err(e) => {
             metrics::global(|m| m.rebuilds_failed += 1);
-            ctx.log_warning(&format!(
-                "libmember: rebuild of set '{name}' failed: {}",
-                e.reply_text()
-            ));
+            crate::reply::log(
+                ctx,
+                crate::reply::Level::Warning,
+                &format!(
+                    "libmember: rebuild of set '{name}' failed: {}",
+                    e.reply_text()
+                ),
+            );
             Err(e.reply_text())
         }
     };

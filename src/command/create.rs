@@ -57,6 +57,10 @@ fn parse(args: Vec<RedisString>) -> Result<(SetDef, [bool; 5]), RedisError> {
         Some(v) => Normalize::parse(v.as_slice()).ok_or(RedisError::Str(error::BAD_NORMALIZE))?,
         None => Normalize::None,
     };
+    // Checked before anything is allocated or written: the filter these settings need must
+    // fit under the ceiling (a smaller one would break the promised rate).
+    crate::filter::check_size(capacity as u64, error_rate, config::max_filter_bytes())
+        .map_err(|e| RedisError::String(format!("ERR {e}")))?;
     let explicit = OPTIONS.map(|n| o.get(n).is_some());
     Ok((
         SetDef {

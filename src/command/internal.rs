@@ -6,9 +6,9 @@ use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, 
 
 use super::set_name;
 use crate::canon::{self, Canon, Normalize};
-use crate::effects;
 use crate::filter_type::{self, FilterValue};
 use crate::state::{self, SetDef};
+use crate::{config, effects};
 
 const NOT_INTERNAL: &str = "ERR internal command: only accepted from a primary or the AOF";
 
@@ -108,18 +108,26 @@ pub fn set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let [_, name, rate, cap, cache, recent, norm] =
         <[RedisString; 7]>::try_from(args).map_err(|_| RedisError::WrongArity)?;
     let bad = || RedisError::Str("ERR bad set definition");
-    let num = |s: &RedisString| -> Result<f64, RedisError> {
+    // The same bounds as MEMBER.CREATE: a definition from a primary or an AOF is checked
+    // like one from a client, so no value can size a runaway filter.
+    let int = |s: &RedisString, range: std::ops::RangeInclusive<i64>| -> Result<u64, RedisError> {
         std::str::from_utf8(s.as_slice())
             .ok()
-            .and_then(|v| v.parse().ok())
+            .and_then(|v| v.parse::<i64>().ok())
+            .filter(|v| range.contains(v))
+            .map(|v| v as u64)
             .ok_or_else(bad)
     };
+    let error_rate = std::str::from_utf8(rate.as_slice())
+        .ok()
+        .and_then(config::parse_error_rate)
+        .ok_or_else(bad)?;
     state::register(SetDef {
         name: set_name(&name)?,
-        error_rate: num(&rate)?,
-        capacity: num(&cap)? as u64,
-        cache_ttl: num(&cache)? as u64,
-        recent_ttl: num(&recent)? as u64,
+        error_rate,
+        capacity: int(&cap, 1..=config::DEFAULT_CAPACITY_MAX)?,
+        cache_ttl: int(&cache, config::CACHE_TTL_MIN..=config::CACHE_TTL_MAX)?,
+        recent_ttl: int(&recent, config::RECENT_TTL_MIN..=config::RECENT_TTL_MAX)?,
         normalize: Normalize::parse(norm.as_slice()).ok_or_else(bad)?,
     });
     Ok(RedisValue::SimpleStringStatic("OK"))

@@ -59,7 +59,7 @@ impl Options {
             else {
                 return Err(RedisError::String(format!(
                     "ERR unknown option '{}'",
-                    String::from_utf8_lossy(name.as_slice())
+                    crate::reply::escape(name.as_slice())
                 )));
             };
             let value = rest

@@ -20,7 +20,7 @@ pub fn rebuild(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         Some(a) => {
             return Err(RedisError::String(format!(
                 "ERR unknown option '{}'",
-                String::from_utf8_lossy(a.as_slice())
+                crate::reply::escape(a.as_slice())
             )))
         }
     };

@@ -21,6 +21,9 @@ pub enum DbErr {
     Failed(String),
     /// A refusal with a fixed reply (for example a CREATE that conflicts).
     Refused(&'static str),
+    /// A request the module refuses with a composed reason (`ERR <reason>`), such as a filter
+    /// larger than `member.max-filter-bytes`.
+    Invalid(String),
 }
 
 impl DbErr {
@@ -29,6 +32,7 @@ impl DbErr {
             DbErr::Unavailable(m) => error::db_error(true, m),
             DbErr::Failed(m) => error::db_error(false, m),
             DbErr::Refused(m) => (*m).to_string(),
+            DbErr::Invalid(m) => format!("ERR {m}"),
         }
     }
 }

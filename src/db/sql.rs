@@ -271,6 +271,10 @@ pub fn build_filter(
     estimate: &AtomicU64,
 ) -> Result<Built, DbErr> {
     let t = table(&def.name);
+    // A set whose CAPACITY alone exceeds the ceiling fails before any row is read.
+    let max_bytes = crate::config::max_filter_bytes();
+    crate::filter::check_size(def.capacity, def.error_rate, max_bytes)
+        .map_err(|e| DbErr::Invalid(e.to_string()))?;
     // The horizon first, in its own statement; then the snapshot the COPY reads.
     let watermark: i64 = c.query_one(HORIZON, &[]).map_err(tx_error)?.get(0);
     let mut tx = c
@@ -314,7 +318,12 @@ pub fn build_filter(
     }
     tx.commit().map_err(tx_error)?;
     progress.store(hashes.len() as u64, Ordering::Relaxed);
-    let mut bloom = Bloom::new(def.capacity.max(hashes.len() as u64), def.error_rate);
+    let mut bloom = Bloom::try_new(
+        def.capacity.max(hashes.len() as u64),
+        def.error_rate,
+        max_bytes,
+    )
+    .map_err(|e| DbErr::Invalid(e.to_string()))?;
     bloom.add_many(&hashes);
     Ok(Built {
         bloom,

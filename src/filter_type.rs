@@ -113,7 +113,7 @@ pub static FILTER_TYPE: RedisType = RedisType::new(
         aux_save: None,
         aux_save2: None,
         aux_save_triggers: 0,
-        free_effort: None,
+        free_effort: Some(free_effort),
         unlink: None,
         copy: Some(copy),
         defrag: None,
@@ -228,8 +228,17 @@ pub fn add(ctx: &Context, key: &RedisString, hash: u128) -> bool {
     }
 }
 
-/// Stores `value` at `key`, replacing whatever is there (the `member:` prefix is ours).
+/// Stores `value` at `key`, replacing whatever is there (the `member:` prefix is ours). A
+/// filter it replaces is freed off the main thread when large (a rebuild's swap must not wait
+/// for hundreds of megabytes to be returned).
 pub fn install(ctx: &Context, key: &RedisString, value: FilterValue) {
+    let value = match replace_ours(ctx, key, Box::new(value)) {
+        Ok(old) => {
+            free_later(old);
+            return;
+        }
+        Err(value) => *value,
+    };
     {
         // One handle at a time: a second one would free the old value under the first.
         let k = ctx.open_key_writable(key);
@@ -245,6 +254,69 @@ pub fn install(ctx: &Context, key: &RedisString, value: FilterValue) {
             &format!("libmember: cannot store filter: {e}"),
         );
     }
+}
+
+/// Swaps `value` in for a filter of ours already at `key` (its TTL, if any, kept), returning
+/// the old one unfreed; gives `value` back when the key holds no filter of ours.
+fn replace_ours(
+    ctx: &Context,
+    key: &RedisString,
+    value: Box<FilterValue>,
+) -> Result<Box<FilterValue>, Box<FilterValue>> {
+    let mt = *FILTER_TYPE.raw_type.borrow();
+    // SAFETY: ctx and key are live; the key handle is closed before returning; the type
+    // check guarantees the old value is a FilterValue we stored, whose ownership
+    // ReplaceValue hands back to us.
+    unsafe {
+        let k = raw::RedisModule_OpenKey.unwrap()(
+            ctx.ctx,
+            key.inner,
+            (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as c_int,
+        )
+        .cast::<raw::RedisModuleKey>();
+        if k.is_null() {
+            return Err(value);
+        }
+        let ours = raw::RedisModule_KeyType.unwrap()(k) == raw::REDISMODULE_KEYTYPE_MODULE as c_int
+            && raw::RedisModule_ModuleTypeGetType.unwrap()(k) == mt;
+        if !ours {
+            raw::RedisModule_CloseKey.unwrap()(k);
+            return Err(value);
+        }
+        let new = Box::into_raw(value);
+        let mut old: *mut c_void = std::ptr::null_mut();
+        let rc = raw::RedisModule_ModuleTypeReplaceValue.unwrap()(k, mt, new.cast(), &mut old);
+        raw::RedisModule_CloseKey.unwrap()(k);
+        if rc != raw::REDISMODULE_OK as c_int || old.is_null() {
+            // Not swapped: take the new value back (nothing else references it).
+            return Err(Box::from_raw(new));
+        }
+        Ok(Box::from_raw(old.cast::<FilterValue>()))
+    }
+}
+
+/// Filters at least this large are freed on a thread of their own.
+const FREE_LATER_BYTES: usize = 1 << 20;
+
+/// Drops `old` here when small, else on a short-lived thread (the allocator is thread-safe).
+fn free_later(old: Box<FilterValue>) {
+    if old.bloom.bytes() < FREE_LATER_BYTES {
+        return;
+    }
+    let _ = std::thread::Builder::new()
+        .name("member-free".into())
+        .spawn(move || drop(old));
+}
+
+/// The server's lazy-free threshold counts allocations; a filter is one large block, so its
+/// effort is given in 4 KiB pages: anything over 256 KiB is freed by UNLINK, FLUSHALL ASYNC,
+/// lazy expiry and eviction on the lazy-free thread instead of the main one.
+///
+/// # Safety
+/// `value` is a `FilterValue` we stored.
+unsafe extern "C" fn free_effort(_key: *mut raw::RedisModuleString, value: *const c_void) -> usize {
+    let v = unsafe { &*value.cast::<FilterValue>() };
+    (v.bloom.bytes() + v.known_absent.bytes()) / 4096 + 1
 }
 
 /// # Safety

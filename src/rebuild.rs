@@ -115,11 +115,21 @@ fn finish(ctx: &Context, name: &str, res: Result<Ready, DbErr>) {
         else {
             return None;
         };
-        Some((s.filter_key.clone(), epoch, started, journal, waiters))
+        Some((
+            s.def.clone(),
+            s.filter_key.clone(),
+            epoch,
+            started,
+            journal,
+            waiters,
+        ))
     });
-    let Some((key, epoch, started, journal, waiters)) = done else {
+    let Some((def, key, epoch, started, journal, waiters)) = done else {
         return;
     };
+    // The definition travels with every build, ahead of the filter: a replica (or the AOF)
+    // that missed it — a set whose CREATE is still building, a full resync — learns it here.
+    internal::replicate_set(ctx, &def);
     let outcome = match res {
         Ok(Ready {
             mut filter,
@@ -159,13 +169,12 @@ fn finish(ctx: &Context, name: &str, res: Result<Ready, DbErr>) {
             Err(e.reply_text())
         }
     };
-    for w in waiters {
-        w.finish(Box::new(RebuildReply(
-            outcome
-                .as_ref()
-                .map(|(rows, _)| *rows)
-                .map_err(|e| e.clone()),
-        )));
+    for (w, kind) in waiters {
+        let rows = outcome
+            .as_ref()
+            .map(|(rows, _)| *rows)
+            .map_err(|e| e.clone());
+        w.finish(Box::new(RebuildReply(rows, kind)));
     }
     state::with(|r| {
         if let Some(s) = r.sets.get_mut(name) {
@@ -175,26 +184,45 @@ fn finish(ctx: &Context, name: &str, res: Result<Ready, DbErr>) {
     });
 }
 
-/// The reply of MEMBER.REBUILD SYNC: members loaded, or why the rebuild failed.
-pub struct RebuildReply(pub Result<u64, String>);
+/// What a caller waiting for a rebuild hears when it succeeds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// MEMBER.REBUILD SYNC: the number of members loaded.
+    Rows,
+    /// MEMBER.CREATE: OK.
+    Ok,
+}
+
+/// The reply of a rebuild's waiter: members loaded (or OK), or why the rebuild failed.
+pub struct RebuildReply(pub Result<u64, String>, pub Reply);
 
 impl Completion for RebuildReply {
     fn apply(&mut self, _ctx: &Context) {}
     fn reply(&mut self, _ctx: &Context) -> RedisResult {
-        match &self.0 {
-            Ok(n) => Ok(RedisValue::Integer(*n as i64)),
-            Err(e) => Err(RedisError::String(e.clone())),
+        match (&self.0, self.1) {
+            (Ok(n), Reply::Rows) => Ok(RedisValue::Integer(*n as i64)),
+            (Ok(_), Reply::Ok) => Ok(RedisValue::SimpleStringStatic("OK")),
+            (Err(e), _) => Err(RedisError::String(e.clone())),
         }
     }
 }
 
-/// Makes `waiter` get the outcome of the running rebuild of `name`.
-pub fn wait(name: &str, waiter: Blocked) {
-    state::with(|r| {
+/// Makes `waiter` get the outcome of the running rebuild of `name`. With no rebuild running
+/// (it ended in between, or there is no such set) the waiter hears so at once.
+pub fn wait(name: &str, waiter: Blocked, kind: Reply) {
+    let waiter = state::with(|r| {
         if let Some(s) = r.sets.get_mut(name) {
             if let Rebuild::Running { waiters, .. } = &mut s.rebuild {
-                waiters.push(waiter);
+                waiters.push((waiter, kind));
+                return None;
             }
         }
+        Some(waiter)
     });
+    if let Some(w) = waiter {
+        w.finish(Box::new(RebuildReply(
+            Err(crate::error::WORKER_LOST.into()),
+            kind,
+        )));
+    }
 }

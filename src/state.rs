@@ -94,8 +94,8 @@ pub enum Rebuild {
         estimate: Arc<AtomicU64>,
         /// Items added while the build ran; folded into the new filter at the swap.
         journal: Vec<u128>,
-        /// MEMBER.REBUILD SYNC callers waiting for the outcome.
-        waiters: Vec<crate::block::Blocked>,
+        /// MEMBER.REBUILD SYNC and MEMBER.CREATE callers waiting for the outcome.
+        waiters: Vec<(crate::block::Blocked, crate::rebuild::Reply)>,
     },
 }
 

@@ -1,7 +1,10 @@
-//! MEMBER.CREATE: the catalog row and table in PostgreSQL, then (for a set new to this node)
-//! the filter built from the rows already there, all before the reply.
+//! MEMBER.CREATE: the catalog row and table in PostgreSQL, then (for a set without a complete
+//! filter here) the filter built from the rows already there, off the main thread, before the
+//! reply.
 
-use std::sync::atomic::AtomicU64;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::time::Duration;
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
@@ -10,11 +13,9 @@ use super::{block_timeout, may_block, set_name, Options};
 use crate::block::{Blocked, Completion};
 use crate::canon::Normalize;
 use crate::config::{self, parse_error_rate};
-use crate::db::sql::Built;
 use crate::db::{pool, sql, DbErr};
-use crate::filter_type::{self, FilterValue};
 use crate::state::{self, SetDef};
-use crate::{error, keys};
+use crate::{error, filter_type, keys, mainq, metrics, rebuild};
 
 const OPTIONS: [&str; 5] = ["ERROR", "CAPACITY", "CACHE-TTL", "RECENT-TTL", "NORMALIZE"];
 
@@ -75,50 +76,117 @@ fn parse(args: Vec<RedisString>) -> Result<(SetDef, [bool; 5]), RedisError> {
     ))
 }
 
+thread_local! {
+    /// CREATE callers waiting for their catalog step, by request id: the handle moves on to
+    /// the filter build when the step ends, or answers `UNAVAILABLE` if it does not end within
+    /// `member.db-timeout-ms` (the step then still completes, into a usable set).
+    static PENDING: RefCell<HashMap<u64, Blocked>> = RefCell::new(HashMap::new());
+    static NEXT_ID: Cell<u64> = const { Cell::new(0) };
+}
+
 /// MEMBER.CREATE <set> [ERROR <rate>] [CAPACITY <n>] [CACHE-TTL <s>] [RECENT-TTL <s>]
 /// [NORMALIZE none|lower|username]
+///
+/// Two steps, neither on the main thread: the catalog row and table (a worker, bounded by
+/// `member.db-timeout-ms`), then, for a set without a complete filter here, the filter build
+/// (the rebuild path: its own thread, a swap of microseconds). The client waits for both; the
+/// server does not.
 pub fn create(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let (def, explicit) = parse(args)?;
     if !may_block(ctx) {
         return Err(RedisError::Str(error::NEEDS_BLOCKING));
     }
-    let build = state::with(|r| !r.sets.contains_key(&def.name));
-    let fallback = CreateDone {
-        result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
+    let id = NEXT_ID.with(|n| {
+        n.set(n.get() + 1);
+        n.get()
+    });
+    // No block timeout: the catalog step has its own (below), the build takes as long as the
+    // table takes to stream, like MEMBER.REBUILD SYNC.
+    let blocked = Blocked::block(
+        ctx,
+        Duration::ZERO,
+        Box::new(Answer(Err(error::WORKER_LOST.into()))),
+    );
+    PENDING.with(|p| p.borrow_mut().insert(id, blocked));
+    ctx.create_timer(block_timeout(), catalog_timeout, id);
+    let step = CatalogStep {
+        id,
+        result: Some(Err(DbErr::Unavailable(error::WORKER_LOST.into()))),
     };
-    let blocked = Blocked::block(ctx, block_timeout(), Box::new(fallback));
     pool::run(move |db| {
-        let progress = AtomicU64::new(0);
-        let result = sql::create_set(db, &def, &explicit, build, &progress);
-        blocked.finish(Box::new(CreateDone { result }));
+        let mut step = step;
+        step.result = Some(sql::create_set(db, &def, &explicit));
     });
     Ok(RedisValue::NoReply)
 }
 
-struct CreateDone {
-    result: Result<(SetDef, Option<Built>), DbErr>,
+fn catalog_timeout(_ctx: &Context, id: u64) {
+    if let Some(b) = PENDING.with(|p| p.borrow_mut().remove(&id)) {
+        metrics::global(|m| m.db_timeouts += 1);
+        b.finish(Box::new(Answer(Err(error::DB_TIMEOUT.into()))));
+    }
 }
 
-impl Completion for CreateDone {
-    fn apply(&mut self, ctx: &Context) {
-        let Ok((def, built)) = &mut self.result else {
-            return;
-        };
-        let newly = state::with(|r| !r.sets.contains_key(&def.name));
-        state::register(def.clone());
-        internal::replicate_set(ctx, def);
-        if let (true, Some(b)) = (newly, built.take()) {
-            let key = keys::filter_key(&def.name);
-            let v = FilterValue::built(b.bloom, b.watermark);
-            internal::replicate_filter(ctx, &key, &v);
-            filter_type::install(ctx, &key, v);
-        }
-    }
+/// The catalog step in flight. However it ends (done, dropped unrun, panicked), its result
+/// reaches the main thread exactly once.
+struct CatalogStep {
+    id: u64,
+    result: Option<Result<SetDef, DbErr>>,
+}
 
+impl Drop for CatalogStep {
+    fn drop(&mut self) {
+        let id = self.id;
+        let res = self
+            .result
+            .take()
+            .unwrap_or_else(|| Err(DbErr::Unavailable(error::WORKER_LOST.into())));
+        mainq::post(Box::new(move |ctx| catalog_done(ctx, id, res)));
+    }
+}
+
+/// Main thread: the set is in the catalog (or the step failed). A set new to this node, or
+/// one without a complete filter, gets its filter built before the caller hears OK.
+fn catalog_done(ctx: &Context, id: u64, res: Result<SetDef, DbErr>) {
+    let waiter = PENDING.with(|p| p.borrow_mut().remove(&id));
+    let def = match res {
+        Ok(def) => def,
+        Err(e) => {
+            if let Some(w) = waiter {
+                w.finish(Box::new(Answer(Err(e.reply_text()))));
+            }
+            return;
+        }
+    };
+    state::register(def.clone());
+    let key = keys::filter_key(&def.name);
+    let complete = filter_type::with(ctx, &key, |f| f.cov.complete).unwrap_or(false);
+    if complete {
+        internal::replicate_set(ctx, &def);
+        if let Some(w) = waiter {
+            w.finish(Box::new(Answer(Ok(()))));
+        }
+        return;
+    }
+    // Started now, or already running (a housekeeping rebuild): either way the caller waits
+    // for the build that makes the filter complete. Replicas learn the definition with the
+    // built filter (one `MEMBER._SET`, then `MEMBER._LOAD`), so they never start a build of
+    // their own for it.
+    rebuild::start(&def.name);
+    if let Some(w) = waiter {
+        rebuild::wait(&def.name, w, rebuild::Reply::Ok);
+    }
+}
+
+/// CREATE's reply: OK, or why not.
+struct Answer(Result<(), String>);
+
+impl Completion for Answer {
+    fn apply(&mut self, _ctx: &Context) {}
     fn reply(&mut self, _ctx: &Context) -> RedisResult {
-        match &self.result {
-            Ok(_) => Ok(RedisValue::SimpleStringStatic("OK")),
-            Err(e) => Err(RedisError::String(e.reply_text())),
+        match &self.0 {
+            Ok(()) => Ok(RedisValue::SimpleStringStatic("OK")),
+            Err(e) => Err(RedisError::String(e.clone())),
         }
     }
 }

@@ -4,7 +4,7 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use super::{may_block, set_name};
 use crate::block::Blocked;
-use crate::rebuild::{self, RebuildReply};
+use crate::rebuild::{self, RebuildReply, Reply};
 use crate::{error, state};
 
 /// MEMBER.REBUILD <set> [SYNC] — `OK` at once, or with SYNC the number of members loaded
@@ -38,8 +38,8 @@ pub fn rebuild(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let waiter = Blocked::block(
         ctx,
         std::time::Duration::ZERO,
-        Box::new(RebuildReply(Err(error::WORKER_LOST.into()))),
+        Box::new(RebuildReply(Err(error::WORKER_LOST.into()), Reply::Rows)),
     );
-    rebuild::wait(&name, waiter);
+    rebuild::wait(&name, waiter, Reply::Rows);
     Ok(RedisValue::NoReply)
 }

@@ -96,14 +96,8 @@ pub fn load_catalog(db: &mut Db) -> Result<Vec<SetDef>, DbErr> {
 
 /// Creates (or confirms) a set: catalog row and table. `explicit` says which settings the
 /// caller gave; an existing set whose given settings differ is refused. Returns the stored
-/// definition and, if `build`, the filter built from the rows already in the table.
-pub fn create_set(
-    db: &mut Db,
-    wanted: &SetDef,
-    explicit: &[bool; 5],
-    build: bool,
-    progress: &AtomicU64,
-) -> Result<(SetDef, Option<Built>), DbErr> {
+/// definition (the filter is built by the rebuild path).
+pub fn create_set(db: &mut Db, wanted: &SetDef, explicit: &[bool; 5]) -> Result<SetDef, DbErr> {
     let def = db.run(|c, _| {
         let mut tx = c.transaction()?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
@@ -139,19 +133,7 @@ pub fn create_set(
         tx.commit()?;
         Ok(Some(def))
     })?;
-    let def = def.ok_or(DbErr::Refused(error::SET_EXISTS_DIFFERENT))?;
-    let built = if build {
-        let built = db
-            .client()
-            .and_then(|c| build_filter(c, &def, progress, &AtomicU64::new(0)));
-        if matches!(built, Err(DbErr::Unavailable(_))) {
-            db.reset();
-        }
-        Some(built?)
-    } else {
-        None
-    };
-    Ok((def, built))
+    def.ok_or(DbErr::Refused(error::SET_EXISTS_DIFFERENT))
 }
 
 /// Inserts memberships with one multi-row statement. For each item, true when the call made

@@ -5,41 +5,25 @@
 use redis_module::{Context, ContextFlags, RedisString};
 
 use crate::canon::Canon;
-use crate::filter::Bloom;
-use crate::filter_type::{self, FilterValue};
-use crate::{config, keys, state};
+use crate::filter_type;
+use crate::{keys, state};
 
-/// `canon` became (or may have become) a member of `set`: set its filter bits (creating a
-/// partial filter if there is none), make a running rebuild include it, drop its cache entry.
+/// `canon` became (or may have become) a member of `set`: set its filter bits, make a running
+/// rebuild include it, drop its cache entry. A set without a filter gets none here: it falls
+/// through to the database until its rebuild (which includes this item through the journal)
+/// installs a complete one; allocating a whole filter on the main thread for one item would
+/// stall every client for as long as the filter takes to zero.
 pub fn added(ctx: &Context, set: &str, canon: &Canon) {
     state::with(|r| {
-        let (key, prefix, sizing) = match r.sets.get_mut(set) {
+        let (key, prefix) = match r.sets.get_mut(set) {
             Some(s) => {
                 s.journal(canon.hash);
                 s.generation += 1;
-                (
-                    s.filter_key.clone(),
-                    s.cache_prefix.clone(),
-                    (s.def.capacity, s.def.error_rate),
-                )
+                (s.filter_key.clone(), s.cache_prefix.clone())
             }
-            None => (
-                keys::filter_key(set),
-                keys::cache_prefix(set),
-                (
-                    config::DEFAULT_CAPACITY.load(std::sync::atomic::Ordering::Relaxed) as u64,
-                    config::DEFAULT_ERROR_RATE.get(),
-                ),
-            ),
+            None => (keys::filter_key(set), keys::cache_prefix(set)),
         };
-        if !filter_type::add(ctx, &key, canon.hash) {
-            // Without a filter the set already falls through to the database; one that may not
-            // be allocated (over the ceiling, out of memory) is simply not made.
-            if let Ok(mut bloom) = Bloom::try_new(sizing.0, sizing.1, config::max_filter_bytes()) {
-                bloom.add(canon.hash);
-                filter_type::install(ctx, &key, FilterValue::partial(bloom));
-            }
-        }
+        filter_type::add(ctx, &key, canon.hash);
         keys::cache_invalidate(ctx, &keys::cache_key(ctx, &prefix, canon));
     });
 }

@@ -60,16 +60,6 @@ impl FilterValue {
         FilterValue::new(bloom, cov, true)
     }
 
-    /// A filter holding only writes seen by this node (after FLUSHALL, say): never trusted
-    /// for "absent" until a rebuild replaces it.
-    pub fn partial(bloom: Bloom) -> Self {
-        let cov = Coverage {
-            complete: false,
-            watermark: None,
-        };
-        FilterValue::new(bloom, cov, false)
-    }
-
     /// True when a negative from this filter is definitive.
     #[inline]
     pub fn trusted(&self) -> bool {
@@ -215,8 +205,7 @@ pub fn with_mut<R>(
     }
 }
 
-/// Adds `hash` to the filter at `key`. Returns false when there is no filter of ours there
-/// (the caller then creates an incomplete one).
+/// Adds `hash` to the filter at `key`. Returns false when there is no filter of ours there.
 pub fn add(ctx: &Context, key: &RedisString, hash: u128) -> bool {
     let k = ctx.open_key_writable(key);
     match k.get_value::<FilterValue>(&FILTER_TYPE) {

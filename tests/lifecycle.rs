@@ -421,7 +421,8 @@ fn flushall_falls_through_and_rebuilds() {
 
     ok(&mut c, &["FLUSHALL"]);
     assert_members(&env.vk, &mut c, "s", &items, "right after FLUSHALL");
-    // An ADD before the rebuild lands creates a partial filter; it must survive the rebuild.
+    // An ADD before the rebuild lands has no filter to go to: the rebuild's journal must
+    // carry it into the new one.
     let extra = vec!["after-flush".to_string()];
     add_all(&env.vk, &mut c, "s", &extra);
     items.extend(extra);

@@ -17,6 +17,8 @@
 
 #[path = "../tests/support/mod.rs"]
 mod support;
+#[path = "member/big_filters.rs"]
+mod big_filters;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -68,13 +70,14 @@ struct Opts {
 type Section = fn(&mut Bench);
 
 /// The sections of a run, in order, by the name `--only` takes (a comma-separated list).
-const SECTIONS: [(&str, Section); 6] = [
+const SECTIONS: [(&str, Section); 7] = [
     ("memory", Bench::memory),
     ("negative", Bench::negative_path),
     ("mixed", Bench::mixed),
     ("cold", Bench::cold_path),
     ("rebuild", Bench::rebuild),
     ("writes", Bench::adds),
+    ("bigfilter", Bench::big_filters),
 ];
 
 impl Opts {
@@ -92,7 +95,7 @@ const USAGE: &str = "usage: cargo bench --bench member -- [--ten-million] [--mem
   --seconds S     seconds of load per side of each comparison (default 4)
   --workers N     member.workers for the module (default: the module's default)
   --fpr-probes N  absent probes for the measured false-positive rate (default 1 000 000)
-  --only SECTIONS run only these, comma-separated: memory,negative,mixed,cold,rebuild,writes
+  --only SECTIONS run only these, comma-separated: memory,negative,mixed,cold,rebuild,writes,bigfilter
                   (prints the table; bench/results.md and the chart are kept as they are)";
 
 impl Opts {

@@ -11,6 +11,8 @@ use crate::{config, keys, state};
 
 /// `canon` became (or may have become) a member of `set`: set its filter bits (creating a
 /// partial filter if there is none), make a running rebuild include it, drop its cache entry.
+/// If the filter at the key is not the one the set trusts, that one (moved away, or gone)
+/// missed the item and is trusted no more.
 pub fn added(ctx: &Context, set: &str, canon: &Canon) {
     state::with(|r| {
         let (key, prefix, sizing) = match r.sets.get_mut(set) {
@@ -32,10 +34,15 @@ pub fn added(ctx: &Context, set: &str, canon: &Canon) {
                 ),
             ),
         };
-        if !filter_type::add(ctx, &key, canon.hash) {
+        let at = filter_type::add(ctx, &key, canon.hash);
+        if at.is_none() {
             let mut bloom = Bloom::new(sizing.0, sizing.1);
             bloom.add(canon.hash);
             filter_type::install(ctx, &key, FilterValue::partial(bloom));
+        }
+        // The trusted filter, if it is not the value that just took the item, missed it.
+        if let Some(s) = r.sets.get_mut(set) {
+            s.filter_added(at);
         }
         keys::cache_invalidate(ctx, &keys::cache_key(ctx, &prefix, canon));
     });

@@ -118,6 +118,12 @@ pub struct SetState {
     pub sync: crate::sync::SyncState,
     /// The promotion epoch in which this set's filter last caught up (see `Registry::epoch`).
     pub synced_epoch: u64,
+    /// Identity (`FilterValue::id`) of the one filter value that may answer "absent" for this
+    /// set: the value this process installed (CREATE, rebuild, live replication) or the sync
+    /// loop caught up from its own watermark, and that has received every ADD since. Any
+    /// other value found at the key (renamed or moved back, copied over, swapped in,
+    /// restored) falls through to cache and database until a sync pass catches it up.
+    pub trusted: Option<u64>,
     pub stats: PathCounters,
 }
 
@@ -134,7 +140,27 @@ impl SetState {
             next_rebuild_try: None,
             sync: Default::default(),
             synced_epoch: 0,
+            trusted: None,
             stats: PathCounters::default(),
+        }
+    }
+
+    /// Items were just added to the filter value `at` at this set's key (`None`: there was
+    /// none of ours). If that is not the trusted value, the trusted value is elsewhere (moved
+    /// or renamed away) and missed them: it is trusted no more, wherever it is.
+    pub fn filter_added(&mut self, at: Option<u64>) {
+        if at.is_none() || self.trusted != at {
+            self.trusted = None;
+        }
+    }
+
+    /// A sync pass applied `rows` rows to the value at the key, which it caught up
+    /// (`caught`, see `FilterValue::apply_sync`) or not.
+    pub fn filter_synced(&mut self, caught: Option<u64>, rows: bool) {
+        if caught.is_some() {
+            self.trusted = caught;
+        } else if rows {
+            self.trusted = None;
         }
     }
 
@@ -245,13 +271,21 @@ pub fn synced(r: &mut Registry, set: &str, epoch: u64) {
     }
 }
 
+/// `id` is the filter value the module just installed at `set`'s key: trusted for "absent" if
+/// `trust` (it is current: a build, or a live replica's copy of one), else nothing is.
+pub fn installed(r: &mut Registry, set: &str, id: u64, trust: bool) {
+    if let Some(s) = r.sets.get_mut(set) {
+        s.trusted = trust.then_some(id);
+    }
+}
+
 /// Registers (or updates) a set definition.
 pub fn register(def: SetDef) {
     with(|r| match r.sets.get_mut(&def.name) {
         Some(s) => s.def = def,
         None => {
             // A set first seen now has no filter older than this epoch to distrust (one
-            // loaded from disk is held back by its own caught_up flag).
+            // loaded from disk is held back until a sync pass trusts it).
             let mut s = SetState::new(def);
             s.synced_epoch = r.epoch;
             r.sets.insert(s.def.name.clone(), s);

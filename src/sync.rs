@@ -100,20 +100,13 @@ fn apply(ctx: &Context, name: &str, epoch: u64, from: i64, res: Result<(Vec<u128
     let (Some(key), Ok((hashes, horizon))) = (key, res) else {
         return;
     };
-    filter_type::with_mut(ctx, &key, |f| {
-        for h in &hashes {
-            f.add(*h);
+    let caught = filter_type::with_mut(ctx, &key, |f| f.apply_sync(&hashes, from, horizon));
+    state::with(|r| {
+        if let Some(s) = r.sets.get_mut(name) {
+            s.filter_synced(caught.flatten(), !hashes.is_empty());
         }
-        // The filter now covers everything before `horizon` only if this pass started at or
-        // before what it already covered (a rebuild may have swapped in a newer one).
-        if let Some(covered) = f.cov.watermark {
-            if from <= covered {
-                f.cov.watermark = Some(covered.max(horizon));
-                f.caught_up = f.cov.complete;
-            }
-        }
+        state::synced(r, name, epoch)
     });
-    state::with(|r| state::synced(r, name, epoch));
 }
 
 /// Time since the last successful pass, for MEMBER.INFO.

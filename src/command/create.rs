@@ -107,7 +107,8 @@ impl Completion for CreateDone {
             let key = keys::filter_key(&def.name);
             let v = FilterValue::built(b.bloom, b.watermark);
             internal::replicate_filter(ctx, &key, &v);
-            filter_type::install(ctx, &key, v);
+            let id = filter_type::install(ctx, &key, v);
+            state::with(|r| state::installed(r, &def.name, id, true));
         }
     }
 

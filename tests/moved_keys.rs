@@ -4,7 +4,7 @@
 //!
 //! The sync loop runs once after each CREATE and then not for a minute, so it cannot repair
 //! a missed case before the assertions run. One server for the file: the filter tests share
-//! it concurrently (one set each); SWAPDB, which touches everything, runs alone.
+//! it concurrently (one set each); SWAPDB and the cache test, which touch everything, run alone.
 mod support;
 
 use std::sync::{OnceLock, RwLock};
@@ -21,7 +21,8 @@ const PAST_RECENT: Duration = Duration::from_millis(1200);
 /// How long a rebuild of a tiny set may take on a busy machine.
 const SETTLE: Duration = Duration::from_secs(20);
 
-/// Filter tests hold it shared; tests that swap whole databases hold it alone.
+/// Filter tests hold it shared; tests that swap whole databases or rely on the cache hold it
+/// alone.
 static LOCK: RwLock<()> = RwLock::new(());
 
 fn env() -> &'static Env {
@@ -181,4 +182,84 @@ fn filter_restored_from_an_older_dump_is_held_back() {
         );
         thread::sleep(Duration::from_millis(250));
     }
+}
+
+/// The exact-match key of an unscoped item.
+fn hit_key(set: &str, item: &str) -> Vec<u8> {
+    let mut k = format!("member:{set}:hit:{item}").into_bytes();
+    k.push(0);
+    k
+}
+
+fn run(c: &mut Connection, args: &[&[u8]]) -> redis::RedisResult<Value> {
+    let mut k = redis::cmd(std::str::from_utf8(args[0]).unwrap());
+    for a in &args[1..] {
+        k.arg(*a);
+    }
+    k.query(c)
+}
+
+#[test]
+fn cache_entries_that_come_back_are_not_trusted() {
+    let _g = LOCK.write().unwrap_or_else(|e| e.into_inner());
+    let set = "hits";
+    let mut c = env().conn();
+    create(&mut c, set, &["CACHE-TTL", "300"]);
+    let paths = ["copy", "rename", "move", "restore", "swapdb"];
+    for item in paths {
+        assert_eq!(int(&mut c, &["MEMBER.ADD", set, item]), 1);
+    }
+    assert_eq!(int(&mut c, &["MEMBER.ADD", set, "kept"]), 1);
+    thread::sleep(PAST_RECENT);
+    let mut wrong = Vec::new();
+    for item in paths {
+        // A confirmed membership, cached.
+        assert_eq!(int(&mut c, &["MEMBER.EXISTS", set, item]), 1);
+        assert_eq!(explain(&mut c, set, item), (1, "cache-hit".to_string()));
+        let key = hit_key(set, item);
+        let k = key.as_slice();
+        // The entry is set aside, the member deleted, the entry brought back.
+        let steps: Vec<Vec<&[u8]>> = match item {
+            "copy" => vec![vec![b"COPY", k, b"hits_backup"]],
+            "rename" => vec![vec![b"RENAME", k, b"hits_saved"]],
+            "move" => vec![vec![b"MOVE", k, b"1"]],
+            "swapdb" => vec![vec![b"SWAPDB", b"0", b"1"]],
+            _ => vec![],
+        };
+        let dump: Vec<u8> = if item == "restore" {
+            redis::cmd("DUMP").arg(k).query(&mut c).unwrap()
+        } else {
+            Vec::new()
+        };
+        for s in &steps {
+            run(&mut c, s).unwrap_or_else(|e| panic!("{item}: {e}"));
+        }
+        assert_eq!(int(&mut c, &["MEMBER.DEL", set, item]), 1);
+        let back: Vec<Vec<&[u8]>> = match item {
+            "copy" => vec![vec![b"COPY", b"hits_backup", k, b"REPLACE"]],
+            "rename" => vec![vec![b"RENAME", b"hits_saved", k]],
+            "move" => vec![
+                vec![b"SELECT", b"1"],
+                vec![b"MOVE", k, b"0"],
+                vec![b"SELECT", b"0"],
+            ],
+            "restore" => vec![vec![b"RESTORE", k, b"0", &dump, b"REPLACE"]],
+            _ => vec![vec![b"SWAPDB", b"0", b"1"]],
+        };
+        for s in &back {
+            run(&mut c, s).unwrap_or_else(|e| panic!("{item}: {e}"));
+        }
+        let got = explain(&mut c, set, item);
+        if got.0 != 0 {
+            wrong.push((item, got));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "a cache entry brought back answered a deleted member present: {wrong:?}\n{}",
+        log_tail()
+    );
+    // The cache still works: a fresh fill is believed.
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", set, "kept"]), 1);
+    assert_eq!(explain(&mut c, set, "kept"), (1, "cache-hit".to_string()));
 }

@@ -229,6 +229,8 @@ pub struct Registry {
     pub epoch: u64,
     /// Set by a promotion; the next sweep starts sync passes for every set at once.
     promoted: bool,
+    /// When a sweep last started sync passes early for a filter value no set trusts yet.
+    strangers_seen: Option<Instant>,
 }
 
 impl Registry {
@@ -350,7 +352,39 @@ pub fn housekeeping(ctx: &Context) {
             rebuild::start(&name);
         }
     }
-    crate::sync::run(ctx, promoted);
+    let strangers = strangers_waiting(ctx, now);
+    crate::sync::run(ctx, promoted || strangers);
+}
+
+/// How often at most a sweep starts sync passes early for untrusted filter values.
+const STRANGERS_EVERY: Duration = Duration::from_secs(1);
+
+/// True (at most once per `STRANGERS_EVERY`) when a set's key holds a complete filter value
+/// that the set does not trust (moved or copied back, restored, loaded): the sync loop then
+/// catches it up now rather than after a whole `member.sync-interval-ms`, during which every
+/// lookup of the set would go to the database.
+fn strangers_waiting(ctx: &Context, now: Instant) -> bool {
+    let sets: Vec<(RedisString, Option<u64>)> = with(|r| {
+        if r.strangers_seen
+            .is_some_and(|t| now.duration_since(t) < STRANGERS_EVERY)
+        {
+            return Vec::new();
+        }
+        r.sets
+            .values()
+            .map(|s| (s.filter_key.clone(), s.trusted))
+            .collect()
+    });
+    let found = sets.iter().any(|(key, trusted)| {
+        filter_type::with(ctx, key, |f| {
+            f.cov.complete && f.cov.watermark.is_some() && !f.trusted(*trusted)
+        })
+        .unwrap_or(false)
+    });
+    if found {
+        with(|r| r.strangers_seen = Some(now));
+    }
+    found
 }
 
 /// Delay before retrying a failed catalog load or rebuild.

@@ -12,7 +12,9 @@ use crate::{keys, state};
 /// rebuild include it, drop its cache entry. A set without a filter gets none here: it falls
 /// through to the database until its rebuild (which includes this item through the journal)
 /// installs a complete one; allocating a whole filter on the main thread for one item would
-/// stall every client for as long as the filter takes to zero.
+/// stall every client for as long as the filter takes to zero. If the filter at the key is
+/// not the one the set trusts, that one (moved away, or gone) missed the item and is trusted
+/// no more.
 pub fn added(ctx: &Context, set: &str, canon: &Canon) {
     state::with(|r| {
         let (key, prefix) = match r.sets.get_mut(set) {
@@ -23,7 +25,11 @@ pub fn added(ctx: &Context, set: &str, canon: &Canon) {
             }
             None => (keys::filter_key(set), keys::cache_prefix(set)),
         };
-        filter_type::add(ctx, &key, canon.hash);
+        let at = filter_type::add(ctx, &key, canon.hash);
+        // The trusted filter, if it is not the value that just took the item, missed it.
+        if let Some(s) = r.sets.get_mut(set) {
+            s.filter_added(at);
+        }
         keys::cache_invalidate(ctx, &keys::cache_key(ctx, &prefix, canon));
     });
 }

@@ -14,19 +14,18 @@ use crate::filter::{Bloom, Coverage};
 use crate::funnel::FilterView;
 use crate::known_absent::KnownAbsent;
 
-/// A set's filter, what it covers, and whether it may answer "absent" right now.
+/// A set's filter and what it covers. Whether it may answer "absent" is not stored here: the
+/// set's state names the one value it trusts (`state::SetState::trusted`), so a value that
+/// comes back to the key by any other way (RENAME, MOVE, SWAPDB, COPY, RESTORE) is not it.
 #[derive(Debug)]
 pub struct FilterValue {
     pub bloom: Bloom,
     pub cov: Coverage,
-    /// False after a load from RDB/AOF or a promotion until the sync loop has caught the
-    /// filter up from its watermark. Not persisted: every load starts false.
-    pub caught_up: bool,
     /// False positives the database confirmed absent while this filter served. Not
     /// persisted, not copied: every new value starts empty.
     pub known_absent: KnownAbsent,
-    /// Identity of this value (never reused): a database answer is only remembered in the
-    /// filter whose answer sent it to the database, not in one swapped in meanwhile.
+    /// Identity of this value, never reused: a fresh one for every value made (build, load,
+    /// COPY's clone); kept while the server moves the value between keys and databases.
     pub id: u64,
 }
 
@@ -34,18 +33,18 @@ pub struct FilterValue {
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 impl Clone for FilterValue {
-    /// A copy (COPY of the key) is a new value: same bits and coverage, nothing remembered.
+    /// A copy (COPY of the key) is a new value: same bits and coverage, a new identity,
+    /// nothing remembered.
     fn clone(&self) -> Self {
-        FilterValue::new(self.bloom.clone(), self.cov, self.caught_up)
+        FilterValue::new(self.bloom.clone(), self.cov)
     }
 }
 
 impl FilterValue {
-    fn new(bloom: Bloom, cov: Coverage, caught_up: bool) -> Self {
+    fn new(bloom: Bloom, cov: Coverage) -> Self {
         FilterValue {
             bloom,
             cov,
-            caught_up,
             known_absent: KnownAbsent::default(),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         }
@@ -57,13 +56,25 @@ impl FilterValue {
             complete: true,
             watermark: Some(watermark),
         };
-        FilterValue::new(bloom, cov, true)
+        FilterValue::new(bloom, cov)
     }
 
-    /// True when a negative from this filter is definitive.
+    /// A filter that was never built from the whole table (only older payloads hold one now).
+    #[cfg(test)]
+    pub fn partial(bloom: Bloom) -> Self {
+        let cov = Coverage {
+            complete: false,
+            watermark: None,
+        };
+        FilterValue::new(bloom, cov)
+    }
+
+    /// True when a negative from this filter is definitive, `trusted` being the identity the
+    /// set trusts (`state::SetState::trusted`): built from the whole table, and the very
+    /// value the module installed or caught up.
     #[inline]
-    pub fn trusted(&self) -> bool {
-        self.cov.complete && self.caught_up
+    pub fn trusted(&self, trusted: Option<u64>) -> bool {
+        self.cov.complete && trusted == Some(self.id)
     }
 
     /// `hash` became (or may have become) a member: its bits, and it is no longer known
@@ -73,15 +84,32 @@ impl FilterValue {
         self.known_absent.added(hash);
     }
 
+    /// The catch-up rule, the one place it is decided. A sync pass read `hashes`, every
+    /// active row changed from `from` up to `horizon`; they are added, and if this value
+    /// already covered `from` it now covers up to `horizon`: whatever its history (loaded
+    /// from disk, moved back, copied over), it is current. Returns its identity then, for
+    /// the set to trust; `None` when it is not (a partial filter, or one older than `from`).
+    pub fn apply_sync(&mut self, hashes: &[u128], from: i64, horizon: i64) -> Option<u64> {
+        for h in hashes {
+            self.add(*h);
+        }
+        let covered = self.cov.watermark?;
+        if from > covered {
+            return None;
+        }
+        self.cov.watermark = Some(covered.max(horizon));
+        self.cov.complete.then_some(self.id)
+    }
+
     pub fn to_bytes(&self) -> Vec<u8> {
         self.bloom.to_bytes(self.cov)
     }
 
-    /// Parses a serialized filter; it starts not caught up unless `caught_up` says otherwise
-    /// (a filter replicated live from a primary's rebuild is as current as the primary's).
-    pub fn from_bytes(b: &[u8], caught_up: bool) -> Result<Self, String> {
+    /// Parses a serialized filter into a new value (a new identity: not trusted until the
+    /// set is told to trust it).
+    pub fn from_bytes(b: &[u8]) -> Result<Self, String> {
         let (bloom, cov) = Bloom::from_bytes(b)?;
-        Ok(FilterValue::new(bloom, cov, caught_up && cov.complete))
+        Ok(FilterValue::new(bloom, cov))
     }
 }
 
@@ -116,12 +144,18 @@ pub static FILTER_TYPE: RedisType = RedisType::new(
 
 /// What the filter at `key` says about `hash`, and the identity of that filter when it is
 /// trusted (what a database "absent" for an item it let through may be remembered against).
-/// A missing filter, or a key of another type, is incomplete: it can never answer "absent".
+/// Only the value whose identity is `trusted` may answer "absent"; any other value found
+/// there, a missing filter, or a key of another type, is incomplete.
 #[inline]
-pub fn view(ctx: &Context, key: &RedisString, hash: u128) -> (FilterView, Option<u64>) {
+pub fn view(
+    ctx: &Context,
+    key: &RedisString,
+    hash: u128,
+    trusted: Option<u64>,
+) -> (FilterView, Option<u64>) {
     let k = ctx.open_key(key);
     match k.get_value::<FilterValue>(&FILTER_TYPE) {
-        Ok(Some(f)) if f.trusted() => {
+        Ok(Some(f)) if f.trusted(trusted) => {
             let view = if !f.bloom.contains(hash) {
                 FilterView::Complete { contains: false }
             } else if fp_cache_on() && f.known_absent.contains(hash) {
@@ -146,12 +180,13 @@ fn fp_cache_on() -> bool {
 }
 
 /// Remembers that the database found `hash` absent when asked at `asked`, if the filter at
-/// `key` is still the trusted filter `id` that let it through and nothing added the item
-/// since. With the tier turned off, frees what it held.
+/// `key` is still the filter `id` that let it through, the set still trusts it (`trusted`)
+/// and nothing added the item since. With the tier turned off, frees what it held.
 pub fn remember_absent(
     ctx: &Context,
     key: &RedisString,
     id: u64,
+    trusted: Option<u64>,
     hash: u128,
     asked: Instant,
     ttl_s: u64,
@@ -169,7 +204,7 @@ pub fn remember_absent(
         return;
     };
     with_mut(ctx, key, |f| {
-        if f.id == id && f.trusted() {
+        if f.id == id && f.trusted(trusted) {
             f.known_absent.insert(hash, asked, until, now, cap);
         }
     });
@@ -205,26 +240,29 @@ pub fn with_mut<R>(
     }
 }
 
-/// Adds `hash` to the filter at `key`. Returns false when there is no filter of ours there.
-pub fn add(ctx: &Context, key: &RedisString, hash: u128) -> bool {
+/// Adds `hash` to the filter at `key`. Returns the identity of the value it went into, or
+/// `None` when there is no filter of ours there.
+pub fn add(ctx: &Context, key: &RedisString, hash: u128) -> Option<u64> {
     let k = ctx.open_key_writable(key);
     match k.get_value::<FilterValue>(&FILTER_TYPE) {
         Ok(Some(v)) => {
             v.add(hash);
-            true
+            Some(v.id)
         }
-        _ => false,
+        _ => None,
     }
 }
 
-/// Stores `value` at `key`, replacing whatever is there (the `member:` prefix is ours). A
-/// filter it replaces is freed off the main thread when large (a rebuild's swap must not wait
-/// for hundreds of megabytes to be returned).
-pub fn install(ctx: &Context, key: &RedisString, value: FilterValue) {
+/// Stores `value` at `key`, replacing whatever is there (the `member:` prefix is ours), and
+/// returns its identity (for the set to trust it, or not). A filter it replaces is freed off
+/// the main thread when large (a rebuild's swap must not wait for hundreds of megabytes to be
+/// returned).
+pub fn install(ctx: &Context, key: &RedisString, value: FilterValue) -> u64 {
+    let id = value.id;
     let value = match replace_ours(ctx, key, Box::new(value)) {
         Ok(old) => {
             free_later(old);
-            return;
+            return id;
         }
         Err(value) => *value,
     };
@@ -243,6 +281,7 @@ pub fn install(ctx: &Context, key: &RedisString, value: FilterValue) {
             &format!("libmember: cannot store filter: {e}"),
         );
     }
+    id
 }
 
 /// Swaps `value` in for a filter of ours already at `key` (its TTL, if any, kept), returning
@@ -342,9 +381,10 @@ unsafe extern "C" fn aof_rewrite(
 }
 
 /// A payload that cannot be verified fails the load with a log line; it never crashes.
-/// A loaded filter keeps its completeness and watermark but starts not caught up: rows may
-/// have landed in PostgreSQL after the snapshot, so it answers "absent" again only after the
-/// sync loop has read everything since its watermark.
+/// A loaded filter (RDB, RESTORE, a replica's full sync) keeps its completeness and
+/// watermark but is a new value no set trusts: rows may have landed in PostgreSQL after the
+/// snapshot, so it answers "absent" only after the sync loop has read everything since its
+/// watermark.
 ///
 /// # Safety
 /// `rdb` is the server's IO handle.
@@ -363,7 +403,7 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
             return std::ptr::null_mut();
         }
     };
-    match FilterValue::from_bytes(buf.as_ref(), false) {
+    match FilterValue::from_bytes(buf.as_ref()) {
         Ok(v) => Box::into_raw(Box::new(v)).cast(),
         Err(e) => {
             // SAFETY: rdb is the live handle of this callback.
@@ -406,4 +446,54 @@ unsafe extern "C" fn copy(
 ) -> *mut c_void {
     let v = unsafe { &*value.cast::<FilterValue>() };
     Box::into_raw(Box::new(v.clone())).cast()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn built(watermark: i64) -> FilterValue {
+        let mut b = Bloom::new(1000, 0.01);
+        b.add(1);
+        FilterValue::built(b, watermark)
+    }
+
+    #[test]
+    fn only_the_trusted_identity_is_trusted() {
+        let v = built(100);
+        assert!(v.trusted(Some(v.id)));
+        assert!(!v.trusted(None));
+        assert!(!v.trusted(Some(v.id + 1)));
+        let copy = v.clone();
+        assert_ne!(copy.id, v.id, "a COPY is a new value");
+        assert!(!copy.trusted(Some(v.id)));
+        let loaded = FilterValue::from_bytes(&v.to_bytes()).unwrap();
+        assert_ne!(loaded.id, v.id, "a load is a new value");
+        let partial = FilterValue::partial(Bloom::new(10, 0.01));
+        assert!(
+            !partial.trusted(Some(partial.id)),
+            "incomplete is never trusted"
+        );
+    }
+
+    #[test]
+    fn a_pass_from_at_or_before_the_watermark_catches_the_value_up() {
+        let mut v = built(100);
+        assert_eq!(v.apply_sync(&[7], 90, 200), Some(v.id));
+        assert_eq!(v.cov.watermark, Some(200));
+        assert!(v.bloom.contains(7));
+        // A pass that started past what the value covers adds its rows but proves nothing.
+        let mut old = built(50);
+        assert_eq!(old.apply_sync(&[8], 100, 300), None);
+        assert_eq!(old.cov.watermark, Some(50));
+        assert!(old.bloom.contains(8));
+        // Never backwards.
+        let mut v = built(500);
+        assert_eq!(v.apply_sync(&[], 400, 450), Some(v.id));
+        assert_eq!(v.cov.watermark, Some(500));
+        // A partial filter has no watermark to catch up from.
+        let mut p = FilterValue::partial(Bloom::new(10, 0.01));
+        assert_eq!(p.apply_sync(&[9], 0, 10), None);
+        assert!(p.bloom.contains(9));
+    }
 }

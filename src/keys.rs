@@ -1,6 +1,7 @@
 //! The Valkey keys libmember owns, all under the reserved prefix `member:` in DB 0:
 //! the filter `member:<set>:bloom` and the exact-match entries `member:<set>:hit:<entity>\0<scope>`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -27,31 +28,68 @@ pub fn cache_key(ctx: &Context, prefix: &[u8], canon: &Canon) -> RedisString {
 }
 
 /// The value this process writes into exact-match keys. Entries are trusted only when they
-/// carry it: an entry restored from an RDB or AOF file may predate a DEL whose invalidation
-/// was lost with the process (or came from another node, which fills and invalidates on its
-/// own), so after a restart every entry is refilled from the database before it is believed.
-fn boot_nonce() -> &'static str {
-    static NONCE: OnceLock<String> = OnceLock::new();
-    NONCE.get_or_init(|| {
+/// carry the current one: an entry restored from an RDB or AOF file may predate a DEL whose
+/// invalidation was lost with the process (or came from another node, which fills and
+/// invalidates on its own), so after a restart every entry is refilled from the database
+/// before it is believed. A random part fixed per process, then the cache epoch in hex.
+type Nonce = [u8; 48];
+
+/// Bumped by [`distrust_cache`]: entries written before carry an older nonce.
+static CACHE_EPOCH: AtomicU64 = AtomicU64::new(0);
+
+fn nonce() -> Nonce {
+    static BASE: OnceLock<[u8; 32]> = OnceLock::new();
+    let base = BASE.get_or_init(|| {
         let t = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
-        let seed = format!("{t}:{}:{:p}", std::process::id(), &NONCE);
-        format!("{:032x}", xxhash_rust::xxh3::xxh3_128(seed.as_bytes()))
-    })
+        let seed = format!("{t}:{}:{:p}", std::process::id(), &CACHE_EPOCH);
+        let hex = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(seed.as_bytes()));
+        hex.as_bytes().try_into().expect("32 hex digits")
+    });
+    let mut n = [0u8; 48];
+    n[..32].copy_from_slice(base);
+    let epoch = CACHE_EPOCH.load(Ordering::Relaxed);
+    for (i, d) in n[32..].iter_mut().enumerate() {
+        *d = b"0123456789abcdef"[((epoch >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    n
 }
 
-/// True when this process cached a confirmed membership there (an expired entry, or one
-/// written by an earlier process, counts as absent).
+/// Every exact-match entry written so far is believed no more; they are refilled from the
+/// database as lookups need them. For the server's own commands that may have brought an
+/// entry back after a DEL removed it (COPY, RENAME, MOVE or RESTORE onto an exact-match key,
+/// SWAPDB, loading a snapshot): its bytes are the same as when the module wrote it, so only
+/// the event can tell, and the events are rare.
+pub fn distrust_cache() {
+    CACHE_EPOCH.fetch_add(1, Ordering::Relaxed);
+}
+
+/// True when `key` names an exact-match entry (`member:<set>:hit:…`).
+pub fn is_cache_key(key: &[u8]) -> bool {
+    let Some(rest) = key.strip_prefix(b"member:") else {
+        return false;
+    };
+    rest.iter()
+        .position(|b| *b == b':')
+        .is_some_and(|i| rest[i..].starts_with(b":hit:"))
+}
+
+/// True when this process cached a confirmed membership there since the cache was last
+/// distrusted (an expired entry, or one written by an earlier process, counts as absent).
 pub fn cache_hit(ctx: &Context, key: &RedisString) -> bool {
-    matches!(ctx.open_key(key).read(), Ok(Some(v)) if v == boot_nonce().as_bytes())
+    matches!(ctx.open_key(key).read(), Ok(Some(v)) if v == nonce().as_slice())
 }
 
 /// Caches a confirmed membership for `ttl`.
 pub fn cache_fill(ctx: &Context, key: &RedisString, ttl: Duration) {
+    let n = nonce();
+    let Ok(value) = std::str::from_utf8(&n) else {
+        return; // hex digits only: cannot happen
+    };
     let k = ctx.open_key_writable(key);
-    if k.write(boot_nonce()).is_ok() {
+    if k.write(value).is_ok() {
         let _ = k.set_expire(ttl);
     }
 }
@@ -85,4 +123,29 @@ pub fn with_db0<R>(ctx: &Context, f: impl FnOnce(&Context) -> R) -> R {
     }
     let _restore = Restore(ctx, current);
     f(ctx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn distrusting_changes_the_nonce_and_only_its_epoch_part() {
+        let a = nonce();
+        assert_eq!(a, nonce());
+        distrust_cache();
+        let b = nonce();
+        assert_ne!(a, b);
+        assert_eq!(a[..32], b[..32]);
+    }
+
+    #[test]
+    fn cache_keys_are_recognized() {
+        assert!(is_cache_key(b"member:s:hit:alice\0"));
+        assert!(is_cache_key(b"member:a_1:hit:"));
+        assert!(!is_cache_key(b"member:s:bloom"));
+        assert!(!is_cache_key(b"member:s:bloom:hit:x"));
+        assert!(!is_cache_key(b"hits_saved"));
+        assert!(!is_cache_key(b"member:"));
+    }
 }

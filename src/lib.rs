@@ -12,6 +12,7 @@ pub mod config;
 pub mod db;
 pub mod effects;
 pub mod error;
+pub mod events;
 pub mod fast_exists;
 pub mod filter;
 pub mod filter_type;
@@ -111,6 +112,10 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     if let Status::Err = fast_exists::register(ctx) {
         return Status::Err;
     }
+    if let Err(e) = events::subscribe(ctx) {
+        reply::log(ctx, reply::Level::Warning, e);
+        return Status::Err;
+    }
     db::pool::resize();
     mainq::batch_per_iteration(ctx);
     mainq::start(ctx);
@@ -135,6 +140,9 @@ redis_module! {
         ["member._del", member_int_del, "write", 0, 0, 0, ""],
         ["member._load", member_int_load, "write deny-oom", 0, 0, 0, ""],
         ["member._set", member_int_set, "write", 0, 0, 0, ""],
+    ],
+    event_handlers: [
+        [@GENERIC: events::on_generic],
     ],
     configurations: [
         i64: [

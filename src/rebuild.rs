@@ -140,9 +140,12 @@ fn finish(ctx: &Context, name: &str, res: Result<Ready, DbErr>) {
             filter.bloom.add_many(&journal);
             internal::replicate_built_filter(ctx, &key, &payload.0, &journal);
             drop(payload);
-            filter_type::install(ctx, &key, filter);
+            let id = filter_type::install(ctx, &key, filter);
             metrics::global(|m| m.rebuilds_done += 1);
-            state::with(|r| state::synced(r, name, epoch));
+            state::with(|r| {
+                state::installed(r, name, id, true);
+                state::synced(r, name, epoch)
+            });
             crate::reply::log(
                 ctx,
                 crate::reply::Level::Notice,

@@ -118,6 +118,12 @@ pub struct SetState {
     pub sync: crate::sync::SyncState,
     /// The promotion epoch in which this set's filter last caught up (see `Registry::epoch`).
     pub synced_epoch: u64,
+    /// Identity (`FilterValue::id`) of the one filter value that may answer "absent" for this
+    /// set: the value this process installed (CREATE, rebuild, live replication) or the sync
+    /// loop caught up from its own watermark, and that has received every ADD since. Any
+    /// other value found at the key (renamed or moved back, copied over, swapped in,
+    /// restored) falls through to cache and database until a sync pass catches it up.
+    pub trusted: Option<u64>,
     pub stats: PathCounters,
 }
 
@@ -134,7 +140,27 @@ impl SetState {
             next_rebuild_try: None,
             sync: Default::default(),
             synced_epoch: 0,
+            trusted: None,
             stats: PathCounters::default(),
+        }
+    }
+
+    /// Items were just added to the filter value `at` at this set's key (`None`: there was
+    /// none of ours). If that is not the trusted value, the trusted value is elsewhere (moved
+    /// or renamed away) and missed them: it is trusted no more, wherever it is.
+    pub fn filter_added(&mut self, at: Option<u64>) {
+        if at.is_none() || self.trusted != at {
+            self.trusted = None;
+        }
+    }
+
+    /// A sync pass applied `rows` rows to the value at the key, which it caught up
+    /// (`caught`, see `FilterValue::apply_sync`) or not.
+    pub fn filter_synced(&mut self, caught: Option<u64>, rows: bool) {
+        if caught.is_some() {
+            self.trusted = caught;
+        } else if rows {
+            self.trusted = None;
         }
     }
 
@@ -203,6 +229,8 @@ pub struct Registry {
     pub epoch: u64,
     /// Set by a promotion; the next sweep starts sync passes for every set at once.
     promoted: bool,
+    /// When a sweep last started sync passes early for a filter value no set trusts yet.
+    strangers_seen: Option<Instant>,
 }
 
 impl Registry {
@@ -245,13 +273,21 @@ pub fn synced(r: &mut Registry, set: &str, epoch: u64) {
     }
 }
 
+/// `id` is the filter value the module just installed at `set`'s key: trusted for "absent" if
+/// `trust` (it is current: a build, or a live replica's copy of one), else nothing is.
+pub fn installed(r: &mut Registry, set: &str, id: u64, trust: bool) {
+    if let Some(s) = r.sets.get_mut(set) {
+        s.trusted = trust.then_some(id);
+    }
+}
+
 /// Registers (or updates) a set definition.
 pub fn register(def: SetDef) {
     with(|r| match r.sets.get_mut(&def.name) {
         Some(s) => s.def = def,
         None => {
             // A set first seen now has no filter older than this epoch to distrust (one
-            // loaded from disk is held back by its own caught_up flag).
+            // loaded from disk is held back until a sync pass trusts it).
             let mut s = SetState::new(def);
             s.synced_epoch = r.epoch;
             r.sets.insert(s.def.name.clone(), s);
@@ -316,7 +352,39 @@ pub fn housekeeping(ctx: &Context) {
             rebuild::start(&name);
         }
     }
-    crate::sync::run(ctx, promoted);
+    let strangers = strangers_waiting(ctx, now);
+    crate::sync::run(ctx, promoted || strangers);
+}
+
+/// How often at most a sweep starts sync passes early for untrusted filter values.
+const STRANGERS_EVERY: Duration = Duration::from_secs(1);
+
+/// True (at most once per `STRANGERS_EVERY`) when a set's key holds a complete filter value
+/// that the set does not trust (moved or copied back, restored, loaded): the sync loop then
+/// catches it up now rather than after a whole `member.sync-interval-ms`, during which every
+/// lookup of the set would go to the database.
+fn strangers_waiting(ctx: &Context, now: Instant) -> bool {
+    let sets: Vec<(RedisString, Option<u64>)> = with(|r| {
+        if r.strangers_seen
+            .is_some_and(|t| now.duration_since(t) < STRANGERS_EVERY)
+        {
+            return Vec::new();
+        }
+        r.sets
+            .values()
+            .map(|s| (s.filter_key.clone(), s.trusted))
+            .collect()
+    });
+    let found = sets.iter().any(|(key, trusted)| {
+        filter_type::with(ctx, key, |f| {
+            f.cov.complete && f.cov.watermark.is_some() && !f.trusted(*trusted)
+        })
+        .unwrap_or(false)
+    });
+    if found {
+        with(|r| r.strangers_seen = Some(now));
+    }
+    found
 }
 
 /// Delay before retrying a failed catalog load or rebuild.

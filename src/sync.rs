@@ -28,14 +28,12 @@ pub fn run(ctx: &Context, now_all: bool) {
         r.sets
             .values_mut()
             .filter(|s| !s.sync.in_flight && (now_all || s.sync.next.is_none_or(|t| now >= t)))
-            .map(|s| {
-                s.sync.next = Some(now + interval);
-                (s.def.clone(), s.filter_key.clone())
-            })
+            .map(|s| (s.def.clone(), s.filter_key.clone()))
             .collect()
     });
     for (def, key) in due {
-        // Only a filter with a watermark can be caught up; others wait for their rebuild.
+        // Only a filter with a watermark can be caught up; others wait for their rebuild and
+        // stay due, so the first pass runs as soon as the filter is in (a CREATE's build).
         let Some(Some(from)) = filter_type::with(ctx, &key, |f| f.cov.watermark) else {
             continue;
         };
@@ -43,6 +41,7 @@ pub fn run(ctx: &Context, now_all: bool) {
         state::with(|r| {
             if let Some(s) = r.sets.get_mut(&name) {
                 s.sync.in_flight = true;
+                s.sync.next = Some(now + interval);
             }
         });
         let epoch = state::with(|r| r.epoch);
@@ -100,20 +99,13 @@ fn apply(ctx: &Context, name: &str, epoch: u64, from: i64, res: Result<(Vec<u128
     let (Some(key), Ok((hashes, horizon))) = (key, res) else {
         return;
     };
-    filter_type::with_mut(ctx, &key, |f| {
-        for h in &hashes {
-            f.add(*h);
+    let caught = filter_type::with_mut(ctx, &key, |f| f.apply_sync(&hashes, from, horizon));
+    state::with(|r| {
+        if let Some(s) = r.sets.get_mut(name) {
+            s.filter_synced(caught.flatten(), !hashes.is_empty());
         }
-        // The filter now covers everything before `horizon` only if this pass started at or
-        // before what it already covered (a rebuild may have swapped in a newer one).
-        if let Some(covered) = f.cov.watermark {
-            if from <= covered {
-                f.cov.watermark = Some(covered.max(horizon));
-                f.caught_up = f.cov.complete;
-            }
-        }
+        state::synced(r, name, epoch)
     });
-    state::with(|r| state::synced(r, name, epoch));
 }
 
 /// Time since the last successful pass, for MEMBER.INFO.

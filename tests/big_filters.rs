@@ -80,7 +80,6 @@ fn unlink_frees_a_large_filter_on_the_lazy_free_thread() {
     let mut c = env.conn();
     assert_eq!(cmd(&mut c, &BIG).unwrap(), Value::Okay);
     let before = memory_field(&mut c, "lazyfreed_objects");
-    let used = memory_field(&mut c, "used_memory");
     let n: i64 = redis::cmd("UNLINK")
         .arg("member:big:bloom")
         .query(&mut c)
@@ -93,7 +92,7 @@ fn unlink_frees_a_large_filter_on_the_lazy_free_thread() {
         ) == before + 1),
         "the filter was not freed by the lazy-free thread"
     );
-    assert!(memory_field(&mut c, "used_memory") < used - (200 << 20));
+    // (used_memory is no witness: the set starts rebuilding its filter at once.)
     // The set falls through to the database and rebuilds itself.
     assert_eq!(int(&mut c, &["MEMBER.ADD", "big", "a"]), 1);
     assert_eq!(int(&mut c, &["MEMBER.EXISTS", "big", "a"]), 1);

@@ -30,14 +30,18 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             out.push(("capacity", d.capacity.to_string()));
             out.push(("cache_ttl", d.cache_ttl.to_string()));
             out.push(("recent_ttl", d.recent_ttl.to_string()));
-            Ok(s.filter_key.clone())
+            Ok((s.filter_key.clone(), s.trusted))
         })?;
+        let (key, trusted) = key;
         let filter = filter_type::with(ctx, &key, |v| {
             let b = &v.bloom;
             vec![
                 ("filter_present", "1".to_string()),
                 ("filter_complete", (v.cov.complete as u8).to_string()),
-                ("filter_caught_up", (v.caught_up as u8).to_string()),
+                (
+                    "filter_caught_up",
+                    ((trusted == Some(v.id)) as u8).to_string(),
+                ),
                 (
                     "sync_watermark_us",
                     v.cov.watermark.map(|w| w.to_string()).unwrap_or_default(),

@@ -54,8 +54,8 @@ pub fn del(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// MEMBER._LOAD <key> <payload> [<adds>] — a whole filter (a rebuild's swap, or an AOF
 /// rewrite), then the hashes in `adds` (16 bytes each, little endian): the ADDs that landed
 /// while the rebuild streamed, folded in on the primary after the payload was made.
-/// Loaded from the AOF it starts not caught up; replicated live it is as current as the
-/// primary's.
+/// Loaded from the AOF it is not trusted until the sync loop catches it up; replicated live
+/// it is as current as the primary's, and trusted at once.
 pub fn load(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard(ctx)?;
     let (key, payload, adds) = match <[RedisString; 4]>::try_from(args) {
@@ -67,7 +67,7 @@ pub fn load(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
     };
     let live = !ctx.get_flags().contains(ContextFlags::LOADING);
-    let mut v = FilterValue::from_bytes(payload.as_slice(), live)
+    let mut v = FilterValue::from_bytes(payload.as_slice())
         .map_err(|e| RedisError::String(format!("ERR libmember: {e}")))?;
     if let Some(adds) = adds {
         let adds = adds.as_slice();
@@ -79,8 +79,23 @@ pub fn load(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                 .add(u128::from_le_bytes(h.try_into().expect("16 bytes")));
         }
     }
-    filter_type::install(ctx, &key, v);
+    let complete = v.cov.complete;
+    let id = filter_type::install(ctx, &key, v);
+    // An AOF rewrite names every key holding a filter, set aside copies included: only a
+    // set's own filter key concerns that set.
+    if let Some(set) = set_of_filter_key(key.as_slice()) {
+        state::with(|r| state::installed(r, set, id, live && complete));
+    }
     Ok(RedisValue::SimpleStringStatic("OK"))
+}
+
+/// The set whose filter key is `key` (`member:<set>:bloom`), if it is one.
+fn set_of_filter_key(key: &[u8]) -> Option<&str> {
+    let set = key.strip_prefix(b"member:")?.strip_suffix(b":bloom")?;
+    if !super::valid_set_name(set) {
+        return None;
+    }
+    std::str::from_utf8(set).ok()
 }
 
 /// Replicates a rebuilt filter as `MEMBER._LOAD`: `payload` was serialized before `adds`

@@ -78,7 +78,7 @@ fn funnel(
             let set = r.find(set_name)?;
             let canon = canonicalize(set.def.normalize, item, scope).map_err(RedisError::Str)?;
             let (view, filter_id) = if set.synced_epoch == epoch {
-                filter_type::view(ctx, &set.filter_key, canon.hash)
+                filter_type::view(ctx, &set.filter_key, canon.hash, set.trusted)
             } else {
                 // Promoted and not caught up since: the filter may miss acknowledged ADDs.
                 (funnel::FilterView::Incomplete, None)
@@ -199,8 +199,9 @@ impl Completion for LookupDone {
             // added since the lookup was asked (it may have read the table before an ADD or
             // an outside write of it committed; remember_absent checks).
             if let (Ok(None), Some(id)) = (&self.result, self.remember) {
-                let (key, ttl) = (&set.filter_key, set.def.cache_ttl);
-                crate::filter_type::remember_absent(ctx, key, id, self.hash, self.asked, ttl);
+                let (key, ttl, trusted) = (&set.filter_key, set.def.cache_ttl, set.trusted);
+                let (hash, asked) = (self.hash, self.asked);
+                crate::filter_type::remember_absent(ctx, key, id, trusted, hash, asked, ttl);
                 return;
             }
             if let Ok(Some(_)) = self.result {

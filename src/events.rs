@@ -1,0 +1,67 @@
+//! The server's events that can bring an old value back to the module's exact-match keys
+//! (keyspace notifications for COPY, RENAME, MOVE, RESTORE; SWAPDB; loading a snapshot): the
+//! only room that subscribes to them. Filters need none of this: they carry an identity.
+
+use std::os::raw::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use redis_module::server_events::LoadingSubevent;
+use redis_module::{raw, Context, NotifyEvent};
+
+use crate::keys;
+
+/// Generic keyspace events (`event_handlers` in lib.rs): a value written onto an
+/// exact-match key by the server's own commands may be an entry the module wrote before a
+/// DEL removed it.
+pub fn on_generic(_ctx: &Context, _kind: NotifyEvent, event: &str, key: &[u8]) {
+    if matches!(event, "copy_to" | "rename_to" | "move_to" | "restore") && keys::is_cache_key(key) {
+        keys::distrust_cache();
+    }
+}
+
+/// Loading a snapshot (DEBUG RELOAD, a replica's full sync) may bring back entries written
+/// by this process before a DEL.
+#[redis_module_macros::loading_event_handler]
+fn on_loading(_ctx: &Context, sub: LoadingSubevent) {
+    if sub != LoadingSubevent::Ended && sub != LoadingSubevent::Failed {
+        keys::distrust_cache();
+    }
+}
+
+/// Subscribes to SWAPDB (the crate has no wrapper for it). Call once from module load.
+pub fn subscribe(ctx: &Context) -> Result<(), &'static str> {
+    let event = raw::RedisModuleEvent {
+        id: raw::REDISMODULE_EVENT_SWAPDB,
+        dataver: 1,
+    };
+    // SAFETY: module load, main thread; the callback is a plain extern "C" fn.
+    let rc = unsafe {
+        raw::RedisModule_SubscribeToServerEvent.unwrap()(ctx.ctx, event, Some(on_swapdb))
+    };
+    if rc == raw::REDISMODULE_OK as i32 {
+        Ok(())
+    } else {
+        Err("libmember: cannot subscribe to SWAPDB events")
+    }
+}
+
+/// SWAPDB involving DB 0 replaces every exact-match key at once, entries set aside before a
+/// DEL included.
+///
+/// # Safety
+/// Called by the server on the main thread; `data` is a `RedisModuleSwapDbInfo`.
+unsafe extern "C" fn on_swapdb(
+    _ctx: *mut raw::RedisModuleCtx,
+    _eid: raw::RedisModuleEvent,
+    _sub: u64,
+    data: *mut c_void,
+) {
+    // SAFETY: for this event the server passes a RedisModuleSwapDbInfo (or null).
+    let dbs = unsafe { data.cast::<raw::RedisModuleSwapDbInfo>().as_ref() }
+        .map(|i| (i.dbnum_first, i.dbnum_second));
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        if dbs.is_none_or(|(a, b)| a == 0 || b == 0) {
+            keys::distrust_cache();
+        }
+    }));
+}

@@ -23,6 +23,8 @@ pub struct Node {
     /// `CLUSTER MYID`.
     pub id: String,
     pub primary: bool,
+    /// For a replica, the port of its primary.
+    pub primary_port: Option<u16>,
 }
 
 impl Node {
@@ -102,6 +104,8 @@ impl Cluster {
                     ("cluster-enabled", "yes"),
                     ("cluster-port", &bus),
                     ("cluster-node-timeout", "5000"),
+                    // Replicas sync at once instead of after the default 5 s wait.
+                    ("repl-diskless-sync-delay", "0"),
                     ("member.workers", "1"),
                 ],
             );
@@ -117,6 +121,7 @@ impl Cluster {
                 vk,
                 id,
                 primary: false,
+                primary_port: None,
             });
         }
         static AT_EXIT: OnceLock<()> = OnceLock::new();
@@ -158,14 +163,19 @@ impl Cluster {
             let role: Vec<Value> = redis::cmd("ROLE").query(&mut c).expect("ROLE");
             n.primary = matches!(&role[0], Value::BulkString(b) if b == b"master");
             if !n.primary {
+                let mut info = String::new();
                 let linked = wait_until(Duration::from_secs(30), || {
-                    let info: String = redis::cmd("INFO")
+                    info = redis::cmd("INFO")
                         .arg("replication")
                         .query(&mut c)
                         .unwrap_or_default();
                     info.contains("master_link_status:up")
                 });
                 assert!(linked, "replica {} never linked to its primary", n.addr());
+                n.primary_port = info
+                    .lines()
+                    .find_map(|l| l.strip_prefix("master_port:"))
+                    .and_then(|p| p.trim().parse().ok());
             }
             assert!(
                 wait_catalog_loaded(&mut c, Duration::from_secs(20)),
@@ -176,11 +186,14 @@ impl Cluster {
         }
         let cluster = Cluster { db, nodes };
         assert_eq!(cluster.primaries().count(), PRIMARIES);
-        // Every node must agree on who serves what before a test reads it from any of them.
         let layout = cluster.slots();
         assert_eq!(layout.len(), PRIMARIES, "{layout:?}");
-        for r in &layout {
-            assert_eq!(r.replica_ports.len(), 1, "{layout:?}");
+        for p in cluster.primaries() {
+            let replicas = cluster
+                .replicas()
+                .filter(|r| r.primary_port == Some(p.port()))
+                .count();
+            assert_eq!(replicas, 1, "replicas of {}", p.addr());
         }
         cluster
     }
@@ -200,16 +213,10 @@ impl Cluster {
             .unwrap_or_else(|| panic!("no node on port {port}"))
     }
 
-    /// `CLUSTER SLOTS` as one node sees it (the first primary). Waits (up to 10 s) until every
-    /// range lists its replica, since a fresh cluster learns them by gossip.
+    /// `CLUSTER SLOTS` as the first primary sees it. Replicas are listed there only once gossip
+    /// has carried their replication offset (seconds after start): use [`Cluster::replica_of`].
     pub fn slots(&self) -> Vec<SlotRange> {
-        let mut c = self.primaries().next().unwrap().conn();
-        let mut ranges = Vec::new();
-        wait_until(Duration::from_secs(10), || {
-            ranges = read_slots(&mut c);
-            ranges.iter().all(|r| !r.replica_ports.is_empty())
-        });
-        ranges
+        read_slots(&mut self.primaries().next().unwrap().conn())
     }
 
     /// `CLUSTER KEYSLOT <text>`, asked of a node.
@@ -232,14 +239,11 @@ impl Cluster {
         self.node_by_port(r.primary_port)
     }
 
-    /// The replica of `primary`.
+    /// The replica of `primary` (from the replica's own `INFO replication`).
     pub fn replica_of(&self, primary: &Node) -> &Node {
-        let r = self
-            .slots()
-            .into_iter()
-            .find(|r| r.primary_port == primary.port())
-            .expect("primary serves slots");
-        self.node_by_port(r.replica_ports[0])
+        self.replicas()
+            .find(|r| r.primary_port == Some(primary.port()))
+            .unwrap_or_else(|| panic!("{} has no replica", primary.addr()))
     }
 
     /// A cluster-aware client (the `redis` crate's), seeded with the first node.

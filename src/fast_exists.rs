@@ -1,12 +1,12 @@
 //! The hot path's entry point: MEMBER.EXISTS registered with the raw command API, so its
 //! arguments are read in place (no vector, no retained strings) before the funnel runs.
-//! Every other command goes through the `redis_module!` wrappers.
+//! Every other command goes through the `redis_module!` wrappers; all of them, this one too,
+//! run inside `reply::guard`. Arity and routing are declared in `command_info`.
 
 use std::ffi::CString;
 use std::os::raw::c_int;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use redis_module::{raw, Context, RedisError, Status};
+use redis_module::{raw, Context, Status};
 
 use crate::command::lookup;
 
@@ -21,7 +21,8 @@ unsafe extern "C" fn exists_cmd(
     argc: c_int,
 ) -> c_int {
     let context = Context::new(ctx);
-    let result = catch_unwind(AssertUnwindSafe(|| {
+    // guard has replied (the answer or a contained panic's error); its NoReply is for wrappers.
+    let _ = crate::reply::guard(&context, "MEMBER.EXISTS", || {
         let argc = argc.max(0) as usize;
         let fast = if argc <= MAX_ARGS {
             let mut buf: [&[u8]; MAX_ARGS] = [&[]; MAX_ARGS];
@@ -40,11 +41,7 @@ unsafe extern "C" fn exists_cmd(
             let args = redis_module::decode_args(ctx, argv, argc as c_int);
             lookup::lookup(&context, args, false)
         })
-    }))
-    .unwrap_or(Err(RedisError::Str(
-        "ERR libmember: internal error in MEMBER.EXISTS",
-    )));
-    crate::reply::send(&context, result);
+    });
     raw::REDISMODULE_OK as c_int
 }
 

@@ -8,6 +8,7 @@ pub mod block;
 pub mod canon;
 pub mod catalog;
 pub mod command;
+pub mod command_info;
 pub mod config;
 pub mod db;
 pub mod effects;
@@ -30,6 +31,7 @@ use redis_module::configuration::ConfigurationFlags;
 use redis_module::{redis_module, Context, InfoContext, RedisResult, RedisString, Status};
 
 use command::{create, info, internal, lookup, write};
+use command_info::{Info, Item};
 use config::*;
 use filter_type::FILTER_TYPE;
 
@@ -98,6 +100,23 @@ fn on_role_changed(_ctx: &Context, role: redis_module::server_events::ServerRole
     }
 }
 
+/// Arity and cluster routing of every command, for COMMAND INFO and cluster-aware clients and
+/// servers (docs/cluster.md). Per-item commands route by the item (argv[2], declared NOT_KEY:
+/// never an ACL key); set-wide and internal ones declare no key and run on any node.
+const COMMAND_INFO: &[Info] = &[
+    Info::anywhere("member.create", -2),
+    Info::by_item("member.add", -3, Item::Insert),
+    Info::by_item("member.exists", -3, Item::Read),
+    Info::by_item("member.del", -3, Item::Delete),
+    Info::by_item("member.explain", -3, Item::Read),
+    Info::anywhere("member.info", 2),
+    Info::anywhere("member.rebuild", -2),
+    Info::anywhere("member._add", 4),
+    Info::anywhere("member._del", 4),
+    Info::anywhere("member._load", -3),
+    Info::anywhere("member._set", 7),
+];
+
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     {
         let mut url = PG_URL.lock().unwrap_or_else(|e| e.into_inner());
@@ -116,6 +135,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         reply::log(ctx, reply::Level::Warning, e);
         return Status::Err;
     }
+    command_info::declare(ctx, COMMAND_INFO);
     db::pool::resize();
     mainq::batch_per_iteration(ctx);
     mainq::start(ctx);

@@ -31,3 +31,49 @@ fn create_add_exists_del_roundtrip() {
         .get(0);
     assert_eq!(n, 0);
 }
+
+/// The item is declared as a routing key (NOT_KEY), not as a key: users whose key patterns
+/// exclude it, or who may touch no key at all, still use every per-item command.
+#[test]
+fn item_is_not_an_acl_key() {
+    let env = Env::new();
+    let mut admin = env.conn();
+    ok(&mut admin, &["MEMBER.CREATE", "users"]);
+    ok(
+        &mut admin,
+        &[
+            "ACL",
+            "SETUSER",
+            "keyed",
+            "on",
+            "nopass",
+            "~member:*",
+            "+@all",
+        ],
+    );
+    ok(
+        &mut admin,
+        &[
+            "ACL",
+            "SETUSER",
+            "keyless",
+            "on",
+            "nopass",
+            "resetkeys",
+            "+@all",
+        ],
+    );
+    for user in ["keyed", "keyless"] {
+        let mut c = env.conn();
+        ok(&mut c, &["AUTH", user, "any"]);
+        let item = format!("{user}_item");
+        assert_eq!(int(&mut c, &["MEMBER.EXISTS", "users", &item]), 0, "{user}");
+        assert_eq!(int(&mut c, &["MEMBER.ADD", "users", &item]), 1, "{user}");
+        assert_eq!(int(&mut c, &["MEMBER.EXISTS", "users", &item]), 1, "{user}");
+        assert_eq!(explain(&mut c, "users", &item).0, 1, "{user}");
+        assert_eq!(int(&mut c, &["MEMBER.DEL", "users", &item]), 1, "{user}");
+        // The ACL is in force: a real key named like the item is refused.
+        let e = err(&mut c, &["GET", &item]);
+        assert!(e.starts_with("NOPERM"), "{user}: GET -> {e}");
+    }
+}

@@ -4,6 +4,7 @@
 //!   every test gets its own database in it.
 //! * [`OwnPg`]: a dedicated cluster for a fault test that stops and restarts PostgreSQL.
 //! * [`Valkey`]: one valkey-server per test, with `libmember.so` loaded.
+//! * [`cluster::Cluster`]: one cluster (3 primaries, 3 replicas) per test process.
 //!
 //! We run as root; PostgreSQL runs as the `postgres` user. All children are spawned from one
 //! long-lived "spawner" thread with `PR_SET_PDEATHSIG`, because the parent-death signal fires
@@ -703,6 +704,7 @@ impl Drop for Valkey {
         let _ = fs::remove_dir_all(&self.dir);
     }
 }
+pub mod cluster;
 pub mod member;
 
 // ---------------------------------------------------------------------------------------------
@@ -712,6 +714,11 @@ impl Valkey {
     /// The server's working directory (`dump.rdb`, `appendonlydir/`, `valkey.log`).
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Kills the server with SIGKILL (no save, no shutdown work) and waits for it to die.

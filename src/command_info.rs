@@ -1,0 +1,223 @@
+//! Command metadata the `redis_module!` table cannot carry: each command's arity and, for the
+//! per-item commands, the item (argv[2]) as the cluster routing key. The only room that calls
+//! `RedisModule_GetCommand` and `RedisModule_SetCommandInfo`; docs/cluster.md says why the item
+//! is declared `NOT_KEY`.
+
+use std::ffi::CString;
+use std::mem::MaybeUninit;
+use std::os::raw::c_int;
+use std::ptr;
+
+use redis_module::{raw, Context};
+
+use crate::reply::{self, Level};
+
+/// argv position of the item in `MEMBER.ADD|EXISTS|DEL|EXPLAIN <set> <item> …`.
+pub const ITEM_POS: c_int = 2;
+
+/// What a command does with the membership its item names (the key spec's access flags).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Item {
+    Read,
+    Insert,
+    Delete,
+}
+
+/// How a command is routed in a cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// Set-wide: declares no key (firstkey 0), so any node runs it.
+    Anywhere,
+    /// By the item at argv[2]: one `NOT_KEY` key spec. The server routes by it (MOVED/ASK) and
+    /// COMMAND INFO shows it (first/last/step 2/2/1); ACL and COMMAND GETKEYS skip it.
+    ByItem(Item),
+}
+
+/// One command's declared arity and routing.
+#[derive(Clone, Copy, Debug)]
+pub struct Info {
+    pub name: &'static str,
+    /// As COMMAND INFO reports it: `n` exactly n arguments (the name counted), `-n` at least n.
+    pub arity: i32,
+    pub route: Route,
+}
+
+impl Info {
+    /// A set-wide command: no key.
+    pub const fn anywhere(name: &'static str, arity: i32) -> Info {
+        Info {
+            name,
+            arity,
+            route: Route::Anywhere,
+        }
+    }
+
+    /// A per-item command routed by argv[2].
+    pub const fn by_item(name: &'static str, arity: i32, item: Item) -> Info {
+        Info {
+            name,
+            arity,
+            route: Route::ByItem(item),
+        }
+    }
+}
+
+/// Key-spec flags for the item: one access flag (the server requires exactly one of RO, RW,
+/// OW, RM), the kind of write, and `NOT_KEY`, which is what keeps it out of ACL key checks.
+pub fn item_flags(item: Item) -> u64 {
+    let access = match item {
+        Item::Read => raw::REDISMODULE_CMD_KEY_RO,
+        Item::Insert => raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_INSERT,
+        Item::Delete => raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_DELETE,
+    };
+    u64::from(access | raw::REDISMODULE_CMD_KEY_NOT_KEY)
+}
+
+const VERSION: raw::RedisModuleCommandInfoVersion = raw::RedisModuleCommandInfoVersion {
+    version: 1,
+    sizeof_historyentry: size_of::<raw::RedisModuleCommandHistoryEntry>(),
+    sizeof_keyspec: size_of::<raw::RedisModuleCommandKeySpec>(),
+    sizeof_arg: size_of::<raw::RedisModuleCommandArg>(),
+};
+
+/// The all-zero key spec: the list terminator (begin_search_type INVALID), and the blank the
+/// item's spec is filled into.
+fn zeroed_spec() -> raw::RedisModuleCommandKeySpec {
+    // SAFETY: the struct holds a pointer, integers and unions of integers: all-zero is valid.
+    unsafe { MaybeUninit::zeroed().assume_init() }
+}
+
+/// `[item spec, terminator]`: one key at argv[2], a range of one.
+fn item_specs(item: Item) -> [raw::RedisModuleCommandKeySpec; 2] {
+    let mut spec = zeroed_spec();
+    spec.notes = c"the item: routed like a key (its cluster slot), but not a key: no ACL check, not in GETKEYS".as_ptr();
+    spec.flags = item_flags(item);
+    spec.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
+    spec.bs.index.pos = ITEM_POS;
+    spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
+    spec.fk.range.lastkey = 0;
+    spec.fk.range.keystep = 1;
+    spec.fk.range.limit = 0;
+    [spec, zeroed_spec()]
+}
+
+/// Declares arity and routing on commands already created (by `redis_module!` or raw). A
+/// failure is logged and loading goes on: the command then keeps arity -1 and no routing key,
+/// and the item never becomes an ACL key (commands are created with firstkey 0).
+pub fn declare(ctx: &Context, infos: &[Info]) {
+    for info in infos {
+        if let Err(e) = set(ctx, info) {
+            reply::log(
+                ctx,
+                Level::Warning,
+                &format!(
+                    "libmember: could not declare arity and routing of {}: {e}",
+                    info.name
+                ),
+            );
+        }
+    }
+}
+
+fn set(ctx: &Context, info: &Info) -> Result<(), String> {
+    // SAFETY: reading a function pointer the server filled in before OnLoad.
+    let Some(get) = (unsafe { raw::RedisModule_GetCommand }) else {
+        return Err("this server has no RedisModule_GetCommand (Redis 7.0+ or Valkey)".into());
+    };
+    let name = CString::new(info.name).map_err(|e| e.to_string())?;
+    // SAFETY: called from OnLoad with the module's context; name is NUL-terminated.
+    let cmd = unsafe { get(ctx.ctx, name.as_ptr()) };
+    if cmd.is_null() {
+        return Err("no such command".into());
+    }
+    // SAFETY: cmd was just looked up among this module's commands, during OnLoad, and `declare`
+    // visits each command once.
+    unsafe { set_command_info(cmd, info) }
+}
+
+/// Hands `info` to `RedisModule_SetCommandInfo`.
+///
+/// # Safety
+/// `cmd` is a live command this module created, whose info has not been set yet (the server
+/// refuses a second call with EEXIST and keeps the first). Everything passed is borrowed for
+/// the call only: the server copies what it keeps.
+unsafe fn set_command_info(cmd: *mut raw::RedisModuleCommand, info: &Info) -> Result<(), String> {
+    // SAFETY: reading a function pointer the server filled in before OnLoad.
+    let Some(set_info) = (unsafe { raw::RedisModule_SetCommandInfo }) else {
+        return Err("this server has no RedisModule_SetCommandInfo (Redis 7.0+ or Valkey)".into());
+    };
+    let mut specs = match info.route {
+        Route::Anywhere => None,
+        Route::ByItem(item) => Some(item_specs(item)),
+    };
+    let c_info = raw::RedisModuleCommandInfo {
+        version: &VERSION,
+        summary: ptr::null(),
+        complexity: ptr::null(),
+        since: ptr::null(),
+        history: ptr::null_mut(),
+        tips: ptr::null(),
+        arity: info.arity,
+        // NULL leaves the key specs as created (none, firstkey 0).
+        key_specs: specs.as_mut().map_or(ptr::null_mut(), |s| s.as_mut_ptr()),
+        args: ptr::null_mut(),
+    };
+    // SAFETY: cmd per this function's contract; c_info, the specs (terminated by an all-zero
+    // one) and the notes literal outlive the call.
+    let rc = unsafe { set_info(cmd, &c_info) };
+    if rc == raw::REDISMODULE_OK as c_int {
+        Ok(())
+    } else {
+        Err(format!(
+            "RedisModule_SetCommandInfo refused it ({})",
+            std::io::Error::last_os_error()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn item_is_always_not_key_with_exactly_one_access_flag() {
+        let access = u64::from(
+            raw::REDISMODULE_CMD_KEY_RO
+                | raw::REDISMODULE_CMD_KEY_RW
+                | raw::REDISMODULE_CMD_KEY_OW
+                | raw::REDISMODULE_CMD_KEY_RM,
+        );
+        let writes = u64::from(
+            raw::REDISMODULE_CMD_KEY_INSERT
+                | raw::REDISMODULE_CMD_KEY_DELETE
+                | raw::REDISMODULE_CMD_KEY_UPDATE,
+        );
+        for item in [Item::Read, Item::Insert, Item::Delete] {
+            let f = item_flags(item);
+            assert_ne!(f & u64::from(raw::REDISMODULE_CMD_KEY_NOT_KEY), 0);
+            assert!((f & access).is_power_of_two(), "{item:?}");
+            assert!(
+                f & writes == 0 || (f & writes).is_power_of_two(),
+                "{item:?}"
+            );
+        }
+        assert_eq!(item_flags(Item::Read) & writes, 0);
+    }
+
+    #[test]
+    fn item_spec_is_one_key_at_argv_2_then_the_terminator() {
+        let [spec, end] = item_specs(Item::Read);
+        assert_eq!(
+            spec.begin_search_type,
+            raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX
+        );
+        // SAFETY: reading the union fields item_specs wrote.
+        unsafe {
+            assert_eq!(spec.bs.index.pos, 2);
+            assert_eq!(spec.fk.range.lastkey, 0);
+            assert_eq!(spec.fk.range.keystep, 1);
+        }
+        assert_eq!(end.begin_search_type, 0);
+        assert!(end.notes.is_null());
+    }
+}

@@ -1,0 +1,319 @@
+//! A real cluster for the cluster tests: 3 primaries and 3 replicas of the server under test
+//! (`valkey-server`, or `MEMBER_SERVER`), each with libmember loaded and pointed at one fresh
+//! database, joined by `<cli> --cluster create … --cluster-replicas 1`. Started once per test
+//! process ([`Cluster::shared`]) and killed with it, like every server of the harness.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use redis::{Connection, Value};
+
+use super::member::wait_catalog_loaded;
+use super::{free_port, fresh_db, server_binary, start_with, wait_until, TestDb, Valkey};
+
+/// How many primaries; each gets one replica.
+pub const PRIMARIES: usize = 3;
+
+/// One server of the cluster.
+pub struct Node {
+    pub vk: Valkey,
+    /// `CLUSTER MYID`.
+    pub id: String,
+    pub primary: bool,
+    /// For a replica, the port of its primary.
+    pub primary_port: Option<u16>,
+}
+
+impl Node {
+    pub fn port(&self) -> u16 {
+        self.vk.port()
+    }
+
+    /// `127.0.0.1:<port>`, as MOVED and ASK name it.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port())
+    }
+
+    pub fn conn(&self) -> Connection {
+        self.vk.conn()
+    }
+}
+
+/// A slot range and the node serving it, from `CLUSTER SLOTS`.
+#[derive(Clone, Debug)]
+pub struct SlotRange {
+    pub first: u16,
+    pub last: u16,
+    pub primary_port: u16,
+    pub replica_ports: Vec<u16>,
+}
+
+pub struct Cluster {
+    pub db: TestDb,
+    pub nodes: Vec<Node>,
+}
+
+/// The cluster-mode CLI that goes with the server under test.
+pub fn cli_binary() -> String {
+    if server_binary().contains("redis") {
+        "redis-cli".into()
+    } else {
+        "valkey-cli".into()
+    }
+}
+
+/// (pid, dir) of every node, for the exit handler: statics are never dropped.
+static NODES: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
+
+extern "C" fn kill_nodes_at_exit() {
+    let Ok(mut nodes) = NODES.lock() else {
+        return;
+    };
+    for (pid, dir) in nodes.drain(..) {
+        // SAFETY: plain syscalls on our own children.
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGKILL);
+            libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), 0);
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+impl Cluster {
+    /// The process's cluster, started on first use (a few seconds), ready: every node reports
+    /// `cluster_state:ok` and all 16384 slots, every replica is linked to its primary, and the
+    /// module's catalog is loaded everywhere.
+    pub fn shared() -> &'static Cluster {
+        static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+        CLUSTER.get_or_init(Cluster::start)
+    }
+
+    fn start() -> Cluster {
+        let db = fresh_db();
+        let url = db.url();
+        let mut nodes = Vec::new();
+        for _ in 0..2 * PRIMARIES {
+            // The bus port defaults to port + 10000, which may not exist: pick one.
+            let bus = free_port().to_string();
+            let vk = start_with(
+                &url,
+                &[
+                    ("cluster-enabled", "yes"),
+                    ("cluster-port", &bus),
+                    ("cluster-node-timeout", "5000"),
+                    // Replicas sync at once instead of after the default 5 s wait.
+                    ("repl-diskless-sync-delay", "0"),
+                    ("member.workers", "1"),
+                ],
+            );
+            NODES
+                .lock()
+                .unwrap()
+                .push((vk.pid(), vk.dir().to_path_buf()));
+            let id: String = redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query(&mut vk.conn())
+                .expect("CLUSTER MYID");
+            nodes.push(Node {
+                vk,
+                id,
+                primary: false,
+                primary_port: None,
+            });
+        }
+        static AT_EXIT: OnceLock<()> = OnceLock::new();
+        AT_EXIT.get_or_init(|| {
+            // SAFETY: registering a plain extern "C" fn.
+            unsafe {
+                libc::atexit(kill_nodes_at_exit);
+            }
+        });
+
+        let out = Command::new(cli_binary())
+            .arg("--cluster")
+            .arg("create")
+            .args(nodes.iter().map(Node::addr))
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .unwrap_or_else(|e| panic!("run {} --cluster create: {e}", cli_binary()));
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success() && said.contains("[OK] All 16384 slots covered"),
+            "{} --cluster create failed: {}\n{said}\n{}",
+            cli_binary(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+
+        for n in &mut nodes {
+            let mut c = n.conn();
+            let ready = wait_until(Duration::from_secs(30), || {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut c)
+                    .unwrap_or_default();
+                info.contains("cluster_state:ok")
+                    && info.contains("cluster_slots_ok:16384")
+                    && info.contains(&format!("cluster_known_nodes:{}", 2 * PRIMARIES))
+            });
+            assert!(ready, "node {} never saw the whole cluster", n.addr());
+            let role: Vec<Value> = redis::cmd("ROLE").query(&mut c).expect("ROLE");
+            n.primary = matches!(&role[0], Value::BulkString(b) if b == b"master");
+            if !n.primary {
+                let mut info = String::new();
+                let linked = wait_until(Duration::from_secs(30), || {
+                    info = redis::cmd("INFO")
+                        .arg("replication")
+                        .query(&mut c)
+                        .unwrap_or_default();
+                    info.contains("master_link_status:up")
+                });
+                assert!(linked, "replica {} never linked to its primary", n.addr());
+                n.primary_port = info
+                    .lines()
+                    .find_map(|l| l.strip_prefix("master_port:"))
+                    .and_then(|p| p.trim().parse().ok());
+            }
+            assert!(
+                wait_catalog_loaded(&mut c, Duration::from_secs(20)),
+                "catalog never loaded on {}:\n{}",
+                n.addr(),
+                n.vk.log()
+            );
+        }
+        let cluster = Cluster { db, nodes };
+        assert_eq!(cluster.primaries().count(), PRIMARIES);
+        let layout = cluster.slots();
+        assert_eq!(layout.len(), PRIMARIES, "{layout:?}");
+        for p in cluster.primaries() {
+            let replicas = cluster
+                .replicas()
+                .filter(|r| r.primary_port == Some(p.port()))
+                .count();
+            assert_eq!(replicas, 1, "replicas of {}", p.addr());
+        }
+        cluster
+    }
+
+    pub fn primaries(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.iter().filter(|n| n.primary)
+    }
+
+    pub fn replicas(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.iter().filter(|n| !n.primary)
+    }
+
+    pub fn node_by_port(&self, port: u16) -> &Node {
+        self.nodes
+            .iter()
+            .find(|n| n.port() == port)
+            .unwrap_or_else(|| panic!("no node on port {port}"))
+    }
+
+    /// `CLUSTER SLOTS` as the first primary sees it. Replicas are listed there only once gossip
+    /// has carried their replication offset (seconds after start): use [`Cluster::replica_of`].
+    pub fn slots(&self) -> Vec<SlotRange> {
+        read_slots(&mut self.primaries().next().unwrap().conn())
+    }
+
+    /// `CLUSTER KEYSLOT <text>`, asked of a node.
+    pub fn keyslot(&self, text: &str) -> u16 {
+        let mut c = self.nodes[0].conn();
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(text)
+            .query(&mut c)
+            .expect("CLUSTER KEYSLOT")
+    }
+
+    /// The primary serving `slot`.
+    pub fn owner(&self, slot: u16) -> &Node {
+        let r = self
+            .slots()
+            .into_iter()
+            .find(|r| (r.first..=r.last).contains(&slot))
+            .unwrap_or_else(|| panic!("slot {slot} not served"));
+        self.node_by_port(r.primary_port)
+    }
+
+    /// The replica of `primary` (from the replica's own `INFO replication`).
+    pub fn replica_of(&self, primary: &Node) -> &Node {
+        self.replicas()
+            .find(|r| r.primary_port == Some(primary.port()))
+            .unwrap_or_else(|| panic!("{} has no replica", primary.addr()))
+    }
+
+    /// A cluster-aware client (the `redis` crate's), seeded with the first node.
+    pub fn client(&self) -> redis::cluster::ClusterConnection {
+        redis::cluster::ClusterClientBuilder::new(vec![self.nodes[0].vk.url()])
+            .connection_timeout(Duration::from_secs(5))
+            .response_timeout(Duration::from_secs(60))
+            .build()
+            .expect("cluster client")
+            .get_connection()
+            .expect("cluster connection")
+    }
+
+    /// Creates `set` on every primary (CREATE is idempotent). Until nodes learn sets from the
+    /// catalog on their own (issue 15), a set created on one node is unknown to the others;
+    /// replicas get it from their primary (MEMBER._SET, MEMBER._LOAD).
+    pub fn create_everywhere(&self, set: &str) {
+        for n in self.primaries() {
+            let mut c = n.conn();
+            let v: Value = redis::cmd("MEMBER.CREATE")
+                .arg(set)
+                .query(&mut c)
+                .unwrap_or_else(|e| panic!("MEMBER.CREATE {set} on {}: {e}", n.addr()));
+            assert!(matches!(v, Value::Okay), "{v:?}");
+        }
+        for n in self.replicas() {
+            let mut c = n.conn();
+            assert!(
+                wait_until(Duration::from_secs(20), || set_known(&mut c, set)),
+                "replica {} never learned set {set}",
+                n.addr()
+            );
+        }
+    }
+}
+
+fn set_known(c: &mut Connection, set: &str) -> bool {
+    redis::cmd("MEMBER.INFO").arg(set).query::<Value>(c).is_ok()
+}
+
+fn int_of(v: &Value) -> i64 {
+    match v {
+        Value::Int(i) => *i,
+        other => panic!("expected an integer, got {other:?}"),
+    }
+}
+
+fn read_slots(c: &mut Connection) -> Vec<SlotRange> {
+    let v: Vec<Value> = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query(c)
+        .expect("CLUSTER SLOTS");
+    let mut out: Vec<SlotRange> = v
+        .iter()
+        .map(|r| {
+            let Value::Array(f) = r else {
+                panic!("CLUSTER SLOTS entry {r:?}")
+            };
+            let port = |node: &Value| match node {
+                Value::Array(n) => int_of(&n[1]) as u16,
+                other => panic!("CLUSTER SLOTS node {other:?}"),
+            };
+            SlotRange {
+                first: int_of(&f[0]) as u16,
+                last: int_of(&f[1]) as u16,
+                primary_port: port(&f[2]),
+                replica_ports: f[3..].iter().map(port).collect(),
+            }
+        })
+        .collect();
+    out.sort_by_key(|r| r.first);
+    out
+}

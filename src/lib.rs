@@ -85,11 +85,22 @@ fn info_member(ctx: &InfoContext, for_crash_report: bool) {
     info::info_section(ctx, for_crash_report);
 }
 
-/// A promotion makes every filter untrusted for "absent" until it has caught up again.
+/// A promotion makes every filter untrusted for "absent" until it has caught up again, and
+/// makes the node re-read the set catalog.
 #[redis_module_macros::role_changed_event_handler]
 fn on_role_changed(_ctx: &Context, role: redis_module::server_events::ServerRole) {
     if role == redis_module::server_events::ServerRole::Primary {
         state::on_promoted();
+        catalog::reread();
+    }
+}
+
+/// Any dataset just loaded (a replica's full synchronization, DEBUG RELOAD, a start-up load)
+/// may hold filters of sets whose definitions never reached this node: re-read the catalog.
+#[redis_module_macros::loading_event_handler]
+fn on_loading(_ctx: &Context, event: redis_module::server_events::LoadingSubevent) {
+    if event == redis_module::server_events::LoadingSubevent::Ended {
+        catalog::reread();
     }
 }
 

@@ -183,13 +183,27 @@ impl SetState {
     }
 }
 
-/// Whether the set definitions have been read from PostgreSQL since start-up.
+/// How current this node's copy of the set catalog is (see `catalog.rs`).
 #[derive(Debug, Default)]
 pub struct Catalog {
+    /// The catalog has been read since start-up.
     pub loaded: bool,
+    /// A read (full or periodic check) is in flight.
     pub loading: bool,
     pub last_error: Option<String>,
+    /// No read before this (after a failure).
     pub next_try: Option<Instant>,
+    /// The catalog version the registry reflects (of the last read applied).
+    pub version: Option<i64>,
+    /// A full re-read is due: a dataset was loaded or this node was promoted.
+    pub reread: bool,
+    /// When the next periodic version check is due.
+    pub next_check: Option<Instant>,
+    /// Bumped whenever a set is added to or removed from the registry: a catalog read sent
+    /// before such a change is not applied over it.
+    pub changes: u64,
+    /// Bumped whenever a set is removed from the registry.
+    pub removals: u64,
 }
 
 #[derive(Default)]
@@ -245,25 +259,30 @@ pub fn synced(r: &mut Registry, set: &str, epoch: u64) {
     }
 }
 
-/// Registers (or updates) a set definition.
-pub fn register(def: SetDef) {
+/// Registers (or updates) a set definition. True when the set is new to this node.
+pub fn register(def: SetDef) -> bool {
     with(|r| match r.sets.get_mut(&def.name) {
-        Some(s) => s.def = def,
+        Some(s) => {
+            s.def = def;
+            false
+        }
         None => {
             // A set first seen now has no filter older than this epoch to distrust (one
             // loaded from disk is held back by its own caught_up flag).
             let mut s = SetState::new(def);
             s.synced_epoch = r.epoch;
             r.sets.insert(s.def.name.clone(), s);
+            r.catalog.changes += 1;
+            true
         }
-    });
+    })
 }
 
 const SWEEP_EVERY: Duration = Duration::from_millis(100);
 const RETRY_AFTER: Duration = Duration::from_secs(2);
 
-/// Periodic upkeep from the main-thread timer: drops expired marks, retries the catalog load,
-/// and starts a rebuild for every set whose filter is missing or incomplete.
+/// Periodic upkeep from the main-thread timer: drops expired marks, reads the catalog when
+/// due, and starts a rebuild for every set whose filter is missing or incomplete.
 pub fn housekeeping(ctx: &Context) {
     let now = Instant::now();
     let due = with(|r| {
@@ -278,21 +297,12 @@ pub fn housekeeping(ctx: &Context) {
     if !due {
         return;
     }
-    let load_catalog = with(|r| {
+    with(|r| {
         for s in r.sets.values_mut() {
             s.purge_marks(now);
         }
-        let c = &mut r.catalog;
-        if !c.loaded && !c.loading && c.next_try.is_none_or(|t| now >= t) {
-            c.loading = true;
-            true
-        } else {
-            false
-        }
     });
-    if load_catalog {
-        crate::catalog::load();
-    }
+    crate::catalog::tick(now);
     let promoted = with(|r| std::mem::take(&mut r.promoted));
     let every = config::rebuild_interval();
     let idle: Vec<(String, RedisString, bool)> = with(|r| {

@@ -25,7 +25,18 @@ const CATALOG_DDL: &str = "CREATE TABLE IF NOT EXISTS member_catalog (
     recent_ttl integer NOT NULL,
     normalize text NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now()
-)";
+);
+CREATE TABLE IF NOT EXISTS member_catalog_version (
+    id smallint PRIMARY KEY CHECK (id = 1),
+    version bigint NOT NULL
+);
+INSERT INTO member_catalog_version VALUES (1, 0) ON CONFLICT DO NOTHING";
+
+/// Bumps the catalog version inside a transaction that changed the set list (CREATE of a new
+/// set, DROP): every node's periodic check sees the change and re-reads the catalog. The row
+/// lock orders the changes; the version is read in the same snapshot as the rows.
+const BUMP_VERSION: &str =
+    "UPDATE member_catalog_version SET version = version + 1 WHERE id = 1 RETURNING version";
 
 /// Name of a set's table. Set names are validated to `[a-z0-9_]{1,40}`, so this is safe SQL.
 pub fn table(set: &str) -> String {
@@ -67,31 +78,77 @@ fn set_ddl(set: &str) -> String {
 }
 
 fn row_to_def(row: &postgres::Row) -> Option<SetDef> {
+    row_to_def_at(row, 0)
+}
+
+/// A definition from the `CATALOG_COLUMNS` starting at column `at`.
+fn row_to_def_at(row: &postgres::Row, at: usize) -> Option<SetDef> {
     Some(SetDef {
-        name: row.get(0),
-        error_rate: row.get(1),
-        capacity: row.get::<_, i64>(2) as u64,
-        cache_ttl: row.get::<_, i32>(3) as u64,
-        recent_ttl: row.get::<_, i32>(4) as u64,
-        normalize: Normalize::parse(row.get::<_, &str>(5).as_bytes())?,
+        name: row.get(at),
+        error_rate: row.get(at + 1),
+        capacity: row.get::<_, i64>(at + 2) as u64,
+        cache_ttl: row.get::<_, i32>(at + 3) as u64,
+        recent_ttl: row.get::<_, i32>(at + 4) as u64,
+        normalize: Normalize::parse(row.get::<_, &str>(at + 5).as_bytes())?,
     })
 }
 
 const CATALOG_COLUMNS: &str = "name, error_rate, capacity, cache_ttl, recent_ttl, normalize";
 
-/// All set definitions. Creates the catalog table on a fresh database.
-pub fn load_catalog(db: &mut Db) -> Result<Vec<SetDef>, DbErr> {
+/// The catalog version and every set definition, read in one snapshot. Creates the catalog
+/// tables on a fresh database (or one from before the version table existed).
+pub fn load_catalog(db: &mut Db) -> Result<(i64, Vec<SetDef>), DbErr> {
     db.run(|c, _| {
         let mut tx = c.transaction()?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
         tx.batch_execute(CATALOG_DDL)?;
-        let rows = tx.query(
-            &format!("SELECT {CATALOG_COLUMNS} FROM member_catalog ORDER BY name"),
-            &[],
-        )?;
-        tx.commit()?;
-        Ok(rows.iter().filter_map(row_to_def).collect())
-    })
+        tx.commit()
+    })?;
+    // Versions start at 0: -1 is never current, so this reads everything.
+    poll_catalog(db, -1)?.ok_or_else(|| DbErr::Failed("catalog version unreadable".into()))
+}
+
+/// The periodic check: one statement. `None` when the catalog version is still `known`;
+/// otherwise the new version and every set definition, from one snapshot.
+pub fn poll_catalog(db: &mut Db, known: i64) -> Result<Option<(i64, Vec<SetDef>)>, DbErr> {
+    let sql = format!(
+        "SELECT v.version, {cols}
+           FROM member_catalog_version v
+           LEFT JOIN member_catalog c ON v.version <> $1
+          ORDER BY c.name",
+        cols = CATALOG_COLUMNS
+            .split(", ")
+            .map(|col| format!("c.{col}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let rows = db.run(|c, st| {
+        let q = prepared(c, st, &sql)?;
+        c.query(&q, &[&known])
+    })?;
+    let Some(first) = rows.first() else {
+        return Err(DbErr::Failed("member_catalog_version has no row".into()));
+    };
+    let version: i64 = first.get(0);
+    if version == known {
+        return Ok(None);
+    }
+    let defs = rows
+        .iter()
+        .filter(|r| r.get::<_, Option<&str>>(1).is_some())
+        .filter_map(|r| row_to_def_at(r, 1))
+        .collect();
+    Ok(Some((version, defs)))
+}
+
+/// One set's definition, or `None` when the catalog has no such set.
+pub fn find_set(db: &mut Db, name: &str) -> Result<Option<SetDef>, DbErr> {
+    let sql = format!("SELECT {CATALOG_COLUMNS} FROM member_catalog WHERE name = $1");
+    let row = db.run(|c, st| {
+        let q = prepared(c, st, &sql)?;
+        c.query_opt(&q, &[&name])
+    })?;
+    Ok(row.as_ref().and_then(row_to_def))
 }
 
 /// Creates (or confirms) a set: catalog row and table. `explicit` says which settings the
@@ -132,6 +189,7 @@ pub fn create_set(
                         &wanted.normalize.name(),
                     ],
                 )?;
+                tx.execute(BUMP_VERSION, &[])?;
                 wanted.clone()
             }
         };

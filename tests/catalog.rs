@@ -1,0 +1,258 @@
+//! Set definitions reach every node from the catalog, however the node got its data: a replica
+//! that full-syncs after a CREATE (never seeing MEMBER._SET), a replica whose link needed a
+//! full resynchronization, another node on the same database, a promoted replica; names that
+//! are really unknown stay unknown at a bounded cost; MEMBER.DROP.
+mod support;
+
+use std::time::{Duration, Instant};
+
+use redis::{Connection, Value};
+use support::member::*;
+use support::{wait_until, Valkey};
+
+/// The sync loop (and the catalog version check) every 300 ms on the servers that need it.
+const SYNC_FAST: (&str, &str) = ("member.sync-interval-ms", "300");
+/// No periodic catalog check during the test: only the events under test (a dataset load,
+/// a promotion, a lookup of an unknown name, a replicated command) can teach the node a set.
+const SYNC_OFF: (&str, &str) = ("member.sync-interval-ms", "3600000");
+/// One sync interval of SYNC_FAST, with room for a busy machine.
+const ONE_INTERVAL: Duration = Duration::from_secs(5);
+
+fn log_tail(vk: &Valkey) -> String {
+    let log = vk.log();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+fn info_section(c: &mut Connection, section: &str, field: &str) -> Option<String> {
+    let text: String = redis::cmd("INFO").arg(section).query(c).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .map(|v| v.trim().to_string())
+}
+
+fn reply(c: &mut Connection, args: &[&str]) -> Result<i64, String> {
+    match cmd(c, args) {
+        Ok(Value::Int(n)) => Ok(n),
+        Ok(v) => Err(format!("{v:?}")),
+        Err(e) => Err(format!(
+            "{} {}",
+            e.code().unwrap_or(""),
+            e.detail().unwrap_or("")
+        )),
+    }
+}
+
+fn info_int(c: &mut Connection, name: &str) -> i64 {
+    info_field(c, name)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("INFO member has no {name}"))
+}
+
+/// Makes `replica` a replica of `primary` and waits for the link.
+fn link(replica: &Valkey, r: &mut Connection, primary: &Valkey) {
+    ok(r, &["REPLICAOF", "127.0.0.1", &primary.port().to_string()]);
+    wait_linked(replica, r);
+}
+
+fn wait_linked(replica: &Valkey, r: &mut Connection) {
+    assert!(
+        wait_until(Duration::from_secs(30), || info_section(
+            r,
+            "replication",
+            "master_link_status"
+        )
+        .as_deref()
+            == Some("up")),
+        "replica never linked\n{}",
+        log_tail(replica)
+    );
+}
+
+/// Waits until `args` answers `want` on `c`.
+fn wait_reply(vk: &Valkey, c: &mut Connection, args: &[&str], want: i64, within: Duration) {
+    let mut last = Err(String::new());
+    let ok = wait_until(within, || {
+        last = reply(c, args);
+        last == Ok(want)
+    });
+    assert!(
+        ok,
+        "{args:?} never answered {want} (last: {last:?})\nlog:\n{}",
+        log_tail(vk)
+    );
+}
+
+const UNKNOWN: &str = "ERR no such set";
+
+#[test]
+fn replica_linked_after_create_learns_the_set_and_serves_it_promoted() {
+    let env = Env::with(&[("repl-diskless-sync-delay", "0"), SYNC_FAST]);
+    // Running, catalog loaded, but not linked yet: it never sees the CREATE's MEMBER._SET.
+    let replica = start_loaded(&env.db.url(), &[SYNC_OFF]);
+    let mut r = replica.conn();
+    let mut p = env.conn();
+    ok(&mut p, &["MEMBER.CREATE", "w", "RECENT-TTL", "1"]);
+    assert_eq!(int(&mut p, &["MEMBER.ADD", "w", "a"]), 1);
+    link(&replica, &mut r, &env.vk);
+
+    // The full synchronization's load made it re-read the catalog: it knows the set before
+    // anyone names it (its periodic check is off).
+    assert!(
+        wait_until(ONE_INTERVAL, || info_field(&mut r, "sets").as_deref()
+            == Some("1")),
+        "the replica did not re-read the catalog after its full sync: sets = {:?}\n{}",
+        info_field(&mut r, "sets"),
+        log_tail(&replica)
+    );
+    wait_reply(
+        &replica,
+        &mut r,
+        &["MEMBER.EXISTS", "w", "a"],
+        1,
+        ONE_INTERVAL,
+    );
+    // Its filter (from the RDB) is adopted and caught up: absent items get 0 from it.
+    wait_reply(
+        &replica,
+        &mut r,
+        &["MEMBER.EXISTS", "w", "zz"],
+        0,
+        ONE_INTERVAL,
+    );
+    assert!(
+        wait_until(ONE_INTERVAL, || set_info(&mut r, "w", "filter_caught_up")
+            .as_deref()
+            == Some("1")),
+        "the replica's filter never caught up: {:?}",
+        set_info(&mut r, "w", "filter_caught_up")
+    );
+
+    ok(&mut r, &["REPLICAOF", "NO", "ONE"]);
+    assert_eq!(reply(&mut r, &["MEMBER.EXISTS", "w", "a"]), Ok(1));
+    assert_eq!(reply(&mut r, &["MEMBER.ADD", "w", "b"]), Ok(1));
+    assert_eq!(reply(&mut r, &["MEMBER.EXISTS", "w", "b"]), Ok(1));
+    // The old primary sees it as a write from outside, within one sync interval.
+    wait_reply(
+        &env.vk,
+        &mut p,
+        &["MEMBER.EXISTS", "w", "b"],
+        1,
+        ONE_INTERVAL,
+    );
+}
+
+#[test]
+fn a_node_asks_the_catalog_for_a_name_it_does_not_know() {
+    let env = Env::with(&[SYNC_OFF]);
+    // Another node on the same database, not a replica: it learns nothing by replication.
+    let other = start_loaded(&env.db.url(), &[SYNC_OFF]);
+    let mut o = other.conn();
+    let mut c = env.conn();
+    ok(&mut c, &["MEMBER.CREATE", "elsewhere"]);
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "elsewhere", "x"]), 1);
+    // Its periodic check is off: only asking the catalog on the lookup can answer these.
+    assert_eq!(reply(&mut o, &["MEMBER.EXISTS", "elsewhere", "x"]), Ok(1));
+    assert_eq!(reply(&mut o, &["MEMBER.EXISTS", "elsewhere", "y"]), Ok(0));
+    assert_eq!(reply(&mut o, &["MEMBER.ADD", "elsewhere", "y"]), Ok(1));
+    assert_eq!(reply(&mut o, &["MEMBER.EXISTS", "elsewhere", "y"]), Ok(1));
+    // The other commands ask too.
+    ok(&mut c, &["MEMBER.CREATE", "info_me"]);
+    assert_eq!(
+        set_info(&mut o, "info_me", "name").as_deref(),
+        Some("info_me")
+    );
+    ok(&mut c, &["MEMBER.CREATE", "del_me"]);
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "del_me", "d"]), 1);
+    assert_eq!(reply(&mut o, &["MEMBER.DEL", "del_me", "d"]), Ok(1));
+    ok(&mut c, &["MEMBER.CREATE", "rebuild_me"]);
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "rebuild_me", "r"]), 1);
+    assert_eq!(
+        reply(&mut o, &["MEMBER.REBUILD", "rebuild_me", "SYNC"]),
+        Ok(1)
+    );
+}
+
+#[test]
+fn unknown_names_stay_unknown_at_one_catalog_query_per_second() {
+    let env = Env::with(&[SYNC_FAST]);
+    let mut c = env.conn();
+    let before = info_int(&mut c, "catalog_asks");
+    let started = Instant::now();
+    let mut sent = 0;
+    while started.elapsed() < Duration::from_millis(2500) {
+        // A pipelined burst: concurrent lookups of one name share one query.
+        let mut p = redis::pipe();
+        for _ in 0..50 {
+            p.cmd("MEMBER.EXISTS").arg("ghost").arg("x");
+        }
+        p.cmd("MEMBER.ADD").arg("ghost").arg("x");
+        p.cmd("MEMBER.INFO").arg("ghost");
+        // The client reports the first error reply of the pipeline.
+        match p.query::<Vec<Value>>(&mut c) {
+            Ok(v) => panic!("lookups of an unknown set answered {v:?}"),
+            Err(e) => assert_eq!(e.code(), Some("ERR"), "{e}"),
+        }
+        let e = err(&mut c, &["MEMBER.EXISTS", "ghost", "x"]);
+        assert!(e.starts_with(UNKNOWN), "{e}");
+        sent += 53;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let asks = info_int(&mut c, "catalog_asks") - before;
+    assert!(sent > 1000, "only {sent} lookups sent");
+    assert!(
+        asks >= 1 && asks as f64 <= elapsed.ceil() + 1.0,
+        "{asks} catalog queries for {sent} lookups of one unknown name in {elapsed:.1} s"
+    );
+    // Many different random names: each is asked once, and memory stays bounded.
+    for i in 0..100 {
+        let name = format!("ghost_{i}");
+        let e = err(&mut c, &["MEMBER.EXISTS", &name, "x"]);
+        assert!(e.starts_with(UNKNOWN), "{e}");
+    }
+    // A name created after it was found unknown is served once the brief memory expires.
+    let mut pg = env.pg();
+    std::thread::sleep(Duration::from_millis(1100));
+    let e = err(&mut c, &["MEMBER.EXISTS", "late", "x"]);
+    assert!(e.starts_with(UNKNOWN), "{e}");
+    let other = start_loaded(&env.db.url(), &[SYNC_OFF]);
+    ok(&mut other.conn(), &["MEMBER.CREATE", "late"]);
+    let n: i64 = pg
+        .query_one(
+            "SELECT count(*) FROM member_catalog WHERE name = 'late'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+    wait_reply(
+        &env.vk,
+        &mut c,
+        &["MEMBER.EXISTS", "late", "x"],
+        0,
+        ONE_INTERVAL,
+    );
+}
+
+#[test]
+fn another_node_learns_a_create_within_one_sync_interval() {
+    let env = Env::with(&[SYNC_FAST]);
+    let mut c = env.conn();
+    let other = start_loaded(&env.db.url(), &[SYNC_FAST]);
+    let mut o = other.conn();
+    ok(&mut o, &["MEMBER.CREATE", "made_there"]);
+    // Nobody names it here: the periodic version check alone must bring it.
+    assert!(
+        wait_until(ONE_INTERVAL, || info_field(&mut c, "sets").as_deref()
+            == Some("1")),
+        "the set created on another node never arrived: sets = {:?}\n{}",
+        info_field(&mut c, "sets"),
+        log_tail(&env.vk)
+    );
+    // Idle cost: the version check reads one row; the catalog itself is re-read only when the
+    // version moved.
+    let v1 = info_field(&mut c, "catalog_version");
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(info_field(&mut c, "catalog_version"), v1);
+}

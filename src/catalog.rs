@@ -12,9 +12,10 @@ use redis_module::{Context, RedisError, RedisResult, RedisValue};
 
 use crate::block::{Blocked, Completion};
 use crate::command::may_block;
-use crate::db::{pool, sql, DbErr};
+use crate::db::sql::{self, CatalogRow};
+use crate::db::{pool, DbErr};
 use crate::state::{self, SetDef};
-use crate::{config, error, mainq};
+use crate::{config, error, keys, mainq};
 
 /// How long a name the catalog does not hold is answered "no such set" without asking again.
 pub const UNKNOWN_FOR: Duration = Duration::from_secs(1);
@@ -113,7 +114,7 @@ pub fn tick(now: Instant) {
 
 /// A catalog read's outcome: `None` when the version was unchanged, else the new version and
 /// every definition.
-type ReadResult = Result<Option<(i64, Vec<SetDef>)>, DbErr>;
+type ReadResult = Result<Option<(i64, Vec<CatalogRow>)>, DbErr>;
 
 /// A catalog read in flight. However the job ends (done, dropped from a full queue,
 /// panicked), its outcome reaches the main thread, so the read is retried.
@@ -143,7 +144,7 @@ fn applied(ctx: &Context, full: bool, changes: u64, res: ReadResult) {
     });
     match res {
         Ok(None) => state::with(|r| r.catalog.last_error = None),
-        Ok(Some((version, defs))) => {
+        Ok(Some((version, rows))) => {
             let raced = state::with(|r| r.catalog.changes != changes);
             if raced {
                 // A set was added or removed here while the read ran: the read may predate
@@ -157,10 +158,21 @@ fn applied(ctx: &Context, full: bool, changes: u64, res: ReadResult) {
                 });
                 return;
             }
-            let n = defs.len();
+            let n = rows.len();
+            // Sets this node knows that the catalog no longer holds were dropped elsewhere.
+            let gone: Vec<String> = state::with(|r| {
+                r.sets
+                    .keys()
+                    .filter(|name| !rows.iter().any(|row| &row.def.name == *name))
+                    .cloned()
+                    .collect()
+            });
+            for name in &gone {
+                forget(ctx, name);
+            }
             let mut added = 0;
-            for def in defs {
-                added += state::register(def) as usize;
+            for row in rows {
+                added += learn(ctx, row.def, Some(row.id)) as usize;
             }
             state::with(|r| {
                 let c = &mut r.catalog;
@@ -172,9 +184,11 @@ fn applied(ctx: &Context, full: bool, changes: u64, res: ReadResult) {
             ASKS.with(|a| a.borrow_mut().unknown.clear());
             if first {
                 ctx.log_notice(&format!("libmember: catalog loaded, {n} set(s)"));
-            } else if added > 0 {
+            } else if added > 0 || !gone.is_empty() {
                 ctx.log_notice(&format!(
-                    "libmember: catalog version {version}: learned {added} set(s)"
+                    "libmember: catalog version {version}: learned {added} set(s), forgot {} \
+                     dropped set(s)",
+                    gone.len()
                 ));
             }
         }
@@ -194,6 +208,54 @@ fn applied(ctx: &Context, full: bool, changes: u64, res: ReadResult) {
             });
         }
     }
+}
+
+/// Registers a set definition read from the catalog (or replicated with its catalog row's
+/// identity `id`). A set this node holds under the same name but from another catalog row
+/// was dropped and created again meanwhile: it is forgotten first, so nothing of it survives.
+/// True when the set is new here.
+pub fn learn(ctx: &Context, def: SetDef, id: Option<i64>) -> bool {
+    let replaced = id.is_some_and(|id| {
+        state::with(|r| {
+            r.sets
+                .get(&def.name)
+                .and_then(|s| s.catalog_id)
+                .is_some_and(|held| held != id)
+        })
+    });
+    if replaced {
+        forget(ctx, &def.name);
+    }
+    let name = def.name.clone();
+    let new = state::register(def);
+    if let Some(id) = id {
+        state::with(|r| {
+            if let Some(s) = r.sets.get_mut(&name) {
+                s.catalog_id = Some(id);
+            }
+        });
+    }
+    new
+}
+
+/// Forgets a dropped set on this node: its definition, recent-writes marks and counters, a
+/// running rebuild (its SYNC callers get "no such set"), its filter key with the fp-cache
+/// inside it, and trust in its exact-match keys (a later set of the same name has a new
+/// incarnation and tag; the old entries expire by their TTL, nothing scans for them).
+pub fn forget(ctx: &Context, name: &str) {
+    if let Some(s) = state::remove(name) {
+        if let state::Rebuild::Running { waiters, .. } = s.rebuild {
+            for w in waiters {
+                w.finish(Box::new(Fail(error::UNKNOWN_SET.into())));
+            }
+        }
+    }
+    keys::with_db0(ctx, |ctx| {
+        let k = ctx.open_key_writable(&keys::filter_key(name));
+        if !k.is_empty() {
+            let _ = k.delete();
+        }
+    });
 }
 
 /// A command named `name`, which this node does not know: asks the catalog, blocking only the
@@ -243,7 +305,7 @@ struct Ask {
     name: String,
     /// `Catalog::removals` when the query was sent.
     removals: u64,
-    res: Option<Result<Option<SetDef>, DbErr>>,
+    res: Option<Result<Option<CatalogRow>, DbErr>>,
 }
 
 impl Drop for Ask {
@@ -257,12 +319,12 @@ impl Drop for Ask {
     }
 }
 
-fn answered(ctx: &Context, name: String, removals: u64, res: Result<Option<SetDef>, DbErr>) {
+fn answered(ctx: &Context, name: String, removals: u64, res: Result<Option<CatalogRow>, DbErr>) {
     let known = |name: &str| state::with(|r| r.sets.contains_key(name));
     let refusal = match res {
-        Ok(Some(def)) => {
+        Ok(Some(row)) => {
             if state::with(|r| r.catalog.removals == removals) {
-                state::register(def);
+                learn(ctx, row.def, Some(row.id));
             } else if !known(&name) {
                 // A set was dropped here while the query ran: its answer may be older than
                 // the drop. Ask again; the commands keep waiting.

@@ -42,16 +42,25 @@ fn boot_nonce() -> &'static str {
     })
 }
 
-/// True when this process cached a confirmed membership there (an expired entry, or one
-/// written by an earlier process, counts as absent).
-pub fn cache_hit(ctx: &Context, key: &RedisString) -> bool {
-    matches!(ctx.open_key(key).read(), Ok(Some(v)) if v == boot_nonce().as_bytes())
+/// The value of the exact-match keys of one incarnation of a set in this process: the process's
+/// nonce and the incarnation. A set dropped and created again under the same name starts a new
+/// incarnation, so the old one's entries (left to expire by their TTL, never scanned for) are
+/// not believed.
+pub fn cache_tag(incarnation: u64) -> String {
+    format!("{}:{incarnation:x}", boot_nonce())
 }
 
-/// Caches a confirmed membership for `ttl`.
-pub fn cache_fill(ctx: &Context, key: &RedisString, ttl: Duration) {
+/// True when this process cached a confirmed membership there for the set incarnation whose
+/// tag is `tag` (an expired entry, or one written by an earlier process or incarnation, counts
+/// as absent).
+pub fn cache_hit(ctx: &Context, key: &RedisString, tag: &str) -> bool {
+    matches!(ctx.open_key(key).read(), Ok(Some(v)) if v == tag.as_bytes())
+}
+
+/// Caches a confirmed membership for `ttl`, for the set incarnation whose tag is `tag`.
+pub fn cache_fill(ctx: &Context, key: &RedisString, tag: &str, ttl: Duration) {
     let k = ctx.open_key_writable(key);
-    if k.write(boot_nonce()).is_ok() {
+    if k.write(tag).is_ok() {
         let _ = k.set_expire(ttl);
     }
 }

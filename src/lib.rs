@@ -34,6 +34,10 @@ use filter_type::FILTER_TYPE;
 fn member_create(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
     create::create(ctx, args)
 }
+/// MEMBER.DROP <set> [DELETE-DATA]
+fn member_drop(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
+    command::drop::drop(ctx, args)
+}
 /// MEMBER.ADD <set> <item> [SCOPE <scope>] [TTL <s> | EXPIREAT <unix-s>]
 fn member_add(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
     write::add(ctx, args)
@@ -65,6 +69,10 @@ fn member_int_load(ctx: &Context, args: Vec<RedisString>) -> redis_module::Redis
 /// MEMBER._SET <set> <error_rate> <capacity> <cache_ttl> <recent_ttl> <normalize> (replication and AOF only)
 fn member_int_set(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
     internal::set(ctx, args)
+}
+/// MEMBER._DROP <set> (replication and AOF only)
+fn member_int_drop(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
+    internal::drop(ctx, args)
 }
 /// MEMBER.INFO <set>
 fn member_info(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
@@ -133,6 +141,7 @@ redis_module! {
     info: info_member,
     commands: [
         ["member.create", member_create, "write deny-oom", 0, 0, 0, ""],
+        ["member.drop", member_drop, "write", 0, 0, 0, ""],
         ["member.add", member_add, "write deny-oom", 0, 0, 0, ""],
         ["member.del", member_del, "write", 0, 0, 0, ""],
         ["member.explain", member_explain, "readonly", 0, 0, 0, ""],
@@ -142,6 +151,7 @@ redis_module! {
         ["member._del", member_int_del, "write", 0, 0, 0, ""],
         ["member._load", member_int_load, "write deny-oom", 0, 0, 0, ""],
         ["member._set", member_int_set, "write", 0, 0, 0, ""],
+        ["member._drop", member_int_drop, "write", 0, 0, 0, ""],
     ],
     configurations: [
         i64: [

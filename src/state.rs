@@ -102,11 +102,22 @@ pub enum Rebuild {
 /// Rows loaded and time taken, or why it failed.
 pub type RebuildOutcome = Result<(u64, Duration), String>;
 
+/// Source of `SetState::incarnation`.
+static NEXT_INCARNATION: AtomicU64 = AtomicU64::new(1);
+
 /// Everything the main thread knows about one set.
 pub struct SetState {
     pub def: SetDef,
+    /// Never reused in this process: work started for a set that was then dropped (and maybe
+    /// created again) is recognised as stale when it ends.
+    pub incarnation: u64,
     pub filter_key: RedisString,
     pub cache_prefix: Vec<u8>,
+    /// The value this incarnation's exact-match keys hold (see `keys::cache_tag`).
+    pub cache_tag: String,
+    /// Identity of the catalog row this set was learned from, when known (see
+    /// `sql::CatalogRow`): a different one means the set was dropped and created again.
+    pub catalog_id: Option<i64>,
     marks: IdMap<Mark>,
     /// Bumped by every ADD/DEL effect; a lookup that started under an older generation does
     /// not fill the cache (it may have read a row that a concurrent DEL just removed).
@@ -123,9 +134,13 @@ pub struct SetState {
 
 impl SetState {
     pub fn new(def: SetDef) -> Self {
+        let incarnation = NEXT_INCARNATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         SetState {
+            incarnation,
             filter_key: keys::filter_key(&def.name),
             cache_prefix: keys::cache_prefix(&def.name),
+            cache_tag: keys::cache_tag(incarnation),
+            catalog_id: None,
             def,
             marks: IdMap::default(),
             generation: 0,
@@ -276,6 +291,23 @@ pub fn register(def: SetDef) -> bool {
             true
         }
     })
+}
+
+/// Removes a set from the registry (it was dropped), returning what this node held for it.
+pub fn remove(name: &str) -> Option<SetState> {
+    with(|r| {
+        let s = r.sets.remove(name)?;
+        r.catalog.changes += 1;
+        r.catalog.removals += 1;
+        Some(s)
+    })
+}
+
+/// True when `name`'s current incarnation on this node is `incarnation`.
+pub fn is_current(r: &Registry, name: &str, incarnation: u64) -> bool {
+    r.sets
+        .get(name)
+        .is_some_and(|s| s.incarnation == incarnation)
 }
 
 const SWEEP_EVERY: Duration = Duration::from_millis(100);

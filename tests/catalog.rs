@@ -256,3 +256,287 @@ fn another_node_learns_a_create_within_one_sync_interval() {
     std::thread::sleep(Duration::from_millis(1000));
     assert_eq!(info_field(&mut c, "catalog_version"), v1);
 }
+
+/// `EXISTS <key>` on the server.
+fn key_exists(c: &mut Connection, key: &[u8]) -> bool {
+    redis::cmd("EXISTS").arg(key).query::<i64>(c).unwrap() == 1
+}
+
+fn hit_key(set: &str, item: &str) -> Vec<u8> {
+    let mut k = format!("member:{set}:hit:{item}").into_bytes();
+    k.push(0);
+    k
+}
+
+fn table_exists(pg: &mut postgres::Client, set: &str) -> bool {
+    pg.query_one(
+        "SELECT to_regclass($1) IS NOT NULL",
+        &[&format!("member_{set}")],
+    )
+    .unwrap()
+    .get(0)
+}
+
+fn catalog_has(pg: &mut postgres::Client, set: &str) -> bool {
+    let n: i64 = pg
+        .query_one(
+            "SELECT count(*) FROM member_catalog WHERE name = $1",
+            &[&set],
+        )
+        .unwrap()
+        .get(0);
+    n == 1
+}
+
+/// Waits until a lookup of `set` gets "no such set" on `c`.
+fn wait_unknown(vk: &Valkey, c: &mut Connection, set: &str, within: Duration) {
+    let mut last = Ok(0);
+    let gone = wait_until(within, || {
+        last = reply(c, &["MEMBER.EXISTS", set, "x"]);
+        last.as_ref().is_err_and(|e| e.starts_with(UNKNOWN))
+    });
+    assert!(
+        gone,
+        "{set} still answers {last:?} after its DROP\nlog:\n{}",
+        log_tail(vk)
+    );
+}
+
+#[test]
+fn drop_reaches_replicas_and_other_nodes_and_a_new_create_starts_clean() {
+    let env = Env::with(&[("repl-diskless-sync-delay", "0"), SYNC_FAST]);
+    let mut p = env.conn();
+    let mut pg = env.pg();
+    let replica = start_loaded(&env.db.url(), &[SYNC_OFF]);
+    let mut r = replica.conn();
+    link(&replica, &mut r, &env.vk);
+    // Another node that learns changes through its periodic catalog check...
+    let polling = start_loaded(&env.db.url(), &[SYNC_FAST]);
+    let mut o = polling.conn();
+    // ...and one that checks only when told to re-read (DEBUG RELOAD loads a dataset).
+    let quiet = start_loaded(&env.db.url(), &[SYNC_OFF, ("enable-debug-command", "yes")]);
+    let mut q = quiet.conn();
+
+    ok(&mut p, &["MEMBER.CREATE", "d", "RECENT-TTL", "1"]);
+    assert_eq!(int(&mut p, &["MEMBER.ADD", "d", "x"]), 1);
+    for c in [&mut p, &mut o, &mut q] {
+        assert_eq!(reply(c, &["MEMBER.EXISTS", "d", "x"]), Ok(1));
+        assert_eq!(explain(c, "d", "x"), (1, "cache-hit".to_string()));
+        assert!(key_exists(c, &hit_key("d", "x")));
+    }
+    wait_reply(
+        &replica,
+        &mut r,
+        &["MEMBER.EXISTS", "d", "x"],
+        1,
+        ONE_INTERVAL,
+    );
+
+    // DROP keeps the table.
+    ok(&mut p, &["MEMBER.DROP", "d"]);
+    assert!(!catalog_has(&mut pg, "d"));
+    assert!(
+        table_exists(&mut pg, "d"),
+        "DROP without DELETE-DATA dropped the table"
+    );
+    assert!(err(&mut p, &["MEMBER.EXISTS", "d", "x"]).starts_with(UNKNOWN));
+    assert!(err(&mut p, &["MEMBER.ADD", "d", "y"]).starts_with(UNKNOWN));
+    assert!(err(&mut p, &["MEMBER.INFO", "d"]).starts_with(UNKNOWN));
+    assert!(!key_exists(&mut p, b"member:d:bloom"));
+    wait_unknown(&replica, &mut r, "d", ONE_INTERVAL);
+    assert!(!key_exists(&mut r, b"member:d:bloom"));
+    wait_unknown(&polling, &mut o, "d", ONE_INTERVAL);
+    assert!(!key_exists(&mut o, b"member:d:bloom"));
+    assert!(err(&mut p, &["MEMBER.DROP", "d"]).starts_with(UNKNOWN));
+
+    // CREATE again: the kept table's rows are members again.
+    ok(&mut p, &["MEMBER.CREATE", "d", "RECENT-TTL", "1"]);
+    assert_eq!(reply(&mut p, &["MEMBER.EXISTS", "d", "x"]), Ok(1));
+    assert_eq!(explain(&mut p, "d", "x"), (1, "cache-hit".to_string()));
+
+    // DROP DELETE-DATA drops the table in the same transaction; a new CREATE starts clean.
+    ok(&mut p, &["MEMBER.DROP", "d", "DELETE-DATA"]);
+    assert!(!catalog_has(&mut pg, "d"));
+    assert!(!table_exists(&mut pg, "d"), "DELETE-DATA left the table");
+    ok(&mut p, &["MEMBER.CREATE", "d", "RECENT-TTL", "1"]);
+    assert_eq!(explain(&mut p, "d", "x"), (0, "bloom-negative".to_string()));
+    assert_eq!(set_info(&mut p, "d", "filter_items").as_deref(), Some("0"));
+    // The old exact-match key may still exist, but it is not believed: with the filter gone,
+    // a lookup that cannot block must not answer 1 from it.
+    let (del, exists): (i64, redis::RedisResult<i64>) = {
+        let mut t = redis::pipe();
+        t.atomic()
+            .cmd("DEL")
+            .arg("member:d:bloom")
+            .cmd("MEMBER.EXISTS")
+            .arg("d")
+            .arg("x");
+        match t.query::<Vec<Value>>(&mut p) {
+            Ok(v) => match (&v[0], &v[1]) {
+                (Value::Int(d), Value::Int(e)) => (*d, Ok(*e)),
+                (Value::Int(d), other) => (
+                    *d,
+                    Err(redis::RedisError::from((
+                        redis::ErrorKind::ResponseError,
+                        "reply",
+                        format!("{other:?}"),
+                    ))),
+                ),
+                other => panic!("MULTI replies: {other:?}"),
+            },
+            Err(e) => (1, Err(e)),
+        }
+    };
+    assert_eq!(del, 1);
+    assert!(
+        !matches!(exists, Ok(1)),
+        "the new set answered 1 from the dropped set's exact-match key"
+    );
+    // The replica follows: the old filter and entries are gone there too.
+    // (The DEL of the filter reached it too: it answers from the primary's rebuilt one.)
+    wait_reply(
+        &replica,
+        &mut r,
+        &["MEMBER.EXISTS", "d", "x"],
+        0,
+        ONE_INTERVAL,
+    );
+    assert!(
+        wait_until(ONE_INTERVAL, || explain(&mut r, "d", "x")
+            == (0, "bloom-negative".to_string())),
+        "the replica's filter for the new set: {:?}",
+        explain(&mut r, "d", "x")
+    );
+    // The polling node: dropped and created again between two checks or not, it never
+    // answers from what it held before.
+    wait_reply(
+        &polling,
+        &mut o,
+        &["MEMBER.EXISTS", "d", "x"],
+        0,
+        ONE_INTERVAL,
+    );
+    // The quiet node still holds the first set's cache entry (its checks are off); a re-read
+    // finds a catalog row of another identity and forgets it all.
+    ok(&mut q, &["DEBUG", "RELOAD"]);
+    wait_reply(
+        &quiet,
+        &mut q,
+        &["MEMBER.EXISTS", "d", "x"],
+        0,
+        ONE_INTERVAL,
+    );
+    assert_ne!(explain(&mut q, "d", "x").1, "cache-hit");
+}
+
+#[test]
+fn full_resync_after_a_cut_link_learns_created_and_dropped_sets() {
+    let env = Env::with(&[
+        ("repl-diskless-sync-delay", "0"),
+        ("repl-backlog-size", "16384"),
+        SYNC_FAST,
+    ]);
+    let mut p = env.conn();
+    let replica = start_loaded(&env.db.url(), &[SYNC_OFF, ("enable-debug-command", "yes")]);
+    let mut r = replica.conn();
+    link(&replica, &mut r, &env.vk);
+    for set in ["keep", "gone"] {
+        ok(&mut p, &["MEMBER.CREATE", set, "RECENT-TTL", "1"]);
+        assert_eq!(int(&mut p, &["MEMBER.ADD", set, "a"]), 1);
+        wait_reply(
+            &replica,
+            &mut r,
+            &["MEMBER.EXISTS", set, "a"],
+            1,
+            ONE_INTERVAL,
+        );
+    }
+    let full_before: i64 = info_section(&mut p, "stats", "sync_full")
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+
+    // Cut the link and keep the replica from reconnecting while the primary drops a set,
+    // creates one and writes past its tiny backlog: only a full resync can follow.
+    assert_eq!(int(&mut r, &["CLIENT", "KILL", "TYPE", "master"]), 1);
+    let mut sleeper = replica.conn();
+    let sleeping = std::thread::spawn(move || {
+        let _ = cmd(&mut sleeper, &["DEBUG", "SLEEP", "3"]);
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    ok(&mut p, &["MEMBER.DROP", "gone"]);
+    ok(&mut p, &["MEMBER.CREATE", "fresh", "RECENT-TTL", "1"]);
+    assert_eq!(int(&mut p, &["MEMBER.ADD", "fresh", "f"]), 1);
+    assert_eq!(int(&mut p, &["MEMBER.ADD", "keep", "b"]), 1);
+    let filler = "z".repeat(64 * 1024);
+    for i in 0..4 {
+        let _: () = redis::cmd("SET")
+            .arg(format!("filler{i}"))
+            .arg(&filler)
+            .query(&mut p)
+            .unwrap();
+    }
+    sleeping.join().unwrap();
+    wait_linked(&replica, &mut r);
+    let full_after: i64 = info_section(&mut p, "stats", "sync_full")
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    assert!(
+        full_after > full_before,
+        "the replica resynchronized partially; the test needs a full resync"
+    );
+
+    // The full sync's load made it re-read the catalog (its periodic check is off).
+    assert!(
+        wait_until(ONE_INTERVAL, || info_field(&mut r, "sets").as_deref()
+            == Some("2")),
+        "after the full resync the replica knows {:?} sets, not keep and fresh\n{}",
+        info_field(&mut r, "sets"),
+        log_tail(&replica)
+    );
+    wait_reply(
+        &replica,
+        &mut r,
+        &["MEMBER.EXISTS", "fresh", "f"],
+        1,
+        ONE_INTERVAL,
+    );
+    wait_reply(
+        &replica,
+        &mut r,
+        &["MEMBER.EXISTS", "keep", "b"],
+        1,
+        ONE_INTERVAL,
+    );
+    assert!(err(&mut r, &["MEMBER.EXISTS", "gone", "a"]).starts_with(UNKNOWN));
+
+    ok(&mut r, &["REPLICAOF", "NO", "ONE"]);
+    assert_eq!(reply(&mut r, &["MEMBER.ADD", "fresh", "g"]), Ok(1));
+    assert_eq!(reply(&mut r, &["MEMBER.EXISTS", "fresh", "g"]), Ok(1));
+    assert!(err(&mut r, &["MEMBER.ADD", "gone", "a"]).starts_with(UNKNOWN));
+}
+
+#[test]
+fn drop_refusals() {
+    let env = Env::with(&[("repl-diskless-sync-delay", "0")]);
+    let mut p = env.conn();
+    assert!(err(&mut p, &["MEMBER.DROP", "nosuch"]).starts_with(UNKNOWN));
+    assert!(err(&mut p, &["MEMBER.DROP"]).contains("wrong number"));
+    assert!(err(&mut p, &["MEMBER.DROP", "Bad"]).contains("invalid set name"));
+    ok(&mut p, &["MEMBER.CREATE", "s"]);
+    assert!(err(&mut p, &["MEMBER.DROP", "s", "NOW"]).contains("unknown option"));
+    assert!(err(&mut p, &["MEMBER.DROP", "s", "DELETE-DATA", "x"]).contains("wrong number"));
+    assert!(err(&mut p, &["MEMBER._DROP", "s"]).contains("internal command"));
+    let e = err(
+        &mut p,
+        &["EVAL", "return redis.call('MEMBER.DROP', 's')", "0"],
+    );
+    assert!(e.contains("cannot block"), "{e}");
+    // Nothing was dropped by the refused calls.
+    assert_eq!(reply(&mut p, &["MEMBER.EXISTS", "s", "x"]), Ok(0));
+    let replica = start_loaded(&env.db.url(), &[]);
+    let mut r = replica.conn();
+    link(&replica, &mut r, &env.vk);
+    let e = err(&mut r, &["MEMBER.DROP", "s"]);
+    assert!(e.starts_with("READONLY"), "DROP on a replica: {e}");
+    assert!(catalog_has(&mut env.pg(), "s"));
+}

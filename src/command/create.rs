@@ -10,7 +10,7 @@ use super::{block_timeout, may_block, set_name, Options};
 use crate::block::{Blocked, Completion};
 use crate::canon::Normalize;
 use crate::config::{self, parse_error_rate};
-use crate::db::sql::Built;
+use crate::db::sql::{Built, CatalogRow};
 use crate::db::{pool, sql, DbErr};
 use crate::filter_type::{self, FilterValue};
 use crate::state::{self, SetDef};
@@ -92,17 +92,19 @@ pub fn create(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 struct CreateDone {
-    result: Result<(SetDef, Option<Built>), DbErr>,
+    result: Result<(CatalogRow, Option<Built>), DbErr>,
 }
 
 impl Completion for CreateDone {
     fn apply(&mut self, ctx: &Context) {
-        let Ok((def, built)) = &mut self.result else {
+        let Ok((row, built)) = &mut self.result else {
             return;
         };
-        let newly = state::with(|r| !r.sets.contains_key(&def.name));
-        state::register(def.clone());
-        internal::replicate_set(ctx, def);
+        let def = &row.def;
+        // New here, or replacing what this node held for a set of the same name that was
+        // dropped and created again elsewhere.
+        let newly = crate::catalog::learn(ctx, def.clone(), Some(row.id));
+        internal::replicate_set(ctx, def, Some(row.id));
         if let (true, Some(b)) = (newly, built.take()) {
             let key = keys::filter_key(&def.name);
             let v = FilterValue::built(b.bloom, b.watermark);

@@ -163,7 +163,7 @@ fn decide(
             }
             Gate::Possible => {
                 let key = keys::cache_key(ctx, &set.cache_prefix, &canon);
-                if keys::cache_hit(ctx, &key) {
+                if keys::cache_hit(ctx, &key, &set.cache_tag) {
                     record(set, explain, Path::CacheHit, started);
                     return Ok(Step::Done(true, Path::CacheHit));
                 }
@@ -185,6 +185,7 @@ fn decide(
             remember,
             asked: Instant::now(),
             generation: set.generation,
+            incarnation: set.incarnation,
             started,
             explain,
             result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
@@ -219,6 +220,9 @@ struct LookupDone {
     /// When the lookup was sent to the database (before it read anything).
     asked: Instant,
     generation: u64,
+    /// The set's incarnation when the lookup began: an answer about a set dropped since
+    /// (and maybe created again) fills nothing.
+    incarnation: u64,
     started: Option<Instant>,
     explain: bool,
     /// `Some(expires_at)` when an active member.
@@ -251,6 +255,9 @@ impl Completion for LookupDone {
             let Some(set) = r.sets.get_mut(&self.set) else {
                 return;
             };
+            if set.incarnation != self.incarnation {
+                return;
+            }
             match path {
                 Some(p) => record(set, self.explain, p, self.started),
                 None => {
@@ -284,7 +291,8 @@ impl Completion for LookupDone {
                         scope: &self.scope,
                     };
                     let key = keys::cache_key(ctx, &set.cache_prefix, &canon);
-                    keys::cache_fill(ctx, &key, std::time::Duration::from_millis(ttl));
+                    let ttl = std::time::Duration::from_millis(ttl);
+                    keys::cache_fill(ctx, &key, &set.cache_tag, ttl);
                 }
             }
         });

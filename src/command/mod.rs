@@ -2,6 +2,7 @@
 //! database, reply. No SQL here.
 
 pub mod create;
+pub mod drop;
 pub mod info;
 pub mod internal;
 pub mod lookup;

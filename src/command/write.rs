@@ -47,6 +47,8 @@ struct WriteDone {
     entity: String,
     scope: String,
     hash: u128,
+    /// The set's incarnation when the write began (see `apply`).
+    incarnation: u64,
     result: Result<bool, DbErr>,
 }
 
@@ -61,6 +63,12 @@ impl PointDone<bool> for WriteDone {
 
 impl Completion for WriteDone {
     fn apply(&mut self, ctx: &Context) {
+        // The set was dropped while the write ran (and maybe created again): the row may be
+        // in a table that outlives the set, but no filter, mark or replica of this set
+        // incarnation is left to update, and the next one is built from the table.
+        if !state::with(|r| state::is_current(r, &self.set, self.incarnation)) {
+            return;
+        }
         let canon = Canon {
             entity: std::borrow::Cow::Borrowed(&self.entity),
             scope: &self.scope,
@@ -154,6 +162,7 @@ fn prepare(set: &str, item: &[u8], scope: &[u8], op: Op) -> Result<Option<WriteD
             entity: canon.entity.into_owned(),
             scope: canon.scope.to_string(),
             hash: canon.hash,
+            incarnation: s.incarnation,
             result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
         }))
     })

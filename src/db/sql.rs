@@ -77,27 +77,42 @@ fn set_ddl(set: &str) -> String {
     )
 }
 
-fn row_to_def(row: &postgres::Row) -> Option<SetDef> {
-    row_to_def_at(row, 0)
+/// A set's catalog row: its definition and the identity of this row (its creation time in
+/// microseconds), which tells a set dropped and created again under the same name from the
+/// one a node knew.
+#[derive(Clone, Debug)]
+pub struct CatalogRow {
+    pub def: SetDef,
+    pub id: i64,
 }
 
-/// A definition from the `CATALOG_COLUMNS` starting at column `at`.
-fn row_to_def_at(row: &postgres::Row, at: usize) -> Option<SetDef> {
-    Some(SetDef {
+/// The catalog columns `row_at` reads, for a table aliased `a`.
+fn catalog_columns(a: &str) -> String {
+    format!(
+        "{a}.name, {a}.error_rate, {a}.capacity, {a}.cache_ttl, {a}.recent_ttl, {a}.normalize,
+         (EXTRACT(EPOCH FROM {a}.created_at) * 1000000)::int8"
+    )
+}
+
+/// A catalog row from the `catalog_columns` starting at column `at`.
+fn row_at(row: &postgres::Row, at: usize) -> Option<CatalogRow> {
+    let def = SetDef {
         name: row.get(at),
         error_rate: row.get(at + 1),
         capacity: row.get::<_, i64>(at + 2) as u64,
         cache_ttl: row.get::<_, i32>(at + 3) as u64,
         recent_ttl: row.get::<_, i32>(at + 4) as u64,
         normalize: Normalize::parse(row.get::<_, &str>(at + 5).as_bytes())?,
+    };
+    Some(CatalogRow {
+        def,
+        id: row.get(at + 6),
     })
 }
 
-const CATALOG_COLUMNS: &str = "name, error_rate, capacity, cache_ttl, recent_ttl, normalize";
-
 /// The catalog version and every set definition, read in one snapshot. Creates the catalog
 /// tables on a fresh database (or one from before the version table existed).
-pub fn load_catalog(db: &mut Db) -> Result<(i64, Vec<SetDef>), DbErr> {
+pub fn load_catalog(db: &mut Db) -> Result<(i64, Vec<CatalogRow>), DbErr> {
     db.run(|c, _| {
         let mut tx = c.transaction()?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
@@ -110,17 +125,13 @@ pub fn load_catalog(db: &mut Db) -> Result<(i64, Vec<SetDef>), DbErr> {
 
 /// The periodic check: one statement. `None` when the catalog version is still `known`;
 /// otherwise the new version and every set definition, from one snapshot.
-pub fn poll_catalog(db: &mut Db, known: i64) -> Result<Option<(i64, Vec<SetDef>)>, DbErr> {
+pub fn poll_catalog(db: &mut Db, known: i64) -> Result<Option<(i64, Vec<CatalogRow>)>, DbErr> {
     let sql = format!(
         "SELECT v.version, {cols}
            FROM member_catalog_version v
            LEFT JOIN member_catalog c ON v.version <> $1
           ORDER BY c.name",
-        cols = CATALOG_COLUMNS
-            .split(", ")
-            .map(|col| format!("c.{col}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        cols = catalog_columns("c")
     );
     let rows = db.run(|c, st| {
         let q = prepared(c, st, &sql)?;
@@ -136,50 +147,57 @@ pub fn poll_catalog(db: &mut Db, known: i64) -> Result<Option<(i64, Vec<SetDef>)
     let defs = rows
         .iter()
         .filter(|r| r.get::<_, Option<&str>>(1).is_some())
-        .filter_map(|r| row_to_def_at(r, 1))
+        .filter_map(|r| row_at(r, 1))
         .collect();
     Ok(Some((version, defs)))
 }
 
 /// One set's definition, or `None` when the catalog has no such set.
-pub fn find_set(db: &mut Db, name: &str) -> Result<Option<SetDef>, DbErr> {
-    let sql = format!("SELECT {CATALOG_COLUMNS} FROM member_catalog WHERE name = $1");
+pub fn find_set(db: &mut Db, name: &str) -> Result<Option<CatalogRow>, DbErr> {
+    let sql = format!(
+        "SELECT {} FROM member_catalog a WHERE name = $1",
+        catalog_columns("a")
+    );
     let row = db.run(|c, st| {
         let q = prepared(c, st, &sql)?;
         c.query_opt(&q, &[&name])
     })?;
-    Ok(row.as_ref().and_then(row_to_def))
+    Ok(row.as_ref().and_then(|r| row_at(r, 0)))
 }
 
 /// Creates (or confirms) a set: catalog row and table. `explicit` says which settings the
 /// caller gave; an existing set whose given settings differ is refused. Returns the stored
-/// definition and, if `build`, the filter built from the rows already in the table.
+/// row and, if `build`, the filter built from the rows already in the table.
 pub fn create_set(
     db: &mut Db,
     wanted: &SetDef,
     explicit: &[bool; 5],
     build: bool,
     progress: &AtomicU64,
-) -> Result<(SetDef, Option<Built>), DbErr> {
-    let def = db.run(|c, _| {
+) -> Result<(CatalogRow, Option<Built>), DbErr> {
+    let row = db.run(|c, _| {
         let mut tx = c.transaction()?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
         tx.batch_execute(CATALOG_DDL)?;
         let existing = tx.query_opt(
-            &format!("SELECT {CATALOG_COLUMNS} FROM member_catalog WHERE name = $1"),
+            &format!(
+                "SELECT {} FROM member_catalog a WHERE name = $1",
+                catalog_columns("a")
+            ),
             &[&wanted.name],
         )?;
-        let def = match existing.as_ref().and_then(row_to_def) {
+        let row = match existing.as_ref().and_then(|r| row_at(r, 0)) {
             Some(have) => {
-                if wanted.conflicts_with(&have, explicit) {
+                if wanted.conflicts_with(&have.def, explicit) {
                     return Ok(None);
                 }
                 have
             }
             None => {
-                tx.execute(
+                let id: i64 = tx.query_one(
                     "INSERT INTO member_catalog (name, error_rate, capacity, cache_ttl, recent_ttl, normalize)
-                     VALUES ($1, $2, $3, $4, $5, $6)",
+                     VALUES ($1, $2, $3, $4, $5, $6)
+                     RETURNING (EXTRACT(EPOCH FROM created_at) * 1000000)::int8",
                     &[
                         &wanted.name,
                         &wanted.error_rate,
@@ -188,20 +206,20 @@ pub fn create_set(
                         &(wanted.recent_ttl as i32),
                         &wanted.normalize.name(),
                     ],
-                )?;
+                )?.get(0);
                 tx.execute(BUMP_VERSION, &[])?;
-                wanted.clone()
+                CatalogRow { def: wanted.clone(), id }
             }
         };
-        tx.batch_execute(&set_ddl(&def.name))?;
+        tx.batch_execute(&set_ddl(&row.def.name))?;
         tx.commit()?;
-        Ok(Some(def))
+        Ok(Some(row))
     })?;
-    let def = def.ok_or(DbErr::Refused(error::SET_EXISTS_DIFFERENT))?;
+    let row = row.ok_or(DbErr::Refused(error::SET_EXISTS_DIFFERENT))?;
     let built = if build {
         let built = db
             .client()
-            .and_then(|c| build_filter(c, &def, progress, &AtomicU64::new(0)));
+            .and_then(|c| build_filter(c, &row.def, progress, &AtomicU64::new(0)));
         if matches!(built, Err(DbErr::Unavailable(_))) {
             db.reset();
         }
@@ -209,7 +227,28 @@ pub fn create_set(
     } else {
         None
     };
-    Ok((def, built))
+    Ok((row, built))
+}
+
+/// Drops a set: its catalog row and, with `delete_data`, its table, in one transaction that
+/// bumps the catalog version (every node forgets the set at its next check). False when the
+/// catalog has no such set (nothing is changed then).
+pub fn drop_set(db: &mut Db, name: &str, delete_data: bool) -> Result<bool, DbErr> {
+    db.run_once(|c, _| {
+        let mut tx = c.transaction()?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
+        tx.batch_execute(CATALOG_DDL)?;
+        let n = tx.execute("DELETE FROM member_catalog WHERE name = $1", &[&name])?;
+        if n == 0 {
+            return Ok(false);
+        }
+        tx.execute(BUMP_VERSION, &[])?;
+        if delete_data {
+            tx.batch_execute(&format!("DROP TABLE IF EXISTS {}", table(name)))?;
+        }
+        tx.commit()?;
+        Ok(true)
+    })
 }
 
 /// Inserts memberships with one multi-row statement. For each item, true when the call made

@@ -184,7 +184,7 @@ fn applied(ctx: &Context, full: bool, changes: u64, res: ReadResult) {
             ASKS.with(|a| a.borrow_mut().unknown.clear());
             if first {
                 ctx.log_notice(&format!("libmember: catalog loaded, {n} set(s)"));
-            } else if added > 0 || !gone.is_empty() {
+            } else if full || added > 0 || !gone.is_empty() {
                 ctx.log_notice(&format!(
                     "libmember: catalog version {version}: learned {added} set(s), forgot {} \
                      dropped set(s)",

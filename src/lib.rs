@@ -109,6 +109,7 @@ fn on_role_changed(_ctx: &Context, role: redis_module::server_events::ServerRole
 fn on_loading(_ctx: &Context, event: redis_module::server_events::LoadingSubevent) {
     if event == redis_module::server_events::LoadingSubevent::Ended {
         catalog::reread();
+        state::after_load();
     }
 }
 

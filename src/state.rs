@@ -230,7 +230,8 @@ pub struct Registry {
     /// its set has been caught up (sync pass or rebuild) by work *started* in the current
     /// epoch: the old primary may have acknowledged ADDs whose effects never arrived here.
     pub epoch: u64,
-    /// Set by a promotion; the next sweep starts sync passes for every set at once.
+    /// Set by a promotion or a dataset load; the next sweep starts sync passes for every set
+    /// at once.
     promoted: bool,
 }
 
@@ -263,6 +264,13 @@ pub fn on_promoted() {
         r.epoch += 1;
         r.promoted = true;
     });
+}
+
+/// A dataset was just loaded (full synchronization, DEBUG RELOAD): its filters start not
+/// caught up, so the next sweep starts a sync pass for every set at once instead of waiting
+/// for each set's next interval.
+pub fn after_load() {
+    with(|r| r.promoted = true);
 }
 
 /// Records that `set`'s filter was caught up by work started in `epoch`.

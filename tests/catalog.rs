@@ -519,6 +519,19 @@ fn full_resync_after_a_cut_link_learns_created_and_dropped_sets() {
         log_tail(&replica)
     );
     assert_eq!(info_field(&mut r, "sets").as_deref(), Some("2"));
+    // The filter it already knew came anew from the RDB, not caught up: it catches up at
+    // once (not at its next sync interval, an hour away).
+    assert!(
+        wait_until(ONE_INTERVAL, || set_info(
+            &mut r,
+            "keep",
+            "filter_caught_up"
+        )
+        .as_deref()
+            == Some("1")),
+        "keep's filter never caught up after the full resync: {:?}",
+        set_info(&mut r, "keep", "filter_caught_up")
+    );
     wait_reply(
         &replica,
         &mut r,

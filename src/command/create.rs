@@ -104,8 +104,12 @@ impl Completion for CreateDone {
         // New here, or replacing what this node held for a set of the same name that was
         // dropped and created again elsewhere.
         let newly = crate::catalog::learn(ctx, def.clone(), Some(row.id));
+        // The catalog check or a lookup may have registered the set while it was being
+        // built here; the build still serves if no ADD or DEL has reached the set since (any
+        // later row is read by the sync loop from the build's watermark).
+        let untouched = state::with(|r| r.sets.get(&def.name).is_some_and(|s| s.generation == 0));
         internal::replicate_set(ctx, def, Some(row.id));
-        if let (true, Some(b)) = (newly, built.take()) {
+        if let (true, Some(b)) = (newly || untouched, built.take()) {
             let key = keys::filter_key(&def.name);
             let v = FilterValue::built(b.bloom, b.watermark);
             internal::replicate_filter(ctx, &key, &v);

@@ -73,10 +73,19 @@ pub fn unknown_cached() -> usize {
     ASKS.with(|a| a.borrow().unknown.len())
 }
 
-/// Asks for a full re-read of the catalog at the next sweep (a dataset was loaded, or this node
-/// was promoted). Safe from server event handlers: it only sets a flag.
+/// Asks for a full re-read of the catalog at the next sweep (a dataset was loaded). Safe from
+/// server event handlers: it only sets a flag.
 pub fn reread() {
     state::with(|r| r.catalog.reread = true);
+}
+
+/// This node was just promoted: it re-reads the catalog, and until that read is applied each
+/// set it names is confirmed with the catalog before it serves (it may have missed a DROP).
+pub fn promoted() {
+    state::with(|r| {
+        r.catalog.reread = true;
+        r.catalog.hold = true;
+    });
 }
 
 /// Starts a catalog read if one is due: the first load (retried until PostgreSQL answers), a
@@ -179,6 +188,9 @@ fn applied(ctx: &Context, full: bool, changes: u64, res: ReadResult) {
                 c.loaded = true;
                 c.version = Some(version);
                 c.last_error = None;
+                if full {
+                    c.hold = false;
+                }
             });
             // Names remembered as unknown may exist now.
             ASKS.with(|a| a.borrow_mut().unknown.clear());
@@ -288,9 +300,10 @@ pub fn ask(ctx: &Context, name: &str, timeout: Duration, then: Then) -> RedisRes
 
 fn query(name: String) {
     ASKS_SENT.fetch_add(1, Ordering::Relaxed);
-    let removals = state::with(|r| r.catalog.removals);
+    let (changes, removals) = state::with(|r| (r.catalog.changes, r.catalog.removals));
     let ask = Ask {
         name,
+        changes,
         removals,
         res: None,
     };
@@ -303,23 +316,33 @@ fn query(name: String) {
 /// One name's catalog query in flight; its outcome reaches the main thread however it ends.
 struct Ask {
     name: String,
-    /// `Catalog::removals` when the query was sent.
+    /// `Catalog::changes` and `Catalog::removals` when the query was sent.
+    changes: u64,
     removals: u64,
     res: Option<Result<Option<CatalogRow>, DbErr>>,
 }
 
 impl Drop for Ask {
     fn drop(&mut self) {
-        let (name, removals) = (std::mem::take(&mut self.name), self.removals);
+        let (name, changes, removals) =
+            (std::mem::take(&mut self.name), self.changes, self.removals);
         let res = self
             .res
             .take()
             .unwrap_or_else(|| Err(DbErr::Unavailable(error::WORKER_LOST.into())));
-        mainq::post(Box::new(move |ctx| answered(ctx, name, removals, res)));
+        mainq::post(Box::new(move |ctx| {
+            answered(ctx, name, changes, removals, res)
+        }));
     }
 }
 
-fn answered(ctx: &Context, name: String, removals: u64, res: Result<Option<CatalogRow>, DbErr>) {
+fn answered(
+    ctx: &Context,
+    name: String,
+    changes: u64,
+    removals: u64,
+    res: Result<Option<CatalogRow>, DbErr>,
+) {
     let known = |name: &str| state::with(|r| r.sets.contains_key(name));
     let refusal = match res {
         Ok(Some(row)) => {
@@ -334,6 +357,11 @@ fn answered(ctx: &Context, name: String, removals: u64, res: Result<Option<Catal
             None
         }
         Ok(None) => {
+            // Known here but not in the catalog, and not registered since the query was
+            // sent: it was dropped elsewhere (a promoted node asks about sets it knows).
+            if known(&name) && state::with(|r| r.catalog.changes == changes) {
+                forget(ctx, &name);
+            }
             if !known(&name) {
                 ASKS.with(|a| a.borrow_mut().remember_unknown(&name, Instant::now()));
             }

@@ -99,7 +99,7 @@ fn info_member(ctx: &InfoContext, for_crash_report: bool) {
 fn on_role_changed(_ctx: &Context, role: redis_module::server_events::ServerRole) {
     if role == redis_module::server_events::ServerRole::Primary {
         state::on_promoted();
-        catalog::reread();
+        catalog::promoted();
     }
 }
 

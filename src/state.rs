@@ -219,6 +219,9 @@ pub struct Catalog {
     pub changes: u64,
     /// Bumped whenever a set is removed from the registry.
     pub removals: u64,
+    /// Promoted and not re-read since: no set serves before the catalog has confirmed it (a
+    /// command naming one asks the catalog, as for an unknown name).
+    pub hold: bool,
 }
 
 #[derive(Default)]
@@ -236,6 +239,16 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// The set named `name` if it may serve right now without asking the catalog: known,
+    /// and not held back after a promotion.
+    #[inline]
+    pub fn serving(&mut self, name: &str) -> Option<&mut SetState> {
+        if self.catalog.hold {
+            return None;
+        }
+        self.sets.get_mut(name)
+    }
+
     /// The set named `name`, or the error a client should get.
     pub fn find(&mut self, name: &str) -> Result<&mut SetState, redis_module::RedisError> {
         // The error is decided first so that the hot path is a single map lookup.

@@ -584,3 +584,50 @@ fn drop_refusals() {
     assert!(e.starts_with("READONLY"), "DROP on a replica: {e}");
     assert!(catalog_has(&mut env.pg(), "s"));
 }
+
+#[test]
+fn a_promoted_replica_confirms_its_sets_before_serving() {
+    let env = Env::with(&[("repl-diskless-sync-delay", "0"), SYNC_OFF]);
+    let mut p = env.conn();
+    let replica = start_loaded(&env.db.url(), &[SYNC_OFF]);
+    let mut r = replica.conn();
+    link(&replica, &mut r, &env.vk);
+    ok(&mut p, &["MEMBER.CREATE", "stale", "RECENT-TTL", "1"]);
+    ok(&mut p, &["MEMBER.CREATE", "live", "RECENT-TTL", "1"]);
+    for set in ["stale", "live"] {
+        assert_eq!(int(&mut p, &["MEMBER.ADD", set, "x"]), 1);
+        wait_reply(
+            &replica,
+            &mut r,
+            &["MEMBER.EXISTS", set, "x"],
+            1,
+            ONE_INTERVAL,
+        );
+    }
+    // Dropped through another node: nothing reaches the replica by replication, and its
+    // periodic check is off.
+    let other = start_loaded(&env.db.url(), &[SYNC_OFF]);
+    ok(&mut other.conn(), &["MEMBER.DROP", "stale"]);
+    assert_eq!(reply(&mut r, &["MEMBER.EXISTS", "stale", "x"]), Ok(1));
+
+    // Promoted, it serves no set the catalog has not confirmed since.
+    ok(&mut r, &["REPLICAOF", "NO", "ONE"]);
+    let e = reply(&mut r, &["MEMBER.ADD", "stale", "y"]);
+    assert!(
+        e.as_ref().is_err_and(|e| e.starts_with(UNKNOWN)),
+        "the promoted replica wrote to a set dropped elsewhere: {e:?}"
+    );
+    let e = reply(&mut r, &["MEMBER.EXISTS", "stale", "x"]);
+    assert!(e.as_ref().is_err_and(|e| e.starts_with(UNKNOWN)), "{e:?}");
+    assert_eq!(reply(&mut r, &["MEMBER.EXISTS", "live", "x"]), Ok(1));
+    assert_eq!(reply(&mut r, &["MEMBER.ADD", "live", "y"]), Ok(1));
+    let n: i64 = env
+        .pg()
+        .query_one(
+            "SELECT count(*) FROM member_stale WHERE entity_id = 'y'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0, "a row was written to the dropped set's table");
+}

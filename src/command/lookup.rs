@@ -85,7 +85,7 @@ fn funnel(
     started: Option<Instant>,
 ) -> RedisResult {
     keys::with_db0(ctx, |ctx| {
-        match decide(ctx, set_name, item, scope, explain, started)? {
+        match decide(ctx, set_name, item, scope, explain, started, false)? {
             Step::Done(present, path) => Ok(reply(explain, present, path)),
             Step::Db(done) => {
                 if !may_block(ctx) {
@@ -97,7 +97,7 @@ fn funnel(
             Step::Unknown => {
                 let (name, item, scope) = (set_name.to_string(), item.to_vec(), scope.to_vec());
                 let then: catalog::Then = Box::new(move |ctx, blocked| {
-                    match decide(ctx, &name, &item, &scope, explain, started) {
+                    match decide(ctx, &name, &item, &scope, explain, started, true) {
                         Ok(Step::Done(present, path)) => blocked.finish(Box::new(Answered {
                             explain,
                             present,
@@ -117,7 +117,8 @@ fn funnel(
 }
 
 /// The funnel's decision for a set this node knows, with DB 0 selected: an answer from
-/// memory, or the lookup the database must resolve.
+/// memory, or the lookup the database must resolve. `confirmed`: the catalog was just asked
+/// about this set (it serves even while a promotion holds sets back).
 fn decide(
     ctx: &Context,
     set_name: &str,
@@ -125,10 +126,16 @@ fn decide(
     scope: &[u8],
     explain: bool,
     started: Option<Instant>,
+    confirmed: bool,
 ) -> Result<Step, RedisError> {
     state::with(|r| {
         let epoch = r.epoch;
-        let Some(set) = r.sets.get_mut(set_name) else {
+        let set = if confirmed {
+            r.sets.get_mut(set_name)
+        } else {
+            r.serving(set_name)
+        };
+        let Some(set) = set else {
             return Ok(Step::Unknown);
         };
         let canon = canonicalize(set.def.normalize, item, scope).map_err(RedisError::Str)?;

@@ -27,7 +27,7 @@ pub fn rebuild(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             )))
         }
     };
-    if !state::with(|r| r.sets.contains_key(&name)) {
+    if state::with(|r| r.serving(&name).is_none()) {
         // A set this node does not know: ask the catalog first (only this client waits; with
         // SYNC as long as the rebuild takes).
         let timeout = if sync {

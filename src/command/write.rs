@@ -124,7 +124,7 @@ fn write(ctx: &Context, args: Vec<RedisString>, op: Op) -> RedisResult {
     let a = ItemArgs::parse(args, extra)?;
     let expires_at = expiry(&a)?;
     keys::with_db0(ctx, |ctx| {
-        let Some(done) = prepare(&a.set, a.item.as_slice(), a.scope(), op)? else {
+        let Some(done) = prepare(&a.set, a.item.as_slice(), a.scope(), op, false)? else {
             // A set this node does not know: ask the catalog (only this client waits).
             let (name, item, scope) = (
                 a.set.clone(),
@@ -133,7 +133,7 @@ fn write(ctx: &Context, args: Vec<RedisString>, op: Op) -> RedisResult {
             );
             let then: catalog::Then =
                 Box::new(
-                    move |_ctx, blocked| match prepare(&name, &item, &scope, op) {
+                    move |_ctx, blocked| match prepare(&name, &item, &scope, op, true) {
                         Ok(Some(done)) => send(point_for(blocked, begin(done)), op, expires_at),
                         Ok(None) => blocked.finish(Box::new(Fail(error::UNKNOWN_SET.into()))),
                         Err(e) => blocked.finish(Box::new(Fail(e.to_string()))),
@@ -149,10 +149,22 @@ fn write(ctx: &Context, args: Vec<RedisString>, op: Op) -> RedisResult {
     })
 }
 
-/// The write of `item` to a set this node knows, canonicalized; `None` for an unknown set.
-fn prepare(set: &str, item: &[u8], scope: &[u8], op: Op) -> Result<Option<WriteDone>, RedisError> {
+/// The write of `item` to a set this node knows, canonicalized; `None` for a set the catalog
+/// must be asked about first (unknown, or held back after a promotion unless `confirmed`).
+fn prepare(
+    set: &str,
+    item: &[u8],
+    scope: &[u8],
+    op: Op,
+    confirmed: bool,
+) -> Result<Option<WriteDone>, RedisError> {
     state::with(|r| {
-        let Some(s) = r.sets.get(set) else {
+        let s = if confirmed {
+            r.sets.get_mut(set)
+        } else {
+            r.serving(set)
+        };
+        let Some(s) = s else {
             return Ok(None);
         };
         let canon = canonicalize(s.def.normalize, item, scope).map_err(RedisError::Str)?;

@@ -35,8 +35,15 @@ pub fn run(ctx: &Context, now_all: bool) {
             .collect()
     });
     for (def, incarnation, key) in due {
-        // Only a filter with a watermark can be caught up; others wait for their rebuild.
+        // Only a filter with a watermark can be caught up; others wait for their rebuild or
+        // for a filter to arrive (by replication, say, after the set was learned from the
+        // catalog): looked at again at the next sweep, not an interval later.
         let Some(Some(from)) = filter_type::with(ctx, &key, |f| f.cov.watermark) else {
+            state::with(|r| {
+                if let Some(s) = r.sets.get_mut(&def.name) {
+                    s.sync.next = None;
+                }
+            });
             continue;
         };
         let name = def.name.clone();

@@ -15,10 +15,10 @@
 //! (throughput = all operations / all seconds, percentiles = mean of the two runs), so a
 //! slow drift of the machine does not favour either side.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
 #[path = "member/big_filters.rs"]
 mod big_filters;
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;

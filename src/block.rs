@@ -55,6 +55,13 @@ impl Blocked {
         }
     }
 
+    /// The same client, answered with `fallback` instead if the handle is dropped unfinished
+    /// (a handle passed on to a job that needs a different fallback).
+    pub fn with_fallback(mut self, fallback: Box<dyn Completion>) -> Blocked {
+        self.fallback = Some(fallback);
+        self
+    }
+
     /// Unblocks the client with `done`; its `apply` and `reply` run on the main thread.
     pub fn finish(mut self, done: Box<dyn Completion>) {
         self.unblock(done);

@@ -76,17 +76,34 @@ pub fn is_cache_key(key: &[u8]) -> bool {
         .is_some_and(|i| rest[i..].starts_with(b":hit:"))
 }
 
-/// True when this process cached a confirmed membership there since the cache was last
-/// distrusted (an expired entry, or one written by an earlier process, counts as absent).
-pub fn cache_hit(ctx: &Context, key: &RedisString) -> bool {
-    matches!(ctx.open_key(key).read(), Ok(Some(v)) if v == nonce().as_slice())
+/// The value the exact-match keys of one incarnation of a set hold in this process now: the
+/// nonce (process and cache epoch), `:`, the incarnation in hex. A set dropped and created
+/// again under the same name starts a new incarnation, so the old one's entries (left to
+/// expire by their TTL, never scanned for) are not believed.
+type Tag = [u8; 65];
+
+fn tag(incarnation: u64) -> Tag {
+    let mut t = [0u8; 65];
+    t[..48].copy_from_slice(&nonce());
+    t[48] = b':';
+    for (i, d) in t[49..].iter_mut().enumerate() {
+        *d = b"0123456789abcdef"[((incarnation >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    t
 }
 
-/// Caches a confirmed membership for `ttl`.
-pub fn cache_fill(ctx: &Context, key: &RedisString, ttl: Duration) {
-    let n = nonce();
-    let Ok(value) = std::str::from_utf8(&n) else {
-        return; // hex digits only: cannot happen
+/// True when this process cached a confirmed membership there for this incarnation of the set
+/// since the cache was last distrusted (an expired entry, or one written by an earlier
+/// process or incarnation, counts as absent).
+pub fn cache_hit(ctx: &Context, key: &RedisString, incarnation: u64) -> bool {
+    matches!(ctx.open_key(key).read(), Ok(Some(v)) if v == tag(incarnation).as_slice())
+}
+
+/// Caches a confirmed membership for `ttl`, for this incarnation of the set.
+pub fn cache_fill(ctx: &Context, key: &RedisString, incarnation: u64, ttl: Duration) {
+    let t = tag(incarnation);
+    let Ok(value) = std::str::from_utf8(&t) else {
+        return; // hex digits and ':' only: cannot happen
     };
     let k = ctx.open_key_writable(key);
     if k.write(value).is_ok() {

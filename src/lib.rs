@@ -39,6 +39,10 @@ use filter_type::FILTER_TYPE;
 fn member_create(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
     reply::guard(ctx, "MEMBER.CREATE", || create::create(ctx, args))
 }
+/// MEMBER.DROP <set> [DELETE-DATA]
+fn member_drop(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
+    reply::guard(ctx, "MEMBER.DROP", || command::drop::drop(ctx, args))
+}
 /// MEMBER.ADD <set> <item> [SCOPE <scope>] [TTL <s> | EXPIREAT <unix-s>]
 fn member_add(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
     reply::guard(ctx, "MEMBER.ADD", || write::add(ctx, args))
@@ -73,6 +77,10 @@ fn member_int_load(ctx: &Context, args: Vec<RedisString>) -> redis_module::Redis
 fn member_int_set(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
     reply::guard(ctx, "MEMBER._SET", || internal::set(ctx, args))
 }
+/// MEMBER._DROP <set> (replication and AOF only)
+fn member_int_drop(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
+    reply::guard(ctx, "MEMBER._DROP", || internal::drop(ctx, args))
+}
 /// MEMBER.INFO <set>
 fn member_info(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
     reply::guard(ctx, "MEMBER.INFO", || info::info(ctx, args))
@@ -92,11 +100,23 @@ fn info_member(ctx: &InfoContext, for_crash_report: bool) {
     info::info_section(ctx, for_crash_report);
 }
 
-/// A promotion makes every filter untrusted for "absent" until it has caught up again.
+/// A promotion makes every filter untrusted for "absent" until it has caught up again, and
+/// makes the node re-read the set catalog.
 #[redis_module_macros::role_changed_event_handler]
 fn on_role_changed(_ctx: &Context, role: redis_module::server_events::ServerRole) {
     if role == redis_module::server_events::ServerRole::Primary {
         state::on_promoted();
+        catalog::promoted();
+    }
+}
+
+/// Any dataset just loaded (a replica's full synchronization, DEBUG RELOAD, a start-up load)
+/// may hold filters of sets whose definitions never reached this node: re-read the catalog.
+#[redis_module_macros::loading_event_handler]
+fn on_loading(_ctx: &Context, event: redis_module::server_events::LoadingSubevent) {
+    if event == redis_module::server_events::LoadingSubevent::Ended {
+        catalog::reread();
+        state::after_load();
     }
 }
 
@@ -114,7 +134,9 @@ const COMMAND_INFO: &[Info] = &[
     Info::anywhere("member._add", 4),
     Info::anywhere("member._del", 4),
     Info::anywhere("member._load", -3),
-    Info::anywhere("member._set", 7),
+    Info::anywhere("member._set", -7),
+    Info::anywhere("member.drop", -2),
+    Info::anywhere("member._drop", 2),
 ];
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
@@ -151,6 +173,7 @@ redis_module! {
     info: info_member,
     commands: [
         ["member.create", member_create, "write deny-oom", 0, 0, 0, ""],
+        ["member.drop", member_drop, "write", 0, 0, 0, ""],
         ["member.add", member_add, "write deny-oom", 0, 0, 0, ""],
         ["member.del", member_del, "write", 0, 0, 0, ""],
         ["member.explain", member_explain, "readonly", 0, 0, 0, ""],
@@ -160,6 +183,7 @@ redis_module! {
         ["member._del", member_int_del, "write", 0, 0, 0, ""],
         ["member._load", member_int_load, "write deny-oom", 0, 0, 0, ""],
         ["member._set", member_int_set, "write", 0, 0, 0, ""],
+        ["member._drop", member_int_drop, "write", 0, 0, 0, ""],
     ],
     event_handlers: [
         [@GENERIC: events::on_generic],

@@ -35,9 +35,9 @@ pub fn start(name: &str) -> bool {
             journal: Vec::new(),
             waiters: Vec::new(),
         };
-        Some((s.def.clone(), rows, estimate))
+        Some((s.def.clone(), s.incarnation, rows, estimate))
     });
-    let Some((def, rows, estimate)) = started else {
+    let Some((def, incarnation, rows, estimate)) = started else {
         return false;
     };
     let name = name.to_string();
@@ -55,13 +55,16 @@ pub fn start(name: &str) -> bool {
                     .map(Ready::new)
             }))
             .unwrap_or_else(|_| Err(DbErr::Failed("rebuild panicked".into())));
-            mainq::post(Box::new(move |ctx| finish(ctx, &thread_name, res)));
+            mainq::post(Box::new(move |ctx| {
+                finish(ctx, &thread_name, incarnation, res)
+            }));
         });
     if let Err(e) = spawned {
         mainq::post(Box::new(move |ctx| {
             finish(
                 ctx,
                 &name,
+                incarnation,
                 Err(DbErr::Failed(format!("cannot start thread: {e}"))),
             )
         }));
@@ -101,10 +104,14 @@ impl Ready {
 }
 
 /// Main thread: swaps a finished build in, or records why it failed (the old filter keeps
-/// serving; an incomplete one keeps falling through to the database).
-fn finish(ctx: &Context, name: &str, res: Result<Ready, DbErr>) {
+/// serving; an incomplete one keeps falling through to the database). A build of a set that
+/// was dropped meanwhile (and maybe created again) is discarded.
+fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>) {
     let done = state::with(|r| {
         let s = r.sets.get_mut(name)?;
+        if s.incarnation != incarnation {
+            return None;
+        }
         let Rebuild::Running {
             epoch,
             started,
@@ -116,7 +123,7 @@ fn finish(ctx: &Context, name: &str, res: Result<Ready, DbErr>) {
             return None;
         };
         Some((
-            s.def.clone(),
+            (s.def.clone(), s.catalog_id),
             s.filter_key.clone(),
             epoch,
             started,
@@ -124,12 +131,12 @@ fn finish(ctx: &Context, name: &str, res: Result<Ready, DbErr>) {
             waiters,
         ))
     });
-    let Some((def, key, epoch, started, journal, waiters)) = done else {
+    let Some(((def, catalog_id), key, epoch, started, journal, waiters)) = done else {
         return;
     };
     // The definition travels with every build, ahead of the filter: a replica (or the AOF)
     // that missed it — a set whose CREATE is still building, a full resync — learns it here.
-    internal::replicate_set(ctx, &def);
+    internal::replicate_set(ctx, &def, catalog_id);
     let outcome = match res {
         Ok(Ready {
             mut filter,

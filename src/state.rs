@@ -102,11 +102,20 @@ pub enum Rebuild {
 /// Rows loaded and time taken, or why it failed.
 pub type RebuildOutcome = Result<(u64, Duration), String>;
 
+/// Source of `SetState::incarnation`.
+static NEXT_INCARNATION: AtomicU64 = AtomicU64::new(1);
+
 /// Everything the main thread knows about one set.
 pub struct SetState {
     pub def: SetDef,
+    /// Never reused in this process: work started for a set that was then dropped (and maybe
+    /// created again) is recognised as stale when it ends.
+    pub incarnation: u64,
     pub filter_key: RedisString,
     pub cache_prefix: Vec<u8>,
+    /// Identity of the catalog row this set was learned from, when known (see
+    /// `sql::CatalogRow`): a different one means the set was dropped and created again.
+    pub catalog_id: Option<i64>,
     marks: IdMap<Mark>,
     /// Bumped by every ADD/DEL effect; a lookup that started under an older generation does
     /// not fill the cache (it may have read a row that a concurrent DEL just removed).
@@ -129,9 +138,12 @@ pub struct SetState {
 
 impl SetState {
     pub fn new(def: SetDef) -> Self {
+        let incarnation = NEXT_INCARNATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         SetState {
+            incarnation,
             filter_key: keys::filter_key(&def.name),
             cache_prefix: keys::cache_prefix(&def.name),
+            catalog_id: None,
             def,
             marks: IdMap::default(),
             generation: 0,
@@ -209,13 +221,30 @@ impl SetState {
     }
 }
 
-/// Whether the set definitions have been read from PostgreSQL since start-up.
+/// How current this node's copy of the set catalog is (see `catalog.rs`).
 #[derive(Debug, Default)]
 pub struct Catalog {
+    /// The catalog has been read since start-up.
     pub loaded: bool,
+    /// A read (full or periodic check) is in flight.
     pub loading: bool,
     pub last_error: Option<String>,
+    /// No read before this (after a failure).
     pub next_try: Option<Instant>,
+    /// The catalog version the registry reflects (of the last read applied).
+    pub version: Option<i64>,
+    /// A full re-read is due: a dataset was loaded or this node was promoted.
+    pub reread: bool,
+    /// When the next periodic version check is due.
+    pub next_check: Option<Instant>,
+    /// Bumped whenever a set is added to or removed from the registry: a catalog read sent
+    /// before such a change is not applied over it.
+    pub changes: u64,
+    /// Bumped whenever a set is removed from the registry.
+    pub removals: u64,
+    /// Promoted and not re-read since: no set serves before the catalog has confirmed it (a
+    /// command naming one asks the catalog, as for an unknown name).
+    pub hold: bool,
 }
 
 #[derive(Default)]
@@ -227,13 +256,24 @@ pub struct Registry {
     /// its set has been caught up (sync pass or rebuild) by work *started* in the current
     /// epoch: the old primary may have acknowledged ADDs whose effects never arrived here.
     pub epoch: u64,
-    /// Set by a promotion; the next sweep starts sync passes for every set at once.
+    /// Set by a promotion or a dataset load; the next sweep starts sync passes for every set
+    /// at once.
     promoted: bool,
     /// When a sweep last started sync passes early for a filter value no set trusts yet.
     strangers_seen: Option<Instant>,
 }
 
 impl Registry {
+    /// The set named `name` if it may serve right now without asking the catalog: known,
+    /// and not held back after a promotion.
+    #[inline]
+    pub fn serving(&mut self, name: &str) -> Option<&mut SetState> {
+        if self.catalog.hold {
+            return None;
+        }
+        self.sets.get_mut(name)
+    }
+
     /// The set named `name`, or the error a client should get.
     pub fn find(&mut self, name: &str) -> Result<&mut SetState, redis_module::RedisError> {
         // The error is decided first so that the hot path is a single map lookup.
@@ -264,6 +304,13 @@ pub fn on_promoted() {
     });
 }
 
+/// A dataset was just loaded (full synchronization, DEBUG RELOAD): its filters start not
+/// caught up, so the next sweep starts a sync pass for every set at once instead of waiting
+/// for each set's next interval.
+pub fn after_load() {
+    with(|r| r.promoted = true);
+}
+
 /// Records that `set`'s filter was caught up by work started in `epoch`.
 pub fn synced(r: &mut Registry, set: &str, epoch: u64) {
     if epoch == r.epoch {
@@ -281,25 +328,47 @@ pub fn installed(r: &mut Registry, set: &str, id: u64, trust: bool) {
     }
 }
 
-/// Registers (or updates) a set definition.
-pub fn register(def: SetDef) {
+/// Registers (or updates) a set definition. True when the set is new to this node.
+pub fn register(def: SetDef) -> bool {
     with(|r| match r.sets.get_mut(&def.name) {
-        Some(s) => s.def = def,
+        Some(s) => {
+            s.def = def;
+            false
+        }
         None => {
             // A set first seen now has no filter older than this epoch to distrust (one
             // loaded from disk is held back until a sync pass trusts it).
             let mut s = SetState::new(def);
             s.synced_epoch = r.epoch;
             r.sets.insert(s.def.name.clone(), s);
+            r.catalog.changes += 1;
+            true
         }
-    });
+    })
+}
+
+/// Removes a set from the registry (it was dropped), returning what this node held for it.
+pub fn remove(name: &str) -> Option<SetState> {
+    with(|r| {
+        let s = r.sets.remove(name)?;
+        r.catalog.changes += 1;
+        r.catalog.removals += 1;
+        Some(s)
+    })
+}
+
+/// True when `name`'s current incarnation on this node is `incarnation`.
+pub fn is_current(r: &Registry, name: &str, incarnation: u64) -> bool {
+    r.sets
+        .get(name)
+        .is_some_and(|s| s.incarnation == incarnation)
 }
 
 const SWEEP_EVERY: Duration = Duration::from_millis(100);
 const RETRY_AFTER: Duration = Duration::from_secs(2);
 
-/// Periodic upkeep from the main-thread timer: drops expired marks, retries the catalog load,
-/// and starts a rebuild for every set whose filter is missing or incomplete.
+/// Periodic upkeep from the main-thread timer: drops expired marks, reads the catalog when
+/// due, and starts a rebuild for every set whose filter is missing or incomplete.
 pub fn housekeeping(ctx: &Context) {
     let now = Instant::now();
     let due = with(|r| {
@@ -314,21 +383,12 @@ pub fn housekeeping(ctx: &Context) {
     if !due {
         return;
     }
-    let load_catalog = with(|r| {
+    with(|r| {
         for s in r.sets.values_mut() {
             s.purge_marks(now);
         }
-        let c = &mut r.catalog;
-        if !c.loaded && !c.loading && c.next_try.is_none_or(|t| now >= t) {
-            c.loading = true;
-            true
-        } else {
-            false
-        }
     });
-    if load_catalog {
-        crate::catalog::load();
-    }
+    crate::catalog::tick(now);
     let promoted = with(|r| std::mem::take(&mut r.promoted));
     let every = config::rebuild_interval();
     let idle: Vec<(String, RedisString, bool)> = with(|r| {

@@ -24,17 +24,26 @@ pub struct SyncState {
 pub fn run(ctx: &Context, now_all: bool) {
     let interval = config::sync_interval();
     let now = Instant::now();
-    let due: Vec<(SetDef, RedisString)> = state::with(|r| {
+    let due: Vec<(SetDef, u64, RedisString)> = state::with(|r| {
         r.sets
             .values_mut()
             .filter(|s| !s.sync.in_flight && (now_all || s.sync.next.is_none_or(|t| now >= t)))
-            .map(|s| (s.def.clone(), s.filter_key.clone()))
+            .map(|s| {
+                s.sync.next = Some(now + interval);
+                (s.def.clone(), s.incarnation, s.filter_key.clone())
+            })
             .collect()
     });
-    for (def, key) in due {
-        // Only a filter with a watermark can be caught up; others wait for their rebuild and
-        // stay due, so the first pass runs as soon as the filter is in (a CREATE's build).
+    for (def, incarnation, key) in due {
+        // Only a filter with a watermark can be caught up; others wait for their rebuild or
+        // for a filter to arrive (by replication, say, after the set was learned from the
+        // catalog): looked at again at the next sweep, not an interval later.
         let Some(Some(from)) = filter_type::with(ctx, &key, |f| f.cov.watermark) else {
+            state::with(|r| {
+                if let Some(s) = r.sets.get_mut(&def.name) {
+                    s.sync.next = None;
+                }
+            });
             continue;
         };
         let name = def.name.clone();
@@ -47,6 +56,7 @@ pub fn run(ctx: &Context, now_all: bool) {
         let epoch = state::with(|r| r.epoch);
         let pass = Pass {
             name,
+            incarnation,
             epoch,
             from,
             result: Some(Err(DbErr::Unavailable("sync job dropped".into()))),
@@ -62,6 +72,9 @@ pub fn run(ctx: &Context, now_all: bool) {
 /// main thread exactly once.
 struct Pass {
     name: String,
+    /// The set's incarnation when the pass started: a pass over a set dropped since is
+    /// discarded.
+    incarnation: u64,
     /// Promotion epoch when the pass started.
     epoch: u64,
     from: i64,
@@ -71,17 +84,30 @@ struct Pass {
 impl Drop for Pass {
     fn drop(&mut self) {
         let (name, from, epoch) = (std::mem::take(&mut self.name), self.from, self.epoch);
+        let incarnation = self.incarnation;
         let res = self
             .result
             .take()
             .unwrap_or(Err(DbErr::Unavailable("sync lost".into())));
-        mainq::post(Box::new(move |ctx| apply(ctx, &name, epoch, from, res)));
+        mainq::post(Box::new(move |ctx| {
+            apply(ctx, &name, incarnation, epoch, from, res)
+        }));
     }
 }
 
-fn apply(ctx: &Context, name: &str, epoch: u64, from: i64, res: Result<(Vec<u128>, i64), DbErr>) {
+fn apply(
+    ctx: &Context,
+    name: &str,
+    incarnation: u64,
+    epoch: u64,
+    from: i64,
+    res: Result<(Vec<u128>, i64), DbErr>,
+) {
     let key = state::with(|r| {
         let s = r.sets.get_mut(name)?;
+        if s.incarnation != incarnation {
+            return None;
+        }
         s.sync.in_flight = false;
         match &res {
             Ok((hashes, _)) => {

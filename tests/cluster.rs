@@ -63,7 +63,7 @@ fn command_info_declares_arity_and_the_item_as_routing_key() {
     const ADD: &[&str] = &["RW", "insert", "not_key"];
     const DEL: &[&str] = &["RW", "delete", "not_key"];
     const READ: &[&str] = &["RO", "not_key"];
-    let want: [(&str, i64, Option<&[&str]>); 11] = [
+    let want: [(&str, i64, Option<&[&str]>); 13] = [
         ("member.create", -2, None),
         ("member.add", -3, Some(ADD)),
         ("member.exists", -3, Some(READ)),
@@ -74,7 +74,9 @@ fn command_info_declares_arity_and_the_item_as_routing_key() {
         ("member._add", 4, None),
         ("member._del", 4, None),
         ("member._load", -3, None),
-        ("member._set", 7, None),
+        ("member._set", -7, None),
+        ("member.drop", -2, None),
+        ("member._drop", 2, None),
     ];
     for (name, arity, flags) in want {
         let (first, last, step) = if flags.is_some() {

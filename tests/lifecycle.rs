@@ -454,7 +454,16 @@ fn replica_and_promotion() {
     let mut p = env.conn();
 
     create(&mut p, "s", &[]);
-    // The replica learns the set and runs its one sync pass before any ADD.
+    // The replica learns the set through replication (the definition and the filter
+    // together; naming the set before they arrive would have it ask the catalog and wait for
+    // the filter on its own) and runs its one sync pass before any ADD.
+    assert!(
+        wait_until(Duration::from_secs(20), || info_field(&mut r, "sets")
+            .as_deref()
+            == Some("1")),
+        "the replica never learned the set\nreplica log:\n{}",
+        log_tail(&replica)
+    );
     assert!(
         wait_until(Duration::from_secs(5), || {
             let info = info_all(&mut r, "s");

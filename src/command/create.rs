@@ -13,8 +13,9 @@ use super::{block_timeout, may_block, set_name, Options};
 use crate::block::{Blocked, Completion};
 use crate::canon::Normalize;
 use crate::config::{self, parse_error_rate};
+use crate::db::sql::CatalogRow;
 use crate::db::{pool, sql, DbErr};
-use crate::state::{self, SetDef};
+use crate::state::SetDef;
 use crate::{error, filter_type, keys, mainq, metrics, rebuild};
 
 const OPTIONS: [&str; 5] = ["ERROR", "CAPACITY", "CACHE-TTL", "RECENT-TTL", "NORMALIZE"];
@@ -131,7 +132,7 @@ fn catalog_timeout(_ctx: &Context, id: u64) {
 /// reaches the main thread exactly once.
 struct CatalogStep {
     id: u64,
-    result: Option<Result<SetDef, DbErr>>,
+    result: Option<Result<CatalogRow, DbErr>>,
 }
 
 impl Drop for CatalogStep {
@@ -147,10 +148,10 @@ impl Drop for CatalogStep {
 
 /// Main thread: the set is in the catalog (or the step failed). A set new to this node, or
 /// one without a complete filter, gets its filter built before the caller hears OK.
-fn catalog_done(ctx: &Context, id: u64, res: Result<SetDef, DbErr>) {
+fn catalog_done(ctx: &Context, id: u64, res: Result<CatalogRow, DbErr>) {
     let waiter = PENDING.with(|p| p.borrow_mut().remove(&id));
-    let def = match res {
-        Ok(def) => def,
+    let row = match res {
+        Ok(row) => row,
         Err(e) => {
             if let Some(w) = waiter {
                 w.finish(Box::new(Answer(Err(e.reply_text()))));
@@ -158,11 +159,14 @@ fn catalog_done(ctx: &Context, id: u64, res: Result<SetDef, DbErr>) {
             return;
         }
     };
-    state::register(def.clone());
+    let def = row.def;
+    // New here, or replacing what this node held for a set of the same name that was dropped
+    // and created again elsewhere.
+    crate::catalog::learn(ctx, def.clone(), Some(row.id));
     let key = keys::filter_key(&def.name);
     let complete = filter_type::with(ctx, &key, |f| f.cov.complete).unwrap_or(false);
     if complete {
-        internal::replicate_set(ctx, &def);
+        internal::replicate_set(ctx, &def, Some(row.id));
         if let Some(w) = waiter {
             w.finish(Box::new(Answer(Ok(()))));
         }

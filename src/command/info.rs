@@ -18,10 +18,31 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         return Err(RedisError::WrongArity);
     }
     let name = set_name(&args[1])?;
+    if state::with(|r| r.serving(&name).is_none()) {
+        let later = InfoLater(name.clone());
+        let then: crate::catalog::Then = Box::new(move |_ctx, blocked| {
+            blocked.finish(Box::new(later));
+        });
+        return crate::catalog::ask(ctx, &name, super::block_timeout(), then);
+    }
+    set_info(ctx, &name)
+}
+
+/// MEMBER.INFO of a set this node learned from the catalog while the client waited.
+struct InfoLater(String);
+
+impl crate::block::Completion for InfoLater {
+    fn apply(&mut self, _ctx: &Context) {}
+    fn reply(&mut self, ctx: &Context) -> RedisResult {
+        set_info(ctx, &self.0)
+    }
+}
+
+fn set_info(ctx: &Context, name: &str) -> RedisResult {
     keys::with_db0(ctx, |ctx| {
         let mut out: Vec<(&'static str, String)> = Vec::new();
         let key = state::with(|r| -> Result<_, RedisError> {
-            let s = r.find(&name)?;
+            let s = r.find(name)?;
             let d = &s.def;
             out.push(("name", d.name.clone()));
             out.push(("table", crate::db::sql::table(&d.name)));
@@ -63,7 +84,7 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         });
         out.extend(filter);
         state::with(|r| {
-            let s = r.sets.get(&name).expect("checked above");
+            let s = r.sets.get(name).expect("checked above");
             match &s.rebuild {
                 Rebuild::Idle => out.push(("rebuild_state", "idle".into())),
                 Rebuild::Running {
@@ -145,12 +166,26 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
         // rather than panic inside the crash report.
         return;
     }
-    let (sets, catalog_loaded) = state::with(|r| (r.sets.len(), r.catalog.loaded));
+    let (sets, catalog_loaded, catalog_version) = state::with(|r| {
+        let v = r.catalog.version.map(|v| v.to_string()).unwrap_or_default();
+        (r.sets.len(), r.catalog.loaded, v)
+    });
     let fields: Vec<(&str, String)> = metrics::global(|m| {
         let c = &m.paths;
         vec![
             ("sets", sets.to_string()),
             ("catalog_loaded", (catalog_loaded as u8).to_string()),
+            ("catalog_version", catalog_version),
+            (
+                "catalog_asks",
+                crate::catalog::ASKS_SENT
+                    .load(Ordering::Relaxed)
+                    .to_string(),
+            ),
+            (
+                "catalog_unknown_cached",
+                crate::catalog::unknown_cached().to_string(),
+            ),
             ("db_queue", db::pool::queued().to_string()),
             (
                 "db_batches",

@@ -1,5 +1,5 @@
 //! Internal commands that carry derived-state effects to replicas and the AOF:
-//! `MEMBER._ADD`, `MEMBER._DEL`, `MEMBER._LOAD`, `MEMBER._SET`. They never touch PostgreSQL and
+//! `MEMBER._ADD`, `MEMBER._DEL`, `MEMBER._LOAD`, `MEMBER._SET`, `MEMBER._DROP`. They never touch PostgreSQL and
 //! are refused unless they come from the replication link or the AOF.
 
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
@@ -116,10 +116,15 @@ pub fn replicate_built_filter(
     }
 }
 
-/// MEMBER._SET <set> <error_rate> <capacity> <cache_ttl> <recent_ttl> <normalize> — a set
-/// definition created on the primary.
+/// MEMBER._SET <set> <error_rate> <capacity> <cache_ttl> <recent_ttl> <normalize> [<id>] — a
+/// set definition created on the primary, with the identity of its catalog row (absent in
+/// files written before it was sent).
 pub fn set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard(ctx)?;
+    let (args, id) = match <[RedisString; 8]>::try_from(args) {
+        Ok([a, b, c, d, e, f, g, id]) => (vec![a, b, c, d, e, f, g], Some(id)),
+        Err(args) => (args, None),
+    };
     let [_, name, rate, cap, cache, recent, norm] =
         <[RedisString; 7]>::try_from(args).map_err(|_| RedisError::WrongArity)?;
     let bad = || RedisError::Str("ERR bad set definition");
@@ -137,20 +142,38 @@ pub fn set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         .ok()
         .and_then(config::parse_error_rate)
         .ok_or_else(bad)?;
-    state::register(SetDef {
+    let id = match id {
+        Some(id) => Some(
+            std::str::from_utf8(id.as_slice())
+                .ok()
+                .and_then(|v| v.parse::<i64>().ok())
+                .ok_or_else(bad)?,
+        ),
+        None => None,
+    };
+    let def = SetDef {
         name: set_name(&name)?,
         error_rate,
         capacity: int(&cap, 1..=config::DEFAULT_CAPACITY_MAX)?,
         cache_ttl: int(&cache, config::CACHE_TTL_MIN..=config::CACHE_TTL_MAX)?,
         recent_ttl: int(&recent, config::RECENT_TTL_MIN..=config::RECENT_TTL_MAX)?,
         normalize: Normalize::parse(norm.as_slice()).ok_or_else(bad)?,
-    });
+    };
+    crate::catalog::learn(ctx, def, id);
     Ok(RedisValue::SimpleStringStatic("OK"))
 }
 
-/// Replicates a set definition as `MEMBER._SET`.
-pub fn replicate_set(ctx: &Context, d: &SetDef) {
-    let fields = [
+/// MEMBER._DROP <set> — a set dropped on the primary: forget everything held for it.
+pub fn drop(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard(ctx)?;
+    let [_, name] = <[RedisString; 2]>::try_from(args).map_err(|_| RedisError::WrongArity)?;
+    crate::catalog::forget(ctx, &set_name(&name)?);
+    Ok(RedisValue::SimpleStringStatic("OK"))
+}
+
+/// Replicates a set definition as `MEMBER._SET`, with its catalog row's identity.
+pub fn replicate_set(ctx: &Context, d: &SetDef, id: Option<i64>) {
+    let mut fields = vec![
         d.name.clone(),
         d.error_rate.to_string(),
         d.capacity.to_string(),
@@ -158,6 +181,7 @@ pub fn replicate_set(ctx: &Context, d: &SetDef) {
         d.recent_ttl.to_string(),
         d.normalize.name().to_string(),
     ];
+    fields.extend(id.map(|id| id.to_string()));
     let args: Vec<&[u8]> = fields.iter().map(|f| f.as_bytes()).collect();
     effects::replicate(ctx, "MEMBER._SET", &args);
 }

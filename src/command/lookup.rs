@@ -4,9 +4,10 @@ use std::time::Instant;
 
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
-use super::{block_on_point, may_block, ItemArgs, PointDone};
+use super::{block_on_point, block_timeout, may_block, point_for, ItemArgs, PointDone};
 use crate::block::Completion;
 use crate::canon::canonicalize;
+use crate::catalog::{self, Fail};
 use crate::db::pool::{self, Job};
 use crate::db::DbErr;
 use crate::funnel::{self, Gate, Path};
@@ -63,7 +64,18 @@ pub fn exists_fast(ctx: &Context, argv: &[&[u8]]) -> Option<RedisResult> {
     Some(funnel(ctx, set, item, scope, false, started))
 }
 
-/// The funnel on parsed arguments: filter → recent → cache → database.
+/// Where the funnel got without waiting for anything.
+enum Step {
+    /// Answered from memory: present or not, and the tier that decided.
+    Done(bool, Path),
+    /// Only the database can answer.
+    Db(LookupDone),
+    /// This node does not know the set (yet): the catalog must be asked.
+    Unknown,
+}
+
+/// The funnel on parsed arguments: filter → recent → cache → database. A set this node does
+/// not know is looked up in the catalog first (only this client waits).
 fn funnel(
     ctx: &Context,
     set_name: &str,
@@ -73,74 +85,133 @@ fn funnel(
     started: Option<Instant>,
 ) -> RedisResult {
     keys::with_db0(ctx, |ctx| {
-        state::with(|r| {
-            let epoch = r.epoch;
-            let set = r.find(set_name)?;
-            let canon = canonicalize(set.def.normalize, item, scope).map_err(RedisError::Str)?;
-            let (view, filter_id) = if set.synced_epoch == epoch {
-                filter_type::view(ctx, &set.filter_key, canon.hash, set.trusted)
-            } else {
-                // Promoted and not caught up since: the filter may miss acknowledged ADDs.
-                (funnel::FilterView::Incomplete, None)
-            };
-            let gate = funnel::gate(view, || set.is_recent(canon.hash));
-            if !explain {
-                let view_counts = |c: &mut metrics::PathCounters| {
-                    c.exists += 1;
-                    match view {
-                        funnel::FilterView::Incomplete => c.filter_incomplete += 1,
-                        funnel::FilterView::Complete { contains: true }
-                        | funnel::FilterView::KnownAbsent => c.bloom_positive += 1,
-                        _ => {}
+        match decide(ctx, set_name, item, scope, explain, started, false)? {
+            Step::Done(present, path) => Ok(reply(explain, present, path)),
+            Step::Db(done) => {
+                if !may_block(ctx) {
+                    return Err(RedisError::Str(error::NEEDS_BLOCKING));
+                }
+                pool::submit(Job::Lookup(block_on_point(ctx, done)));
+                Ok(RedisValue::NoReply)
+            }
+            Step::Unknown => {
+                let (name, item, scope) = (set_name.to_string(), item.to_vec(), scope.to_vec());
+                let then: catalog::Then = Box::new(move |ctx, blocked| {
+                    match decide(ctx, &name, &item, &scope, explain, started, true) {
+                        Ok(Step::Done(present, path)) => blocked.finish(Box::new(Answered {
+                            explain,
+                            present,
+                            path,
+                        })),
+                        Ok(Step::Db(done)) => pool::submit(Job::Lookup(point_for(blocked, done))),
+                        Ok(Step::Unknown) => {
+                            blocked.finish(Box::new(Fail(error::UNKNOWN_SET.into())))
+                        }
+                        Err(e) => blocked.finish(Box::new(Fail(e.to_string()))),
                     }
-                };
-                view_counts(&mut set.stats);
-                metrics::global(|m| view_counts(&mut m.paths));
+                });
+                catalog::ask(ctx, set_name, block_timeout(), then)
             }
-            match gate {
-                Gate::Absent => {
-                    record(set, explain, Path::BloomNegative, started);
-                    return Ok(reply(explain, false, Path::BloomNegative));
-                }
-                Gate::KnownAbsent => {
-                    record(set, explain, Path::FpCache, started);
-                    return Ok(reply(explain, false, Path::FpCache));
-                }
-                Gate::Possible => {
-                    let key = keys::cache_key(ctx, &set.cache_prefix, &canon);
-                    if keys::cache_hit(ctx, &key) {
-                        record(set, explain, Path::CacheHit, started);
-                        return Ok(reply(explain, true, Path::CacheHit));
-                    }
-                }
-                Gate::Recent => {}
-            }
-            if !may_block(ctx) {
-                return Err(RedisError::Str(error::NEEDS_BLOCKING));
-            }
-            // A filter hit that the database then finds absent is remembered against this
-            // very filter (see known_absent.rs); an incomplete filter remembers nothing.
-            let remember = match view {
-                funnel::FilterView::Complete { contains: true } => filter_id,
-                _ => None,
-            };
-            let done = LookupDone {
-                set: set_name.to_string(),
-                entity: canon.entity.into_owned(),
-                scope: canon.scope.to_string(),
-                gate,
-                hash: canon.hash,
-                remember,
-                asked: Instant::now(),
-                generation: set.generation,
-                started,
-                explain,
-                result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
-            };
-            pool::submit(Job::Lookup(block_on_point(ctx, done)));
-            Ok(RedisValue::NoReply)
-        })
+        }
     })
+}
+
+/// The funnel's decision for a set this node knows, with DB 0 selected: an answer from
+/// memory, or the lookup the database must resolve. `confirmed`: the catalog was just asked
+/// about this set (it serves even while a promotion holds sets back).
+fn decide(
+    ctx: &Context,
+    set_name: &str,
+    item: &[u8],
+    scope: &[u8],
+    explain: bool,
+    started: Option<Instant>,
+    confirmed: bool,
+) -> Result<Step, RedisError> {
+    state::with(|r| {
+        let epoch = r.epoch;
+        let set = if confirmed {
+            r.sets.get_mut(set_name)
+        } else {
+            r.serving(set_name)
+        };
+        let Some(set) = set else {
+            return Ok(Step::Unknown);
+        };
+        let canon = canonicalize(set.def.normalize, item, scope).map_err(RedisError::Str)?;
+        let (view, filter_id) = if set.synced_epoch == epoch {
+            filter_type::view(ctx, &set.filter_key, canon.hash, set.trusted)
+        } else {
+            // Promoted and not caught up since: the filter may miss acknowledged ADDs.
+            (funnel::FilterView::Incomplete, None)
+        };
+        let gate = funnel::gate(view, || set.is_recent(canon.hash));
+        if !explain {
+            let view_counts = |c: &mut metrics::PathCounters| {
+                c.exists += 1;
+                match view {
+                    funnel::FilterView::Incomplete => c.filter_incomplete += 1,
+                    funnel::FilterView::Complete { contains: true }
+                    | funnel::FilterView::KnownAbsent => c.bloom_positive += 1,
+                    _ => {}
+                }
+            };
+            view_counts(&mut set.stats);
+            metrics::global(|m| view_counts(&mut m.paths));
+        }
+        match gate {
+            Gate::Absent => {
+                record(set, explain, Path::BloomNegative, started);
+                return Ok(Step::Done(false, Path::BloomNegative));
+            }
+            Gate::KnownAbsent => {
+                record(set, explain, Path::FpCache, started);
+                return Ok(Step::Done(false, Path::FpCache));
+            }
+            Gate::Possible => {
+                let key = keys::cache_key(ctx, &set.cache_prefix, &canon);
+                if keys::cache_hit(ctx, &key, set.incarnation) {
+                    record(set, explain, Path::CacheHit, started);
+                    return Ok(Step::Done(true, Path::CacheHit));
+                }
+            }
+            Gate::Recent => {}
+        }
+        // A filter hit that the database then finds absent is remembered against this
+        // very filter (see known_absent.rs); an incomplete filter remembers nothing.
+        let remember = match view {
+            funnel::FilterView::Complete { contains: true } => filter_id,
+            _ => None,
+        };
+        Ok(Step::Db(LookupDone {
+            set: set_name.to_string(),
+            entity: canon.entity.into_owned(),
+            scope: canon.scope.to_string(),
+            gate,
+            hash: canon.hash,
+            remember,
+            asked: Instant::now(),
+            generation: set.generation,
+            incarnation: set.incarnation,
+            started,
+            explain,
+            result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
+        }))
+    })
+}
+
+/// An answer from memory for a client that waited for the catalog.
+struct Answered {
+    explain: bool,
+    present: bool,
+    path: Path,
+}
+
+impl Completion for Answered {
+    fn apply(&mut self, _ctx: &Context) {}
+    fn reply(&mut self, _ctx: &Context) -> RedisResult {
+        Ok(reply(self.explain, self.present, self.path))
+    }
 }
 
 /// A database lookup's answer, applied and replied on the main thread.
@@ -156,6 +227,9 @@ struct LookupDone {
     /// When the lookup was sent to the database (before it read anything).
     asked: Instant,
     generation: u64,
+    /// The set's incarnation when the lookup began: an answer about a set dropped since
+    /// (and maybe created again) fills nothing.
+    incarnation: u64,
     started: Option<Instant>,
     explain: bool,
     /// `Some(expires_at)` when an active member.
@@ -188,6 +262,9 @@ impl Completion for LookupDone {
             let Some(set) = r.sets.get_mut(&self.set) else {
                 return;
             };
+            if set.incarnation != self.incarnation {
+                return;
+            }
             match path {
                 Some(p) => record(set, self.explain, p, self.started),
                 None => {
@@ -222,7 +299,8 @@ impl Completion for LookupDone {
                         scope: &self.scope,
                     };
                     let key = keys::cache_key(ctx, &set.cache_prefix, &canon);
-                    keys::cache_fill(ctx, &key, std::time::Duration::from_millis(ttl));
+                    let ttl = std::time::Duration::from_millis(ttl);
+                    keys::cache_fill(ctx, &key, self.incarnation, ttl);
                 }
             }
         });

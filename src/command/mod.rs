@@ -2,6 +2,7 @@
 //! database, reply. No SQL here.
 
 pub mod create;
+pub mod drop;
 pub mod info;
 pub mod internal;
 pub mod lookup;
@@ -146,6 +147,12 @@ pub trait PointDone<T>: Completion + Clone {
 /// result preset to an error).
 pub fn block_on_point<T: 'static, D: PointDone<T>>(ctx: &Context, done: D) -> Point<T> {
     let blocked = Blocked::block(ctx, block_timeout(), Box::new(done.clone()));
+    point_for(blocked, done)
+}
+
+/// `block_on_point` for a client already blocked (waiting for the catalog, say).
+pub fn point_for<T: 'static, D: PointDone<T>>(blocked: Blocked, done: D) -> Point<T> {
+    let blocked = blocked.with_fallback(Box::new(done.clone()));
     let (set, entity, scope) = done.target();
     let (set, entity, scope) = (set.to_string(), entity.to_string(), scope.to_string());
     Point {

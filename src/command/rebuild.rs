@@ -2,8 +2,11 @@
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
-use super::{may_block, set_name};
-use crate::block::Blocked;
+use std::time::Duration;
+
+use super::{block_timeout, may_block, set_name};
+use crate::block::{Blocked, Completion};
+use crate::catalog::{self, Fail};
 use crate::rebuild::{self, RebuildReply, Reply};
 use crate::{error, state};
 
@@ -24,7 +27,26 @@ pub fn rebuild(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             )))
         }
     };
-    state::with(|r| r.find(&name).map(|_| ()))?;
+    if state::with(|r| r.serving(&name).is_none()) {
+        // A set this node does not know: ask the catalog first (only this client waits; with
+        // SYNC as long as the rebuild takes).
+        let timeout = if sync {
+            Duration::ZERO
+        } else {
+            block_timeout()
+        };
+        let asked = name.clone();
+        let then: catalog::Then = Box::new(move |_ctx, blocked| {
+            if !rebuild::start(&asked) {
+                blocked.finish(Box::new(Fail(error::REBUILD_RUNNING.into())));
+            } else if sync {
+                rebuild::wait(&asked, blocked.with_fallback(lost()), Reply::Rows);
+            } else {
+                blocked.finish(Box::new(Started));
+            }
+        });
+        return catalog::ask(ctx, &name, timeout, then);
+    }
     if sync && !may_block(ctx) {
         return Err(RedisError::Str(error::NEEDS_BLOCKING));
     }
@@ -35,11 +57,22 @@ pub fn rebuild(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         return Ok(RedisValue::SimpleStringStatic("OK"));
     }
     // No timeout: a rebuild takes as long as the table takes to stream.
-    let waiter = Blocked::block(
-        ctx,
-        std::time::Duration::ZERO,
-        Box::new(RebuildReply(Err(error::WORKER_LOST.into()), Reply::Rows)),
-    );
+    let waiter = Blocked::block(ctx, Duration::ZERO, lost());
     rebuild::wait(&name, waiter, Reply::Rows);
     Ok(RedisValue::NoReply)
+}
+
+/// What a REBUILD SYNC caller gets if its rebuild ends without answering it.
+fn lost() -> Box<RebuildReply> {
+    Box::new(RebuildReply(Err(error::WORKER_LOST.into()), Reply::Rows))
+}
+
+/// MEMBER.REBUILD without SYNC, for a client that waited for the catalog: the rebuild started.
+struct Started;
+
+impl Completion for Started {
+    fn apply(&mut self, _ctx: &Context) {}
+    fn reply(&mut self, _ctx: &Context) -> RedisResult {
+        Ok(RedisValue::SimpleStringStatic("OK"))
+    }
 }

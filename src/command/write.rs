@@ -3,10 +3,11 @@
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
-use super::{block_on_point, may_block, ItemArgs, PointDone};
+use super::{block_on_point, block_timeout, may_block, point_for, ItemArgs, PointDone};
 use crate::block::Completion;
 use crate::canon::{canonicalize, Canon};
-use crate::db::pool::{self, Job};
+use crate::catalog::{self, Fail};
+use crate::db::pool::{self, Job, Point};
 use crate::db::{sql, DbErr};
 use crate::{effects, error, funnel, keys, state};
 
@@ -46,6 +47,8 @@ struct WriteDone {
     entity: String,
     scope: String,
     hash: u128,
+    /// The set's incarnation when the write began (see `apply`).
+    incarnation: u64,
     result: Result<bool, DbErr>,
 }
 
@@ -60,6 +63,12 @@ impl PointDone<bool> for WriteDone {
 
 impl Completion for WriteDone {
     fn apply(&mut self, ctx: &Context) {
+        // The set was dropped while the write ran (and maybe created again): the row may be
+        // in a table that outlives the set, but no filter, mark or replica of this set
+        // incarnation is left to update, and the next one is built from the table.
+        if !state::with(|r| state::is_current(r, &self.set, self.incarnation)) {
+            return;
+        }
         let canon = Canon {
             entity: std::borrow::Cow::Borrowed(&self.entity),
             scope: &self.scope,
@@ -115,35 +124,83 @@ fn write(ctx: &Context, args: Vec<RedisString>, op: Op) -> RedisResult {
     let a = ItemArgs::parse(args, extra)?;
     let expires_at = expiry(&a)?;
     keys::with_db0(ctx, |ctx| {
-        state::with(|r| {
-            let set = r.find(&a.set)?;
-            let canon = canonicalize(set.def.normalize, a.item.as_slice(), a.scope())
-                .map_err(RedisError::Str)?;
-            if !may_block(ctx) {
-                return Err(RedisError::Str(error::NEEDS_BLOCKING));
-            }
-            if op == Op::Add {
-                set.mark_begin(canon.hash);
-            }
-            let done = WriteDone {
-                op,
-                set: a.set.clone(),
-                entity: canon.entity.into_owned(),
-                scope: canon.scope.to_string(),
-                hash: canon.hash,
-                result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
-            };
-            let point = block_on_point(ctx, done);
-            pool::submit(match op {
-                Op::Add => Job::Add(point, expires_at),
-                Op::Del => Job::Run(Box::new(move |db| {
-                    let res = sql::del(db, &point.set, &point.entity, &point.scope);
-                    (point.reply)(res);
-                })),
-            });
-            Ok(RedisValue::NoReply)
-        })
+        let Some(done) = prepare(&a.set, a.item.as_slice(), a.scope(), op, false)? else {
+            // A set this node does not know: ask the catalog (only this client waits).
+            let (name, item, scope) = (
+                a.set.clone(),
+                a.item.as_slice().to_vec(),
+                a.scope().to_vec(),
+            );
+            let then: catalog::Then =
+                Box::new(
+                    move |_ctx, blocked| match prepare(&name, &item, &scope, op, true) {
+                        Ok(Some(done)) => send(point_for(blocked, begin(done)), op, expires_at),
+                        Ok(None) => blocked.finish(Box::new(Fail(error::UNKNOWN_SET.into()))),
+                        Err(e) => blocked.finish(Box::new(Fail(e.to_string()))),
+                    },
+                );
+            return catalog::ask(ctx, &a.set, block_timeout(), then);
+        };
+        if !may_block(ctx) {
+            return Err(RedisError::Str(error::NEEDS_BLOCKING));
+        }
+        send(block_on_point(ctx, begin(done)), op, expires_at);
+        Ok(RedisValue::NoReply)
     })
+}
+
+/// The write of `item` to a set this node knows, canonicalized; `None` for a set the catalog
+/// must be asked about first (unknown, or held back after a promotion unless `confirmed`).
+fn prepare(
+    set: &str,
+    item: &[u8],
+    scope: &[u8],
+    op: Op,
+    confirmed: bool,
+) -> Result<Option<WriteDone>, RedisError> {
+    state::with(|r| {
+        let s = if confirmed {
+            r.sets.get_mut(set)
+        } else {
+            r.serving(set)
+        };
+        let Some(s) = s else {
+            return Ok(None);
+        };
+        let canon = canonicalize(s.def.normalize, item, scope).map_err(RedisError::Str)?;
+        Ok(Some(WriteDone {
+            op,
+            set: set.to_string(),
+            entity: canon.entity.into_owned(),
+            scope: canon.scope.to_string(),
+            hash: canon.hash,
+            incarnation: s.incarnation,
+            result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
+        }))
+    })
+}
+
+/// The write is about to be sent: an ADD's recent-writes mark goes up first.
+fn begin(done: WriteDone) -> WriteDone {
+    if done.op == Op::Add {
+        state::with(|r| {
+            if let Some(s) = r.sets.get_mut(&done.set) {
+                s.mark_begin(done.hash);
+            }
+        });
+    }
+    done
+}
+
+/// Queues the write for a worker; its answer completes `point`'s client.
+fn send(point: Point<bool>, op: Op, expires_at: Option<f64>) {
+    pool::submit(match op {
+        Op::Add => Job::Add(point, expires_at),
+        Op::Del => Job::Run(Box::new(move |db| {
+            let res = sql::del(db, &point.set, &point.entity, &point.scope);
+            (point.reply)(res);
+        })),
+    });
 }
 
 /// MEMBER.ADD <set> <item> [SCOPE <scope>] [TTL <s> | EXPIREAT <unix-s>]

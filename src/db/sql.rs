@@ -25,7 +25,18 @@ const CATALOG_DDL: &str = "CREATE TABLE IF NOT EXISTS member_catalog (
     recent_ttl integer NOT NULL,
     normalize text NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now()
-)";
+);
+CREATE TABLE IF NOT EXISTS member_catalog_version (
+    id smallint PRIMARY KEY CHECK (id = 1),
+    version bigint NOT NULL
+);
+INSERT INTO member_catalog_version VALUES (1, 0) ON CONFLICT DO NOTHING";
+
+/// Bumps the catalog version inside a transaction that changed the set list (CREATE of a new
+/// set, DROP): every node's periodic check sees the change and re-reads the catalog. The row
+/// lock orders the changes; the version is read in the same snapshot as the rows.
+const BUMP_VERSION: &str =
+    "UPDATE member_catalog_version SET version = version + 1 WHERE id = 1 RETURNING version";
 
 /// Name of a set's table. Set names are validated to `[a-z0-9_]{1,40}`, so this is safe SQL.
 pub fn table(set: &str) -> String {
@@ -66,57 +77,121 @@ fn set_ddl(set: &str) -> String {
     )
 }
 
-fn row_to_def(row: &postgres::Row) -> Option<SetDef> {
-    Some(SetDef {
-        name: row.get(0),
-        error_rate: row.get(1),
-        capacity: row.get::<_, i64>(2) as u64,
-        cache_ttl: row.get::<_, i32>(3) as u64,
-        recent_ttl: row.get::<_, i32>(4) as u64,
-        normalize: Normalize::parse(row.get::<_, &str>(5).as_bytes())?,
+/// A set's catalog row: its definition and the identity of this row (its creation time in
+/// microseconds), which tells a set dropped and created again under the same name from the
+/// one a node knew.
+#[derive(Clone, Debug)]
+pub struct CatalogRow {
+    pub def: SetDef,
+    pub id: i64,
+}
+
+/// The catalog columns `row_at` reads, for a table aliased `a`.
+fn catalog_columns(a: &str) -> String {
+    format!(
+        "{a}.name, {a}.error_rate, {a}.capacity, {a}.cache_ttl, {a}.recent_ttl, {a}.normalize,
+         (EXTRACT(EPOCH FROM {a}.created_at) * 1000000)::int8"
+    )
+}
+
+/// A catalog row from the `catalog_columns` starting at column `at`.
+fn row_at(row: &postgres::Row, at: usize) -> Option<CatalogRow> {
+    let def = SetDef {
+        name: row.get(at),
+        error_rate: row.get(at + 1),
+        capacity: row.get::<_, i64>(at + 2) as u64,
+        cache_ttl: row.get::<_, i32>(at + 3) as u64,
+        recent_ttl: row.get::<_, i32>(at + 4) as u64,
+        normalize: Normalize::parse(row.get::<_, &str>(at + 5).as_bytes())?,
+    };
+    Some(CatalogRow {
+        def,
+        id: row.get(at + 6),
     })
 }
 
-const CATALOG_COLUMNS: &str = "name, error_rate, capacity, cache_ttl, recent_ttl, normalize";
-
-/// All set definitions. Creates the catalog table on a fresh database.
-pub fn load_catalog(db: &mut Db) -> Result<Vec<SetDef>, DbErr> {
+/// The catalog version and every set definition, read in one snapshot. Creates the catalog
+/// tables on a fresh database (or one from before the version table existed).
+pub fn load_catalog(db: &mut Db) -> Result<(i64, Vec<CatalogRow>), DbErr> {
     db.run(|c, _| {
         let mut tx = c.transaction()?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
         tx.batch_execute(CATALOG_DDL)?;
-        let rows = tx.query(
-            &format!("SELECT {CATALOG_COLUMNS} FROM member_catalog ORDER BY name"),
-            &[],
-        )?;
-        tx.commit()?;
-        Ok(rows.iter().filter_map(row_to_def).collect())
-    })
+        tx.commit()
+    })?;
+    // Versions start at 0: -1 is never current, so this reads everything.
+    poll_catalog(db, -1)?.ok_or_else(|| DbErr::Failed("catalog version unreadable".into()))
+}
+
+/// The periodic check: one statement. `None` when the catalog version is still `known`;
+/// otherwise the new version and every set definition, from one snapshot.
+pub fn poll_catalog(db: &mut Db, known: i64) -> Result<Option<(i64, Vec<CatalogRow>)>, DbErr> {
+    let sql = format!(
+        "SELECT v.version, {cols}
+           FROM member_catalog_version v
+           LEFT JOIN member_catalog c ON v.version <> $1
+          ORDER BY c.name",
+        cols = catalog_columns("c")
+    );
+    let rows = db.run(|c, st| {
+        let q = prepared(c, st, &sql)?;
+        c.query(&q, &[&known])
+    })?;
+    let Some(first) = rows.first() else {
+        return Err(DbErr::Failed("member_catalog_version has no row".into()));
+    };
+    let version: i64 = first.get(0);
+    if version == known {
+        return Ok(None);
+    }
+    let defs = rows
+        .iter()
+        .filter(|r| r.get::<_, Option<&str>>(1).is_some())
+        .filter_map(|r| row_at(r, 1))
+        .collect();
+    Ok(Some((version, defs)))
+}
+
+/// One set's definition, or `None` when the catalog has no such set.
+pub fn find_set(db: &mut Db, name: &str) -> Result<Option<CatalogRow>, DbErr> {
+    let sql = format!(
+        "SELECT {} FROM member_catalog a WHERE name = $1",
+        catalog_columns("a")
+    );
+    let row = db.run(|c, st| {
+        let q = prepared(c, st, &sql)?;
+        c.query_opt(&q, &[&name])
+    })?;
+    Ok(row.as_ref().and_then(|r| row_at(r, 0)))
 }
 
 /// Creates (or confirms) a set: catalog row and table. `explicit` says which settings the
 /// caller gave; an existing set whose given settings differ is refused. Returns the stored
-/// definition (the filter is built by the rebuild path).
-pub fn create_set(db: &mut Db, wanted: &SetDef, explicit: &[bool; 5]) -> Result<SetDef, DbErr> {
-    let def = db.run(|c, _| {
+/// row (the filter is built by the rebuild path).
+pub fn create_set(db: &mut Db, wanted: &SetDef, explicit: &[bool; 5]) -> Result<CatalogRow, DbErr> {
+    let row = db.run(|c, _| {
         let mut tx = c.transaction()?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
         tx.batch_execute(CATALOG_DDL)?;
         let existing = tx.query_opt(
-            &format!("SELECT {CATALOG_COLUMNS} FROM member_catalog WHERE name = $1"),
+            &format!(
+                "SELECT {} FROM member_catalog a WHERE name = $1",
+                catalog_columns("a")
+            ),
             &[&wanted.name],
         )?;
-        let def = match existing.as_ref().and_then(row_to_def) {
+        let row = match existing.as_ref().and_then(|r| row_at(r, 0)) {
             Some(have) => {
-                if wanted.conflicts_with(&have, explicit) {
+                if wanted.conflicts_with(&have.def, explicit) {
                     return Ok(None);
                 }
                 have
             }
             None => {
-                tx.execute(
+                let id: i64 = tx.query_one(
                     "INSERT INTO member_catalog (name, error_rate, capacity, cache_ttl, recent_ttl, normalize)
-                     VALUES ($1, $2, $3, $4, $5, $6)",
+                     VALUES ($1, $2, $3, $4, $5, $6)
+                     RETURNING (EXTRACT(EPOCH FROM created_at) * 1000000)::int8",
                     &[
                         &wanted.name,
                         &wanted.error_rate,
@@ -125,15 +200,37 @@ pub fn create_set(db: &mut Db, wanted: &SetDef, explicit: &[bool; 5]) -> Result<
                         &(wanted.recent_ttl as i32),
                         &wanted.normalize.name(),
                     ],
-                )?;
-                wanted.clone()
+                )?.get(0);
+                tx.execute(BUMP_VERSION, &[])?;
+                CatalogRow { def: wanted.clone(), id }
             }
         };
-        tx.batch_execute(&set_ddl(&def.name))?;
+        tx.batch_execute(&set_ddl(&row.def.name))?;
         tx.commit()?;
-        Ok(Some(def))
+        Ok(Some(row))
     })?;
-    def.ok_or(DbErr::Refused(error::SET_EXISTS_DIFFERENT))
+    row.ok_or(DbErr::Refused(error::SET_EXISTS_DIFFERENT))
+}
+
+/// Drops a set: its catalog row and, with `delete_data`, its table, in one transaction that
+/// bumps the catalog version (every node forgets the set at its next check). False when the
+/// catalog has no such set (nothing is changed then).
+pub fn drop_set(db: &mut Db, name: &str, delete_data: bool) -> Result<bool, DbErr> {
+    db.run_once(|c, _| {
+        let mut tx = c.transaction()?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
+        tx.batch_execute(CATALOG_DDL)?;
+        let n = tx.execute("DELETE FROM member_catalog WHERE name = $1", &[&name])?;
+        if n == 0 {
+            return Ok(false);
+        }
+        tx.execute(BUMP_VERSION, &[])?;
+        if delete_data {
+            tx.batch_execute(&format!("DROP TABLE IF EXISTS {}", table(name)))?;
+        }
+        tx.commit()?;
+        Ok(true)
+    })
 }
 
 /// Inserts memberships with one multi-row statement. For each item, true when the call made

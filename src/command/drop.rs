@@ -1,0 +1,66 @@
+//! MEMBER.DROP <set> [DELETE-DATA]: the catalog row (and with DELETE-DATA the table) goes in
+//! one transaction; then this node forgets the set and replicates `MEMBER._DROP`. Every other
+//! node forgets it at its next catalog check.
+
+use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
+
+use super::{block_timeout, may_block, set_name};
+use crate::block::{Blocked, Completion};
+use crate::db::{pool, sql, DbErr};
+use crate::{catalog, effects, error};
+
+/// MEMBER.DROP <set> [DELETE-DATA] — `OK`, or `ERR no such set` when the catalog has none.
+pub fn drop(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    if !(2..=3).contains(&args.len()) {
+        return Err(RedisError::WrongArity);
+    }
+    let name = set_name(&args[1])?;
+    let delete_data = match args.get(2) {
+        None => false,
+        Some(a) if a.as_slice().eq_ignore_ascii_case(b"DELETE-DATA") => true,
+        Some(a) => {
+            return Err(RedisError::String(format!(
+                "ERR unknown option '{}'",
+                String::from_utf8_lossy(a.as_slice())
+            )))
+        }
+    };
+    if !may_block(ctx) {
+        return Err(RedisError::Str(error::NEEDS_BLOCKING));
+    }
+    let fallback = DropDone {
+        name: name.clone(),
+        result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
+    };
+    let blocked = Blocked::block(ctx, block_timeout(), Box::new(fallback));
+    pool::run(move |db| {
+        let result = sql::drop_set(db, &name, delete_data);
+        blocked.finish(Box::new(DropDone { name, result }));
+    });
+    Ok(RedisValue::NoReply)
+}
+
+struct DropDone {
+    name: String,
+    /// Whether the catalog held the set.
+    result: Result<bool, DbErr>,
+}
+
+impl Completion for DropDone {
+    /// Whether or not the catalog still held it, the set is gone from the catalog now: this
+    /// node and its replicas forget whatever they held for it.
+    fn apply(&mut self, ctx: &Context) {
+        if self.result.is_ok() {
+            catalog::forget(ctx, &self.name);
+            effects::replicate(ctx, "MEMBER._DROP", &[self.name.as_bytes()]);
+        }
+    }
+
+    fn reply(&mut self, _ctx: &Context) -> RedisResult {
+        match &self.result {
+            Ok(true) => Ok(RedisValue::SimpleStringStatic("OK")),
+            Ok(false) => Err(RedisError::Str(error::UNKNOWN_SET)),
+            Err(e) => Err(RedisError::String(e.reply_text())),
+        }
+    }
+}

@@ -327,7 +327,7 @@ fn replace_ours(
 const FREE_LATER_BYTES: usize = 1 << 20;
 
 /// Drops `old` here when small, else on a short-lived thread (the allocator is thread-safe).
-fn free_later(old: Box<FilterValue>) {
+pub fn free_later(old: Box<FilterValue>) {
     if old.bloom.bytes() < FREE_LATER_BYTES {
         return;
     }

@@ -23,6 +23,7 @@ pub mod known_absent;
 pub mod mainq;
 pub mod metrics;
 pub mod rebuild;
+pub mod replica_load;
 pub mod reply;
 pub mod state;
 pub mod sync;

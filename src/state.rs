@@ -133,7 +133,19 @@ pub struct SetState {
     /// other value found at the key (renamed or moved back, copied over, swapped in,
     /// restored) falls through to cache and database until a sync pass catches it up.
     pub trusted: Option<u64>,
+    /// A filter the primary replicated, being verified off the main thread
+    /// (`replica_load.rs`): the adds applied meanwhile, folded in at the swap.
+    pub pending_load: Option<PendingLoad>,
     pub stats: PathCounters,
+}
+
+/// A replicated filter in flight on a replica (see `replica_load.rs`).
+#[derive(Debug)]
+pub struct PendingLoad {
+    /// Which `MEMBER._LOAD` this is: a later one supersedes it.
+    pub seq: u64,
+    /// Items added while it was parsed.
+    pub journal: Vec<u128>,
 }
 
 impl SetState {
@@ -153,6 +165,7 @@ impl SetState {
             sync: Default::default(),
             synced_epoch: 0,
             trusted: None,
+            pending_load: None,
             stats: PathCounters::default(),
         }
     }
@@ -213,10 +226,14 @@ impl SetState {
         self.marks.retain(|_, m| m.pending > 0 || now < m.until);
     }
 
-    /// Records an item whose effects were just applied, so a running rebuild includes it.
+    /// Records an item whose effects were just applied, so a running rebuild (or a replicated
+    /// filter still being verified) includes it.
     pub fn journal(&mut self, hash: u128) {
         if let Rebuild::Running { journal, .. } = &mut self.rebuild {
             journal.push(hash);
+        }
+        if let Some(p) = &mut self.pending_load {
+            p.journal.push(hash);
         }
     }
 }

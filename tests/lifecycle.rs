@@ -746,6 +746,15 @@ fn rebuild_sync_and_races() {
     // payload is made before the journal is folded in, so those ADDs travel with it.
     let acked: i64 = redis::cmd("WAIT").arg(1).arg(10_000).query(&mut c).unwrap();
     assert_eq!(acked, 1, "the replica did not catch up with the primary");
+    // Both large filters (the 300k build and the raced one) were decoded off the replica's
+    // main thread, and the ADDs that arrived meanwhile were folded into the second.
+    assert!(
+        wait_until(SETTLE, || info_field(&mut r, "loads_off_thread")
+            .and_then(|v| v.parse::<u64>().ok())
+            .is_some_and(|n| n >= 2)),
+        "replica loads_off_thread: {:?}",
+        info_field(&mut r, "loads_off_thread")
+    );
     assert_rejected(
         &replica,
         &mut r,

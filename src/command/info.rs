@@ -215,6 +215,7 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
                 m.exists_latency.quantile(0.999).to_string(),
             ),
             ("rebuilds_done", m.rebuilds_done.to_string()),
+            ("loads_off_thread", m.loads_off_thread.to_string()),
             ("rebuilds_failed", m.rebuilds_failed.to_string()),
         ]
     });

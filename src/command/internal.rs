@@ -67,17 +67,39 @@ pub fn load(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
     };
     let live = !ctx.get_flags().contains(ContextFlags::LOADING);
+    let adds: Vec<u128> = match adds {
+        Some(adds) => {
+            let adds = adds.as_slice();
+            if adds.len() % 16 != 0 {
+                return Err(RedisError::Str("ERR libmember: bad filter adds"));
+            }
+            adds.chunks_exact(16)
+                .map(|h| u128::from_le_bytes(h.try_into().expect("16 bytes")))
+                .collect()
+        }
+        None => Vec::new(),
+    };
+    // Live from the primary, a large filter is verified and decoded off the main thread and
+    // swapped in when ready (the current filter keeps serving, and receives every add meanwhile).
+    if live {
+        if let Some(set) = set_of_filter_key(key.as_slice()) {
+            if crate::replica_load::start(set, &payload, adds.clone()) {
+                return Ok(RedisValue::SimpleStringStatic("OK"));
+            }
+        }
+    }
     let mut v = FilterValue::from_bytes(payload.as_slice())
         .map_err(|e| RedisError::String(format!("ERR libmember: {e}")))?;
-    if let Some(adds) = adds {
-        let adds = adds.as_slice();
-        if adds.len() % 16 != 0 {
-            return Err(RedisError::Str("ERR libmember: bad filter adds"));
-        }
-        for h in adds.chunks_exact(16) {
-            v.bloom
-                .add(u128::from_le_bytes(h.try_into().expect("16 bytes")));
-        }
+    if let Some(set) = set_of_filter_key(key.as_slice()) {
+        // Whatever was still being decoded for the set is older than this one.
+        state::with(|r| {
+            if let Some(s) = r.sets.get_mut(set) {
+                s.pending_load = None;
+            }
+        });
+    }
+    for h in adds {
+        v.bloom.add(h);
     }
     let complete = v.cov.complete;
     let id = filter_type::install(ctx, &key, v);

@@ -5,6 +5,7 @@
 use std::os::raw::{c_int, c_longlong, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis_module::{raw, Context, RedisError, RedisResult};
@@ -22,6 +23,15 @@ pub trait Completion: Send + 'static {
 }
 
 struct Slot(Option<Box<dyn Completion>>);
+
+/// Clients blocked through a `Blocked` handle and not yet unblocked (`member.max-blocked-clients`
+/// bounds it, see `limits.rs`).
+static WAITING: AtomicU64 = AtomicU64::new(0);
+
+/// How many clients wait on a `Blocked` handle now.
+pub fn waiting() -> u64 {
+    WAITING.load(Ordering::Relaxed)
+}
 
 /// A client blocked on a database job.
 pub struct Blocked {
@@ -49,8 +59,12 @@ impl Blocked {
                 timeout.as_millis() as c_longlong,
             )
         };
+        let bc = NonNull::new(bc);
+        if bc.is_some() {
+            WAITING.fetch_add(1, Ordering::Relaxed);
+        }
         Blocked {
-            bc: NonNull::new(bc),
+            bc,
             fallback: Some(fallback),
         }
     }
@@ -69,6 +83,7 @@ impl Blocked {
 
     fn unblock(&mut self, done: Box<dyn Completion>) {
         if let Some(bc) = self.bc.take() {
+            WAITING.fetch_sub(1, Ordering::Relaxed);
             let slot = Box::into_raw(Box::new(Slot(Some(done)))).cast::<c_void>();
             // SAFETY: bc came from BlockClient and is unblocked exactly once (taken above).
             unsafe { raw::RedisModule_UnblockClient.unwrap()(bc.as_ptr(), slot) };

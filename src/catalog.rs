@@ -293,9 +293,7 @@ pub fn ask(ctx: &Context, name: &str, timeout: Duration, then: Then) -> RedisRes
     if ASKS.with(|a| a.borrow_mut().is_unknown(name, Instant::now())) {
         return Err(RedisError::Str(error::UNKNOWN_SET));
     }
-    if !may_block(ctx) {
-        return Err(RedisError::Str(error::NEEDS_BLOCKING));
-    }
+    may_block(ctx)?;
     let fallback = Box::new(Fail(error::WORKER_LOST.into()));
     let blocked = Blocked::block(ctx, timeout, fallback);
     let first = ASKS.with(|a| {

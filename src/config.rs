@@ -83,6 +83,25 @@ pub fn max_filter_bytes() -> u64 {
         .max(MAX_FILTER_BYTES_MIN) as u64
 }
 
+pub const MAX_BLOCKED_CLIENTS_DEFAULT: i64 = 10_000;
+pub const MAX_BLOCKED_CLIENTS_MIN: i64 = 1;
+pub const MAX_BLOCKED_CLIENTS_MAX: i64 = 1_000_000;
+/// Most clients blocked on the database at once; one more gets `UNAVAILABLE` at once.
+pub static MAX_BLOCKED_CLIENTS: AtomicI64 = AtomicI64::new(MAX_BLOCKED_CLIENTS_DEFAULT);
+
+pub const MAX_SETS_DEFAULT: i64 = 100_000;
+pub const MAX_SETS_MIN: i64 = 1;
+pub const MAX_SETS_MAX: i64 = 10_000_000;
+/// Most sets MEMBER.CREATE adds on one node (sets learned from the catalog are not refused).
+pub static MAX_SETS: AtomicI64 = AtomicI64::new(MAX_SETS_DEFAULT);
+
+pub const MAX_JOURNAL_DEFAULT: i64 = 10_000_000;
+pub const MAX_JOURNAL_MIN: i64 = 1;
+pub const MAX_JOURNAL_MAX: i64 = 1_000_000_000;
+/// Most adds one running rebuild journals (16 bytes each); past it the rebuild fails and the
+/// old filter, which received every add, keeps serving.
+pub static MAX_JOURNAL: AtomicI64 = AtomicI64::new(MAX_JOURNAL_DEFAULT);
+
 pub const ERROR_RATE_DEFAULT: &str = "0.01";
 pub const ERROR_RATE_MIN: f64 = 0.000_001;
 pub const ERROR_RATE_MAX: f64 = 0.5;

@@ -20,6 +20,7 @@ pub mod filter_type;
 pub mod funnel;
 pub mod keys;
 pub mod known_absent;
+pub mod limits;
 pub mod mainq;
 pub mod metrics;
 pub mod rebuild;
@@ -200,6 +201,9 @@ redis_module! {
             ["rebuild-interval-s", &REBUILD_INTERVAL_S, REBUILD_INTERVAL_S_DEFAULT, REBUILD_INTERVAL_S_MIN, REBUILD_INTERVAL_S_MAX, ConfigurationFlags::DEFAULT, None],
             ["fp-cache-size", &FP_CACHE_SIZE, FP_CACHE_SIZE_DEFAULT, FP_CACHE_SIZE_MIN, FP_CACHE_SIZE_MAX, ConfigurationFlags::DEFAULT, None],
             ["max-filter-bytes", &MAX_FILTER_BYTES, MAX_FILTER_BYTES_DEFAULT, MAX_FILTER_BYTES_MIN, MAX_FILTER_BYTES_MAX, ConfigurationFlags::MEMORY, None],
+            ["max-blocked-clients", &MAX_BLOCKED_CLIENTS, MAX_BLOCKED_CLIENTS_DEFAULT, MAX_BLOCKED_CLIENTS_MIN, MAX_BLOCKED_CLIENTS_MAX, ConfigurationFlags::DEFAULT, None],
+            ["max-sets", &MAX_SETS, MAX_SETS_DEFAULT, MAX_SETS_MIN, MAX_SETS_MAX, ConfigurationFlags::DEFAULT, None],
+            ["max-journal", &MAX_JOURNAL, MAX_JOURNAL_DEFAULT, MAX_JOURNAL_MIN, MAX_JOURNAL_MAX, ConfigurationFlags::DEFAULT, None],
             ["recent-ttl", &RECENT_TTL, RECENT_TTL_DEFAULT, RECENT_TTL_MIN, RECENT_TTL_MAX, ConfigurationFlags::DEFAULT, None],
         ],
         string: [

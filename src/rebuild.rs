@@ -34,6 +34,7 @@ pub fn start(name: &str) -> bool {
             estimate: estimate.clone(),
             journal: Vec::new(),
             waiters: Vec::new(),
+            overflowed: false,
         };
         Some((s.def.clone(), s.incarnation, rows, estimate))
     });
@@ -117,13 +118,15 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
             started,
             journal,
             waiters,
+            overflowed,
             ..
         } = std::mem::replace(&mut s.rebuild, Rebuild::Idle)
         else {
             return None;
         };
+
         Some((
-            (s.def.clone(), s.catalog_id),
+            (s.def.clone(), s.catalog_id, overflowed),
             s.filter_key.clone(),
             epoch,
             started,
@@ -131,8 +134,18 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
             waiters,
         ))
     });
-    let Some(((def, catalog_id), key, epoch, started, journal, waiters)) = done else {
+    let Some(((def, catalog_id, overflowed), key, epoch, started, journal, waiters)) = done else {
         return;
+    };
+    // A journal that could not hold every add would leave the new filter short of some: the
+    // build is abandoned, and the old filter (which received them all) keeps serving.
+    let res = match res {
+        Ok(_) if overflowed => Err(DbErr::Invalid(format!(
+            "more adds arrived during the rebuild than member.max-journal ({}) allows; the \
+             previous filter keeps serving",
+            crate::limits::max_journal()
+        ))),
+        res => res,
     };
     // The definition travels with every build, ahead of the filter: a replica (or the AOF)
     // that missed it — a set whose CREATE is still building, a full resync — learns it here.

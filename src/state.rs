@@ -96,6 +96,9 @@ pub enum Rebuild {
         journal: Vec<u128>,
         /// MEMBER.REBUILD SYNC and MEMBER.CREATE callers waiting for the outcome.
         waiters: Vec<(crate::block::Blocked, crate::rebuild::Reply)>,
+        /// More adds arrived than `member.max-journal` allows: the build is abandoned at its
+        /// end (the old filter received every add and keeps serving).
+        overflowed: bool,
     },
 }
 
@@ -229,11 +232,26 @@ impl SetState {
     /// Records an item whose effects were just applied, so a running rebuild (or a replicated
     /// filter still being verified) includes it.
     pub fn journal(&mut self, hash: u128) {
-        if let Rebuild::Running { journal, .. } = &mut self.rebuild {
-            journal.push(hash);
+        let max = crate::limits::max_journal();
+        if let Rebuild::Running {
+            journal,
+            overflowed,
+            ..
+        } = &mut self.rebuild
+        {
+            if journal.len() < max {
+                journal.push(hash);
+            } else {
+                *overflowed = true;
+            }
         }
         if let Some(p) = &mut self.pending_load {
-            p.journal.push(hash);
+            if p.journal.len() < max {
+                p.journal.push(hash);
+            } else {
+                // Abandoned: its result is dropped on arrival; the current filter serves on.
+                self.pending_load = None;
+            }
         }
     }
 }
@@ -430,6 +448,9 @@ pub fn housekeeping(ctx: &Context) {
         }
     }
     let strangers = strangers_waiting(ctx, now);
+    if r_refresh_due(now) {
+        crate::limits::refresh_memory_budget(ctx);
+    }
     crate::sync::run(ctx, promoted || strangers);
 }
 
@@ -462,6 +483,22 @@ fn strangers_waiting(ctx: &Context, now: Instant) -> bool {
         with(|r| r.strangers_seen = Some(now));
     }
     found
+}
+
+/// True at most once a second: time to refresh the memory budget rebuild threads read.
+fn r_refresh_due(now: Instant) -> bool {
+    thread_local! {
+        static LAST: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+    }
+    LAST.with(|l| {
+        let due = l
+            .get()
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1));
+        if due {
+            l.set(Some(now));
+        }
+        due
+    })
 }
 
 /// Delay before retrying a failed catalog load or rebuild.

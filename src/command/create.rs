@@ -15,7 +15,7 @@ use crate::canon::Normalize;
 use crate::config::{self, parse_error_rate};
 use crate::db::sql::CatalogRow;
 use crate::db::{pool, sql, DbErr};
-use crate::state::SetDef;
+use crate::state::{self, SetDef};
 use crate::{error, filter_type, keys, mainq, metrics, rebuild};
 
 const OPTIONS: [&str; 5] = ["ERROR", "CAPACITY", "CACHE-TTL", "RECENT-TTL", "NORMALIZE"];
@@ -94,9 +94,19 @@ thread_local! {
 /// server does not.
 pub fn create(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let (def, explicit) = parse(args)?;
-    if !may_block(ctx) {
-        return Err(RedisError::Str(error::NEEDS_BLOCKING));
+    may_block(ctx)?;
+    // A set new to this node counts against member.max-sets, and its filter must fit under
+    // maxmemory: both refused before anything is written.
+    let (is_new, known) = state::with(|r| (!r.sets.contains_key(&def.name), r.sets.len()));
+    if is_new {
+        crate::limits::admit_set(known)?;
     }
+    let budget = crate::limits::refresh_memory_budget(ctx);
+    crate::limits::check_memory(
+        crate::filter::bytes_for(def.capacity, def.error_rate),
+        budget,
+    )
+    .map_err(|e| RedisError::String(format!("ERR {e}")))?;
     let id = NEXT_ID.with(|n| {
         n.set(n.get() + 1);
         n.get()

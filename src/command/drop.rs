@@ -25,9 +25,7 @@ pub fn drop(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             )))
         }
     };
-    if !may_block(ctx) {
-        return Err(RedisError::Str(error::NEEDS_BLOCKING));
-    }
+    may_block(ctx)?;
     let fallback = DropDone {
         name: name.clone(),
         result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),

@@ -6,7 +6,7 @@ use redis_module::{Context, InfoContext, RedisError, RedisResult, RedisString, R
 
 use super::set_name;
 use crate::state::{self, Rebuild};
-use crate::{db, filter_type, keys, metrics};
+use crate::{config, db, filter_type, keys, metrics};
 
 fn f(x: f64) -> String {
     format!("{x:.6}")
@@ -166,9 +166,17 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
         // rather than panic inside the crash report.
         return;
     }
-    let (sets, catalog_loaded, catalog_version) = state::with(|r| {
+    let (sets, catalog_loaded, catalog_version, journaled) = state::with(|r| {
         let v = r.catalog.version.map(|v| v.to_string()).unwrap_or_default();
-        (r.sets.len(), r.catalog.loaded, v)
+        let journaled: usize = r
+            .sets
+            .values()
+            .map(|s| match &s.rebuild {
+                Rebuild::Running { journal, .. } => journal.len(),
+                Rebuild::Idle => 0,
+            })
+            .sum();
+        (r.sets.len(), r.catalog.loaded, v, journaled)
     });
     let fields: Vec<(&str, String)> = metrics::global(|m| {
         let c = &m.paths;
@@ -213,6 +221,29 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
             (
                 "exists_p999_us",
                 m.exists_latency.quantile(0.999).to_string(),
+            ),
+            ("blocked_clients", crate::block::waiting().to_string()),
+            (
+                "max_blocked_clients",
+                config::MAX_BLOCKED_CLIENTS
+                    .load(Ordering::Relaxed)
+                    .to_string(),
+            ),
+            (
+                "max_sets",
+                config::MAX_SETS.load(Ordering::Relaxed).to_string(),
+            ),
+            ("rebuild_journal", journaled.to_string()),
+            (
+                "max_journal",
+                config::MAX_JOURNAL.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "memory_budget",
+                match crate::limits::memory_budget() {
+                    u64::MAX => "unlimited".to_string(),
+                    b => b.to_string(),
+                },
             ),
             ("rebuilds_done", m.rebuilds_done.to_string()),
             ("loads_off_thread", m.loads_off_thread.to_string()),

@@ -88,9 +88,7 @@ fn funnel(
         match decide(ctx, set_name, item, scope, explain, started, false)? {
             Step::Done(present, path) => Ok(reply(explain, present, path)),
             Step::Db(done) => {
-                if !may_block(ctx) {
-                    return Err(RedisError::Str(error::NEEDS_BLOCKING));
-                }
+                may_block(ctx)?;
                 pool::submit(Job::Lookup(block_on_point(ctx, done)));
                 Ok(RedisValue::NoReply)
             }

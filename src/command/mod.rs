@@ -124,10 +124,15 @@ impl ItemArgs {
 }
 
 /// Refuses calls that would need to block where the server forbids it (MULTI/EXEC, Lua,
-/// functions).
-pub fn may_block(ctx: &Context) -> bool {
-    !ctx.get_flags()
+/// functions), or past `member.max-blocked-clients`.
+pub fn may_block(ctx: &Context) -> Result<(), RedisError> {
+    if ctx
+        .get_flags()
         .intersects(ContextFlags::MULTI | ContextFlags::LUA | ContextFlags::DENY_BLOCKING)
+    {
+        return Err(err(error::NEEDS_BLOCKING));
+    }
+    crate::limits::admit_blocked()
 }
 
 pub fn block_timeout() -> Duration {

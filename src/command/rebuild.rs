@@ -47,8 +47,8 @@ pub fn rebuild(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         });
         return catalog::ask(ctx, &name, timeout, then);
     }
-    if sync && !may_block(ctx) {
-        return Err(RedisError::Str(error::NEEDS_BLOCKING));
+    if sync {
+        may_block(ctx)?;
     }
     if !rebuild::start(&name) {
         return Err(RedisError::Str(error::REBUILD_RUNNING));

@@ -141,9 +141,7 @@ fn write(ctx: &Context, args: Vec<RedisString>, op: Op) -> RedisResult {
                 );
             return catalog::ask(ctx, &a.set, block_timeout(), then);
         };
-        if !may_block(ctx) {
-            return Err(RedisError::Str(error::NEEDS_BLOCKING));
-        }
+        may_block(ctx)?;
         send(block_on_point(ctx, begin(done)), op, expires_at);
         Ok(RedisValue::NoReply)
     })

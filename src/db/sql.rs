@@ -397,12 +397,14 @@ pub fn build_filter(
     }
     tx.commit().map_err(tx_error)?;
     progress.store(hashes.len() as u64, Ordering::Relaxed);
-    let mut bloom = Bloom::try_new(
-        def.capacity.max(hashes.len() as u64),
-        def.error_rate,
-        max_bytes,
+    let members = def.capacity.max(hashes.len() as u64);
+    crate::limits::check_memory(
+        crate::filter::bytes_for(members, def.error_rate),
+        crate::limits::memory_budget(),
     )
-    .map_err(|e| DbErr::Invalid(e.to_string()))?;
+    .map_err(DbErr::Invalid)?;
+    let mut bloom = Bloom::try_new(members, def.error_rate, max_bytes)
+        .map_err(|e| DbErr::Invalid(e.to_string()))?;
     bloom.add_many(&hashes);
     Ok(Built {
         bloom,

@@ -102,6 +102,12 @@ pub const MAX_JOURNAL_MAX: i64 = 1_000_000_000;
 /// old filter, which received every add, keeps serving.
 pub static MAX_JOURNAL: AtomicI64 = AtomicI64::new(MAX_JOURNAL_DEFAULT);
 
+pub const ACL_SETS_DEFAULT: bool = true;
+/// Check the calling user's ACL key permission on `member:<set>` for every command (see
+/// `acl.rs`); off skips the check and its cost on every call.
+pub static ACL_SETS: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(ACL_SETS_DEFAULT);
+
 pub const ERROR_RATE_DEFAULT: &str = "0.01";
 pub const ERROR_RATE_MIN: f64 = 0.000_001;
 pub const ERROR_RATE_MAX: f64 = 0.5;

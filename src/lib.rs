@@ -3,6 +3,7 @@
 //! `command/lookup.rs` → `funnel.rs`; the database in `db/`.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod acl;
 pub mod alloc;
 pub mod block;
 pub mod canon;
@@ -160,6 +161,19 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         return Status::Err;
     }
     command_info::declare(ctx, COMMAND_INFO);
+    acl::declare_category(
+        ctx,
+        &[
+            "member.create",
+            "member.add",
+            "member.exists",
+            "member.del",
+            "member.explain",
+            "member.info",
+            "member.rebuild",
+            "member.drop",
+        ],
+    );
     db::pool::resize();
     mainq::batch_per_iteration(ctx);
     mainq::start(ctx);
@@ -210,7 +224,9 @@ redis_module! {
             ["pg-url", &PG_URL, PG_URL_DEFAULT, ConfigurationFlags::SENSITIVE, Some(Box::new(on_pg_url_changed))],
             ["default-error-rate", &DEFAULT_ERROR_RATE, ERROR_RATE_DEFAULT, ConfigurationFlags::DEFAULT, None],
         ],
-        bool: [],
+        bool: [
+            ["acl-sets", &ACL_SETS, ACL_SETS_DEFAULT, ConfigurationFlags::DEFAULT, None],
+        ],
         enum: [],
         module_args_as_configuration: true,
     ]

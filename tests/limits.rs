@@ -114,7 +114,11 @@ fn a_filter_that_would_pass_maxmemory_is_refused_before_anything_is_written() {
 
 #[test]
 fn a_rebuild_whose_journal_overflows_is_abandoned_and_the_old_filter_serves() {
-    let env = Env::with(&[("member.max-journal", "10")]);
+    // A generous database timeout: the 50 ADDs share the machine with the 300 000-row COPY.
+    let env = Env::with(&[
+        ("member.max-journal", "10"),
+        ("member.db-timeout-ms", "20000"),
+    ]);
     let mut c = env.conn();
     assert_eq!(
         cmd(

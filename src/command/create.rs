@@ -94,6 +94,7 @@ thread_local! {
 /// server does not.
 pub fn create(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let (def, explicit) = parse(args)?;
+    crate::acl::check_set(ctx, &def.name, crate::acl::Access::Write)?;
     may_block(ctx)?;
     // A set new to this node counts against member.max-sets, and its filter must fit under
     // maxmemory: both refused before anything is written.

@@ -84,6 +84,7 @@ fn funnel(
     explain: bool,
     started: Option<Instant>,
 ) -> RedisResult {
+    crate::acl::check_set(ctx, set_name, crate::acl::Access::Read)?;
     keys::with_db0(ctx, |ctx| {
         match decide(ctx, set_name, item, scope, explain, started, false)? {
             Step::Done(present, path) => Ok(reply(explain, present, path)),

@@ -17,6 +17,7 @@ pub fn rebuild(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         return Err(RedisError::WrongArity);
     }
     let name = set_name(&args[1])?;
+    crate::acl::check_set(ctx, &name, crate::acl::Access::Write)?;
     let sync = match args.get(2) {
         None => false,
         Some(a) if a.as_slice().eq_ignore_ascii_case(b"SYNC") => true,

@@ -122,6 +122,7 @@ fn write(ctx: &Context, args: Vec<RedisString>, op: Op) -> RedisResult {
         &[]
     };
     let a = ItemArgs::parse(args, extra)?;
+    crate::acl::check_set(ctx, &a.set, crate::acl::Access::Write)?;
     let expires_at = expiry(&a)?;
     keys::with_db0(ctx, |ctx| {
         let Some(done) = prepare(&a.set, a.item.as_slice(), a.scope(), op, false)? else {

@@ -1,122 +1,376 @@
-//! The sync loop: rows that reach `member_<set>` without the module (another service, a
-//! migration, psql) reach the filter within about `member.sync-interval-ms`, and a filter
-//! loaded from a snapshot or held by a promoted replica catches up before it says "absent".
+//! The sync loop (docs/sync.md): one pass per node for every set reads the change log by
+//! transaction id, so outside writes reach the filters within about `member.sync-interval-ms`,
+//! late commits included, and a filter loaded from a snapshot catches up before it says "absent".
 
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use redis_module::{Context, RedisString};
 
-use crate::db::{pool, sql, DbErr};
-use crate::state::{self, SetDef};
+use crate::canon::Normalize;
+use crate::db::sql::{self, Changes};
+use crate::db::{pool, DbErr};
+use crate::filter_type::FilterValue;
+use crate::state;
 use crate::{config, filter_type, mainq};
 
 /// Per-set sync progress, shown by MEMBER.INFO.
 #[derive(Debug, Default)]
 pub struct SyncState {
-    in_flight: bool,
-    next: Option<Instant>,
     pub last_ok: Option<Instant>,
     pub last_error: Option<String>,
     pub rows_applied: u64,
 }
 
-/// Starts a sync pass for every set that is due (or all of them, if `now_all`).
+/// The node's loop: at most one pass in flight, and what the last one cost.
+#[derive(Debug, Default)]
+pub struct Loop {
+    in_flight: bool,
+    /// A promotion asked for a pass while one (from the old epoch) was in flight.
+    again: bool,
+    next: Option<Instant>,
+    /// Sets registered, and sets with a watermark, when the last pass started.
+    registered: usize,
+    covered: BTreeSet<String>,
+    last_prune: Option<Instant>,
+    /// Sets whose tables do not feed the change log, as of the last pass.
+    pub blind: BTreeSet<String>,
+    /// Whether the first pass's verdict has been logged.
+    announced: bool,
+    pub passes: u64,
+    pub statements: u64,
+    pub rows: u64,
+    pub last_statements: u64,
+    pub last_rows: u64,
+}
+
+thread_local! {
+    static LOOP: RefCell<Loop> = RefCell::new(Loop::default());
+}
+
+/// The loop's state, for INFO. Main thread only.
+pub fn with_loop<R>(f: impl FnOnce(&Loop) -> R) -> R {
+    LOOP.with(|l| f(&l.borrow()))
+}
+
+/// How often one node prunes the change log (any node may; they serialize in the database).
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// A set taking part in a pass: its filter's watermark when the pass started.
+struct Member {
+    name: String,
+    from: i64,
+}
+
+/// Starts a pass over every set whose filter has a watermark, if one is due (or at once, if
+/// `now_all`: a promotion). Sends one statement (two when it also prunes), whatever the
+/// number of sets; none when no filter has a watermark.
 pub fn run(ctx: &Context, now_all: bool) {
-    let interval = config::sync_interval();
     let now = Instant::now();
-    let due: Vec<(SetDef, RedisString)> = state::with(|r| {
+    let registered = state::with(|r| r.sets.len());
+    let on_time = LOOP.with(|l| {
+        let l = l.borrow();
+        if l.in_flight {
+            return None;
+        }
+        let on_time = now_all || l.next.is_none_or(|t| now >= t);
+        // A set learned since the last pass gets its first pass at once, not an interval later.
+        (on_time || registered != l.registered).then_some(on_time)
+    });
+    let Some(on_time) = on_time else {
+        if now_all {
+            LOOP.with(|l| l.borrow_mut().again = true);
+        }
+        return;
+    };
+    let sets: Vec<(String, RedisString, Normalize)> = state::with(|r| {
         r.sets
-            .values_mut()
-            .filter(|s| !s.sync.in_flight && (now_all || s.sync.next.is_none_or(|t| now >= t)))
-            .map(|s| {
-                s.sync.next = Some(now + interval);
-                (s.def.clone(), s.filter_key.clone())
-            })
+            .values()
+            .map(|s| (s.def.name.clone(), s.filter_key.clone(), s.def.normalize))
             .collect()
     });
-    for (def, key) in due {
+    let mut members = Vec::new();
+    let mut norms = HashMap::new();
+    for (name, key, norm) in sets {
         // Only a filter with a watermark can be caught up; others wait for their rebuild.
-        let Some(Some(from)) = filter_type::with(ctx, &key, |f| f.cov.watermark) else {
-            continue;
-        };
-        let name = def.name.clone();
-        state::with(|r| {
-            if let Some(s) = r.sets.get_mut(&name) {
-                s.sync.in_flight = true;
-            }
-        });
-        let epoch = state::with(|r| r.epoch);
-        let pass = Pass {
-            name,
-            epoch,
-            from,
-            result: Some(Err(DbErr::Unavailable("sync job dropped".into()))),
-        };
-        pool::run(move |db| {
-            let mut pass = pass;
-            pass.result = Some(sql::changes_since(db, &def, from));
-        });
+        if let Some(Some(from)) = filter_type::with(ctx, &key, |f| f.cov.watermark) {
+            norms.insert(name.clone(), norm);
+            members.push(Member { name, from });
+        }
     }
+    let news = LOOP.with(|l| {
+        let l = l.borrow();
+        members.iter().any(|m| !l.covered.contains(&m.name))
+    });
+    if members.is_empty() || !(on_time || news) {
+        // Nothing to catch up (yet): look again at the next sweep or interval.
+        if !members.is_empty() {
+            LOOP.with(|l| l.borrow_mut().registered = registered);
+        }
+        return;
+    }
+    LOOP.with(|l| {
+        let mut l = l.borrow_mut();
+        l.next = Some(now + config::sync_interval());
+        l.registered = registered;
+        l.covered = members.iter().map(|m| m.name.clone()).collect();
+    });
+    let Some(from) = members.iter().map(|m| m.from).min() else {
+        return;
+    };
+    let prune = LOOP.with(|l| {
+        let mut l = l.borrow_mut();
+        l.in_flight = true;
+        let due = l
+            .last_prune
+            .is_none_or(|t| now.duration_since(t) >= PRUNE_EVERY);
+        if due {
+            l.last_prune = Some(now);
+        }
+        due.then(config::change_retention_s)
+    });
+    let pass = Pass {
+        epoch: state::with(|r| r.epoch),
+        members,
+        result: Some(Err(DbErr::Unavailable("sync job dropped".into()))),
+    };
+    pool::run(move |db| {
+        let mut pass = pass;
+        pass.result = Some(sql::changes_since(db, from, &norms, prune));
+    });
 }
 
 /// One pass in flight. However it ends (done, or dropped unrun), its result goes back to the
 /// main thread exactly once.
 struct Pass {
-    name: String,
     /// Promotion epoch when the pass started.
     epoch: u64,
-    from: i64,
-    result: Option<Result<(Vec<u128>, i64), DbErr>>,
+    members: Vec<Member>,
+    result: Option<Result<Changes, DbErr>>,
 }
 
 impl Drop for Pass {
     fn drop(&mut self) {
-        let (name, from, epoch) = (std::mem::take(&mut self.name), self.from, self.epoch);
+        let (epoch, members) = (self.epoch, std::mem::take(&mut self.members));
         let res = self
             .result
             .take()
             .unwrap_or(Err(DbErr::Unavailable("sync lost".into())));
-        mainq::post(Box::new(move |ctx| apply(ctx, &name, epoch, from, res)));
+        mainq::post(Box::new(move |ctx| apply(ctx, epoch, members, res)));
     }
 }
 
-fn apply(ctx: &Context, name: &str, epoch: u64, from: i64, res: Result<(Vec<u128>, i64), DbErr>) {
-    let key = state::with(|r| {
-        let s = r.sets.get_mut(name)?;
-        s.sync.in_flight = false;
-        match &res {
-            Ok((hashes, _)) => {
-                for h in hashes {
-                    s.journal(*h);
-                }
-                s.sync.rows_applied += hashes.len() as u64;
-                s.sync.last_ok = Some(Instant::now());
-                s.sync.last_error = None;
-            }
-            Err(e) => s.sync.last_error = Some(e.reply_text()),
-        }
-        Some(s.filter_key.clone())
-    });
-    let (Some(key), Ok((hashes, horizon))) = (key, res) else {
-        return;
+/// How a pass left one filter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CatchUp {
+    /// Covers everything below the pass's horizon now.
+    CaughtUp,
+    /// A filter swapped in meanwhile covers less than the pass read from: its watermark
+    /// stays, the next pass reads from it.
+    Kept,
+    /// Rows it needs may have been pruned from the log: now incomplete (it gets rebuilt).
+    Pruned,
+    /// Its table does not feed the change log: not trusted, incomplete (rebuilt, which
+    /// retries installing the triggers).
+    Blind,
+}
+
+/// The per-set step of a pass: adds `hashes` (its set's rows logged since `from`, the
+/// watermark the filter had when the pass started) and advances the watermark to `horizon`,
+/// if the pass covered everything the filter lacks. `floor` is the log's prune floor.
+pub fn catch_up(
+    f: &mut FilterValue,
+    hashes: &[u128],
+    from: i64,
+    horizon: i64,
+    floor: i64,
+    blind: bool,
+) -> CatchUp {
+    for h in hashes {
+        f.add(*h);
+    }
+    let Some(covered) = f.cov.watermark else {
+        return CatchUp::Kept;
     };
-    filter_type::with_mut(ctx, &key, |f| {
-        for h in &hashes {
-            f.add(*h);
+    // The pass read everything from `from`: that covers this filter only if it did not need
+    // anything older (a rebuild may have swapped in a newer one, never mind an older one).
+    if covered < from {
+        return CatchUp::Kept;
+    }
+    if blind || covered < floor {
+        f.cov.complete = false;
+        f.caught_up = false;
+        return if blind {
+            CatchUp::Blind
+        } else {
+            CatchUp::Pruned
+        };
+    }
+    f.cov.watermark = Some(covered.max(horizon));
+    f.caught_up = f.cov.complete;
+    CatchUp::CaughtUp
+}
+
+fn apply(ctx: &Context, epoch: u64, members: Vec<Member>, res: Result<Changes, DbErr>) {
+    let again = LOOP.with(|l| {
+        let mut l = l.borrow_mut();
+        l.in_flight = false;
+        std::mem::take(&mut l.again)
+    });
+    if again {
+        // Promoted while the pass ran: the next sweep starts one in the new epoch.
+        LOOP.with(|l| l.borrow_mut().next = None);
+    }
+    let mut ch = match res {
+        Ok(ch) => ch,
+        Err(e) => {
+            let text = e.reply_text();
+            state::with(|r| {
+                for m in &members {
+                    if let Some(s) = r.sets.get_mut(&m.name) {
+                        s.sync.last_error = Some(text.clone());
+                    }
+                }
+            });
+            return;
         }
-        // The filter now covers everything before `horizon` only if this pass started at or
-        // before what it already covered (a rebuild may have swapped in a newer one).
-        if let Some(covered) = f.cov.watermark {
-            if from <= covered {
-                f.cov.watermark = Some(covered.max(horizon));
-                f.caught_up = f.cov.complete;
+    };
+    let blind_tables: BTreeSet<&str> = ch.blind.iter().map(String::as_str).collect();
+    let mut rows = 0u64;
+    let mut newly_blind = Vec::new();
+    for m in &members {
+        let hashes = ch.rows.remove(&m.name).unwrap_or_default();
+        let blind = blind_tables.contains(sql::table(&m.name).as_str());
+        rows += hashes.len() as u64;
+        let key = state::with(|r| {
+            let s = r.sets.get_mut(&m.name)?;
+            for h in &hashes {
+                s.journal(*h);
+            }
+            s.sync.rows_applied += hashes.len() as u64;
+            s.sync.last_ok = Some(Instant::now());
+            s.sync.last_error = blind.then(|| sql::blind_reason(&m.name, "triggers missing"));
+            Some(s.filter_key.clone())
+        });
+        let Some(key) = key else {
+            continue;
+        };
+        let outcome = filter_type::with_mut(ctx, &key, |f| {
+            catch_up(f, &hashes, m.from, ch.horizon, ch.floor, blind)
+        });
+        match outcome {
+            Some(CatchUp::CaughtUp) => state::with(|r| state::synced(r, &m.name, epoch)),
+            Some(CatchUp::Pruned) => ctx.log_warning(&format!(
+                "libmember: set '{}': the change log was pruned past its filter's watermark \
+                 (member.change-retention-s): rebuilding",
+                m.name
+            )),
+            _ => {}
+        }
+        let was_blind = LOOP.with(|l| l.borrow().blind.contains(&m.name));
+        if blind && !was_blind {
+            newly_blind.push(m.name.clone());
+        }
+        if !blind && was_blind {
+            ctx.log_notice(&format!(
+                "libmember: set '{}' feeds the change log again: sync horizon visible",
+                m.name
+            ));
+        }
+    }
+    for name in &newly_blind {
+        ctx.log_warning(&format!(
+            "libmember: set '{name}' is blind to outside writes (sync_horizon blind): {}",
+            sql::blind_reason(name, "triggers missing")
+        ));
+    }
+    let first = LOOP.with(|l| {
+        let mut l = l.borrow_mut();
+        for m in &members {
+            if blind_tables.contains(sql::table(&m.name).as_str()) {
+                l.blind.insert(m.name.clone());
+            } else {
+                l.blind.remove(&m.name);
             }
         }
+        l.passes += 1;
+        l.statements += ch.statements;
+        l.rows += rows;
+        l.last_statements = ch.statements;
+        l.last_rows = rows;
+        !std::mem::replace(&mut l.announced, true)
     });
-    state::with(|r| state::synced(r, name, epoch));
+    if first && newly_blind.is_empty() {
+        ctx.log_notice(&format!(
+            "libmember: sync horizon visible: {} set(s) follow the change log by transaction \
+             id, whatever the database role",
+            members.len()
+        ));
+    }
 }
 
 /// Time since the last successful pass, for MEMBER.INFO.
 pub fn age(s: &SyncState) -> Option<Duration> {
     s.last_ok.map(|t| t.elapsed())
+}
+
+/// `visible` when `set` (or, for `None`, every set) feeds the change log, else `blind`.
+pub fn horizon(set: Option<&str>) -> &'static str {
+    let blind = with_loop(|l| match set {
+        Some(s) => l.blind.contains(s),
+        None => !l.blind.is_empty(),
+    });
+    if blind {
+        "blind"
+    } else {
+        "visible"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::filter::Bloom;
+
+    fn filter(watermark: i64) -> FilterValue {
+        FilterValue::built(Bloom::new(100, 0.01), watermark)
+    }
+
+    #[test]
+    fn a_pass_advances_a_filter_it_covers() {
+        let mut f = filter(100);
+        assert_eq!(
+            catch_up(&mut f, &[7], 100, 150, 0, false),
+            CatchUp::CaughtUp
+        );
+        assert_eq!(f.cov.watermark, Some(150));
+        assert!(f.trusted() && f.bloom.contains(7));
+        // A newer filter swapped in meanwhile keeps what it covers, or more.
+        let mut newer = filter(200);
+        assert_eq!(
+            catch_up(&mut newer, &[], 100, 150, 0, false),
+            CatchUp::CaughtUp
+        );
+        assert_eq!(newer.cov.watermark, Some(200));
+    }
+
+    #[test]
+    fn a_pass_does_not_advance_an_older_filter() {
+        let mut f = filter(50);
+        f.caught_up = false;
+        assert_eq!(catch_up(&mut f, &[7], 100, 150, 0, false), CatchUp::Kept);
+        assert_eq!(f.cov.watermark, Some(50));
+        assert!(!f.trusted());
+    }
+
+    #[test]
+    fn pruned_or_blind_filters_become_incomplete() {
+        let mut f = filter(100);
+        assert_eq!(catch_up(&mut f, &[], 100, 150, 120, false), CatchUp::Pruned);
+        assert!(!f.cov.complete && !f.trusted());
+        let mut f = filter(100);
+        assert_eq!(catch_up(&mut f, &[], 100, 150, 0, true), CatchUp::Blind);
+        assert!(!f.cov.complete && !f.trusted());
+    }
 }

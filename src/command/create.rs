@@ -97,8 +97,19 @@ struct CreateDone {
 
 impl Completion for CreateDone {
     fn apply(&mut self, ctx: &Context) {
-        let Ok((def, built)) = &mut self.result else {
-            return;
+        let (def, built) = match &mut self.result {
+            Ok(done) => done,
+            Err(e) => {
+                // A set table the module may not attach the change log to is refused loudly:
+                // it could not keep its sync bound (docs/sync.md).
+                if e.reply_text().contains("change-log triggers") {
+                    ctx.log_warning(&format!(
+                        "libmember: MEMBER.CREATE refused: {}",
+                        e.reply_text()
+                    ));
+                }
+                return;
+            }
         };
         let newly = state::with(|r| !r.sets.contains_key(&def.name));
         state::register(def.clone());

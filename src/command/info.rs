@@ -39,7 +39,7 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                 ("filter_complete", (v.cov.complete as u8).to_string()),
                 ("filter_caught_up", (v.caught_up as u8).to_string()),
                 (
-                    "sync_watermark_us",
+                    "sync_watermark_xid",
                     v.cov.watermark.map(|w| w.to_string()).unwrap_or_default(),
                 ),
                 ("filter_bits", b.bits().to_string()),
@@ -105,6 +105,7 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                     .unwrap_or_else(|| "never".into()),
             ));
             out.push(("sync_rows_applied", s.sync.rows_applied.to_string()));
+            out.push(("sync_horizon", crate::sync::horizon(Some(&name)).into()));
             if let Some(e) = &s.sync.last_error {
                 out.push(("sync_last_error", e.clone()));
             }
@@ -142,7 +143,18 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
         return;
     }
     let (sets, catalog_loaded) = state::with(|r| (r.sets.len(), r.catalog.loaded));
-    let fields: Vec<(&str, String)> = metrics::global(|m| {
+    let sync = crate::sync::with_loop(|l| {
+        [
+            ("sync_horizon", crate::sync::horizon(None).to_string()),
+            ("sync_blind_sets", l.blind.len().to_string()),
+            ("sync_passes", l.passes.to_string()),
+            ("sync_statements", l.statements.to_string()),
+            ("sync_rows_applied", l.rows.to_string()),
+            ("sync_statements_per_pass", l.last_statements.to_string()),
+            ("sync_rows_per_pass", l.last_rows.to_string()),
+        ]
+    });
+    let mut fields: Vec<(&str, String)> = metrics::global(|m| {
         let c = &m.paths;
         vec![
             ("sets", sets.to_string()),
@@ -179,6 +191,7 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
             ("rebuilds_failed", m.rebuilds_failed.to_string()),
         ]
     });
+    fields.extend(sync);
     let mut b = ctx.builder().add_section("");
     for (k, v) in fields {
         b = match b.field(k, v) {

@@ -251,3 +251,81 @@ fn a_set_whose_triggers_vanish_is_blind_and_never_answers_absent() {
     );
     assert_ne!(explain(&mut c, "s", "unlogged").1, "bloom-negative");
 }
+
+#[test]
+fn a_filter_older_than_the_pruned_log_is_rebuilt_not_caught_up() {
+    let mut env = Env::least_privilege(&[("member.sync-interval-ms", "200")]);
+    let mut c = env.conn();
+    ok(&mut c, &["MEMBER.CREATE", "s", "RECENT-TTL", "1"]);
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "s", "before"]), 1);
+    ok(&mut c, &["SAVE"]);
+    env.vk.shutdown(&["NOSAVE"]);
+
+    // While the node is down: an outside write, then the log is pruned past it (as
+    // member.change-retention-s would after a long outage), and the floor candidate is old
+    // enough that the node's first pass prunes again.
+    let mut admin = env.pg();
+    admin
+        .batch_execute(
+            "INSERT INTO member_s (entity_id) VALUES ('gone');
+             DELETE FROM member_changes;
+             UPDATE member_changes_floor SET floor = pg_snapshot_xmin(pg_current_snapshot())",
+        )
+        .unwrap();
+    admin
+        .batch_execute(
+            "INSERT INTO member_s (entity_id) VALUES ('kept');
+             UPDATE member_changes_floor SET candidate = pg_snapshot_xmin(pg_current_snapshot()),
+                    candidate_at = now() - interval '1 day';
+             INSERT INTO member_s (entity_id) VALUES ('after')",
+        )
+        .unwrap();
+    let candidate: i64 = admin
+        .query_one(
+            "SELECT candidate::text::int8 FROM member_changes_floor",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+
+    env.vk.restart();
+    let mut c = env.conn();
+    // The snapshot's filter would need the pruned rows: it is rebuilt, and holds them.
+    assert!(
+        wait_until(Duration::from_secs(20), || set_info(
+            &mut c,
+            "s",
+            "filter_caught_up"
+        )
+        .as_deref()
+            == Some("1")
+            && set_info(&mut c, "s", "last_rebuild").as_deref() == Some("ok")),
+        "the filter older than the prune floor was not rebuilt: {:?}\nvalkey log:\n{}",
+        info_all(&mut c, "s"),
+        env.vk.log()
+    );
+    assert!(
+        env.vk
+            .log()
+            .contains("was pruned past its filter's watermark"),
+        "no log line for the rebuild after pruning:\n{}",
+        env.vk.log()
+    );
+    for item in ["before", "gone", "kept", "after"] {
+        assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s", item]), 1, "{item}");
+        assert_ne!(explain(&mut c, "s", item).1, "bloom-negative", "{item}");
+    }
+    // The node's first pass pruned below the old candidate, and raised the floor to it.
+    let (floor, below): (i64, i64) = {
+        let r = admin
+            .query_one(
+                "SELECT (SELECT floor::text::int8 FROM member_changes_floor),
+                        (SELECT count(*) FROM member_changes WHERE xid < $1::int8::text::xid8)",
+                &[&candidate],
+            )
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!(floor, candidate, "the floor did not move to the candidate");
+    assert_eq!(below, 0, "rows below the candidate were not pruned");
+}

@@ -170,6 +170,7 @@ pub enum CatchUp {
     /// stays, the next pass reads from it.
     Kept,
     /// Rows it needs may have been pruned from the log: now incomplete (it gets rebuilt).
+    /// Reported once, when a complete filter turns incomplete.
     Pruned,
     /// Its table does not feed the change log: not trusted, incomplete (rebuilt, which
     /// retries installing the triggers).
@@ -199,12 +200,13 @@ pub fn catch_up(
         return CatchUp::Kept;
     }
     if blind || covered < floor {
-        f.cov.complete = false;
+        let was_complete = std::mem::replace(&mut f.cov.complete, false);
         f.caught_up = false;
-        return if blind {
-            CatchUp::Blind
-        } else {
-            CatchUp::Pruned
+        return match (blind, was_complete) {
+            (true, _) => CatchUp::Blind,
+            (false, true) => CatchUp::Pruned,
+            // Already waiting for its rebuild: said once.
+            (false, false) => CatchUp::Kept,
         };
     }
     f.cov.watermark = Some(covered.max(horizon));
@@ -369,6 +371,8 @@ mod tests {
         let mut f = filter(100);
         assert_eq!(catch_up(&mut f, &[], 100, 150, 120, false), CatchUp::Pruned);
         assert!(!f.cov.complete && !f.trusted());
+        assert_eq!(catch_up(&mut f, &[], 100, 150, 120, false), CatchUp::Kept);
+        assert_eq!(f.cov.watermark, Some(100));
         let mut f = filter(100);
         assert_eq!(catch_up(&mut f, &[], 100, 150, 0, true), CatchUp::Blind);
         assert!(!f.cov.complete && !f.trusted());

@@ -264,30 +264,44 @@ fn a_filter_older_than_the_pruned_log_is_rebuilt_not_caught_up() {
     // While the node is down: an outside write, then the log is pruned past it (as
     // member.change-retention-s would after a long outage), and the floor candidate is old
     // enough that the node's first pass prunes again.
+    // Each statement its own transaction: a floor read inside the transaction that wrote
+    // 'gone' would equal that transaction's own id, and the prune never deletes at or above
+    // the floor.
     let mut admin = env.pg();
+    let xmin = |admin: &mut postgres::Client| -> i64 {
+        admin
+            .query_one(
+                "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    };
     admin
-        .batch_execute(
-            "INSERT INTO member_s (entity_id) VALUES ('gone');
-             DELETE FROM member_changes;
-             UPDATE member_changes_floor SET floor = pg_snapshot_xmin(pg_current_snapshot())",
+        .batch_execute("INSERT INTO member_s (entity_id) VALUES ('gone')")
+        .unwrap();
+    let floor = xmin(&mut admin);
+    admin.batch_execute("DELETE FROM member_changes").unwrap();
+    admin
+        .execute(
+            "UPDATE member_changes_floor SET floor = $1::int8::text::xid8",
+            &[&floor],
         )
         .unwrap();
     admin
-        .batch_execute(
-            "INSERT INTO member_s (entity_id) VALUES ('kept');
-             UPDATE member_changes_floor SET candidate = pg_snapshot_xmin(pg_current_snapshot()),
-                    candidate_at = now() - interval '1 day';
-             INSERT INTO member_s (entity_id) VALUES ('after')",
+        .batch_execute("INSERT INTO member_s (entity_id) VALUES ('kept')")
+        .unwrap();
+    let candidate = xmin(&mut admin);
+    admin
+        .execute(
+            "UPDATE member_changes_floor SET candidate = $1::int8::text::xid8,
+                    candidate_at = now() - interval '1 day'",
+            &[&candidate],
         )
         .unwrap();
-    let candidate: i64 = admin
-        .query_one(
-            "SELECT candidate::text::int8 FROM member_changes_floor",
-            &[],
-        )
-        .unwrap()
-        .get(0);
-
+    admin
+        .batch_execute("INSERT INTO member_s (entity_id) VALUES ('after')")
+        .unwrap();
     env.vk.restart();
     let mut c = env.conn();
     // The snapshot's filter would need the pruned rows: it is rebuilt, and holds them.

@@ -264,9 +264,8 @@ fn a_filter_older_than_the_pruned_log_is_rebuilt_not_caught_up() {
     // While the node is down: an outside write, then the log is pruned past it (as
     // member.change-retention-s would after a long outage), and the floor candidate is old
     // enough that the node's first pass prunes again.
-    // Each statement its own transaction: a floor read inside the transaction that wrote
-    // 'gone' would equal that transaction's own id, and the prune never deletes at or above
-    // the floor.
+    // As a real prune would have: every logged row up to 'gone' deleted, the floor above it.
+    // (Transaction ids are cluster-wide: other tests' transactions may hold the xmin back.)
     let mut admin = env.pg();
     let xmin = |admin: &mut postgres::Client| -> i64 {
         admin
@@ -277,15 +276,29 @@ fn a_filter_older_than_the_pruned_log_is_rebuilt_not_caught_up() {
             .unwrap()
             .get(0)
     };
-    admin
-        .batch_execute("INSERT INTO member_s (entity_id) VALUES ('gone')")
-        .unwrap();
-    let floor = xmin(&mut admin);
-    admin.batch_execute("DELETE FROM member_changes").unwrap();
+    let gone: i64 = {
+        let mut tx = admin.transaction().unwrap();
+        tx.batch_execute("INSERT INTO member_s (entity_id) VALUES ('gone')")
+            .unwrap();
+        let xid: i64 = tx
+            .query_one("SELECT pg_current_xact_id()::text::int8", &[])
+            .unwrap()
+            .get(0);
+        tx.commit().unwrap();
+        xid
+    };
+    // A real floor is an xmin: wait until every transaction up to 'gone' has ended.
+    assert!(wait_until(Duration::from_secs(20), || xmin(&mut admin) > gone));
     admin
         .execute(
-            "UPDATE member_changes_floor SET floor = $1::int8::text::xid8",
-            &[&floor],
+            "DELETE FROM member_changes WHERE xid <= $1::int8::text::xid8",
+            &[&gone],
+        )
+        .unwrap();
+    admin
+        .execute(
+            "UPDATE member_changes_floor SET floor = ($1::int8 + 1)::text::xid8",
+            &[&gone],
         )
         .unwrap();
     admin
@@ -340,6 +353,10 @@ fn a_filter_older_than_the_pruned_log_is_rebuilt_not_caught_up() {
             .unwrap();
         (r.get(0), r.get(1))
     };
-    assert_eq!(floor, candidate, "the floor did not move to the candidate");
+    assert_eq!(
+        floor,
+        candidate.max(gone + 1),
+        "the floor did not move to the candidate"
+    );
     assert_eq!(below, 0, "rows below the candidate were not pruned");
 }

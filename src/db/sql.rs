@@ -520,7 +520,7 @@ pub fn prune(db: &mut Db, after_s: u64) -> Result<u64, DbErr> {
         "WITH f AS (SELECT candidate FROM member_changes_floor
                      WHERE candidate_at < now() - interval '{after_s} seconds' FOR UPDATE),
               d AS (DELETE FROM member_changes WHERE xid < (SELECT candidate FROM f) RETURNING 1)
-         UPDATE member_changes_floor SET floor = f.candidate,
+         UPDATE member_changes_floor SET floor = greatest(floor, f.candidate),
                 candidate = pg_snapshot_xmin(pg_current_snapshot()), candidate_at = now()
            FROM f
          RETURNING (SELECT count(*) FROM d)"

@@ -19,6 +19,9 @@
 mod big_filters;
 #[path = "../tests/support/mod.rs"]
 mod support;
+// One file per section added since the bench grew large (benches/sections/).
+#[path = "sections/idle_sync.rs"]
+mod idle_sync;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -70,7 +73,7 @@ struct Opts {
 type Section = fn(&mut Bench);
 
 /// The sections of a run, in order, by the name `--only` takes (a comma-separated list).
-const SECTIONS: [(&str, Section); 7] = [
+const SECTIONS: [(&str, Section); 8] = [
     ("memory", Bench::memory),
     ("negative", Bench::negative_path),
     ("mixed", Bench::mixed),
@@ -78,6 +81,7 @@ const SECTIONS: [(&str, Section); 7] = [
     ("rebuild", Bench::rebuild),
     ("writes", Bench::adds),
     ("bigfilter", Bench::big_filters),
+    ("idle", Bench::idle_sync),
 ];
 
 impl Opts {
@@ -95,7 +99,7 @@ const USAGE: &str = "usage: cargo bench --bench member -- [--ten-million] [--mem
   --seconds S     seconds of load per side of each comparison (default 4)
   --workers N     member.workers for the module (default: the module's default)
   --fpr-probes N  absent probes for the measured false-positive rate (default 1 000 000)
-  --only SECTIONS run only these, comma-separated: memory,negative,mixed,cold,rebuild,writes,bigfilter
+  --only SECTIONS run only these, comma-separated: memory,negative,mixed,cold,rebuild,writes,bigfilter,idle
                   (prints the table; bench/results.md and the chart are kept as they are)";
 
 impl Opts {

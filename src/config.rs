@@ -63,6 +63,13 @@ pub const SYNC_INTERVAL_MS_MAX: i64 = 3_600_000;
 /// How often the sync loop reads rows written outside the module (and catches up filters).
 pub static SYNC_INTERVAL_MS: AtomicI64 = AtomicI64::new(SYNC_INTERVAL_MS_DEFAULT);
 
+pub const CHANGE_RETENTION_S_DEFAULT: i64 = 21_600;
+pub const CHANGE_RETENTION_S_MIN: i64 = 60;
+pub const CHANGE_RETENTION_S_MAX: i64 = 2_592_000;
+/// How long rows stay in the change log `member_changes` (docs/sync.md) at least: a node whose
+/// filter is older than that (down, or restored from an old snapshot) rebuilds it instead.
+pub static CHANGE_RETENTION_S: AtomicI64 = AtomicI64::new(CHANGE_RETENTION_S_DEFAULT);
+
 pub const REBUILD_INTERVAL_S_DEFAULT: i64 = 0;
 pub const REBUILD_INTERVAL_S_MIN: i64 = 0;
 pub const REBUILD_INTERVAL_S_MAX: i64 = 2_592_000;
@@ -144,6 +151,10 @@ impl ConfigurationValue<RedisString> for ErrorRate {
 
 pub fn sync_interval() -> std::time::Duration {
     std::time::Duration::from_millis(SYNC_INTERVAL_MS.load(Ordering::Relaxed) as u64)
+}
+
+pub fn change_retention_s() -> u64 {
+    CHANGE_RETENTION_S.load(Ordering::Relaxed) as u64
 }
 
 pub fn rebuild_interval() -> Option<std::time::Duration> {

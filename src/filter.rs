@@ -5,7 +5,12 @@ use xxhash_rust::xxh3::xxh3_64;
 
 /// Magic and version in front of every serialized filter.
 const MAGIC: &[u8; 4] = b"LMBF";
-pub const FORMAT_VERSION: u16 = 1;
+/// Version 2: the watermark is a transaction id (docs/sync.md). Version 1 held a timestamp
+/// (µs) that cannot be converted: such a payload loads as incomplete, with no watermark, so it
+/// never answers "absent" and is rebuilt.
+pub const FORMAT_VERSION: u16 = 2;
+/// The version whose watermark was a timestamp.
+const FORMAT_V1_TIMESTAMP: u16 = 1;
 const HEADER_LEN: usize = 4 + 2 + 2 + 8 + 8 + 8 + 8 + 8 + 1 + 8 + 8;
 
 /// What a filter knows about its own coverage of the table, persisted with its bits.
@@ -13,8 +18,8 @@ const HEADER_LEN: usize = 4 + 2 + 2 + 8 + 8 + 8 + 8 + 8 + 1 + 8 + 8;
 pub struct Coverage {
     /// Built from the whole table (CREATE, rebuild), not just from writes seen since.
     pub complete: bool,
-    /// Sync watermark: every active row with `updated_at` before it (microseconds since the
-    /// Unix epoch) was in the table when the filter last caught up, and is in the filter.
+    /// Sync watermark, a transaction id (`xid8`): every active row written by a transaction
+    /// with a smaller id is in the filter (docs/sync.md).
     pub watermark: Option<i64>,
 }
 
@@ -275,7 +280,7 @@ impl Bloom {
         let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
         let version = u16_at(4);
-        if version != FORMAT_VERSION {
+        if version != FORMAT_VERSION && version != FORMAT_V1_TIMESTAMP {
             return Err(format!(
                 "filter payload version {version} is not supported (this build reads {FORMAT_VERSION})"
             ));
@@ -294,6 +299,12 @@ impl Bloom {
         let watermark = match u64_at(49) as i64 {
             i64::MIN => None,
             w => Some(w),
+        };
+        // A timestamp watermark says nothing about transaction ids: rebuild.
+        let (complete, watermark) = if version == FORMAT_V1_TIMESTAMP {
+            (false, None)
+        } else {
+            (complete, watermark)
         };
         let sum = u64_at(57);
         if !(1..=30).contains(&k) || m == 0 || m % 64 != 0 || m > MAX_BITS {
@@ -458,6 +469,26 @@ mod tests {
     }
 
     #[test]
+    fn version_1_payloads_load_incomplete() {
+        let mut b = Bloom::new(1000, 0.01);
+        b.add(h(1));
+        let mut v1 = b.to_bytes(Coverage {
+            complete: true,
+            watermark: Some(1_764_000_000_123_456),
+        });
+        v1[4..6].copy_from_slice(&1u16.to_le_bytes());
+        let (c, cov) = Bloom::from_bytes(&v1).unwrap();
+        assert_eq!(c, b);
+        assert_eq!(
+            cov,
+            Coverage {
+                complete: false,
+                watermark: None
+            }
+        );
+    }
+
+    #[test]
     fn corrupt_payloads_are_rejected() {
         let mut b = Bloom::new(1000, 0.01);
         b.add(h(1));
@@ -476,6 +507,8 @@ mod tests {
             .contains("checksum"));
         let mut version = good.clone();
         version[4] = 9;
+        assert!(Bloom::from_bytes(&version).unwrap_err().contains("version"));
+        version[4] = 0;
         assert!(Bloom::from_bytes(&version).unwrap_err().contains("version"));
         let mut magic = good;
         magic[0] = b'X';

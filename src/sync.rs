@@ -1,140 +1,425 @@
-//! The sync loop: rows that reach `member_<set>` without the module (another service, a
-//! migration, psql) reach the filter within about `member.sync-interval-ms`, and a filter
-//! loaded from a snapshot or held by a promoted replica catches up before it says "absent".
+//! The sync loop (docs/sync.md): one pass per node for every set reads the change log by
+//! transaction id, so outside writes reach the filters within about `member.sync-interval-ms`,
+//! late commits included, and a filter loaded from a snapshot catches up before it says "absent".
 
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use redis_module::{Context, RedisString};
 
-use crate::db::{pool, sql, DbErr};
-use crate::state::{self, SetDef};
-use crate::{config, filter_type, mainq};
+use crate::canon::Normalize;
+use crate::db::sql::{self, Changes};
+use crate::db::{pool, DbErr};
+use crate::filter_type::FilterValue;
+use crate::state;
+use crate::{config, filter_type, mainq, reply};
 
 /// Per-set sync progress, shown by MEMBER.INFO.
 #[derive(Debug, Default)]
 pub struct SyncState {
-    in_flight: bool,
-    next: Option<Instant>,
     pub last_ok: Option<Instant>,
     pub last_error: Option<String>,
     pub rows_applied: u64,
 }
 
-/// Starts a sync pass for every set that is due (or all of them, if `now_all`).
+/// The node's loop: at most one pass in flight, and what the last one cost.
+#[derive(Debug, Default)]
+pub struct Loop {
+    in_flight: bool,
+    /// A promotion asked for a pass while one (from the old epoch) was in flight.
+    again: bool,
+    next: Option<Instant>,
+    /// Sets registered, and sets with a watermark, when the last pass started.
+    registered: usize,
+    covered: BTreeSet<String>,
+    last_prune: Option<Instant>,
+    /// Sets whose tables do not feed the change log, as of the last pass.
+    pub blind: BTreeSet<String>,
+    /// Whether the first pass's verdict has been logged.
+    announced: bool,
+    pub passes: u64,
+    pub statements: u64,
+    pub rows: u64,
+    pub last_statements: u64,
+    pub last_rows: u64,
+}
+
+thread_local! {
+    static LOOP: RefCell<Loop> = RefCell::new(Loop::default());
+}
+
+/// The loop's state, for INFO. Main thread only.
+pub fn with_loop<R>(f: impl FnOnce(&Loop) -> R) -> R {
+    LOOP.with(|l| f(&l.borrow()))
+}
+
+/// How often one node prunes the change log (any node may; they serialize in the database).
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// A set taking part in a pass: its filter's watermark when the pass started.
+struct Member {
+    name: String,
+    /// The set's incarnation when the pass started: a set dropped (and maybe created
+    /// again) since gets nothing from this pass.
+    incarnation: u64,
+    from: i64,
+}
+
+/// Starts a pass over every set whose filter has a watermark, if one is due (or at once, if
+/// `now_all`: a promotion). Sends one statement (two when it also prunes), whatever the
+/// number of sets; none when no filter has a watermark.
 pub fn run(ctx: &Context, now_all: bool) {
-    let interval = config::sync_interval();
     let now = Instant::now();
-    let due: Vec<(SetDef, u64, RedisString)> = state::with(|r| {
+    let registered = state::with(|r| r.sets.len());
+    let on_time = LOOP.with(|l| {
+        let l = l.borrow();
+        if l.in_flight {
+            return None;
+        }
+        let on_time = now_all || l.next.is_none_or(|t| now >= t);
+        // A set learned since the last pass gets its first pass at once, not an interval later.
+        (on_time || registered != l.registered).then_some(on_time)
+    });
+    let Some(on_time) = on_time else {
+        if now_all {
+            LOOP.with(|l| l.borrow_mut().again = true);
+        }
+        return;
+    };
+    let sets: Vec<(String, u64, RedisString, Normalize)> = state::with(|r| {
         r.sets
-            .values_mut()
-            .filter(|s| !s.sync.in_flight && (now_all || s.sync.next.is_none_or(|t| now >= t)))
+            .values()
             .map(|s| {
-                s.sync.next = Some(now + interval);
-                (s.def.clone(), s.incarnation, s.filter_key.clone())
+                (
+                    s.def.name.clone(),
+                    s.incarnation,
+                    s.filter_key.clone(),
+                    s.def.normalize,
+                )
             })
             .collect()
     });
-    for (def, incarnation, key) in due {
-        // Only a filter with a watermark can be caught up; others wait for their rebuild or
-        // for a filter to arrive (by replication, say, after the set was learned from the
-        // catalog): looked at again at the next sweep, not an interval later.
-        let Some(Some(from)) = filter_type::with(ctx, &key, |f| f.cov.watermark) else {
-            state::with(|r| {
-                if let Some(s) = r.sets.get_mut(&def.name) {
-                    s.sync.next = None;
-                }
+    let mut members = Vec::new();
+    let mut norms = HashMap::new();
+    for (name, incarnation, key, norm) in sets {
+        // Only a filter with a watermark can be caught up; others wait for their rebuild.
+        if let Some(Some(from)) = filter_type::with(ctx, &key, |f| f.cov.watermark) {
+            norms.insert(name.clone(), norm);
+            members.push(Member {
+                name,
+                incarnation,
+                from,
             });
-            continue;
-        };
-        let name = def.name.clone();
-        state::with(|r| {
-            if let Some(s) = r.sets.get_mut(&name) {
-                s.sync.in_flight = true;
-                s.sync.next = Some(now + interval);
-            }
-        });
-        let epoch = state::with(|r| r.epoch);
-        let pass = Pass {
-            name,
-            incarnation,
-            epoch,
-            from,
-            result: Some(Err(DbErr::Unavailable("sync job dropped".into()))),
-        };
-        pool::run(move |db| {
-            let mut pass = pass;
-            pass.result = Some(sql::changes_since(db, &def, from));
-        });
+        }
     }
+    let news = LOOP.with(|l| {
+        let l = l.borrow();
+        members.iter().any(|m| !l.covered.contains(&m.name))
+    });
+    if members.is_empty() || !(on_time || news) {
+        // Nothing to catch up (yet): look again at the next sweep or interval.
+        if !members.is_empty() {
+            LOOP.with(|l| l.borrow_mut().registered = registered);
+        }
+        return;
+    }
+    LOOP.with(|l| {
+        let mut l = l.borrow_mut();
+        l.next = Some(now + config::sync_interval());
+        l.registered = registered;
+        l.covered = members.iter().map(|m| m.name.clone()).collect();
+    });
+    let Some(from) = members.iter().map(|m| m.from).min() else {
+        return;
+    };
+    let prune = LOOP.with(|l| {
+        let mut l = l.borrow_mut();
+        l.in_flight = true;
+        let due = l
+            .last_prune
+            .is_none_or(|t| now.duration_since(t) >= PRUNE_EVERY);
+        if due {
+            l.last_prune = Some(now);
+        }
+        due.then(config::change_retention_s)
+    });
+    let pass = Pass {
+        epoch: state::with(|r| r.epoch),
+        members,
+        result: Some(Err(DbErr::Unavailable("sync job dropped".into()))),
+    };
+    pool::run(move |db| {
+        let mut pass = pass;
+        pass.result = Some(sql::changes_since(db, from, &norms, prune));
+    });
 }
 
 /// One pass in flight. However it ends (done, or dropped unrun), its result goes back to the
 /// main thread exactly once.
 struct Pass {
-    name: String,
-    /// The set's incarnation when the pass started: a pass over a set dropped since is
-    /// discarded.
-    incarnation: u64,
     /// Promotion epoch when the pass started.
     epoch: u64,
-    from: i64,
-    result: Option<Result<(Vec<u128>, i64), DbErr>>,
+    members: Vec<Member>,
+    result: Option<Result<Changes, DbErr>>,
 }
 
 impl Drop for Pass {
     fn drop(&mut self) {
-        let (name, from, epoch) = (std::mem::take(&mut self.name), self.from, self.epoch);
-        let incarnation = self.incarnation;
+        let (epoch, members) = (self.epoch, std::mem::take(&mut self.members));
         let res = self
             .result
             .take()
             .unwrap_or(Err(DbErr::Unavailable("sync lost".into())));
-        mainq::post(Box::new(move |ctx| {
-            apply(ctx, &name, incarnation, epoch, from, res)
-        }));
+        mainq::post(Box::new(move |ctx| apply(ctx, epoch, members, res)));
     }
 }
 
-fn apply(
-    ctx: &Context,
-    name: &str,
-    incarnation: u64,
-    epoch: u64,
+/// How a pass left one filter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CatchUp {
+    /// Covers everything below the pass's horizon now; the value's identity when it is
+    /// complete (for the set to trust it, whatever its history: loaded, moved back, copied).
+    CaughtUp(Option<u64>),
+    /// A filter swapped in meanwhile covers less than the pass read from: its watermark
+    /// stays, the next pass reads from it.
+    Kept,
+    /// Rows it needs may have been pruned from the log: now incomplete (it gets rebuilt).
+    /// Reported once, when a complete filter turns incomplete.
+    Pruned,
+    /// Its table does not feed the change log: not trusted, incomplete (rebuilt, which
+    /// retries installing the triggers).
+    Blind,
+}
+
+/// The per-set step of a pass: adds `hashes` (its set's rows logged since `from`, the
+/// watermark the filter had when the pass started) and advances the watermark to `horizon`,
+/// if the pass covered everything the filter lacks. `floor` is the log's prune floor.
+pub fn catch_up(
+    f: &mut FilterValue,
+    hashes: &[u128],
     from: i64,
-    res: Result<(Vec<u128>, i64), DbErr>,
-) {
-    let key = state::with(|r| {
-        let s = r.sets.get_mut(name)?;
-        if s.incarnation != incarnation {
-            return None;
-        }
-        s.sync.in_flight = false;
-        match &res {
-            Ok((hashes, _)) => {
-                for h in hashes {
-                    s.journal(*h);
-                }
-                s.sync.rows_applied += hashes.len() as u64;
-                s.sync.last_ok = Some(Instant::now());
-                s.sync.last_error = None;
-            }
-            Err(e) => s.sync.last_error = Some(e.reply_text()),
-        }
-        Some(s.filter_key.clone())
-    });
-    let (Some(key), Ok((hashes, horizon))) = (key, res) else {
-        return;
+    horizon: i64,
+    floor: i64,
+    blind: bool,
+) -> CatchUp {
+    for h in hashes {
+        f.add(*h);
+    }
+    let Some(covered) = f.cov.watermark else {
+        return CatchUp::Kept;
     };
-    let caught = filter_type::with_mut(ctx, &key, |f| f.apply_sync(&hashes, from, horizon));
-    state::with(|r| {
-        if let Some(s) = r.sets.get_mut(name) {
-            s.filter_synced(caught.flatten(), !hashes.is_empty());
-        }
-        state::synced(r, name, epoch)
+    // The pass read everything from `from`: that covers this filter only if it did not need
+    // anything older (a rebuild may have swapped in a newer one, never mind an older one).
+    if covered < from {
+        return CatchUp::Kept;
+    }
+    if blind || covered < floor {
+        let was_complete = std::mem::replace(&mut f.cov.complete, false);
+        return match (blind, was_complete) {
+            (true, _) => CatchUp::Blind,
+            (false, true) => CatchUp::Pruned,
+            // Already waiting for its rebuild: said once.
+            (false, false) => CatchUp::Kept,
+        };
+    }
+    f.cov.watermark = Some(covered.max(horizon));
+    CatchUp::CaughtUp(f.cov.complete.then_some(f.id))
+}
+
+fn apply(ctx: &Context, epoch: u64, members: Vec<Member>, res: Result<Changes, DbErr>) {
+    let again = LOOP.with(|l| {
+        let mut l = l.borrow_mut();
+        l.in_flight = false;
+        std::mem::take(&mut l.again)
     });
+    if again {
+        // Promoted while the pass ran: the next sweep starts one in the new epoch.
+        LOOP.with(|l| l.borrow_mut().next = None);
+    }
+    let mut ch = match res {
+        Ok(ch) => ch,
+        Err(e) => {
+            let text = e.reply_text();
+            state::with(|r| {
+                for m in &members {
+                    if let Some(s) = r.sets.get_mut(&m.name) {
+                        s.sync.last_error = Some(text.clone());
+                    }
+                }
+            });
+            return;
+        }
+    };
+    let blind_tables: BTreeSet<&str> = ch.blind.iter().map(String::as_str).collect();
+    let mut rows = 0u64;
+    let mut newly_blind = Vec::new();
+    for m in &members {
+        let hashes = ch.rows.remove(&m.name).unwrap_or_default();
+        let blind = blind_tables.contains(sql::table(&m.name).as_str());
+        rows += hashes.len() as u64;
+        let key = state::with(|r| {
+            let s = r.sets.get_mut(&m.name)?;
+            if s.incarnation != m.incarnation {
+                return None;
+            }
+            for h in &hashes {
+                s.journal(*h);
+            }
+            s.sync.rows_applied += hashes.len() as u64;
+            s.sync.last_ok = Some(Instant::now());
+            s.sync.last_error = blind.then(|| sql::blind_reason(&m.name, "triggers missing"));
+            Some(s.filter_key.clone())
+        });
+        let Some(key) = key else {
+            continue;
+        };
+        let outcome = filter_type::with_mut(ctx, &key, |f| {
+            catch_up(f, &hashes, m.from, ch.horizon, ch.floor, blind)
+        });
+        // Trust follows the value the pass caught up; rows it added to any other value at
+        // the key mean the trusted one (elsewhere, if anywhere) missed them.
+        let caught = match outcome {
+            Some(CatchUp::CaughtUp(id)) => id,
+            _ => None,
+        };
+        state::with(|r| {
+            if let Some(s) = r.sets.get_mut(&m.name) {
+                s.filter_synced(caught, !hashes.is_empty());
+            }
+        });
+        match outcome {
+            Some(CatchUp::CaughtUp(_)) => state::with(|r| state::synced(r, &m.name, epoch)),
+            Some(CatchUp::Pruned) => reply::log(
+                ctx,
+                reply::Level::Warning,
+                &format!(
+                    "libmember: set '{}': the change log was pruned past its filter's \
+                     watermark (member.change-retention-s): rebuilding",
+                    m.name
+                ),
+            ),
+            _ => {}
+        }
+        let was_blind = LOOP.with(|l| l.borrow().blind.contains(&m.name));
+        if blind && !was_blind {
+            newly_blind.push(m.name.clone());
+        }
+        if !blind && was_blind {
+            reply::log(
+                ctx,
+                reply::Level::Notice,
+                &format!(
+                    "libmember: set '{}' feeds the change log again: sync horizon visible",
+                    m.name
+                ),
+            );
+        }
+    }
+    for name in &newly_blind {
+        reply::log(
+            ctx,
+            reply::Level::Warning,
+            &format!(
+                "libmember: set '{name}' is blind to outside writes (sync_horizon blind): {}",
+                sql::blind_reason(name, "triggers missing")
+            ),
+        );
+    }
+    let first = LOOP.with(|l| {
+        let mut l = l.borrow_mut();
+        for m in &members {
+            if blind_tables.contains(sql::table(&m.name).as_str()) {
+                l.blind.insert(m.name.clone());
+            } else {
+                l.blind.remove(&m.name);
+            }
+        }
+        l.passes += 1;
+        l.statements += ch.statements;
+        l.rows += rows;
+        l.last_statements = ch.statements;
+        l.last_rows = rows;
+        !std::mem::replace(&mut l.announced, true)
+    });
+    if first && newly_blind.is_empty() {
+        reply::log(
+            ctx,
+            reply::Level::Notice,
+            &format!(
+                "libmember: sync horizon visible: {} set(s) follow the change log by transaction \
+             id, whatever the database role",
+                members.len()
+            ),
+        );
+    }
 }
 
 /// Time since the last successful pass, for MEMBER.INFO.
 pub fn age(s: &SyncState) -> Option<Duration> {
     s.last_ok.map(|t| t.elapsed())
+}
+
+/// `visible` when `set` (or, for `None`, every set) feeds the change log, else `blind`.
+pub fn horizon(set: Option<&str>) -> &'static str {
+    let blind = with_loop(|l| match set {
+        Some(s) => l.blind.contains(s),
+        None => !l.blind.is_empty(),
+    });
+    if blind {
+        "blind"
+    } else {
+        "visible"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::filter::Bloom;
+
+    fn filter(watermark: i64) -> FilterValue {
+        FilterValue::built(Bloom::new(100, 0.01), watermark)
+    }
+
+    #[test]
+    fn a_pass_advances_a_filter_it_covers() {
+        let mut f = filter(100);
+        let id = f.id;
+        assert_eq!(
+            catch_up(&mut f, &[7], 100, 150, 0, false),
+            CatchUp::CaughtUp(Some(id))
+        );
+        assert_eq!(f.cov.watermark, Some(150));
+        assert!(f.trusted(Some(id)) && f.bloom.contains(7));
+        // A newer filter swapped in meanwhile keeps what it covers, or more.
+        let mut newer = filter(200);
+        let id = newer.id;
+        assert_eq!(
+            catch_up(&mut newer, &[], 100, 150, 0, false),
+            CatchUp::CaughtUp(Some(id))
+        );
+        assert_eq!(newer.cov.watermark, Some(200));
+    }
+
+    #[test]
+    fn a_pass_does_not_advance_an_older_filter() {
+        let mut f = filter(50);
+        assert_eq!(catch_up(&mut f, &[7], 100, 150, 0, false), CatchUp::Kept);
+        assert_eq!(f.cov.watermark, Some(50));
+    }
+
+    #[test]
+    fn pruned_or_blind_filters_become_incomplete() {
+        let mut f = filter(100);
+        let id = f.id;
+        assert_eq!(catch_up(&mut f, &[], 100, 150, 120, false), CatchUp::Pruned);
+        assert!(!f.cov.complete && !f.trusted(Some(id)));
+        assert_eq!(catch_up(&mut f, &[], 100, 150, 120, false), CatchUp::Kept);
+        assert_eq!(f.cov.watermark, Some(100));
+        let mut f = filter(100);
+        let id = f.id;
+        assert_eq!(catch_up(&mut f, &[], 100, 150, 0, true), CatchUp::Blind);
+        assert!(!f.cov.complete && !f.trusted(Some(id)));
+    }
 }

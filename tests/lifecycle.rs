@@ -860,8 +860,8 @@ fn outside_writes_reach_the_filter() {
     let mut late = env.pg();
     late.batch_execute("BEGIN; INSERT INTO member_s (entity_id) VALUES ('late')")
         .unwrap();
-    let started_us: i64 = late
-        .query_one("SELECT (EXTRACT(EPOCH FROM now()) * 1000000)::int8", &[])
+    let late_xid: i64 = late
+        .query_one("SELECT pg_current_xact_id()::text::int8", &[])
         .unwrap()
         .get(0);
     let applied_before: u64 = set_info(&mut c, "s", "sync_rows_applied")
@@ -878,13 +878,13 @@ fn outside_writes_reach_the_filter() {
         age < 1000,
         "the sync loop is not running: sync_age_ms {age}"
     );
-    let watermark: i64 = set_info(&mut c, "s", "sync_watermark_us")
+    let watermark: i64 = set_info(&mut c, "s", "sync_watermark_xid")
         .unwrap()
         .parse()
         .unwrap();
     assert!(
-        watermark <= started_us,
-        "the watermark {watermark} passed the start {started_us} of a transaction still open"
+        watermark <= late_xid,
+        "the watermark {watermark} passed the id {late_xid} of a transaction still open"
     );
     late.batch_execute("COMMIT").unwrap();
     let (ok, last) = answered(&mut c, "late");

@@ -164,6 +164,15 @@ fn catalog_done(ctx: &Context, id: u64, res: Result<CatalogRow, DbErr>) {
     let row = match res {
         Ok(row) => row,
         Err(e) => {
+            // A set table the module may not attach the change log to is refused loudly: it
+            // could not keep its sync bound (docs/sync.md).
+            if e.reply_text().contains("change-log triggers") {
+                crate::reply::log(
+                    ctx,
+                    crate::reply::Level::Warning,
+                    &format!("libmember: MEMBER.CREATE refused: {}", e.reply_text()),
+                );
+            }
             if let Some(w) = waiter {
                 w.finish(Box::new(Answer(Err(e.reply_text()))));
             }

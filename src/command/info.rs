@@ -65,7 +65,7 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
                     ((trusted == Some(v.id)) as u8).to_string(),
                 ),
                 (
-                    "sync_watermark_us",
+                    "sync_watermark_xid",
                     v.cov.watermark.map(|w| w.to_string()).unwrap_or_default(),
                 ),
                 ("filter_bits", b.bits().to_string()),
@@ -131,6 +131,7 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
                     .unwrap_or_else(|| "never".into()),
             ));
             out.push(("sync_rows_applied", s.sync.rows_applied.to_string()));
+            out.push(("sync_horizon", crate::sync::horizon(Some(name)).into()));
             if let Some(e) = &s.sync.last_error {
                 out.push(("sync_last_error", e.clone()));
             }
@@ -179,7 +180,18 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
             .sum();
         (r.sets.len(), r.catalog.loaded, v, journaled)
     });
-    let fields: Vec<(&str, String)> = metrics::global(|m| {
+    let sync = crate::sync::with_loop(|l| {
+        [
+            ("sync_horizon", crate::sync::horizon(None).to_string()),
+            ("sync_blind_sets", l.blind.len().to_string()),
+            ("sync_passes", l.passes.to_string()),
+            ("sync_statements", l.statements.to_string()),
+            ("sync_rows_applied", l.rows.to_string()),
+            ("sync_statements_per_pass", l.last_statements.to_string()),
+            ("sync_rows_per_pass", l.last_rows.to_string()),
+        ]
+    });
+    let mut fields: Vec<(&str, String)> = metrics::global(|m| {
         let c = &m.paths;
         vec![
             ("sets", sets.to_string()),
@@ -251,6 +263,7 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
             ("rebuilds_failed", m.rebuilds_failed.to_string()),
         ]
     });
+    fields.extend(sync);
     let mut b = ctx.builder().add_section("");
     for (k, v) in fields {
         b = match b.field(k, v) {

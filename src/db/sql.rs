@@ -47,33 +47,124 @@ const ACTIVE: &str = "status = 1 AND (expires_at IS NULL OR expires_at > now())"
 /// `ACTIVE` for a table aliased `m` (prefix the first column with `m.`).
 const ACTIVE_M: &str = "status = 1 AND (m.expires_at IS NULL OR m.expires_at > now())";
 
-/// The sync horizon, in microseconds since the epoch: the start of the oldest transaction
-/// still open in this database (its rows, defaulting `updated_at` to its start, may commit
-/// later), or now. Every row committed later has `updated_at` at or after it — as long as
-/// writers let `updated_at` default to `now()`. Seeing other roles' transactions needs
-/// superuser or `pg_read_all_stats`.
-///
-/// It must be read *before* the snapshot the rows are read in is taken: a transaction that
-/// commits between a snapshot and a later look at `pg_stat_activity` would be in neither.
-const HORIZON: &str = "SELECT (EXTRACT(EPOCH FROM least(now(), coalesce(
-        (SELECT min(xact_start) FROM pg_stat_activity
-          WHERE xact_start IS NOT NULL AND pid <> pg_backend_pid()
-            AND backend_type = 'client backend' AND datname = current_database()),
-        now()))) * 1000000)::int8";
+/// The change log every set table feeds (docs/sync.md): one row per row inserted, updated or
+/// deleted (`alive` when it was left with `status = 1`), stamped with its writer's transaction
+/// id and a sequence number that orders the changes of one key (writers of the same row
+/// serialize on its lock, so the later writer draws the larger number). The trigger function is
+/// `SECURITY DEFINER` (owned by the module's role, with the log's schema written into its body
+/// and a fixed `search_path`), so outside writer roles need no grant on the log. The one-row
+/// floor table records what pruning removed (see `prune`). Idempotent; run under the advisory
+/// lock with the catalog's DDL.
+const CHANGE_LOG_DDL: &str = r#"CREATE TABLE IF NOT EXISTS member_changes (
+    set_name text NOT NULL,
+    entity_id text NOT NULL,
+    scope text NOT NULL,
+    alive boolean NOT NULL,
+    xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    seq bigint GENERATED ALWAYS AS IDENTITY,
+    at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS member_changes_xid ON member_changes (xid);
+CREATE TABLE IF NOT EXISTS member_changes_floor (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    floor xid8 NOT NULL,
+    candidate xid8 NOT NULL,
+    candidate_at timestamptz NOT NULL
+);
+INSERT INTO member_changes_floor (floor, candidate, candidate_at)
+    SELECT '0', pg_snapshot_xmin(pg_current_snapshot()), now()
+    ON CONFLICT DO NOTHING;
+DO $do$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_proc WHERE proname = 'member_log_change'
+                   AND pronamespace = current_schema()::regnamespace
+                   AND prosrc LIKE '%member_changes v1%') THEN
+    EXECUTE format($f$CREATE OR REPLACE FUNCTION member_log_change() RETURNS trigger
+      LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $b$
+      BEGIN -- member_changes v1: every row written or deleted, alive when status = 1
+        IF TG_OP = 'DELETE' THEN
+          INSERT INTO %1$I.member_changes (set_name, entity_id, scope, alive)
+            SELECT TG_ARGV[0], entity_id, scope, false FROM old_rows;
+        ELSE
+          INSERT INTO %1$I.member_changes (set_name, entity_id, scope, alive)
+            SELECT TG_ARGV[0], entity_id, scope, status = 1 FROM new_rows;
+        END IF;
+        RETURN NULL;
+      END $b$$f$, current_schema());
+  END IF;
+END $do$"#;
+
+/// Names of the three statement triggers that feed the change log from a set table.
+const LOG_TRIGGERS: [&str; 3] = ["member_log_ins", "member_log_upd", "member_log_del"];
+
+/// Installs the change-log triggers (INSERT, UPDATE, DELETE) on a set's table where missing, and enables them where
+/// disabled (no lock, no privilege needed when they are there and enabled). When the module's
+/// role may not, fails with SQLSTATE 42501 and the `blind_reason` text, which names what to grant.
+fn log_triggers_ddl(set: &str) -> String {
+    guarded_ddl(set, "")
+}
+
+/// `log_triggers_ddl` after the statements `before` (the set table's own DDL), all refused
+/// with the same text when the module's role lacks the privilege.
+fn guarded_ddl(set: &str, before: &str) -> String {
+    let t = table(set);
+    let ensure = |name: &str, event: &str| {
+        let rows = if event == "DELETE" {
+            "OLD TABLE AS old_rows"
+        } else {
+            "NEW TABLE AS new_rows"
+        };
+        format!(
+            "IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = '{t}'::regclass AND tgname = '{name}') THEN
+               CREATE TRIGGER {name} AFTER {event} ON {t} REFERENCING {rows}
+                 FOR EACH STATEMENT EXECUTE FUNCTION member_log_change('{set}');
+             ELSIF EXISTS (SELECT FROM pg_trigger WHERE tgrelid = '{t}'::regclass AND tgname = '{name}'
+                             AND tgenabled = 'D') THEN
+               ALTER TABLE {t} ENABLE TRIGGER {name};
+             END IF;"
+        )
+    };
+    format!(
+        "DO $do$ BEGIN
+           {before}
+           {ins}
+           {upd}
+           {del}
+         EXCEPTION WHEN insufficient_privilege THEN
+           RAISE EXCEPTION '{msg}', SQLERRM USING ERRCODE = 'insufficient_privilege';
+         END $do$",
+        ins = ensure(LOG_TRIGGERS[0], "INSERT"),
+        upd = ensure(LOG_TRIGGERS[1], "UPDATE"),
+        del = ensure(LOG_TRIGGERS[2], "DELETE"),
+        msg = blind_reason(set, "%").replace('\'', "''"),
+    )
+}
+
+/// Why a set is blind to outside writes, naming what to grant; `why` is the database's word.
+pub fn blind_reason(set: &str, why: &str) -> String {
+    format!(
+        "cannot install the change-log triggers on {t} ({why}): the module's database role \
+         must own {t} (or hold TRIGGER on it); until then rows written outside the module \
+         cannot be seen and the set's filter never answers absent",
+        t = table(set)
+    )
+}
 
 fn set_ddl(set: &str) -> String {
     let t = table(set);
-    format!(
-        "CREATE TABLE IF NOT EXISTS {t} (
-            entity_id text NOT NULL,
-            scope text NOT NULL DEFAULT '',
-            status smallint NOT NULL DEFAULT 1,
-            created_at timestamptz NOT NULL DEFAULT now(),
-            updated_at timestamptz NOT NULL DEFAULT now(),
-            expires_at timestamptz,
-            PRIMARY KEY (entity_id, scope)
-        );
-        CREATE INDEX IF NOT EXISTS {t}_updated_at ON {t} (updated_at);"
+    guarded_ddl(
+        set,
+        &format!(
+            "CREATE TABLE IF NOT EXISTS {t} (
+                entity_id text NOT NULL,
+                scope text NOT NULL DEFAULT '',
+                status smallint NOT NULL DEFAULT 1,
+                created_at timestamptz NOT NULL DEFAULT now(),
+                updated_at timestamptz NOT NULL DEFAULT now(),
+                expires_at timestamptz,
+                PRIMARY KEY (entity_id, scope)
+            );
+            CREATE INDEX IF NOT EXISTS {t}_updated_at ON {t} (updated_at);"
+        ),
     )
 }
 
@@ -117,6 +208,7 @@ pub fn load_catalog(db: &mut Db) -> Result<(i64, Vec<CatalogRow>), DbErr> {
         let mut tx = c.transaction()?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
         tx.batch_execute(CATALOG_DDL)?;
+        tx.batch_execute(CHANGE_LOG_DDL)?;
         tx.commit()
     })?;
     // Versions start at 0: -1 is never current, so this reads everything.
@@ -173,6 +265,7 @@ pub fn create_set(db: &mut Db, wanted: &SetDef, explicit: &[bool; 5]) -> Result<
         let mut tx = c.transaction()?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
         tx.batch_execute(CATALOG_DDL)?;
+        tx.batch_execute(CHANGE_LOG_DDL)?;
         let existing = tx.query_opt(
             &format!(
                 "SELECT {} FROM member_catalog a WHERE name = $1",
@@ -330,7 +423,7 @@ pub fn del(db: &mut Db, set: &str, entity: &str, scope: &str) -> Result<bool, Db
 pub struct Built {
     pub bloom: Bloom,
     pub rows: u64,
-    /// Sync watermark of the build (see `HORIZON`).
+    /// Sync watermark of the build: the xmin of the COPY's snapshot (docs/sync.md).
     pub watermark: i64,
 }
 
@@ -354,14 +447,20 @@ pub fn build_filter(
     let max_bytes = crate::config::max_filter_bytes();
     crate::filter::check_size(def.capacity, def.error_rate, max_bytes)
         .map_err(|e| DbErr::Invalid(e.to_string()))?;
-    // The horizon first, in its own statement; then the snapshot the COPY reads.
-    let watermark: i64 = c.query_one(HORIZON, &[]).map_err(tx_error)?.get(0);
+    // Rows written from now on must reach the change log, or this filter could never be
+    // caught up: install the triggers (if missing) before the snapshot is taken.
+    c.batch_execute(&log_triggers_ddl(&def.name))
+        .map_err(tx_error)?;
     let mut tx = c
         .build_transaction()
         .isolation_level(postgres::IsolationLevel::RepeatableRead)
         .read_only(true)
         .start()
         .map_err(tx_error)?;
+    // The first statement takes the snapshot the COPY reads; its xmin is the watermark: every
+    // transaction below it had ended (its rows are in the COPY), every later commit is at or
+    // above it (and reaches the filter through the change log).
+    let watermark: i64 = tx.query_one(XMIN, &[]).map_err(tx_error)?.get(0);
     let est: f32 = tx
         .query_one(
             "SELECT coalesce((SELECT reltuples FROM pg_class WHERE oid = to_regclass($1)), 0)",
@@ -413,33 +512,113 @@ pub fn build_filter(
     })
 }
 
-/// Rows that became active members since `watermark` (inclusive), canonicalized, and the new
-/// watermark: the sync loop's one query. Catches writes made outside the module.
-pub fn changes_since(db: &mut Db, def: &SetDef, watermark: i64) -> Result<(Vec<u128>, i64), DbErr> {
-    // The watermark is written into the text (it is an integer), not bound: the workers'
-    // connections keep generic plans, and a generic plan for "updated_at >= $1" cannot know
-    // that the range is the last second of a large table. Planned once per pass instead.
+/// The xmin of the statement's snapshot, as an integer: every transaction with a smaller id
+/// had ended when the snapshot was taken.
+const XMIN: &str = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8";
+
+/// What one sync pass read (docs/sync.md), all in one snapshot.
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// The snapshot's xmin: the filters read from their watermark now cover everything below.
+    pub horizon: i64,
+    /// Rows with a transaction id below this may have been pruned from the log.
+    pub floor: i64,
+    /// Set tables that do not feed the change log (triggers missing or disabled).
+    pub blind: Vec<String>,
+    /// Canonical hashes of the rows logged since the pass's start, per set.
+    pub rows: HashMap<String, Vec<u128>>,
+    /// Statements this pass sent.
+    pub statements: u64,
+}
+
+/// The sync loop's one statement for every set: the horizon, the prune floor, the set tables
+/// that are blind, and every key whose latest change logged by transactions with id ≥ `from`
+/// left it active, in one snapshot (a key added and deleted since is not applied again). Rows of sets not in `sets` (unknown here) are skipped; `sets` gives each known
+/// set's normalization. If `prune_after_s` is given, also prunes the log (`prune`).
+pub fn changes_since(
+    db: &mut Db,
+    from: i64,
+    sets: &HashMap<String, Normalize>,
+    prune_after_s: Option<u64>,
+) -> Result<Changes, DbErr> {
+    // `from` is written into the text (it is an integer), not bound: the workers' connections
+    // keep generic plans, and a generic plan for "xid >= $1" cannot know that the range is the
+    // last second of a large log. Planned once per pass instead.
     let sql = format!(
-        "SELECT entity_id, scope FROM {t}
-          WHERE updated_at >= 'epoch'::timestamptz + {watermark}::int8 * interval '1 microsecond'
-            AND {ACTIVE}",
-        t = table(&def.name)
+        r"SELECT h.horizon, h.floor, h.blind, c.set_name, c.entity_id, c.scope
+            FROM (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8 AS horizon,
+                         (SELECT floor::text::int8 FROM member_changes_floor) AS floor,
+                         (SELECT coalesce(array_agg(t.relname::text), '{{}}') FROM pg_class t
+                           WHERE t.relkind = 'r' AND t.relname LIKE 'member\_%'
+                             AND t.relname NOT IN ('member_catalog', 'member_changes',
+                                                   'member_changes_floor')
+                             AND t.relnamespace = current_schema()::regnamespace
+                             AND (SELECT count(*) FROM pg_trigger g
+                                   WHERE g.tgrelid = t.oid AND g.tgenabled <> 'D'
+                                     AND g.tgname IN ('{ins}', '{upd}', '{del}')) < 3) AS blind) h
+            LEFT JOIN (SELECT DISTINCT ON (set_name, entity_id, scope) set_name, entity_id,
+                              scope, alive
+                         FROM member_changes WHERE xid >= '{from}'::xid8
+                        ORDER BY set_name, entity_id, scope, seq DESC) c ON c.alive",
+        ins = LOG_TRIGGERS[0],
+        upd = LOG_TRIGGERS[1],
+        del = LOG_TRIGGERS[2],
+        from = from.max(0)
     );
-    db.run(|c, _| {
-        // Two autocommit statements, horizon first: the rows query takes a newer snapshot.
-        let horizon: i64 = c.query_one(HORIZON, &[])?.get(0);
+    let mut out = db.run(|c, _| {
         let rows = c.query(sql.as_str(), &[])?;
-        let hashes = rows
-            .iter()
-            .filter_map(|r| {
-                let entity: &str = r.get(0);
-                let scope: &str = r.get(1);
-                canon::canonicalize(def.normalize, entity.as_bytes(), scope.as_bytes())
-                    .ok()
-                    .map(|c| c.hash)
-            })
-            .collect();
-        Ok((hashes, horizon))
+        let mut out = Changes {
+            statements: 1,
+            ..Changes::default()
+        };
+        for (i, r) in rows.iter().enumerate() {
+            if i == 0 {
+                out.horizon = r.get(0);
+                out.floor = r.get::<_, Option<i64>>(1).unwrap_or(0);
+                out.blind = r.get(2);
+            }
+            let Some(set) = r.get::<_, Option<&str>>(3) else {
+                continue;
+            };
+            let Some(&norm) = sets.get(set) else {
+                continue;
+            };
+            let entity: &str = r.get(4);
+            let scope: &str = r.get(5);
+            if let Ok(k) = canon::canonicalize(norm, entity.as_bytes(), scope.as_bytes()) {
+                out.rows.entry(set.to_string()).or_default().push(k.hash);
+            }
+        }
+        Ok(out)
+    })?;
+    if let Some(after) = prune_after_s {
+        // A failed prune costs nothing but disk; the pass's reading stands.
+        if prune(db, after).is_ok() {
+            out.statements += 1;
+        }
+    }
+    Ok(out)
+}
+
+/// Drops the change log's old rows, by transaction id (docs/sync.md, "Retention"): once the
+/// xmin `candidate` recorded in `member_changes_floor` is older than `after_s`, every row
+/// below it is deleted (all those transactions had ended when it was recorded, so no late
+/// commit can land there), `floor` becomes it, and the current xmin is the next candidate.
+/// One statement; concurrent callers serialize on the floor row and only one prunes.
+pub fn prune(db: &mut Db, after_s: u64) -> Result<u64, DbErr> {
+    let sql = format!(
+        "WITH f AS (SELECT candidate FROM member_changes_floor
+                     WHERE candidate_at < now() - interval '{after_s} seconds' FOR UPDATE),
+              d AS (DELETE FROM member_changes WHERE xid < (SELECT candidate FROM f) RETURNING 1)
+         UPDATE member_changes_floor SET floor = greatest(floor, f.candidate),
+                candidate = pg_snapshot_xmin(pg_current_snapshot()), candidate_at = now()
+           FROM f
+         RETURNING (SELECT count(*) FROM d)"
+    );
+    db.run_once(|c, _| {
+        Ok(c.query_opt(sql.as_str(), &[])?
+            .map(|r| r.get::<_, i64>(0) as u64)
+            .unwrap_or(0))
     })
 }
 

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use redis::{Connection, Value};
 
-use super::{fresh_db, start_with, wait_until, TestDb, Valkey};
+use super::{
+    fresh_db, fresh_db_owned_by_module_role, start_with, wait_until, TestDb, Valkey, MODULE_ROLE,
+};
 
 /// A fresh database and a Valkey with the module pointed at it, catalog loaded.
 pub struct Env {
@@ -19,8 +21,18 @@ impl Env {
     }
 
     pub fn with(extra: &[(&str, &str)]) -> Env {
-        let db = fresh_db();
-        let vk = start_with(&db.url(), extra);
+        Env::start(fresh_db(), None, extra)
+    }
+
+    /// An `Env` whose module connects as the least-privilege [`MODULE_ROLE`] (owner of the
+    /// database, not superuser, not in `pg_read_all_stats`) instead of the superuser.
+    pub fn least_privilege(extra: &[(&str, &str)]) -> Env {
+        Env::start(fresh_db_owned_by_module_role(), Some(MODULE_ROLE), extra)
+    }
+
+    fn start(db: TestDb, role: Option<&str>, extra: &[(&str, &str)]) -> Env {
+        let url = role.map_or_else(|| db.url(), |r| db.url_as(r));
+        let vk = start_with(&url, extra);
         let mut c = vk.conn();
         assert!(
             wait_until(Duration::from_secs(20), || info_field(

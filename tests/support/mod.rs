@@ -312,8 +312,12 @@ impl Cluster {
     }
 
     fn url(&self, dbname: &str) -> String {
+        self.url_as(dbname, "postgres")
+    }
+
+    fn url_as(&self, dbname: &str, user: &str) -> String {
         format!(
-            "host=127.0.0.1 port={} user=postgres dbname={dbname}",
+            "host=127.0.0.1 port={} user={user} dbname={dbname}",
             self.port
         )
     }
@@ -399,20 +403,53 @@ impl Pg {
 
     /// Creates a new empty database and returns its name.
     pub fn create_db(&self) -> String {
+        self.admin_sql(|name| format!("CREATE DATABASE {name}"))
+    }
+
+    /// Creates a new empty database owned by `owner` (so that role may create tables in its
+    /// `public` schema, as PostgreSQL 15 allows only the owner by default).
+    pub fn create_db_owned_by(&self, owner: &str) -> String {
+        self.admin_sql(|name| format!("CREATE DATABASE {name} OWNER {owner}"))
+    }
+
+    /// Runs the admin statement `sql(name)` for a new database name; returns the name.
+    fn admin_sql(&self, sql: impl FnOnce(&str) -> String) -> String {
         let name = format!("t_{}", unique());
-        // Serialized: one admin session creates every database.
+        // Serialized: one admin session creates every database (and the roles).
         let mut guard = self.admin.lock().unwrap_or_else(|e| e.into_inner());
         if guard.as_ref().is_none_or(|c| c.is_closed()) {
             *guard = Some(self.cluster.client("postgres"));
         }
-        guard
-            .as_mut()
-            .unwrap()
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .unwrap_or_else(|e| panic!("CREATE DATABASE {name}: {e}"));
+        // The test roles exist in every cluster (roles are cluster-wide). A separate call:
+        // CREATE DATABASE refuses to run in the implicit transaction of a multi-statement batch.
+        let roles = format!(
+            "DO $$ BEGIN
+               IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{MODULE_ROLE}') THEN
+                 CREATE ROLE {MODULE_ROLE} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE;
+               END IF;
+               IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{APP_ROLE}') THEN
+                 CREATE ROLE {APP_ROLE} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE;
+               END IF;
+             END $$"
+        );
+        let sql = sql(&name);
+        let admin = guard.as_mut().unwrap();
+        admin
+            .batch_execute(&roles)
+            .unwrap_or_else(|e| panic!("{roles}: {e}"));
+        admin
+            .batch_execute(&sql)
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
         name
     }
 }
+
+/// A least-privilege role for the module: it may log in and owns its test database (so it
+/// owns the tables it creates), but it is neither superuser nor a member of
+/// `pg_read_all_stats`: it cannot see other roles' sessions in `pg_stat_activity`.
+pub const MODULE_ROLE: &str = "member_mod";
+/// An application role that writes rows into a set's table from outside the module.
+pub const APP_ROLE: &str = "member_app";
 
 static SHARED_PG: Mutex<Option<(u32, PathBuf)>> = Mutex::new(None);
 
@@ -448,14 +485,35 @@ pub fn fresh_db() -> TestDb {
     }
 }
 
+/// `fresh_db`, owned by [`MODULE_ROLE`] (created with [`APP_ROLE`] if missing).
+pub fn fresh_db_owned_by_module_role() -> TestDb {
+    TestDb {
+        name: Pg::get().create_db_owned_by(MODULE_ROLE),
+    }
+}
+
 impl TestDb {
-    /// libpq key=value connection string.
+    /// libpq key=value connection string (as the superuser `postgres`).
     pub fn url(&self) -> String {
         Pg::get().url(&self.name)
     }
 
+    /// libpq key=value connection string as `user`.
+    pub fn url_as(&self, user: &str) -> String {
+        Pg::get().cluster.url_as(&self.name, user)
+    }
+
+    /// A session as the superuser `postgres`.
     pub fn client(&self) -> postgres::Client {
         Pg::get().client(&self.name)
+    }
+
+    /// A session as `user`.
+    pub fn client_as(&self, user: &str) -> postgres::Client {
+        let mut cfg: postgres::Config = self.url_as(user).parse().unwrap();
+        cfg.connect_timeout(Duration::from_secs(5));
+        cfg.connect(postgres::NoTls)
+            .unwrap_or_else(|e| panic!("connect as {user}: {e}"))
     }
 }
 

@@ -8,8 +8,8 @@ use std::sync::OnceLock;
 pub const SLOTS: usize = 16384;
 
 /// CRC16-XMODEM (polynomial 0x1021, initial value 0, no reflection, no final XOR), one byte at
-/// a time: `TABLE[b]` is the CRC of the single byte `b`.
-const TABLE: [u16; 256] = {
+/// a time: entry `b` is the CRC of the single byte `b`. `member_keyslot()` in SQL carries it too.
+pub const CRC16_TABLE: [u16; 256] = {
     let mut t = [0u16; 256];
     let mut i = 0;
     while i < 256 {
@@ -32,7 +32,7 @@ const TABLE: [u16; 256] = {
 /// CRC16-XMODEM of `bytes`: the checksum the cluster's key slot is taken from.
 pub fn crc16(bytes: &[u8]) -> u16 {
     bytes.iter().fold(0u16, |crc, &b| {
-        (crc << 8) ^ TABLE[((crc >> 8) as u8 ^ b) as usize]
+        (crc << 8) ^ CRC16_TABLE[((crc >> 8) as u8 ^ b) as usize]
     })
 }
 

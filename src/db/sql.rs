@@ -63,6 +63,7 @@ const HORIZON: &str = "SELECT (EXTRACT(EPOCH FROM least(now(), coalesce(
 
 fn set_ddl(set: &str) -> String {
     let t = table(set);
+    let slot = super::keyslot::SLOT_COLUMN;
     format!(
         "CREATE TABLE IF NOT EXISTS {t} (
             entity_id text NOT NULL,
@@ -71,6 +72,7 @@ fn set_ddl(set: &str) -> String {
             created_at timestamptz NOT NULL DEFAULT now(),
             updated_at timestamptz NOT NULL DEFAULT now(),
             expires_at timestamptz,
+            {slot},
             PRIMARY KEY (entity_id, scope)
         );
         CREATE INDEX IF NOT EXISTS {t}_updated_at ON {t} (updated_at);"
@@ -117,6 +119,7 @@ pub fn load_catalog(db: &mut Db) -> Result<(i64, Vec<CatalogRow>), DbErr> {
         let mut tx = c.transaction()?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
         tx.batch_execute(CATALOG_DDL)?;
+        super::keyslot::install_function(&mut tx)?;
         tx.commit()
     })?;
     // Versions start at 0: -1 is never current, so this reads everything.
@@ -173,6 +176,7 @@ pub fn create_set(db: &mut Db, wanted: &SetDef, explicit: &[bool; 5]) -> Result<
         let mut tx = c.transaction()?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
         tx.batch_execute(CATALOG_DDL)?;
+        super::keyslot::install_function(&mut tx)?;
         let existing = tx.query_opt(
             &format!(
                 "SELECT {} FROM member_catalog a WHERE name = $1",

@@ -1,6 +1,7 @@
 //! Issue 8, step 3: one key slot everywhere. `member_keyslot()` in PostgreSQL, `CLUSTER KEYSLOT`
 //! on a real cluster node and the module's Rust `keyslot()` agree on thousands of random items;
-//! set tables carry a generated `slot` column that outside writers fill without knowing it.
+//! set tables carry a generated `slot` column that outside writers fill without knowing it;
+//! in cluster mode the exact-match keys live in the slot of their item.
 mod support;
 
 #[allow(dead_code)]
@@ -295,4 +296,96 @@ fn an_older_table_gets_its_slot_column_when_the_module_meets_it() {
         .query(&mut c)
         .unwrap();
     assert_eq!(n, 502);
+}
+
+/// The exact-match key of an unscoped item of a `NORMALIZE none` set, in cluster form.
+fn cluster_cache_key(set: &str, item: &str) -> Vec<u8> {
+    let tag = slot::tag_for_slot(slot::keyslot(item.as_bytes()));
+    format!("member:{{{tag}}}:{set}:hit:{item}\0").into_bytes()
+}
+
+fn exists_key(c: &mut Connection, key: &[u8]) -> bool {
+    redis::cmd("EXISTS").arg(key).query::<i64>(c).unwrap() == 1
+}
+
+#[test]
+fn cache_entries_live_in_the_slot_of_their_item() {
+    let cl = Cluster::shared();
+    let set = "ks_cache";
+    cl.create_everywhere(set);
+    let mut items: Vec<String> = ["alice", "{user1000}.following", "}{", "{}", "é中", "{a}{b}"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    items.extend((0..24).map(|i| format!("item-{i}")));
+    let mut nodes_used = std::collections::HashSet::new();
+    for item in &items {
+        let slot = cl.keyslot(item);
+        let owner = cl.owner(slot);
+        nodes_used.insert(owner.port());
+        let mut c = owner.conn();
+        wait_built(&mut c, set);
+        assert_eq!(int(&mut c, &["MEMBER.ADD", set, item]), 1, "{item:?}");
+        // The database answers, then fills the cache on this node.
+        assert_eq!(
+            explain(&mut c, set, item),
+            (1, "db-hit".to_string()),
+            "{item:?}"
+        );
+        let key = cluster_cache_key(set, item);
+        assert!(
+            exists_key(&mut c, &key),
+            "no cache key for {item:?} on its owner"
+        );
+        let key_slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&key)
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(key_slot, slot, "{item:?}");
+        // A key the node owns: CLUSTER COUNTKEYSINSLOT sees it there.
+        let in_slot: i64 = redis::cmd("CLUSTER")
+            .arg("COUNTKEYSINSLOT")
+            .arg(slot)
+            .query(&mut c)
+            .unwrap();
+        assert!(in_slot >= 1, "{item:?}");
+        // The module reads the same name it wrote.
+        assert_eq!(explain(&mut c, set, item), (1, "cache-hit".to_string()));
+        // DEL drops it (the invalidation names the same key); half the items stay cached.
+        if item.len() % 2 == 0 {
+            assert_eq!(int(&mut c, &["MEMBER.DEL", set, item]), 1);
+            assert!(!exists_key(&mut c, &key), "{item:?} still cached after DEL");
+            assert_eq!(explain(&mut c, set, item).0, 0);
+        }
+    }
+    assert_eq!(nodes_used.len(), 3, "the items should reach every primary");
+    // Every cache key of the set on each primary is in a slot that primary owns.
+    let mut seen = 0;
+    for p in cl.primaries() {
+        let mut c = p.conn();
+        let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+            .arg(format!("member:{{*}}:{set}:hit:*"))
+            .query(&mut c)
+            .unwrap();
+        for k in keys {
+            let s: u16 = redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(&k)
+                .query(&mut c)
+                .unwrap();
+            assert_eq!(cl.owner(s).port(), p.port());
+            seen += 1;
+        }
+    }
+    let kept = items.iter().filter(|i| i.len() % 2 == 1).count();
+    assert_eq!(seen, kept);
+    // The standalone names are not used in a cluster.
+    for p in cl.primaries() {
+        let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+            .arg(format!("member:{set}:hit:*"))
+            .query(&mut p.conn())
+            .unwrap();
+        assert!(keys.is_empty(), "{keys:?}");
+    }
 }

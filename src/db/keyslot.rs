@@ -69,12 +69,25 @@ pub fn install_function(tx: &mut Transaction) -> Result<(), postgres::Error> {
 pub const SLOT_COLUMN: &str =
     "slot smallint GENERATED ALWAYS AS (member_keyslot(entity_id)) STORED";
 
-fn slot_ddl(set: &str) -> String {
-    let t = table(set);
-    format!(
-        "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {SLOT_COLUMN};
-         CREATE INDEX IF NOT EXISTS {t}_slot ON {t} (slot);"
-    )
+/// What a set table lacks of its slot column and index; nothing when the table is absent
+/// (the rebuild reports that).
+struct Missing {
+    column: bool,
+    index: bool,
+}
+
+fn missing(c: &mut impl postgres::GenericClient, t: &str) -> Result<Missing, postgres::Error> {
+    let row = c.query_one(
+        "SELECT to_regclass($1) IS NOT NULL AND NOT EXISTS (
+                    SELECT FROM pg_attribute WHERE attrelid = to_regclass($1)
+                       AND attname = 'slot' AND NOT attisdropped),
+                to_regclass($1) IS NOT NULL AND to_regclass($1 || '_slot') IS NULL",
+        &[&t],
+    )?;
+    Ok(Missing {
+        column: row.get(0),
+        index: row.get(1),
+    })
 }
 
 /// Gives a set table its `slot` column and index where either is missing: tables created
@@ -82,33 +95,38 @@ fn slot_ddl(set: &str) -> String {
 /// table, before a rebuild reads it, on the rebuild's connection (no statement timeout).
 ///
 /// A table that has both costs one catalog query and takes no lock. Adding the column rewrites
-/// the table under an ACCESS EXCLUSIVE lock (writers and readers of that set wait for it, once);
-/// waiting for that lock is bounded by `lock_timeout_ms`, after which this fails and the
-/// rebuild is retried. Nodes meeting the table together serialize on an advisory lock per
-/// table, so one rewrites and the others find the work done.
+/// the table under an ACCESS EXCLUSIVE lock (writers and readers of that set wait for it, once;
+/// about 0.4 s per 100 000 rows); building the index blocks writers only. Waiting for the
+/// table's lock is bounded by `lock_timeout_ms`, after which this fails and the rebuild is
+/// retried. Nodes meeting the table together serialize on an advisory lock per table, so one
+/// does the work and the others find it done.
 pub fn ensure_slot_column(
     c: &mut Client,
     set: &str,
     lock_timeout_ms: u64,
 ) -> Result<(), postgres::Error> {
-    const HAVE: &str = "SELECT to_regclass($1) IS NULL
-            OR (EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($1)
-                          AND attname = 'slot' AND NOT attisdropped)
-                AND to_regclass($1 || '_slot') IS NOT NULL)";
     let t = table(set);
-    if c.query_one(HAVE, &[&t])?.get::<_, bool>(0) {
-        return Ok(()); // done, or no table (the rebuild reports that)
+    let m = missing(c, &t)?;
+    if !m.column && !m.index {
+        return Ok(());
     }
     let mut tx = c.transaction()?;
     tx.execute(
         "SELECT pg_advisory_xact_lock(hashtextextended('libmember slot column ' || $1, 0))",
         &[&t],
     )?;
-    if tx.query_one(HAVE, &[&t])?.get::<_, bool>(0) {
-        return tx.commit();
-    }
+    let m = missing(&mut tx, &t)?;
     tx.batch_execute(&format!("SET LOCAL lock_timeout = {lock_timeout_ms}"))?;
-    tx.batch_execute(&slot_ddl(set))?;
+    if m.column {
+        tx.batch_execute(&format!(
+            "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {SLOT_COLUMN}"
+        ))?;
+    }
+    if m.column || m.index {
+        tx.batch_execute(&format!(
+            "CREATE INDEX IF NOT EXISTS {t}_slot ON {t} (slot)"
+        ))?;
+    }
     tx.commit()
 }
 

@@ -69,6 +69,24 @@ pub fn install_function(tx: &mut Transaction) -> Result<(), postgres::Error> {
 pub const SLOT_COLUMN: &str =
     "slot smallint GENERATED ALWAYS AS (member_keyslot(entity_id)) STORED";
 
+/// For `set_ddl`: the index on `slot` for a table that has the column but not the index (a
+/// table just created), in the CREATE's own transaction, before any row is there. Building it
+/// later, in the rebuild, would make writers queue behind it while the table fills. A table
+/// without the column (an older one) is left to `ensure_slot_column`, and a complete one is
+/// not locked at all.
+pub fn slot_index_ddl(set: &str) -> String {
+    let t = table(set);
+    format!(
+        "DO $slot$ BEGIN
+           IF to_regclass('{t}_slot') IS NULL AND EXISTS (
+                SELECT FROM pg_attribute WHERE attrelid = '{t}'::regclass
+                   AND attname = 'slot' AND NOT attisdropped) THEN
+             CREATE INDEX {t}_slot ON {t} (slot);
+           END IF;
+         END $slot$;"
+    )
+}
+
 /// What a set table lacks of its slot column and index; nothing when the table is absent
 /// (the rebuild reports that).
 struct Missing {
@@ -90,8 +108,8 @@ fn missing(c: &mut impl postgres::GenericClient, t: &str) -> Result<Missing, pos
     })
 }
 
-/// Gives a set table its `slot` column and index where either is missing: tables created
-/// before the column existed, and the index of a new table. Runs where every node meets every
+/// Gives a set table its `slot` column and index where either is missing (a table created
+/// before the column existed; an index dropped since). Runs where every node meets every
 /// table, before a rebuild reads it, on the rebuild's connection (no statement timeout).
 ///
 /// A table that has both costs one catalog query and takes no lock. Adding the column rewrites

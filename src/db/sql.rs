@@ -64,6 +64,7 @@ const HORIZON: &str = "SELECT (EXTRACT(EPOCH FROM least(now(), coalesce(
 fn set_ddl(set: &str) -> String {
     let t = table(set);
     let slot = super::keyslot::SLOT_COLUMN;
+    let slot_index = super::keyslot::slot_index_ddl(set);
     format!(
         "CREATE TABLE IF NOT EXISTS {t} (
             entity_id text NOT NULL,
@@ -75,7 +76,8 @@ fn set_ddl(set: &str) -> String {
             {slot},
             PRIMARY KEY (entity_id, scope)
         );
-        CREATE INDEX IF NOT EXISTS {t}_updated_at ON {t} (updated_at);"
+        CREATE INDEX IF NOT EXISTS {t}_updated_at ON {t} (updated_at);
+        {slot_index}"
     )
 }
 

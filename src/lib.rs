@@ -8,6 +8,7 @@ pub mod alloc;
 pub mod block;
 pub mod canon;
 pub mod catalog;
+pub mod cluster;
 pub mod command;
 pub mod command_info;
 pub mod config;

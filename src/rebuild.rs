@@ -52,7 +52,13 @@ pub fn start(name: &str) -> bool {
             let lock_timeout = config::db_timeout_ms().saturating_mul(5).max(10_000);
             let res = catch_unwind(AssertUnwindSafe(|| {
                 db::connect(0, lock_timeout, false)
-                    .and_then(|(mut c, _)| sql::build_filter(&mut c, &def, &rows, &estimate))
+                    .and_then(|(mut c, _)| {
+                        // Where every node meets every set table: older tables get their
+                        // slot column here, waiting at most a database timeout for the lock.
+                        db::keyslot::ensure_slot_column(&mut c, &def.name, config::db_timeout_ms())
+                            .map_err(|e| db::classify(&e))?;
+                        sql::build_filter(&mut c, &def, &rows, &estimate)
+                    })
                     .map(Ready::new)
             }))
             .unwrap_or_else(|_| Err(DbErr::Failed("rebuild panicked".into())));

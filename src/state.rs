@@ -361,6 +361,7 @@ pub fn installed(r: &mut Registry, set: &str, id: u64, trust: bool) {
     if let Some(s) = r.sets.get_mut(set) {
         s.trusted = trust.then_some(id);
     }
+    crate::sync::filter_installed();
 }
 
 /// Registers (or updates) a set definition. True when the set is new to this node.

@@ -38,6 +38,9 @@ pub struct Loop {
     pub blind: BTreeSet<String>,
     /// Whether the first pass's verdict has been logged.
     announced: bool,
+    /// A filter was installed since the last look (a CREATE's build, a replicated load): it
+    /// gets its first pass at once, not an interval later.
+    fresh: bool,
     pub passes: u64,
     pub statements: u64,
     pub rows: u64,
@@ -78,8 +81,9 @@ pub fn run(ctx: &Context, now_all: bool) {
             return None;
         }
         let on_time = now_all || l.next.is_none_or(|t| now >= t);
-        // A set learned since the last pass gets its first pass at once, not an interval later.
-        (on_time || registered != l.registered).then_some(on_time)
+        // A set learned, or a filter installed, since the last pass gets its first pass at
+        // once, not an interval later.
+        (on_time || registered != l.registered || l.fresh).then_some(on_time)
     });
     let Some(on_time) = on_time else {
         if now_all {
@@ -87,6 +91,7 @@ pub fn run(ctx: &Context, now_all: bool) {
         }
         return;
     };
+    LOOP.with(|l| l.borrow_mut().fresh = false);
     let sets: Vec<(String, u64, RedisString, Normalize)> = state::with(|r| {
         r.sets
             .values()
@@ -353,6 +358,11 @@ fn apply(ctx: &Context, epoch: u64, members: Vec<Member>, res: Result<Changes, D
             ),
         );
     }
+}
+
+/// A filter value was just installed at some set's key: the next sweep looks at once.
+pub fn filter_installed() {
+    LOOP.with(|l| l.borrow_mut().fresh = true);
 }
 
 /// Time since the last successful pass, for MEMBER.INFO.

@@ -151,6 +151,8 @@ pub fn blind_reason(set: &str, why: &str) -> String {
 
 fn set_ddl(set: &str) -> String {
     let t = table(set);
+    let slot = super::keyslot::SLOT_COLUMN;
+    let slot_index = super::keyslot::slot_index_ddl(set);
     guarded_ddl(
         set,
         &format!(
@@ -161,9 +163,11 @@ fn set_ddl(set: &str) -> String {
                 created_at timestamptz NOT NULL DEFAULT now(),
                 updated_at timestamptz NOT NULL DEFAULT now(),
                 expires_at timestamptz,
+                {slot},
                 PRIMARY KEY (entity_id, scope)
             );
-            CREATE INDEX IF NOT EXISTS {t}_updated_at ON {t} (updated_at);"
+            CREATE INDEX IF NOT EXISTS {t}_updated_at ON {t} (updated_at);
+            {slot_index}"
         ),
     )
 }
@@ -209,6 +213,7 @@ pub fn load_catalog(db: &mut Db) -> Result<(i64, Vec<CatalogRow>), DbErr> {
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
         tx.batch_execute(CATALOG_DDL)?;
         tx.batch_execute(CHANGE_LOG_DDL)?;
+        super::keyslot::install_function(&mut tx)?;
         tx.commit()
     })?;
     // Versions start at 0: -1 is never current, so this reads everything.
@@ -266,6 +271,7 @@ pub fn create_set(db: &mut Db, wanted: &SetDef, explicit: &[bool; 5]) -> Result<
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
         tx.batch_execute(CATALOG_DDL)?;
         tx.batch_execute(CHANGE_LOG_DDL)?;
+        super::keyslot::install_function(&mut tx)?;
         let existing = tx.query_opt(
             &format!(
                 "SELECT {} FROM member_catalog a WHERE name = $1",

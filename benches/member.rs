@@ -15,6 +15,8 @@
 //! (throughput = all operations / all seconds, percentiles = mean of the two runs), so a
 //! slow drift of the machine does not favour either side.
 
+#[path = "member/batch.rs"]
+mod batch;
 #[path = "member/big_filters.rs"]
 mod big_filters;
 #[path = "../tests/support/mod.rs"]
@@ -70,7 +72,7 @@ struct Opts {
 type Section = fn(&mut Bench);
 
 /// The sections of a run, in order, by the name `--only` takes (a comma-separated list).
-const SECTIONS: [(&str, Section); 7] = [
+const SECTIONS: [(&str, Section); 8] = [
     ("memory", Bench::memory),
     ("negative", Bench::negative_path),
     ("mixed", Bench::mixed),
@@ -78,6 +80,7 @@ const SECTIONS: [(&str, Section); 7] = [
     ("rebuild", Bench::rebuild),
     ("writes", Bench::adds),
     ("bigfilter", Bench::big_filters),
+    ("batch", Bench::batch),
 ];
 
 impl Opts {
@@ -95,7 +98,7 @@ const USAGE: &str = "usage: cargo bench --bench member -- [--ten-million] [--mem
   --seconds S     seconds of load per side of each comparison (default 4)
   --workers N     member.workers for the module (default: the module's default)
   --fpr-probes N  absent probes for the measured false-positive rate (default 1 000 000)
-  --only SECTIONS run only these, comma-separated: memory,negative,mixed,cold,rebuild,writes,bigfilter
+  --only SECTIONS run only these, comma-separated: memory,negative,mixed,cold,rebuild,writes,bigfilter,batch
                   (prints the table; bench/results.md and the chart are kept as they are)";
 
 impl Opts {

@@ -2267,7 +2267,11 @@ impl Bench {
              mostly-absent load sits at the edge of that slow tail (and, pipelined, a false positive holds up its \
              whole batch).\n\
              - Rebuild: client-side time of MEMBER.REBUILD SYNC vs the same COPY through the postgres crate's \
-             `copy_out`, read and discarded; a separate thread PINGs in a loop and keeps its worst latency.\n",
+             `copy_out`, read and discarded; a separate thread PINGs in a loop and keeps its worst latency.\n\
+             - Many items per call: `valkey-benchmark -c 50 -r <pool>` running `MEMBER.MEXISTS bench ITEMS` with 100 \
+             `absent:__rand_int__` items (each drawn on its own), items/s = calls/s × 100, vs `MEMBER.EXISTS bench \
+             absent:__rand_int__` with `-P 100` and vs `MGET` of 100 such keys; MADD of 100 `madd:__rand_int__` vs \
+             `MEMBER.ADD` with `-P 100`, 100 000 new items per run.\n",
         );
         if !self.r.notes.is_empty() {
             notes.push_str("\nObservations from this run:\n\n");

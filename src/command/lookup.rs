@@ -139,23 +139,28 @@ fn decide(
             return Ok(Step::Unknown);
         };
         let canon = canonicalize(set.def.normalize, item, scope).map_err(RedisError::Str)?;
-        Ok(decide_item(ctx, set, epoch, canon, explain, started))
+        Ok(decide_item(ctx, set, epoch, None, canon, explain, started))
     })
 }
 
 /// The funnel for one canonical item of a known set (`epoch`: the registry's promotion
 /// epoch): filter → recent → cache, counted in the per-path counters (unless `explain`).
-/// Never `Step::Unknown`. The one decision single- and multi-item lookups share.
+/// Never `Step::Unknown`. The one decision single- and multi-item lookups share; `probe` is
+/// the set's filter already opened (many items), or `None` to open it for this one.
 pub(super) fn decide_item(
     ctx: &Context,
     set: &mut state::SetState,
     epoch: u64,
+    probe: Option<&filter_type::Probe>,
     canon: crate::canon::Canon,
     explain: bool,
     started: Option<Instant>,
 ) -> Step {
     let (view, filter_id) = if set.synced_epoch == epoch {
-        filter_type::view(ctx, &set.filter_key, canon.hash, set.trusted)
+        match probe {
+            Some(p) => p.view(canon.hash, set.trusted),
+            None => filter_type::view(ctx, &set.filter_key, canon.hash, set.trusted),
+        }
     } else {
         // Promoted and not caught up since: the filter may miss acknowledged ADDs.
         (funnel::FilterView::Incomplete, None)

@@ -15,6 +15,8 @@
 //! (throughput = all operations / all seconds, percentiles = mean of the two runs), so a
 //! slow drift of the machine does not favour either side.
 
+#[path = "member/batch.rs"]
+mod batch;
 #[path = "member/big_filters.rs"]
 mod big_filters;
 #[path = "../tests/support/mod.rs"]
@@ -73,7 +75,7 @@ struct Opts {
 type Section = fn(&mut Bench);
 
 /// The sections of a run, in order, by the name `--only` takes (a comma-separated list).
-const SECTIONS: [(&str, Section); 8] = [
+const SECTIONS: [(&str, Section); 9] = [
     ("memory", Bench::memory),
     ("negative", Bench::negative_path),
     ("mixed", Bench::mixed),
@@ -82,6 +84,7 @@ const SECTIONS: [(&str, Section); 8] = [
     ("writes", Bench::adds),
     ("bigfilter", Bench::big_filters),
     ("idle", Bench::idle_sync),
+    ("batch", Bench::batch),
 ];
 
 impl Opts {
@@ -99,7 +102,7 @@ const USAGE: &str = "usage: cargo bench --bench member -- [--ten-million] [--mem
   --seconds S     seconds of load per side of each comparison (default 4)
   --workers N     member.workers for the module (default: the module's default)
   --fpr-probes N  absent probes for the measured false-positive rate (default 1 000 000)
-  --only SECTIONS run only these, comma-separated: memory,negative,mixed,cold,rebuild,writes,bigfilter,idle
+  --only SECTIONS run only these, comma-separated: memory,negative,mixed,cold,rebuild,writes,bigfilter,idle,batch
                   (prints the table; bench/results.md and the chart are kept as they are)";
 
 impl Opts {
@@ -2268,7 +2271,11 @@ impl Bench {
              mostly-absent load sits at the edge of that slow tail (and, pipelined, a false positive holds up its \
              whole batch).\n\
              - Rebuild: client-side time of MEMBER.REBUILD SYNC vs the same COPY through the postgres crate's \
-             `copy_out`, read and discarded; a separate thread PINGs in a loop and keeps its worst latency.\n",
+             `copy_out`, read and discarded; a separate thread PINGs in a loop and keeps its worst latency.\n\
+             - Many items per call: `valkey-benchmark -c 50 -r <pool>` running `MEMBER.MEXISTS bench ITEMS` with 100 \
+             `absent:__rand_int__` items (each drawn on its own), items/s = calls/s × 100, vs `MEMBER.EXISTS bench \
+             absent:__rand_int__` with `-P 100` and vs `MGET` of 100 such keys; MADD of 100 `madd:__rand_int__` vs \
+             `MEMBER.ADD` with `-P 100`, 100 000 new items per run.\n",
         );
         if !self.r.notes.is_empty() {
             notes.push_str("\nObservations from this run:\n\n");

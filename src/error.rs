@@ -24,6 +24,13 @@ pub const BAD_CAPACITY: &str = "ERR CAPACITY must be an integer between 1 and 40
 pub const BAD_CACHE_TTL: &str = "ERR CACHE-TTL must be an integer between 1 and 31536000 seconds";
 pub const BAD_RECENT_TTL: &str = "ERR RECENT-TTL must be an integer between 1 and 86400 seconds";
 pub const BAD_NORMALIZE: &str = "ERR NORMALIZE must be one of none, lower, username";
+pub const NO_ITEMS: &str =
+    "ERR syntax error: the items must follow the options, as ITEMS <item> [<item> ...]";
+/// MEMBER.MEXISTS / MEMBER.MADD past `command::batch::MAX_ITEMS` items.
+pub const TOO_MANY_ITEMS: &str = "ERR too many items: at most 1000 per call";
+pub const MANY_IN_CLUSTER: &str = "ERR MEMBER.MEXISTS and MEMBER.MADD are refused in cluster mode \
+     (their items may belong to other nodes' slots): send one MEMBER.EXISTS or MEMBER.ADD per item, \
+     each is routed by its item";
 pub const DUPLICATE_OPTION: &str = "ERR option given more than once";
 pub const SET_EXISTS_DIFFERENT: &str =
     "ERR set already exists with different settings (see MEMBER.INFO)";
@@ -46,6 +53,15 @@ pub fn db_error(unavailable: bool, detail: &str) -> String {
     } else {
         format!("ERR database error: {detail}")
     }
+}
+
+/// An item of a multi-item call failed validation (`err`, one of the item errors above):
+/// the whole call fails and names the item's position among the ITEMS, from 1.
+pub fn at_item(pos: usize, err: &str) -> String {
+    format!(
+        "ERR item {pos}: {}",
+        err.strip_prefix("ERR ").unwrap_or(err)
+    )
 }
 
 /// A bug was contained (a panic while applying or answering a completed request).

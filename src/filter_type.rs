@@ -154,7 +154,32 @@ pub fn view(
     trusted: Option<u64>,
 ) -> (FilterView, Option<u64>) {
     let k = ctx.open_key(key);
-    match k.get_value::<FilterValue>(&FILTER_TYPE) {
+    judge(k.get_value::<FilterValue>(&FILTER_TYPE), hash, trusted)
+}
+
+/// The filter at one key, opened once for many probes (MEMBER.MEXISTS): each `view` answers
+/// exactly as [`view`] would, without looking the key up again. Hold it only while nothing
+/// writes that key (a command's own synchronous part).
+pub struct Probe(redis_module::key::RedisKey);
+
+impl Probe {
+    pub fn open(ctx: &Context, key: &RedisString) -> Probe {
+        Probe(ctx.open_key(key))
+    }
+
+    #[inline]
+    pub fn view(&self, hash: u128, trusted: Option<u64>) -> (FilterView, Option<u64>) {
+        judge(self.0.get_value::<FilterValue>(&FILTER_TYPE), hash, trusted)
+    }
+}
+
+#[inline]
+fn judge(
+    value: Result<Option<&FilterValue>, redis_module::RedisError>,
+    hash: u128,
+    trusted: Option<u64>,
+) -> (FilterView, Option<u64>) {
+    match value {
         Ok(Some(f)) if f.trusted(trusted) => {
             let view = if !f.bloom.contains(hash) {
                 FilterView::Complete { contains: false }

@@ -51,6 +51,14 @@ fn member_drop(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResu
 fn member_add(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
     reply::guard(ctx, "MEMBER.ADD", || write::add(ctx, args))
 }
+/// MEMBER.MEXISTS <set> [SCOPE <scope>] ITEMS <item> [<item> …]
+fn member_mexists(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
+    reply::guard(ctx, "MEMBER.MEXISTS", || command::batch::mexists(ctx, args))
+}
+/// MEMBER.MADD <set> [SCOPE <scope>] [TTL <s> | EXPIREAT <unix-s>] ITEMS <item> [<item> …]
+fn member_madd(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
+    reply::guard(ctx, "MEMBER.MADD", || command::batch::madd(ctx, args))
+}
 /// MEMBER.DEL <set> <item> [SCOPE <scope>]
 fn member_del(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
     reply::guard(ctx, "MEMBER.DEL", || write::del(ctx, args))
@@ -141,6 +149,9 @@ const COMMAND_INFO: &[Info] = &[
     Info::anywhere("member._set", -7),
     Info::anywhere("member.drop", -2),
     Info::anywhere("member._drop", 2),
+    // Many items, maybe of many slots: no routing key; refused in cluster mode (README).
+    Info::anywhere("member.mexists", -4),
+    Info::anywhere("member.madd", -4),
 ];
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
@@ -173,6 +184,8 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
             "member.info",
             "member.rebuild",
             "member.drop",
+            "member.mexists",
+            "member.madd",
         ],
     );
     db::pool::resize();
@@ -193,6 +206,8 @@ redis_module! {
         ["member.drop", member_drop, "write", 0, 0, 0, ""],
         ["member.add", member_add, "write deny-oom", 0, 0, 0, ""],
         ["member.del", member_del, "write", 0, 0, 0, ""],
+        ["member.mexists", member_mexists, "readonly", 0, 0, 0, ""],
+        ["member.madd", member_madd, "write deny-oom", 0, 0, 0, ""],
         ["member.explain", member_explain, "readonly", 0, 0, 0, ""],
         ["member.info", member_info, "readonly", 0, 0, 0, ""],
         ["member.rebuild", member_rebuild, "write", 0, 0, 0, ""],

@@ -235,8 +235,10 @@ fn assert_clean_log(vk: &Valkey) {
     }
 }
 
-const PUBLIC: [&str; 8] = [
+const PUBLIC: [&str; 10] = [
     "MEMBER.CREATE",
+    "MEMBER.MEXISTS",
+    "MEMBER.MADD",
     "MEMBER.DROP",
     "MEMBER.ADD",
     "MEMBER.EXISTS",

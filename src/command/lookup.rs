@@ -65,7 +65,7 @@ pub fn exists_fast(ctx: &Context, argv: &[&[u8]]) -> Option<RedisResult> {
 }
 
 /// Where the funnel got without waiting for anything.
-enum Step {
+pub(super) enum Step {
     /// Answered from memory: present or not, and the tier that decided.
     Done(bool, Path),
     /// Only the database can answer.
@@ -138,64 +138,83 @@ fn decide(
             return Ok(Step::Unknown);
         };
         let canon = canonicalize(set.def.normalize, item, scope).map_err(RedisError::Str)?;
-        let (view, filter_id) = if set.synced_epoch == epoch {
-            filter_type::view(ctx, &set.filter_key, canon.hash, set.trusted)
-        } else {
-            // Promoted and not caught up since: the filter may miss acknowledged ADDs.
-            (funnel::FilterView::Incomplete, None)
-        };
-        let gate = funnel::gate(view, || set.is_recent(canon.hash));
-        if !explain {
-            let view_counts = |c: &mut metrics::PathCounters| {
-                c.exists += 1;
-                match view {
-                    funnel::FilterView::Incomplete => c.filter_incomplete += 1,
-                    funnel::FilterView::Complete { contains: true }
-                    | funnel::FilterView::KnownAbsent => c.bloom_positive += 1,
-                    _ => {}
-                }
-            };
-            view_counts(&mut set.stats);
-            metrics::global(|m| view_counts(&mut m.paths));
+        Ok(decide_item(ctx, set, epoch, None, canon, explain, started))
+    })
+}
+
+/// The funnel for one canonical item of a known set (`epoch`: the registry's promotion
+/// epoch): filter → recent → cache, counted in the per-path counters (unless `explain`).
+/// Never `Step::Unknown`. The one decision single- and multi-item lookups share; `probe` is
+/// the set's filter already opened (many items), or `None` to open it for this one.
+pub(super) fn decide_item(
+    ctx: &Context,
+    set: &mut state::SetState,
+    epoch: u64,
+    probe: Option<&filter_type::Probe>,
+    canon: crate::canon::Canon,
+    explain: bool,
+    started: Option<Instant>,
+) -> Step {
+    let (view, filter_id) = if set.synced_epoch == epoch {
+        match probe {
+            Some(p) => p.view(canon.hash, set.trusted),
+            None => filter_type::view(ctx, &set.filter_key, canon.hash, set.trusted),
         }
-        match gate {
-            Gate::Absent => {
-                record(set, explain, Path::BloomNegative, started);
-                return Ok(Step::Done(false, Path::BloomNegative));
+    } else {
+        // Promoted and not caught up since: the filter may miss acknowledged ADDs.
+        (funnel::FilterView::Incomplete, None)
+    };
+    let gate = funnel::gate(view, || set.is_recent(canon.hash));
+    if !explain {
+        let view_counts = |c: &mut metrics::PathCounters| {
+            c.exists += 1;
+            match view {
+                funnel::FilterView::Incomplete => c.filter_incomplete += 1,
+                funnel::FilterView::Complete { contains: true }
+                | funnel::FilterView::KnownAbsent => c.bloom_positive += 1,
+                _ => {}
             }
-            Gate::KnownAbsent => {
-                record(set, explain, Path::FpCache, started);
-                return Ok(Step::Done(false, Path::FpCache));
-            }
-            Gate::Possible => {
-                let key = keys::cache_key(ctx, &set.cache_prefix, &canon);
-                if keys::cache_hit(ctx, &key, set.incarnation) {
-                    record(set, explain, Path::CacheHit, started);
-                    return Ok(Step::Done(true, Path::CacheHit));
-                }
-            }
-            Gate::Recent => {}
-        }
-        // A filter hit that the database then finds absent is remembered against this
-        // very filter (see known_absent.rs); an incomplete filter remembers nothing.
-        let remember = match view {
-            funnel::FilterView::Complete { contains: true } => filter_id,
-            _ => None,
         };
-        Ok(Step::Db(LookupDone {
-            set: set_name.to_string(),
-            entity: canon.entity.into_owned(),
-            scope: canon.scope.to_string(),
-            gate,
-            hash: canon.hash,
-            remember,
-            asked: Instant::now(),
-            generation: set.generation,
-            incarnation: set.incarnation,
-            started,
-            explain,
-            result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
-        }))
+        view_counts(&mut set.stats);
+        metrics::global(|m| view_counts(&mut m.paths));
+    }
+    match gate {
+        Gate::Absent => {
+            record(set, explain, Path::BloomNegative, started);
+            return Step::Done(false, Path::BloomNegative);
+        }
+        Gate::KnownAbsent => {
+            record(set, explain, Path::FpCache, started);
+            return Step::Done(false, Path::FpCache);
+        }
+        Gate::Possible => {
+            let key = keys::cache_key(ctx, &set.cache_prefix, &canon);
+            if keys::cache_hit(ctx, &key, set.incarnation) {
+                record(set, explain, Path::CacheHit, started);
+                return Step::Done(true, Path::CacheHit);
+            }
+        }
+        Gate::Recent => {}
+    }
+    // A filter hit that the database then finds absent is remembered against this
+    // very filter (see known_absent.rs); an incomplete filter remembers nothing.
+    let remember = match view {
+        funnel::FilterView::Complete { contains: true } => filter_id,
+        _ => None,
+    };
+    Step::Db(LookupDone {
+        set: set.def.name.clone(),
+        entity: canon.entity.into_owned(),
+        scope: canon.scope.to_string(),
+        gate,
+        hash: canon.hash,
+        remember,
+        asked: Instant::now(),
+        generation: set.generation,
+        incarnation: set.incarnation,
+        started,
+        explain,
+        result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
     })
 }
 
@@ -215,7 +234,7 @@ impl Completion for Answered {
 
 /// A database lookup's answer, applied and replied on the main thread.
 #[derive(Clone)]
-struct LookupDone {
+pub(super) struct LookupDone {
     set: String,
     entity: String,
     scope: String,

@@ -1,6 +1,7 @@
 //! The command layer: parse arguments into typed requests, hand them to the funnel or the
 //! database, reply. No SQL here.
 
+pub mod batch;
 pub mod create;
 pub mod drop;
 pub mod info;
@@ -116,6 +117,40 @@ impl ItemArgs {
         let item = it.next().unwrap();
         let opts = Options::parse(it, "SCOPE", extra)?;
         Ok(ItemArgs { set, item, opts })
+    }
+
+    pub fn scope(&self) -> &[u8] {
+        self.opts.get("SCOPE").map(|s| s.as_slice()).unwrap_or(b"")
+    }
+}
+
+/// `<set> [options] ITEMS <item> [<item> …]`: the shape of MEXISTS and MADD. The options come
+/// first, so an item spelled like an option (or like `ITEMS`) is always an item.
+pub struct ManyArgs {
+    pub set: String,
+    pub opts: Options,
+    pub items: Vec<RedisString>,
+}
+
+impl ManyArgs {
+    /// Parses `SCOPE` and the `extra` options, then everything after the first `ITEMS` in an
+    /// option name's place as items (at least one).
+    pub fn parse(args: Vec<RedisString>, extra: &[&'static str]) -> Result<ManyArgs, RedisError> {
+        if args.len() < 4 {
+            return Err(RedisError::WrongArity);
+        }
+        let mut at = 2;
+        while at < args.len() && !args[at].as_slice().eq_ignore_ascii_case(b"ITEMS") {
+            at += 2;
+        }
+        if at + 1 >= args.len() {
+            return Err(err(error::NO_ITEMS));
+        }
+        let mut it = args.into_iter();
+        let set = set_name(&it.nth(1).unwrap())?;
+        let opts = Options::parse(it.by_ref().take(at - 2), "SCOPE", extra)?;
+        let items: Vec<RedisString> = it.skip(1).collect();
+        Ok(ManyArgs { set, opts, items })
     }
 
     pub fn scope(&self) -> &[u8] {

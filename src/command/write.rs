@@ -3,7 +3,7 @@
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
-use super::{block_on_point, block_timeout, may_block, point_for, ItemArgs, PointDone};
+use super::{block_on_point, block_timeout, may_block, point_for, ItemArgs, Options, PointDone};
 use crate::block::Completion;
 use crate::canon::{canonicalize, Canon};
 use crate::catalog::{self, Fail};
@@ -15,10 +15,10 @@ use crate::{effects, error, funnel, keys, state};
 const MAX_TTL_S: i64 = 315_360_000;
 
 /// The membership's expiry (unix seconds) from TTL or EXPIREAT, if any.
-fn expiry(a: &ItemArgs) -> Result<Option<f64>, RedisError> {
-    let ttl = a.opts.int("TTL", 1..=MAX_TTL_S, error::BAD_TTL)?;
+pub(super) fn expiry(opts: &Options) -> Result<Option<f64>, RedisError> {
+    let ttl = opts.int("TTL", 1..=MAX_TTL_S, error::BAD_TTL)?;
     let now = funnel::now_s();
-    let at = a.opts.int("EXPIREAT", 1..=i64::MAX, error::BAD_EXPIREAT)?;
+    let at = opts.int("EXPIREAT", 1..=i64::MAX, error::BAD_EXPIREAT)?;
     match (ttl, at) {
         (Some(_), Some(_)) => Err(RedisError::Str(error::TTL_AND_EXPIREAT)),
         (Some(t), None) => Ok(Some(now + t as f64)),
@@ -34,14 +34,14 @@ fn expiry(a: &ItemArgs) -> Result<Option<f64>, RedisError> {
 }
 
 #[derive(Clone, Copy, PartialEq)]
-enum Op {
+pub(super) enum Op {
     Add,
     Del,
 }
 
 /// A write's outcome, applied on the main thread whether or not its client still waits.
 #[derive(Clone)]
-struct WriteDone {
+pub(super) struct WriteDone {
     op: Op,
     set: String,
     entity: String,
@@ -123,7 +123,7 @@ fn write(ctx: &Context, args: Vec<RedisString>, op: Op) -> RedisResult {
     };
     let a = ItemArgs::parse(args, extra)?;
     crate::acl::check_set(ctx, &a.set, crate::acl::Access::Write)?;
-    let expires_at = expiry(&a)?;
+    let expires_at = expiry(&a.opts)?;
     keys::with_db0(ctx, |ctx| {
         let Some(done) = prepare(&a.set, a.item.as_slice(), a.scope(), op, false)? else {
             // A set this node does not know: ask the catalog (only this client waits).
@@ -167,20 +167,32 @@ fn prepare(
             return Ok(None);
         };
         let canon = canonicalize(s.def.normalize, item, scope).map_err(RedisError::Str)?;
-        Ok(Some(WriteDone {
-            op,
-            set: set.to_string(),
-            entity: canon.entity.into_owned(),
-            scope: canon.scope.to_string(),
-            hash: canon.hash,
-            incarnation: s.incarnation,
-            result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
-        }))
+        Ok(Some(WriteDone::new(op, s, canon)))
     })
 }
 
+impl WriteDone {
+    /// The write `op` of `canon` to `set`, its result preset to the error a lost job gives.
+    pub(super) fn new(op: Op, set: &state::SetState, canon: Canon) -> WriteDone {
+        WriteDone {
+            op,
+            set: set.def.name.clone(),
+            entity: canon.entity.into_owned(),
+            scope: canon.scope.to_string(),
+            hash: canon.hash,
+            incarnation: set.incarnation,
+            result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
+        }
+    }
+
+    /// (entity, scope) as the database stores them.
+    pub(super) fn row(&self) -> (&str, &str) {
+        (&self.entity, &self.scope)
+    }
+}
+
 /// The write is about to be sent: an ADD's recent-writes mark goes up first.
-fn begin(done: WriteDone) -> WriteDone {
+pub(super) fn begin(done: WriteDone) -> WriteDone {
     if done.op == Op::Add {
         state::with(|r| {
             if let Some(s) = r.sets.get_mut(&done.set) {

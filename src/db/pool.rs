@@ -37,7 +37,8 @@ pub struct Point<T> {
 pub static BATCHES: AtomicU64 = AtomicU64::new(0);
 pub static BATCHED_POINTS: AtomicU64 = AtomicU64::new(0);
 
-fn count_batch(points: usize) {
+/// Counts one batched statement resolving `points` items (INFO's average batch).
+pub fn count_batch(points: usize) {
     BATCHES.fetch_add(1, Ordering::Relaxed);
     BATCHED_POINTS.fetch_add(points as u64, Ordering::Relaxed);
 }

@@ -352,14 +352,22 @@ pub fn add_many(
         t = table(set)
     );
     let mut first: HashMap<(&str, &str), usize> = HashMap::with_capacity(items.len());
-    let (mut es, mut ss, mut xs) = (Vec::new(), Vec::new(), Vec::new());
+    let mut rows: Vec<(&str, &str, Option<f64>)> = Vec::with_capacity(items.len());
     for (i, (e, s, x)) in items.iter().enumerate() {
         if let Entry::Vacant(v) = first.entry((e, s)) {
             v.insert(i);
-            es.push(*e);
-            ss.push(*s);
-            xs.push(*x);
+            rows.push((e, s, *x));
         }
+    }
+    // Every multi-row insert takes its rows' key locks in one global order, so two that
+    // overlap (MADDs, batched ADDs on other workers) wait for each other instead of
+    // deadlocking, which would fail one of them.
+    rows.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    let (mut es, mut ss, mut xs) = (Vec::new(), Vec::new(), Vec::new());
+    for (e, s, x) in rows {
+        es.push(e);
+        ss.push(s);
+        xs.push(x);
     }
     let inserted = db.run_once(|c, st| {
         let q = prepared(c, st, &sql)?;

@@ -22,13 +22,7 @@ const BIG: [&str; 6] = [
 ];
 
 fn memory_field(c: &mut redis::Connection, name: &str) -> i64 {
-    let info: String = redis::cmd("INFO").arg("memory").query(c).unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name}:")))
-        .unwrap_or_else(|| panic!("no {name} in INFO memory"))
-        .trim()
-        .parse()
-        .unwrap()
+    info_number(c, "memory", name)
 }
 
 #[test]

@@ -65,6 +65,17 @@ pub fn info_field(c: &mut Connection, name: &str) -> Option<String> {
     })
 }
 
+/// A numeric field of any `INFO <section>` (panics, naming it, when it is missing).
+pub fn info_number(c: &mut Connection, section: &str, name: &str) -> i64 {
+    let info: String = redis::cmd("INFO").arg(section).query(c).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .unwrap_or_else(|| panic!("no {name} in INFO {section}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
 /// One field of `MEMBER.INFO <set>`.
 pub fn set_info(c: &mut Connection, set: &str, name: &str) -> Option<String> {
     let v: Vec<String> = redis::cmd("MEMBER.INFO").arg(set).query(c).ok()?;

@@ -38,8 +38,6 @@ pub struct World {
     /// The port every client sends its next command to: the primary's.
     pub target: Arc<AtomicU16>,
     pub db_timeout_ms: u64,
-    /// `DUMP`s of filters taken earlier, restored later by `old-filter`.
-    dumps: Vec<(String, Vec<u8>)>,
 }
 
 /// Configs for both servers: AOF with fsync on every write, the module through the proxy.
@@ -48,7 +46,6 @@ fn node_configs(timeout: &str) -> Vec<(&'static str, String)> {
         ("appendonly", "yes".into()),
         ("appendfsync", "always".into()),
         ("member.db-timeout-ms", timeout.into()),
-        ("member.sync-interval-ms", "200".into()),
     ]
 }
 
@@ -69,7 +66,11 @@ impl World {
         let b = start_loaded(&url, &cfg);
         let mut c = a.conn();
         for s in sets {
-            let v = cmd(&mut c, &["MEMBER.CREATE", s, "CAPACITY", "20000"]);
+            // RECENT-TTL 1: the marks are a safety net that would hide other faults for 10 s.
+            let v = cmd(
+                &mut c,
+                &["MEMBER.CREATE", s, "CAPACITY", "20000", "RECENT-TTL", "1"],
+            );
             assert!(v.is_ok(), "CREATE {s}: {v:?}\n{}", a.log());
         }
         let target = Arc::new(AtomicU16::new(a.port()));
@@ -80,7 +81,6 @@ impl World {
             primary: 0,
             target,
             db_timeout_ms,
-            dumps: Vec::new(),
         };
         w.make_replica(1);
         let mut rc = w.nodes[1].conn();
@@ -231,35 +231,31 @@ impl World {
         .unwrap_or(-1)
     }
 
-    /// Either takes a `DUMP` of a filter, or restores one taken earlier over the live filter
-    /// (`RESTORE … REPLACE`): an old value that missed every ADD since.
+    /// Takes a `DUMP` of a filter, lets writes go on for longer than RECENT-TTL, and restores
+    /// it over the live filter (`RESTORE … REPLACE`): an old value that missed those ADDs.
     fn old_filter(&mut self, rng: &mut Rng, sets: &[String]) -> String {
         let mut c = self.primary_conn();
-        if !self.dumps.is_empty() && rng.below(2) == 0 {
-            let (key, dump) = self
-                .dumps
-                .swap_remove(rng.below(self.dumps.len() as u64) as usize);
-            let r: redis::RedisResult<redis::Value> = redis::cmd("RESTORE")
-                .arg(&key)
-                .arg(0)
-                .arg(dump)
-                .arg("REPLACE")
-                .query(&mut c);
-            return format!("RESTORE {key} (an older DUMP) REPLACE -> {}", short(&r));
-        }
         let s = &sets[rng.below(sets.len() as u64) as usize];
         let key = format!("member:{s}:bloom");
-        match redis::cmd("DUMP")
+        let dump = match redis::cmd("DUMP")
             .arg(&key)
             .query::<Option<Vec<u8>>>(&mut c)
         {
-            Ok(Some(d)) => {
-                let n = d.len();
-                self.dumps.push((key.clone(), d));
-                format!("DUMP {key} ({n} bytes) kept for later")
-            }
-            other => format!("DUMP {key} -> {other:?}"),
-        }
+            Ok(Some(d)) => d,
+            other => return format!("DUMP {key} -> {other:?}"),
+        };
+        let age = 1200 + rng.below(2000);
+        thread::sleep(Duration::from_millis(age));
+        let r: redis::RedisResult<redis::Value> = redis::cmd("RESTORE")
+            .arg(&key)
+            .arg(0)
+            .arg(dump)
+            .arg("REPLACE")
+            .query(&mut c);
+        format!(
+            "RESTORE {key} REPLACE with its DUMP of {age} ms before -> {}",
+            short(&r)
+        )
     }
 
     /// The primary dies; the replica is promoted and clients move to it; the old primary comes

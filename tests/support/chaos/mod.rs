@@ -278,6 +278,9 @@ pub fn run(cfg: &Config, kinds: &[&'static str]) -> Report {
     let mut violations = checker::check(&ops, &rules);
     violations.extend(final_check(&world, &sets, cfg, &ops, &rules));
     summary(&ops, &faults, &violations, began.elapsed());
+    if let Ok(path) = std::env::var("MEMBER_CHAOS_HISTORY") {
+        write_history(&path, &ops, &faults);
+    }
     Report {
         ops: ops.len(),
         violations,
@@ -386,5 +389,23 @@ fn summary(ops: &[Op], faults: &[Fault], violations: &[Violation], took: Duratio
     eprintln!("chaos: violations {}: {vk:?}", violations.len());
     for v in violations.iter().take(25) {
         eprintln!("chaos: VIOLATION [{}] {}", v.rule, v.text);
+    }
+}
+
+/// Writes every operation and fault, in start order, one a line (`MEMBER_CHAOS_HISTORY`).
+fn write_history(path: &str, ops: &[Op], faults: &[Fault]) {
+    let mut lines: Vec<(u64, String)> = ops.iter().map(|o| (o.start, o.describe())).collect();
+    lines.extend(faults.iter().map(|f| {
+        let (s, e) = (f.start as f64 / 1e6, f.end as f64 / 1e6);
+        (
+            f.start,
+            format!("FAULT {} [{s:.3} s, {e:.3} s] {}", f.kind, f.detail),
+        )
+    }));
+    lines.sort();
+    let text: Vec<String> = lines.into_iter().map(|(_, l)| l).collect();
+    match std::fs::write(path, text.join("\n") + "\n") {
+        Ok(()) => eprintln!("chaos: history written to {path}"),
+        Err(e) => eprintln!("chaos: cannot write {path}: {e}"),
     }
 }

@@ -57,6 +57,13 @@ impl World {
     /// Starts everything and creates `sets` on the primary; returns once the replica has them.
     pub fn start(sets: &[String], db_timeout_ms: u64) -> World {
         let pg = OwnPg::start_new();
+        // The harness runs PostgreSQL with synchronous_commit=off, which loses the last
+        // acknowledged commits in an immediate shutdown: the truth itself would forget writes.
+        // Every session of the module's role commits durably here (a role setting wins over the
+        // command line).
+        pg.client()
+            .batch_execute("ALTER ROLE postgres SET synchronous_commit = on")
+            .expect("ALTER ROLE");
         let proxy = Proxy::start(pg.port());
         let url = pg_url(proxy.port());
         let t = db_timeout_ms.to_string();

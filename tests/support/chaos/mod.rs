@@ -279,7 +279,7 @@ pub fn run(cfg: &Config, kinds: &[&'static str]) -> Report {
     violations.extend(final_check(&world, &sets, cfg, &ops, &rules));
     summary(&ops, &faults, &violations, began.elapsed());
     if let Ok(path) = std::env::var("MEMBER_CHAOS_HISTORY") {
-        write_history(&path, &ops, &faults);
+        write_history(&path, &ops, &faults, &violations);
     }
     Report {
         ops: ops.len(),
@@ -393,7 +393,7 @@ fn summary(ops: &[Op], faults: &[Fault], violations: &[Violation], took: Duratio
 }
 
 /// Writes every operation and fault, in start order, one a line (`MEMBER_CHAOS_HISTORY`).
-fn write_history(path: &str, ops: &[Op], faults: &[Fault]) {
+fn write_history(path: &str, ops: &[Op], faults: &[Fault], violations: &[Violation]) {
     let mut lines: Vec<(u64, String)> = ops.iter().map(|o| (o.start, o.describe())).collect();
     lines.extend(faults.iter().map(|f| {
         let (s, e) = (f.start as f64 / 1e6, f.end as f64 / 1e6);
@@ -404,6 +404,12 @@ fn write_history(path: &str, ops: &[Op], faults: &[Fault]) {
     }));
     lines.sort();
     let text: Vec<String> = lines.into_iter().map(|(_, l)| l).collect();
+    let mut text = text;
+    text.extend(
+        violations
+            .iter()
+            .map(|v| format!("VIOLATION [{}] {}", v.rule, v.text)),
+    );
     match std::fs::write(path, text.join("\n") + "\n") {
         Ok(()) => eprintln!("chaos: history written to {path}"),
         Err(e) => eprintln!("chaos: cannot write {path}: {e}"),

@@ -70,17 +70,20 @@ fn known_state<'a>(
     let last = others()
         .filter(|w| w.outcome.answer().is_some() && w.end < s)
         .max_by_key(|w| w.end);
+    // Only a write of the other kind can change what the deciding write left: a failed DEL
+    // cannot make a non-member a member, a failed ADD cannot remove one.
     match last {
         None => {
-            if others().any(|w| w.start < e) {
+            if others().any(|w| w.kind == Kind::Add && w.start < e) {
                 (None, None)
             } else {
                 (Some(false), None)
             }
         }
         Some(l) => {
-            let disturbed =
-                others().any(|w| !std::ptr::eq(w, l) && may_act_within(w, l.start, e, r));
+            let disturbed = others().any(|w| {
+                !std::ptr::eq(w, l) && w.kind != l.kind && may_act_within(w, l.start, e, r)
+            });
             if disturbed {
                 (None, Some(l))
             } else {
@@ -271,6 +274,14 @@ mod tests {
                 op(Add, 0, 10, Failed("UNAVAILABLE".into())),
                 op(Del, 600, 610, Int(1)),
                 op(Exists, 700, 710, Int(1)),
+            ]),
+            ["false present"]
+        );
+        // A failed DEL cannot make the item a member.
+        assert_eq!(
+            rules(&[
+                op(Del, 0, 10, Failed("conn".into())),
+                op(Exists, 20, 30, Int(1))
             ]),
             ["false present"]
         );

@@ -7,7 +7,7 @@ pub mod faults;
 pub mod history;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -41,8 +41,14 @@ pub struct Config {
     pub sets: usize,
     pub writers: usize,
     pub readers: usize,
-    /// Items each writer owns per set.
+    /// Items each writer works on at a time, per set (its window).
     pub items_per_writer: usize,
+    /// Every this many ms each writer's window moves on by one item, so that new items keep
+    /// being added for the first time (an old filter value lacks their bits).
+    pub window_step_ms: u64,
+    /// Pause after each write: each item is written about every
+    /// `sets × items_per_writer × writer_pause_ms`, longer than RECENT-TTL.
+    pub writer_pause_ms: u64,
     /// Pause between two faults (the fault itself lasts on top of it).
     pub fault_gap_ms: (u64, u64),
     pub db_timeout_ms: u64,
@@ -131,17 +137,26 @@ impl Client {
     }
 }
 
+/// What every client thread shares.
+struct Shared<'a> {
+    cfg: &'a Config,
+    sets: &'a [String],
+    /// The primary's port.
+    target: &'a AtomicU16,
+    rec: &'a Recorder,
+    stop: &'a AtomicBool,
+    /// Where each writer's window begins now.
+    bases: &'a [AtomicUsize],
+    /// How long a failed write may still land.
+    settle: Duration,
+}
+
 /// Writer `w`: ADD (60 %) or DEL its own items; an item whose write failed is left alone
 /// until that write can no longer land (`settle`), so every later acknowledged write settles it.
-fn writer(
-    w: usize,
-    cfg: &Config,
-    sets: &[String],
-    target: &AtomicU16,
-    rec: &Recorder,
-    stop: &AtomicBool,
-    settle: Duration,
-) {
+fn writer(w: usize, x: &Shared) {
+    let (cfg, sets, target, rec, stop, settle) = (x.cfg, x.sets, x.target, x.rec, x.stop, x.settle);
+    let base = &x.bases[w];
+    let began = Instant::now();
     let mut rng = Rng::new(cfg.seed ^ (0x1000 + w as u64).wrapping_mul(0x9e37_79b9));
     let mut client = Client {
         id: w,
@@ -151,7 +166,9 @@ fn writer(
     let mut quiet: BTreeMap<(usize, usize), Instant> = BTreeMap::new();
     while !stop.load(Ordering::Relaxed) {
         let s = rng.below(sets.len() as u64) as usize;
-        let n = rng.below(cfg.items_per_writer as u64) as usize;
+        let b = (began.elapsed().as_millis() as u64 / cfg.window_step_ms) as usize;
+        base.store(b, Ordering::Relaxed);
+        let n = b + rng.below(cfg.items_per_writer as u64) as usize;
         if quiet.get(&(s, n)).is_some_and(|t| t.elapsed() < settle) {
             continue;
         }
@@ -171,19 +188,13 @@ fn writer(
             }
             None => thread::sleep(Duration::from_millis(50)),
         }
-        thread::sleep(Duration::from_millis(2));
+        thread::sleep(Duration::from_millis(cfg.writer_pause_ms));
     }
 }
 
 /// Reader `r`: EXISTS of any writer's items and of items nobody writes.
-fn reader(
-    r: usize,
-    cfg: &Config,
-    sets: &[String],
-    target: &AtomicU16,
-    rec: &Recorder,
-    stop: &AtomicBool,
-) {
+fn reader(r: usize, x: &Shared) {
+    let (cfg, sets, target, rec, stop, bases) = (x.cfg, x.sets, x.target, x.rec, x.stop, x.bases);
     let mut rng = Rng::new(cfg.seed ^ (0x2000 + r as u64).wrapping_mul(0x85eb_ca6b));
     let mut client = Client {
         id: 100 + r,
@@ -195,8 +206,15 @@ fn reader(
         let it = if rng.below(10) == 0 {
             ghost(rng.below(GHOSTS as u64) as usize)
         } else {
+            // Mostly the writer's window, sometimes any item it ever had.
             let w = rng.below(cfg.writers as u64) as usize;
-            item(w, rng.below(cfg.items_per_writer as u64) as usize)
+            let top = bases[w].load(Ordering::Relaxed) + cfg.items_per_writer;
+            let lo = if rng.below(5) == 0 {
+                0
+            } else {
+                top - cfg.items_per_writer
+            };
+            item(w, lo + rng.below((top - lo) as u64) as usize)
         };
         let port = target.load(Ordering::SeqCst);
         match client.run(rec, port, Kind::Exists, &sets[s], &it) {
@@ -231,17 +249,25 @@ pub fn run(cfg: &Config, kinds: &[&'static str]) -> Report {
     };
     let mut rng = Rng::new(cfg.seed);
     let mut order: Vec<&'static str> = Vec::new();
-    let mut errors_before_end = 0;
     let began = Instant::now();
     let target = world.target.clone();
+    let bases: Vec<AtomicUsize> = (0..cfg.writers).map(|_| AtomicUsize::new(0)).collect();
+    let x = Shared {
+        cfg,
+        sets: &sets,
+        target: &target,
+        rec: &rec,
+        stop: &stop,
+        bases: &bases,
+        settle,
+    };
+    let x = &x;
     thread::scope(|sc| {
         for i in 0..cfg.writers {
-            let (rec, stop, sets, target) = (&rec, &stop, &sets, &*target);
-            sc.spawn(move || writer(i, cfg, sets, target, rec, stop, settle));
+            sc.spawn(move || writer(i, x));
         }
         for i in 0..cfg.readers {
-            let (rec, stop, sets, target) = (&rec, &stop, &sets, &*target);
-            sc.spawn(move || reader(i, cfg, sets, target, rec, stop));
+            sc.spawn(move || reader(i, x));
         }
         // The fault schedule, on this thread: every kind once per round, in a shuffled order.
         thread::sleep(Duration::from_millis(1000));
@@ -268,15 +294,17 @@ pub fn run(cfg: &Config, kinds: &[&'static str]) -> Report {
         // Clients go on through the healed world for a while: the answers after faults count.
         thread::sleep(Duration::from_millis(1500));
         stop.store(true, Ordering::SeqCst);
-        errors_before_end = rec.ops().len();
     });
-    let _ = errors_before_end;
     let ops = rec.ops();
     let faults = rec.faults();
     // Let every failed write land or die, then compare each item with the database.
     thread::sleep(settle.min(Duration::from_millis(3 * cfg.db_timeout_ms + 2000)));
     let mut violations = checker::check(&ops, &rules);
-    violations.extend(final_check(&world, &sets, cfg, &ops, &rules));
+    let tops: Vec<usize> = bases
+        .iter()
+        .map(|b| b.load(Ordering::Relaxed) + cfg.items_per_writer)
+        .collect();
+    violations.extend(final_check(&world, &sets, &tops, &ops, &rules));
     summary(&ops, &faults, &violations, began.elapsed());
     if let Ok(path) = std::env::var("MEMBER_CHAOS_HISTORY") {
         write_history(&path, &ops, &faults, &violations);
@@ -292,7 +320,7 @@ pub fn run(cfg: &Config, kinds: &[&'static str]) -> Report {
 fn final_check(
     world: &World,
     sets: &[String],
-    cfg: &Config,
+    tops: &[usize],
     ops: &[Op],
     rules: &Rules,
 ) -> Vec<Violation> {
@@ -302,8 +330,8 @@ fn final_check(
     let end = u64::MAX / 2;
     for s in sets {
         let mut items: Vec<String> = (0..GHOSTS).map(ghost).collect();
-        for w in 0..cfg.writers {
-            items.extend((0..cfg.items_per_writer).map(|n| item(w, n)));
+        for (w, top) in tops.iter().enumerate() {
+            items.extend((0..*top).map(|n| item(w, n)));
         }
         for it in items {
             let truth = pg

@@ -328,6 +328,10 @@ fn final_check(
     let mut pg = world.pg.client();
     let mut c = world.primary_conn();
     let end = u64::MAX / 2;
+    let mut writes_of: BTreeMap<(&str, &str), Vec<&Op>> = BTreeMap::new();
+    for o in ops.iter().filter(|o| o.kind != Kind::Exists) {
+        writes_of.entry((&o.set, &o.item)).or_default().push(o);
+    }
     for s in sets {
         let mut items: Vec<String> = (0..GHOSTS).map(ghost).collect();
         for (w, top) in tops.iter().enumerate() {
@@ -344,10 +348,10 @@ fn final_check(
                 )
                 .expect("read the truth")
                 .is_some();
-            let writes: Vec<&Op> = ops
-                .iter()
-                .filter(|o| o.kind != Kind::Exists && o.set == *s && o.item == it)
-                .collect();
+            let writes = writes_of
+                .get(&(s.as_str(), it.as_str()))
+                .cloned()
+                .unwrap_or_default();
             let (known, by) = checker::known_state_at(&writes, end, rules);
             if let Some(k) = known {
                 if k != truth {

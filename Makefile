@@ -3,7 +3,7 @@
 # ~/.cargo/bin is not on PATH (CI, fresh shells).
 CARGO_ENV = command -v cargo >/dev/null 2>&1 || . "$$HOME/.cargo/env";
 
-.PHONY: deps build run stop test lint bench
+.PHONY: deps build run stop test lint bench chaos
 
 deps:
 	bash scripts/install-deps.sh
@@ -35,3 +35,9 @@ lint:
 bench: deps
 	$(CARGO_ENV) cargo build --release
 	$(CARGO_ENV) cargo bench --bench member -- $(ARGS)
+
+# The long chaos run of issue 9 (tests/chaos.rs): faults against a live workload, then the
+# history checker. MEMBER_CHAOS_SECS sets its length (default 300), MEMBER_CHAOS_SEED repeats a run.
+chaos: deps
+	$(CARGO_ENV) cargo build
+	$(CARGO_ENV) cargo test --test chaos -- --ignored --nocapture chaos_long

@@ -867,3 +867,11 @@ impl Valkey {
         }
     }
 }
+pub mod proxy;
+
+impl OwnPg {
+    /// A connection to database `postgres`, or why not (the cluster may be down).
+    pub fn try_client(&self) -> Result<postgres::Client, postgres::Error> {
+        self.cluster.try_client("postgres")
+    }
+}

@@ -1,0 +1,312 @@
+//! The world a chaos run breaks (PostgreSQL, the proxy in front of it, a primary and a replica
+//! with AOF on) and the faults: each one does its damage, waits as long as it lasts and heals.
+
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use redis::Connection;
+
+use super::Rng;
+use crate::support::member::{cmd, set_info, start_loaded};
+use crate::support::proxy::{Mode, Proxy};
+use crate::support::{wait_until, OwnPg, Valkey};
+
+/// Every fault the schedule knows.
+pub const ALL: [&str; 12] = [
+    "pg-restart",
+    "pg-terminate",
+    "proxy-delay",
+    "proxy-cut",
+    "proxy-refuse",
+    "proxy-stall",
+    "rebuild",
+    "valkey-kill9",
+    "old-filter",
+    "lost-filter",
+    "pg-url",
+    "failover",
+];
+
+/// PostgreSQL, the proxy, two servers (one primary, one replica) and the port clients use.
+pub struct World {
+    pub pg: OwnPg,
+    pub proxy: Proxy,
+    pub nodes: Vec<Valkey>,
+    pub primary: usize,
+    /// The port every client sends its next command to: the primary's.
+    pub target: Arc<AtomicU16>,
+    pub db_timeout_ms: u64,
+}
+
+/// Configs for both servers: AOF with fsync on every write, the module through the proxy.
+fn node_configs(timeout: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("appendonly", "yes".into()),
+        ("appendfsync", "always".into()),
+        ("member.db-timeout-ms", timeout.into()),
+    ]
+}
+
+pub fn pg_url(port: u16) -> String {
+    format!("host=127.0.0.1 port={port} user=postgres dbname=postgres")
+}
+
+impl World {
+    /// Starts everything and creates `sets` on the primary; returns once the replica has them.
+    pub fn start(sets: &[String], db_timeout_ms: u64) -> World {
+        let pg = OwnPg::start_new();
+        // The harness runs PostgreSQL with synchronous_commit=off, which loses the last
+        // acknowledged commits in an immediate shutdown: the truth itself would forget writes.
+        // Every session of the module's role commits durably here (a role setting wins over the
+        // command line).
+        pg.client()
+            .batch_execute("ALTER ROLE postgres SET synchronous_commit = on")
+            .expect("ALTER ROLE");
+        let proxy = Proxy::start(pg.port());
+        let url = pg_url(proxy.port());
+        let t = db_timeout_ms.to_string();
+        let cfg = node_configs(&t);
+        let cfg: Vec<(&str, &str)> = cfg.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let a = start_loaded(&url, &cfg);
+        let b = start_loaded(&url, &cfg);
+        let mut c = a.conn();
+        for s in sets {
+            // RECENT-TTL 1: the marks are a safety net that would hide other faults for 10 s.
+            let v = cmd(
+                &mut c,
+                &["MEMBER.CREATE", s, "CAPACITY", "20000", "RECENT-TTL", "1"],
+            );
+            assert!(v.is_ok(), "CREATE {s}: {v:?}\n{}", a.log());
+        }
+        let target = Arc::new(AtomicU16::new(a.port()));
+        let mut w = World {
+            pg,
+            proxy,
+            nodes: vec![a, b],
+            primary: 0,
+            target,
+            db_timeout_ms,
+        };
+        w.make_replica(1);
+        let mut rc = w.nodes[1].conn();
+        for s in sets {
+            assert!(
+                wait_until(Duration::from_secs(30), || set_info(
+                    &mut rc,
+                    s,
+                    "filter_complete"
+                )
+                .as_deref()
+                    == Some("1")),
+                "the replica never got set {s}\n{}",
+                w.nodes[1].log()
+            );
+        }
+        w
+    }
+
+    pub fn replica(&self) -> usize {
+        1 - self.primary
+    }
+
+    pub fn primary_conn(&self) -> Connection {
+        self.nodes[self.primary].conn()
+    }
+
+    fn make_replica(&mut self, i: usize) {
+        let p = self.nodes[1 - i].port().to_string();
+        let mut c = self.nodes[i].conn();
+        let v = cmd(&mut c, &["REPLICAOF", "127.0.0.1", &p]);
+        assert!(v.is_ok(), "REPLICAOF: {v:?}");
+    }
+
+    /// Runs one fault of kind `kind`; returns what was done. Blocks while the fault lasts.
+    pub fn inject(&mut self, kind: &str, rng: &mut Rng, sets: &[String]) -> String {
+        match kind {
+            "pg-restart" => {
+                let immediate = rng.below(2) == 0;
+                if immediate {
+                    self.pg.kill();
+                } else {
+                    self.pg.stop();
+                }
+                let down = 200 + rng.below(1200);
+                thread::sleep(Duration::from_millis(down));
+                self.pg.start();
+                format!(
+                    "{} shutdown, down {down} ms",
+                    if immediate { "immediate" } else { "fast" }
+                )
+            }
+            "pg-terminate" => {
+                let n = self.terminate_backends();
+                format!("terminated {n} module backends")
+            }
+            "proxy-delay" => {
+                let ms = 50 + rng.below(1200);
+                let lasts = 500 + rng.below(2500);
+                self.proxy.set(Mode::Delay(ms));
+                thread::sleep(Duration::from_millis(lasts));
+                self.proxy.set(Mode::Pass);
+                format!("{ms} ms per chunk for {lasts} ms")
+            }
+            "proxy-cut" => format!("cut {} connections", self.proxy.cut()),
+            "proxy-refuse" => {
+                let lasts = 300 + rng.below(2000);
+                self.proxy.set(Mode::Refuse);
+                let n = self.proxy.cut();
+                thread::sleep(Duration::from_millis(lasts));
+                self.proxy.set(Mode::Pass);
+                format!("cut {n}, refused new connections for {lasts} ms")
+            }
+            "proxy-stall" => {
+                let lasts = 300 + rng.below(2500);
+                let cut = rng.below(2) == 0;
+                self.proxy.set(Mode::StallExisting);
+                thread::sleep(Duration::from_millis(lasts));
+                let n = if cut { self.proxy.cut() } else { 0 };
+                self.proxy.set(Mode::Pass);
+                if cut {
+                    format!("stalled open connections {lasts} ms, then cut {n}")
+                } else {
+                    format!("stalled open connections {lasts} ms, then released")
+                }
+            }
+            "rebuild" => {
+                let s = &sets[rng.below(sets.len() as u64) as usize];
+                let sync = rng.below(2) == 0;
+                let mut c = self.primary_conn();
+                let mut args = vec!["MEMBER.REBUILD", s.as_str()];
+                if sync {
+                    args.push("SYNC");
+                }
+                let r = cmd(&mut c, &args);
+                format!("{} -> {}", args.join(" "), short(&r))
+            }
+            "valkey-kill9" => {
+                let p = self.primary;
+                self.nodes[p].kill9();
+                thread::sleep(Duration::from_millis(rng.below(500)));
+                self.nodes[p].restart();
+                format!(
+                    "primary :{} killed, restarted from its AOF",
+                    self.nodes[p].port()
+                )
+            }
+            "old-filter" => self.old_filter(rng, sets),
+            "lost-filter" => {
+                let s = &sets[rng.below(sets.len() as u64) as usize];
+                let mut c = self.primary_conn();
+                let key = format!("member:{s}:bloom");
+                let r = cmd(&mut c, &["UNLINK", &key]);
+                format!("UNLINK {key} -> {}", short(&r))
+            }
+            "pg-url" => {
+                let direct = rng.below(2) == 0;
+                let port = if direct {
+                    self.pg.port()
+                } else {
+                    self.proxy.port()
+                };
+                let url = pg_url(port);
+                let mut c = self.primary_conn();
+                let r = cmd(&mut c, &["CONFIG", "SET", "member.pg-url", &url]);
+                format!(
+                    "member.pg-url -> {} port -> {}",
+                    if direct { "direct" } else { "proxy" },
+                    short(&r)
+                )
+            }
+            "failover" => self.failover(rng),
+            other => panic!("unknown fault {other}"),
+        }
+    }
+
+    /// `pg_terminate_backend` of every connection the module holds.
+    fn terminate_backends(&mut self) -> i64 {
+        let Ok(mut c) = self.pg.try_client() else {
+            return -1;
+        };
+        c.query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE application_name = 'libmember' AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .map(|r| r.get::<_, i64>(0))
+        .unwrap_or(-1)
+    }
+
+    /// Takes a `DUMP` of a filter, lets writes go on for longer than RECENT-TTL, and restores
+    /// it over the live filter (`RESTORE … REPLACE`): an old value that missed those ADDs.
+    fn old_filter(&mut self, rng: &mut Rng, sets: &[String]) -> String {
+        let mut c = self.primary_conn();
+        let s = &sets[rng.below(sets.len() as u64) as usize];
+        let key = format!("member:{s}:bloom");
+        let dump = match redis::cmd("DUMP")
+            .arg(&key)
+            .query::<Option<Vec<u8>>>(&mut c)
+        {
+            Ok(Some(d)) => d,
+            other => return format!("DUMP {key} -> {other:?}"),
+        };
+        let age = 1200 + rng.below(2000);
+        thread::sleep(Duration::from_millis(age));
+        let r: redis::RedisResult<redis::Value> = redis::cmd("RESTORE")
+            .arg(&key)
+            .arg(0)
+            .arg(dump)
+            .arg("REPLACE")
+            .query(&mut c);
+        format!(
+            "RESTORE {key} REPLACE with its DUMP of {age} ms before -> {}",
+            short(&r)
+        )
+    }
+
+    /// The primary dies; the replica is promoted and clients move to it; the old primary comes
+    /// back from its AOF and becomes the new primary's replica.
+    fn failover(&mut self, rng: &mut Rng) -> String {
+        let old = self.primary;
+        let new = self.replica();
+        self.nodes[old].kill9();
+        let mut c = self.nodes[new].conn();
+        let r = cmd(&mut c, &["REPLICAOF", "NO", "ONE"]);
+        self.primary = new;
+        self.target.store(self.nodes[new].port(), Ordering::SeqCst);
+        thread::sleep(Duration::from_millis(rng.below(300)));
+        self.nodes[old].restart();
+        self.make_replica(old);
+        format!(
+            ":{} killed, :{} promoted ({}), :{} back as its replica",
+            self.nodes[old].port(),
+            self.nodes[new].port(),
+            short(&r),
+            self.nodes[old].port()
+        )
+    }
+
+    /// Undoes whatever is still broken: PostgreSQL up, proxy passing, module on the proxy.
+    pub fn heal(&mut self) {
+        self.proxy.set(Mode::Pass);
+        if !self.pg.is_running() {
+            self.pg.start();
+        }
+        let url = pg_url(self.proxy.port());
+        for n in &self.nodes {
+            let mut c = n.conn();
+            let _ = cmd(&mut c, &["CONFIG", "SET", "member.pg-url", &url]);
+        }
+    }
+}
+
+fn short(r: &redis::RedisResult<redis::Value>) -> String {
+    match r {
+        Ok(v) => format!("{v:?}"),
+        Err(e) => format!("error {e}"),
+    }
+    .chars()
+    .take(80)
+    .collect()
+}

@@ -245,7 +245,18 @@ impl Bloom {
     /// watermark (i64::MIN for none), xxh3 checksum of the bit array, then the bit array
     /// (all little endian).
     pub fn to_bytes(&self, cov: Coverage) -> Vec<u8> {
-        let mut out = Vec::with_capacity(HEADER_LEN + self.bits.len() * 8);
+        let mut out = Vec::with_capacity(self.serialized_len());
+        self.write_bytes(cov, &mut out);
+        out
+    }
+
+    /// Length of `to_bytes` output.
+    pub fn serialized_len(&self) -> usize {
+        HEADER_LEN + self.bits.len() * 8
+    }
+
+    /// `to_bytes`, appended to `out` (after whatever envelope the caller wrote).
+    pub fn write_bytes(&self, cov: Coverage, out: &mut Vec<u8>) {
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
         out.extend_from_slice(&(self.k as u16).to_le_bytes());
@@ -266,7 +277,6 @@ impl Bloom {
         }
         let sum = xxh3_64(&out[body_at..]);
         out[body_at - 8..body_at].copy_from_slice(&sum.to_le_bytes());
-        out
     }
 
     /// Parses `to_bytes` output, rejecting anything it cannot fully verify.

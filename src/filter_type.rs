@@ -27,7 +27,14 @@ pub struct FilterValue {
     /// Identity of this value, never reused: a fresh one for every value made (build, load,
     /// COPY's clone); kept while the server moves the value between keys and databases.
     pub id: u64,
+    /// The set whose rows this filter was built from (persisted with it): a value found at
+    /// another set's key (RESTORE of another set's DUMP, a COPY across sets) is never caught
+    /// up and trusted there. `None` only for payloads written before this field existed.
+    pub set: Option<String>,
 }
+
+/// Envelope in front of a payload that names its set: tag, name length (1 byte), name.
+const SET_TAG: &[u8; 4] = b"LMSN";
 
 /// Source of `FilterValue::id`.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -36,7 +43,9 @@ impl Clone for FilterValue {
     /// A copy (COPY of the key) is a new value: same bits and coverage, a new identity,
     /// nothing remembered.
     fn clone(&self) -> Self {
-        FilterValue::new(self.bloom.clone(), self.cov)
+        let mut v = FilterValue::new(self.bloom.clone(), self.cov);
+        v.set = self.set.clone();
+        v
     }
 }
 
@@ -47,16 +56,25 @@ impl FilterValue {
             cov,
             known_absent: KnownAbsent::default(),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            set: None,
         }
     }
 
-    /// A filter just built from the whole table, current up to `watermark`.
-    pub fn built(bloom: Bloom, watermark: i64) -> Self {
+    /// A filter just built from the whole table of `set`, current up to `watermark`.
+    pub fn built(bloom: Bloom, watermark: i64, set: &str) -> Self {
         let cov = Coverage {
             complete: true,
             watermark: Some(watermark),
         };
-        FilterValue::new(bloom, cov)
+        let mut v = FilterValue::new(bloom, cov);
+        v.set = Some(set.to_string());
+        v
+    }
+
+    /// True when this value may serve `set`: built from its rows (or of unknown origin, from
+    /// a payload older than the set name in it).
+    pub fn belongs_to(&self, set: &str) -> bool {
+        self.set.as_deref().is_none_or(|s| s == set)
     }
 
     /// A filter that was never built from the whole table (only older payloads hold one now).
@@ -101,15 +119,42 @@ impl FilterValue {
         self.cov.complete.then_some(self.id)
     }
 
+    /// The persisted form: the set-name envelope (when the set is known), then the filter's
+    /// own versioned payload (`Bloom::to_bytes`).
     pub fn to_bytes(&self) -> Vec<u8> {
-        self.bloom.to_bytes(self.cov)
+        let name = self.set.as_deref().unwrap_or("");
+        let mut out =
+            Vec::with_capacity(SET_TAG.len() + 1 + name.len() + self.bloom.serialized_len());
+        if !name.is_empty() {
+            out.extend_from_slice(SET_TAG);
+            out.push(name.len() as u8);
+            out.extend_from_slice(name.as_bytes());
+        }
+        self.bloom.write_bytes(self.cov, &mut out);
+        out
     }
 
     /// Parses a serialized filter into a new value (a new identity: not trusted until the
     /// set is told to trust it).
     pub fn from_bytes(b: &[u8]) -> Result<Self, String> {
-        let (bloom, cov) = Bloom::from_bytes(b)?;
-        Ok(FilterValue::new(bloom, cov))
+        let (set, payload) = match b.strip_prefix(SET_TAG.as_slice()) {
+            Some(rest) => {
+                let (&len, rest) = rest
+                    .split_first()
+                    .ok_or("filter payload truncated in its set name")?;
+                let len = len as usize;
+                if rest.len() < len || !crate::command::valid_set_name(&rest[..len]) {
+                    return Err("filter payload has a bad set name".into());
+                }
+                let name = String::from_utf8_lossy(&rest[..len]).into_owned();
+                (Some(name), &rest[len..])
+            }
+            None => (None, b),
+        };
+        let (bloom, cov) = Bloom::from_bytes(payload)?;
+        let mut v = FilterValue::new(bloom, cov);
+        v.set = set;
+        Ok(v)
     }
 }
 
@@ -480,7 +525,30 @@ mod tests {
     fn built(watermark: i64) -> FilterValue {
         let mut b = Bloom::new(1000, 0.01);
         b.add(1);
-        FilterValue::built(b, watermark)
+        FilterValue::built(b, watermark, "s")
+    }
+
+    #[test]
+    fn the_payload_names_its_set() {
+        let v = built(100);
+        let loaded = FilterValue::from_bytes(&v.to_bytes()).unwrap();
+        assert_eq!(loaded.set.as_deref(), Some("s"));
+        assert!(loaded.belongs_to("s") && !loaded.belongs_to("t"));
+        assert_eq!(loaded.bloom, v.bloom);
+        // A payload from before the envelope: origin unknown, accepted.
+        let legacy = FilterValue::from_bytes(&v.bloom.to_bytes(v.cov)).unwrap();
+        assert!(legacy.set.is_none() && legacy.belongs_to("t"));
+        // A mangled name is refused, not guessed.
+        let mut bad = v.to_bytes();
+        bad[5] = b'A';
+        assert!(FilterValue::from_bytes(&bad).is_err());
+        assert!(FilterValue::from_bytes(b"LMSN").is_err());
+        assert!(FilterValue::from_bytes(b"LMSN\x05ab").is_err());
+        assert_eq!(
+            v.clone().set.as_deref(),
+            Some("s"),
+            "a COPY keeps its origin"
+        );
     }
 
     #[test]

@@ -59,7 +59,7 @@ pub fn start(name: &str) -> bool {
                             .map_err(|e| db::classify(&e))?;
                         sql::build_filter(&mut c, &def, &rows, &estimate)
                     })
-                    .map(Ready::new)
+                    .map(|b| Ready::new(b, &def.name))
             }))
             .unwrap_or_else(|_| Err(DbErr::Failed("rebuild panicked".into())));
             mainq::post(Box::new(move |ctx| {
@@ -99,8 +99,8 @@ unsafe impl Send for Payload {}
 
 impl Ready {
     /// On the rebuild thread.
-    fn new(built: Built) -> Ready {
-        let filter = FilterValue::built(built.bloom, built.watermark);
+    fn new(built: Built, set: &str) -> Ready {
+        let filter = FilterValue::built(built.bloom, built.watermark, set);
         let bytes = filter.to_bytes();
         Ready {
             payload: Payload(RedisString::create_from_slice(std::ptr::null_mut(), &bytes)),

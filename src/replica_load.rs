@@ -152,6 +152,9 @@ fn finish(
     for h in journal {
         v.add(h);
     }
+    if !v.belongs_to(set) {
+        v.cov.complete = false;
+    }
     let complete = v.cov.complete;
     let key = crate::keys::filter_key(set);
     let id = filter_type::install(ctx, &key, v);

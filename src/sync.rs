@@ -195,12 +195,16 @@ pub enum CatchUp {
     /// Its table does not feed the change log: not trusted, incomplete (rebuilt, which
     /// retries installing the triggers).
     Blind,
+    /// Built from another set's rows (restored or copied across sets): incomplete for this
+    /// set, never trusted (rebuilt).
+    Foreign,
 }
 
 /// The per-set step of a pass: adds `hashes` (its set's rows logged since `from`, the
 /// watermark the filter had when the pass started) and advances the watermark to `horizon`,
 /// if the pass covered everything the filter lacks. `floor` is the log's prune floor.
 pub fn catch_up(
+    set: &str,
     f: &mut FilterValue,
     hashes: &[u128],
     from: i64,
@@ -210,6 +214,10 @@ pub fn catch_up(
 ) -> CatchUp {
     for h in hashes {
         f.add(*h);
+    }
+    if !f.belongs_to(set) {
+        f.cov.complete = false;
+        return CatchUp::Foreign;
     }
     let Some(covered) = f.cov.watermark else {
         return CatchUp::Kept;
@@ -280,7 +288,7 @@ fn apply(ctx: &Context, epoch: u64, members: Vec<Member>, res: Result<Changes, D
             continue;
         };
         let outcome = filter_type::with_mut(ctx, &key, |f| {
-            catch_up(f, &hashes, m.from, ch.horizon, ch.floor, blind)
+            catch_up(&m.name, f, &hashes, m.from, ch.horizon, ch.floor, blind)
         });
         // Trust follows the value the pass caught up; rows it added to any other value at
         // the key mean the trusted one (elsewhere, if anywhere) missed them.
@@ -389,7 +397,7 @@ mod tests {
     use crate::filter::Bloom;
 
     fn filter(watermark: i64) -> FilterValue {
-        FilterValue::built(Bloom::new(100, 0.01), watermark)
+        FilterValue::built(Bloom::new(100, 0.01), watermark, "s")
     }
 
     #[test]
@@ -397,7 +405,7 @@ mod tests {
         let mut f = filter(100);
         let id = f.id;
         assert_eq!(
-            catch_up(&mut f, &[7], 100, 150, 0, false),
+            catch_up("s", &mut f, &[7], 100, 150, 0, false),
             CatchUp::CaughtUp(Some(id))
         );
         assert_eq!(f.cov.watermark, Some(150));
@@ -406,7 +414,7 @@ mod tests {
         let mut newer = filter(200);
         let id = newer.id;
         assert_eq!(
-            catch_up(&mut newer, &[], 100, 150, 0, false),
+            catch_up("s", &mut newer, &[], 100, 150, 0, false),
             CatchUp::CaughtUp(Some(id))
         );
         assert_eq!(newer.cov.watermark, Some(200));
@@ -415,7 +423,10 @@ mod tests {
     #[test]
     fn a_pass_does_not_advance_an_older_filter() {
         let mut f = filter(50);
-        assert_eq!(catch_up(&mut f, &[7], 100, 150, 0, false), CatchUp::Kept);
+        assert_eq!(
+            catch_up("s", &mut f, &[7], 100, 150, 0, false),
+            CatchUp::Kept
+        );
         assert_eq!(f.cov.watermark, Some(50));
     }
 
@@ -423,13 +434,33 @@ mod tests {
     fn pruned_or_blind_filters_become_incomplete() {
         let mut f = filter(100);
         let id = f.id;
-        assert_eq!(catch_up(&mut f, &[], 100, 150, 120, false), CatchUp::Pruned);
+        assert_eq!(
+            catch_up("s", &mut f, &[], 100, 150, 120, false),
+            CatchUp::Pruned
+        );
         assert!(!f.cov.complete && !f.trusted(Some(id)));
-        assert_eq!(catch_up(&mut f, &[], 100, 150, 120, false), CatchUp::Kept);
+        assert_eq!(
+            catch_up("s", &mut f, &[], 100, 150, 120, false),
+            CatchUp::Kept
+        );
         assert_eq!(f.cov.watermark, Some(100));
         let mut f = filter(100);
         let id = f.id;
-        assert_eq!(catch_up(&mut f, &[], 100, 150, 0, true), CatchUp::Blind);
+        assert_eq!(
+            catch_up("s", &mut f, &[], 100, 150, 0, true),
+            CatchUp::Blind
+        );
         assert!(!f.cov.complete && !f.trusted(Some(id)));
+    }
+
+    #[test]
+    fn another_sets_filter_is_never_caught_up() {
+        let mut f = filter(100);
+        assert_eq!(
+            catch_up("t", &mut f, &[], 100, 150, 0, false),
+            CatchUp::Foreign
+        );
+        assert!(!f.cov.complete);
+        assert_eq!(f.cov.watermark, Some(100));
     }
 }

@@ -204,6 +204,42 @@ fn filter_restored_from_an_older_dump_is_held_back() {
 }
 
 /// The exact-match key of an unscoped item.
+#[test]
+fn another_sets_filter_restored_at_a_key_is_never_trusted_there() {
+    let _g = LOCK.read().unwrap_or_else(|e| e.into_inner());
+    let mut c = env().conn();
+    create(&mut c, "xs", &["CACHE-TTL", "1"]);
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "xs", "c"]), 1);
+    // xt is built after c committed: catching its filter up from its own watermark never
+    // reads c back.
+    create(&mut c, "xt", &["CACHE-TTL", "1"]);
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "xt", "other"]), 1);
+    // xt's filter, which never held c, put at xs's key: caught up from its own watermark it
+    // would look current, and answer c "absent" for xs.
+    let dump: Vec<u8> = redis::cmd("DUMP")
+        .arg("member:xt:bloom")
+        .query(&mut c)
+        .unwrap();
+    thread::sleep(PAST_RECENT);
+    let _: Value = redis::cmd("RESTORE")
+        .arg("member:xs:bloom")
+        .arg(0)
+        .arg(dump)
+        .arg("REPLACE")
+        .query(&mut c)
+        .unwrap();
+    // Sync passes for a filter no set trusts start at once (at most one a second): over
+    // 3 s, several would have adopted it.
+    for _ in 0..12 {
+        let got = explain(&mut c, "xs", "c");
+        assert_answers_one(&mut c, "xs", got);
+        thread::sleep(Duration::from_millis(250));
+    }
+    // It is replaced by a rebuild of xs's own rows, which then serves.
+    wait_info(&mut c, "xs", "last_rebuild", |v| v == "ok");
+    serves_again(&mut c, "xs");
+}
+
 fn hit_key(set: &str, item: &str) -> Vec<u8> {
     let mut k = format!("member:{set}:hit:{item}").into_bytes();
     k.push(0);

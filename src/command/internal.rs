@@ -101,6 +101,13 @@ pub fn load(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     for h in adds {
         v.bloom.add(h);
     }
+    // A filter of another set (an AOF or primary naming it at this key) never serves here:
+    // incomplete, it is rebuilt.
+    if let Some(set) = set_of_filter_key(key.as_slice()) {
+        if !v.belongs_to(set) {
+            v.cov.complete = false;
+        }
+    }
     let complete = v.cov.complete;
     let id = filter_type::install(ctx, &key, v);
     // An AOF rewrite names every key holding a filter, set aside copies included: only a

@@ -60,14 +60,23 @@ pub fn check_set(ctx: &Context, set: &str, access: Access) -> Result<(), RedisEr
             // The user was deleted while its client stayed connected: no permission at all.
             return Err(RedisError::String(refusal(set, access)));
         }
-        let key = RedisString::create(None, acl_key(set));
         // The API takes the key-spec *operation* flags (RO/RW are refused with EINVAL):
         // ACCESS needs read permission on the key, UPDATE write permission.
         let flags = match access {
             Access::Read => raw::REDISMODULE_CMD_KEY_ACCESS,
             Access::Write => raw::REDISMODULE_CMD_KEY_UPDATE,
         } as c_int;
-        let ok = check(user, key.inner, flags) == raw::REDISMODULE_OK as c_int;
+        // The set's ACL name, made once per known set; a name this node does not know yet
+        // (the catalog may still have it) gets a temporary one.
+        let ok = crate::state::with(|r| {
+            r.sets
+                .get(set)
+                .map(|s| check(user, s.acl_key.inner, flags) == raw::REDISMODULE_OK as c_int)
+        })
+        .unwrap_or_else(|| {
+            let key = RedisString::create(None, acl_key(set));
+            check(user, key.inner, flags) == raw::REDISMODULE_OK as c_int
+        });
         free_user(user);
         if ok {
             Ok(())

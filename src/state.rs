@@ -115,6 +115,8 @@ pub struct SetState {
     /// created again) is recognised as stale when it ends.
     pub incarnation: u64,
     pub filter_key: RedisString,
+    /// `member:<set>`, the name ACL key patterns are matched against (see `acl.rs`), made once.
+    pub acl_key: RedisString,
     pub cache_prefix: Vec<u8>,
     /// Identity of the catalog row this set was learned from, when known (see
     /// `sql::CatalogRow`): a different one means the set was dropped and created again.
@@ -157,6 +159,7 @@ impl SetState {
         SetState {
             incarnation,
             filter_key: keys::filter_key(&def.name),
+            acl_key: RedisString::create(None, crate::acl::acl_key(&def.name)),
             cache_prefix: keys::cache_prefix(&def.name),
             catalog_id: None,
             def,

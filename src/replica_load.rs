@@ -76,14 +76,14 @@ fn loader() -> Option<&'static Sender<Job>> {
 }
 
 /// Starts decoding `payload` for `set` off the main thread, if it is large enough, the set is
-/// known and the loader thread runs. False means "do it inline". `adds` are the journaled
-/// hashes that travel with the payload.
-pub fn start(set: &str, payload: &RedisString, adds: Vec<u128>) -> bool {
+/// known and the loader thread runs; otherwise hands `adds` (the journaled hashes that travel
+/// with the payload) back for the caller to do it inline.
+pub fn start(set: &str, payload: &RedisString, adds: Vec<u128>) -> Result<(), Vec<u128>> {
     if payload.as_slice().len() < OFF_THREAD_BYTES {
-        return false;
+        return Err(adds);
     }
     let Some(loader) = loader() else {
-        return false;
+        return Err(adds);
     };
     let seq = NEXT_SEQ.fetch_add(1, Ordering::Relaxed);
     let Some(incarnation) = state::with(|r| {
@@ -95,7 +95,7 @@ pub fn start(set: &str, payload: &RedisString, adds: Vec<u128>) -> bool {
         });
         Some(s.incarnation)
     }) else {
-        return false;
+        return Err(adds);
     };
     let retained = Retained::new(payload);
     let set = set.to_string();
@@ -113,7 +113,7 @@ pub fn start(set: &str, payload: &RedisString, adds: Vec<u128>) -> bool {
     });
     // The receiver lives as long as the loader thread, which never ends.
     let _ = loader.send(job);
-    true
+    Ok(())
 }
 
 /// Main thread: swaps the decoded filter in, with the adds applied since, unless the set was
@@ -152,12 +152,27 @@ fn finish(
     for h in journal {
         v.add(h);
     }
-    if !v.belongs_to(set) {
+    install_loaded(ctx, &crate::keys::filter_key(set), Some(set), v, true);
+    metrics::global(|m| m.loads_off_thread += 1);
+}
+
+/// Stores a filter that arrived whole (`MEMBER._LOAD` from a primary or the AOF, decoded here
+/// or inline) at `key`, the filter key of `set` if it is one. A filter of another set never
+/// serves there (made incomplete, so the set rebuilds its own); the set trusts the value at
+/// once only if `live` (as current as the primary's) and complete.
+pub fn install_loaded(
+    ctx: &Context,
+    key: &RedisString,
+    set: Option<&str>,
+    mut v: FilterValue,
+    live: bool,
+) {
+    if set.is_some_and(|s| !v.belongs_to(s)) {
         v.cov.complete = false;
     }
-    let complete = v.cov.complete;
-    let key = crate::keys::filter_key(set);
-    let id = filter_type::install(ctx, &key, v);
-    state::with(|r| state::installed(r, set, id, complete));
-    metrics::global(|m| m.loads_off_thread += 1);
+    let trust = live && v.cov.complete;
+    let id = filter_type::install(ctx, key, v);
+    if let Some(set) = set {
+        state::with(|r| state::installed(r, set, id, trust));
+    }
 }

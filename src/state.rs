@@ -303,10 +303,11 @@ pub struct Registry {
 
 impl Registry {
     /// The set named `name` if it may serve right now without asking the catalog: known,
-    /// and not held back after a promotion.
+    /// and not held back after a promotion, unless `confirmed` (the catalog was just asked
+    /// about it, which lifts the hold for this name).
     #[inline]
-    pub fn serving(&mut self, name: &str) -> Option<&mut SetState> {
-        if self.catalog.hold {
+    pub fn serving(&mut self, name: &str, confirmed: bool) -> Option<&mut SetState> {
+        if self.catalog.hold && !confirmed {
             return None;
         }
         self.sets.get_mut(name)
@@ -452,7 +453,7 @@ pub fn housekeeping(ctx: &Context) {
         }
     }
     let strangers = strangers_waiting(ctx, now);
-    if r_refresh_due(now) {
+    if memory_refresh_due(now) {
         crate::limits::refresh_memory_budget(ctx);
     }
     crate::sync::run(ctx, promoted || strangers);
@@ -490,7 +491,7 @@ fn strangers_waiting(ctx: &Context, now: Instant) -> bool {
 }
 
 /// True at most once a second: time to refresh the memory budget rebuild threads read.
-fn r_refresh_due(now: Instant) -> bool {
+fn memory_refresh_due(now: Instant) -> bool {
     thread_local! {
         static LAST: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
     }

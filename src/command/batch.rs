@@ -134,11 +134,7 @@ fn plan_lookups(
 ) -> Result<Option<ManyLookups>, RedisError> {
     state::with(|r| {
         let epoch = r.epoch;
-        let set = if confirmed {
-            r.sets.get_mut(set_name)
-        } else {
-            r.serving(set_name)
-        };
+        let set = r.serving(set_name, confirmed);
         let Some(set) = set else {
             return Ok(None);
         };
@@ -174,11 +170,7 @@ fn plan_writes(
     confirmed: bool,
 ) -> Result<Option<ManyWrites>, RedisError> {
     state::with(|r| {
-        let set = if confirmed {
-            r.sets.get_mut(set_name)
-        } else {
-            r.serving(set_name)
-        };
+        let set = r.serving(set_name, confirmed);
         let Some(set) = set else {
             return Ok(None);
         };

@@ -19,7 +19,7 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     }
     let name = set_name(&args[1])?;
     crate::acl::check_set(ctx, &name, crate::acl::Access::Read)?;
-    if state::with(|r| r.serving(&name).is_none()) {
+    if state::with(|r| r.serving(&name, false).is_none()) {
         let later = InfoLater(name.clone());
         let then: crate::catalog::Then = Box::new(move |_ctx, blocked| {
             blocked.finish(Box::new(later));

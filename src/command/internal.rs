@@ -6,7 +6,8 @@ use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, 
 
 use super::set_name;
 use crate::canon::{self, Canon, Normalize};
-use crate::filter_type::{self, FilterValue};
+use crate::filter_type::FilterValue;
+use crate::replica_load;
 use crate::state::{self, SetDef};
 use crate::{config, effects};
 
@@ -79,18 +80,21 @@ pub fn load(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
         None => Vec::new(),
     };
+    // An AOF rewrite names every key holding a filter, set aside copies included: only a
+    // set's own filter key concerns that set.
+    let set = set_of_filter_key(key.as_slice());
     // Live from the primary, a large filter is verified and decoded off the main thread and
     // swapped in when ready (the current filter keeps serving, and receives every add meanwhile).
-    if live {
-        if let Some(set) = set_of_filter_key(key.as_slice()) {
-            if crate::replica_load::start(set, &payload, adds.clone()) {
-                return Ok(RedisValue::SimpleStringStatic("OK"));
-            }
-        }
-    }
+    let adds = match set {
+        Some(set) if live => match replica_load::start(set, &payload, adds) {
+            Ok(()) => return Ok(RedisValue::SimpleStringStatic("OK")),
+            Err(adds) => adds,
+        },
+        _ => adds,
+    };
     let mut v = FilterValue::from_bytes(payload.as_slice())
         .map_err(|e| RedisError::String(format!("ERR libmember: {e}")))?;
-    if let Some(set) = set_of_filter_key(key.as_slice()) {
+    if let Some(set) = set {
         // Whatever was still being decoded for the set is older than this one.
         state::with(|r| {
             if let Some(s) = r.sets.get_mut(set) {
@@ -101,20 +105,7 @@ pub fn load(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     for h in adds {
         v.bloom.add(h);
     }
-    // A filter of another set (an AOF or primary naming it at this key) never serves here:
-    // incomplete, it is rebuilt.
-    if let Some(set) = set_of_filter_key(key.as_slice()) {
-        if !v.belongs_to(set) {
-            v.cov.complete = false;
-        }
-    }
-    let complete = v.cov.complete;
-    let id = filter_type::install(ctx, &key, v);
-    // An AOF rewrite names every key holding a filter, set aside copies included: only a
-    // set's own filter key concerns that set.
-    if let Some(set) = set_of_filter_key(key.as_slice()) {
-        state::with(|r| state::installed(r, set, id, live && complete));
-    }
+    replica_load::install_loaded(ctx, &key, set, v, live);
     Ok(RedisValue::SimpleStringStatic("OK"))
 }
 

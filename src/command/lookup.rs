@@ -129,11 +129,7 @@ fn decide(
 ) -> Result<Step, RedisError> {
     state::with(|r| {
         let epoch = r.epoch;
-        let set = if confirmed {
-            r.sets.get_mut(set_name)
-        } else {
-            r.serving(set_name)
-        };
+        let set = r.serving(set_name, confirmed);
         let Some(set) = set else {
             return Ok(Step::Unknown);
         };

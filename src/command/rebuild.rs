@@ -28,7 +28,7 @@ pub fn rebuild(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             )))
         }
     };
-    if state::with(|r| r.serving(&name).is_none()) {
+    if state::with(|r| r.serving(&name, false).is_none()) {
         // A set this node does not know: ask the catalog first (only this client waits; with
         // SYNC as long as the rebuild takes).
         let timeout = if sync {

@@ -158,11 +158,7 @@ fn prepare(
     confirmed: bool,
 ) -> Result<Option<WriteDone>, RedisError> {
     state::with(|r| {
-        let s = if confirmed {
-            r.sets.get_mut(set)
-        } else {
-            r.serving(set)
-        };
+        let s = r.serving(set, confirmed);
         let Some(s) = s else {
             return Ok(None);
         };

@@ -275,10 +275,7 @@ pub fn forget(ctx: &Context, name: &str) {
         }
     }
     keys::with_db0(ctx, |ctx| {
-        let k = ctx.open_key_writable(&keys::filter_key(name));
-        if !k.is_empty() {
-            let _ = k.delete();
-        }
+        crate::filter_store::remove(ctx, &keys::filter_key(name));
     });
 }
 

@@ -168,6 +168,14 @@ pub fn db_timeout_ms() -> u64 {
     DB_TIMEOUT_MS.load(Ordering::Relaxed) as u64
 }
 
+/// How long after a node takes over items (a promotion, a slot that arrived) the work that
+/// makes its filter current must start before a negative counts: an ADD the previous holder
+/// took is acknowledged within its `member.db-timeout-ms` or never, so it is committed by
+/// then. One second covers the reply's way back and differing clocks of the timeouts.
+pub fn handover_grace() -> std::time::Duration {
+    std::time::Duration::from_millis(db_timeout_ms()) + std::time::Duration::from_secs(1)
+}
+
 pub fn pg_url() -> (String, u64) {
     let url = PG_URL.lock().unwrap_or_else(|e| e.into_inner()).clone();
     (url, PG_URL_GEN.load(Ordering::Acquire))

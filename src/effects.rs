@@ -5,7 +5,7 @@
 use redis_module::{Context, ContextFlags, RedisString};
 
 use crate::canon::Canon;
-use crate::filter_type;
+use crate::filter_store;
 use crate::{keys, state};
 
 /// `canon` became (or may have become) a member of `set`: set its filter bits, make a running
@@ -25,7 +25,7 @@ pub fn added(ctx: &Context, set: &str, canon: &Canon) {
             }
             None => (keys::filter_key(set), keys::cache_prefix(set)),
         };
-        let at = filter_type::add(ctx, &key, canon.hash);
+        let at = filter_store::add(ctx, &key, canon.hash);
         // The trusted filter, if it is not the value that just took the item, missed it.
         if let Some(s) = r.sets.get_mut(set) {
             s.filter_added(at);

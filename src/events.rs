@@ -25,6 +25,10 @@ pub fn on_generic(_ctx: &Context, _kind: NotifyEvent, event: &str, key: &[u8]) {
 fn on_loading(_ctx: &Context, sub: LoadingSubevent) {
     if sub != LoadingSubevent::Ended && sub != LoadingSubevent::Failed {
         keys::distrust_cache();
+        // The filters held in module memory come back with the dataset (its aux field).
+        if crate::cluster::enabled() {
+            crate::filter_store::clear();
+        }
     }
 }
 

@@ -13,6 +13,17 @@ pub enum FilterView {
     KnownAbsent,
 }
 
+impl FilterView {
+    /// The filter would answer "absent" (a negative, or a known false positive).
+    #[inline]
+    pub fn is_negative(self) -> bool {
+        matches!(
+            self,
+            FilterView::Complete { contains: false } | FilterView::KnownAbsent
+        )
+    }
+}
+
 /// The tier that decided an answer, as MEMBER.EXPLAIN names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path {

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redis_module::{raw, Context, ContextFlags, RedisString};
+use redis_module::{raw, Context, RedisString};
 
 use crate::canon::Canon;
 use crate::cluster::slot;
@@ -58,9 +58,8 @@ pub fn cache_key_bytes(prefix: &[u8], canon: &Canon, in_cluster: bool) -> Vec<u8
 }
 
 /// True when the server runs in cluster mode (fixed at start-up, so read once).
-fn cluster_mode(ctx: &Context) -> bool {
-    static CLUSTER: OnceLock<bool> = OnceLock::new();
-    *CLUSTER.get_or_init(|| ctx.get_flags().contains(ContextFlags::CLUSTER))
+fn cluster_mode(_ctx: &Context) -> bool {
+    crate::cluster::enabled()
 }
 
 /// The value this process writes into exact-match keys. Entries are trusted only when they

@@ -18,6 +18,7 @@ pub mod error;
 pub mod events;
 pub mod fast_exists;
 pub mod filter;
+pub mod filter_store;
 pub mod filter_type;
 pub mod funnel;
 pub mod keys;
@@ -93,6 +94,10 @@ fn member_int_set(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisR
 fn member_int_drop(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
     reply::guard(ctx, "MEMBER._DROP", || internal::drop(ctx, args))
 }
+/// MEMBER._OWN <sentinel key> (replication and AOF only)
+fn member_int_own(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
+    reply::guard(ctx, "MEMBER._OWN", || internal::own(ctx, args))
+}
 /// MEMBER.INFO <set>
 fn member_info(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
     reply::guard(ctx, "MEMBER.INFO", || info::info(ctx, args))
@@ -116,6 +121,7 @@ fn info_member(ctx: &InfoContext, for_crash_report: bool) {
 /// makes the node re-read the set catalog.
 #[redis_module_macros::role_changed_event_handler]
 fn on_role_changed(_ctx: &Context, role: redis_module::server_events::ServerRole) {
+    cluster::owner::role_changed();
     if role == redis_module::server_events::ServerRole::Primary {
         state::on_promoted();
         catalog::promoted();
@@ -149,12 +155,25 @@ const COMMAND_INFO: &[Info] = &[
     Info::anywhere("member._set", -7),
     Info::anywhere("member.drop", -2),
     Info::anywhere("member._drop", 2),
+    Info::anywhere("member._own", 2),
     // Many items, maybe of many slots: no routing key; refused in cluster mode (README).
     Info::anywhere("member.mexists", -4),
     Info::anywhere("member.madd", -4),
 ];
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+    cluster::set_enabled(
+        ctx.get_flags()
+            .contains(redis_module::ContextFlags::CLUSTER),
+    );
+    // Cluster mode only: slot sentinels, and the RDB aux field that carries the filters held
+    // in module memory (standalone RDB files stay loadable as before).
+    if cluster::enabled() {
+        if let Err(e) = cluster::sentinel::SENTINEL_TYPE.create_data_type(ctx.ctx) {
+            reply::log(ctx, reply::Level::Warning, &format!("libmember: {e}"));
+            return Status::Err;
+        }
+    }
     {
         let mut url = PG_URL.lock().unwrap_or_else(|e| e.into_inner());
         if url.is_empty() {
@@ -216,6 +235,7 @@ redis_module! {
         ["member._load", member_int_load, "write deny-oom", 0, 0, 0, ""],
         ["member._set", member_int_set, "write", 0, 0, 0, ""],
         ["member._drop", member_int_drop, "write", 0, 0, 0, ""],
+        ["member._own", member_int_own, "write", 0, 0, 0, ""],
     ],
     event_handlers: [
         [@GENERIC: events::on_generic],

@@ -13,7 +13,8 @@ use crate::block::{Blocked, Completion};
 use crate::command::internal;
 use crate::db::sql::Built;
 use crate::db::{self, sql, DbErr};
-use crate::filter_type::{self, FilterValue};
+use crate::filter_store;
+use crate::filter_type::FilterValue;
 use crate::state::{self, Rebuild};
 use crate::{config, mainq, metrics};
 
@@ -166,11 +167,12 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
             filter.bloom.add_many(&journal);
             internal::replicate_built_filter(ctx, &key, &payload.0, &journal);
             drop(payload);
-            let id = filter_type::install(ctx, &key, filter);
+            let id = filter_store::install(ctx, &key, filter);
             metrics::global(|m| m.rebuilds_done += 1);
             state::with(|r| {
                 state::installed(r, name, id, true);
-                state::synced(r, name, epoch)
+                state::built_since(r, name, started);
+                state::synced(r, name, epoch, started)
             });
             crate::reply::log(
                 ctx,

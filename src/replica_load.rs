@@ -11,6 +11,7 @@ use crossbeam_channel::{unbounded, Sender};
 
 use redis_module::{raw, Context, RedisString};
 
+use crate::filter_store;
 use crate::filter_type::{self, FilterValue};
 use crate::state::{self, PendingLoad};
 use crate::{mainq, metrics, reply};
@@ -171,7 +172,7 @@ pub fn install_loaded(
         v.cov.complete = false;
     }
     let trust = live && v.cov.complete;
-    let id = filter_type::install(ctx, key, v);
+    let id = filter_store::install(ctx, key, v);
     if let Some(set) = set {
         state::with(|r| state::installed(r, set, id, trust));
     }

@@ -13,7 +13,7 @@ use redis_module::{Context, RedisString};
 
 use crate::canon::Normalize;
 use crate::metrics::PathCounters;
-use crate::{config, filter_type, keys, rebuild};
+use crate::{config, filter_store, keys, rebuild};
 
 /// A set's settings, as stored in the `member_catalog` table.
 #[derive(Clone, Debug, PartialEq)]
@@ -138,6 +138,10 @@ pub struct SetState {
     /// other value found at the key (renamed or moved back, copied over, swapped in,
     /// restored) falls through to cache and database until a sync pass catches it up.
     pub trusted: Option<u64>,
+    /// When the work that last brought the trusted filter current (a sync pass that caught it
+    /// up, or the rebuild that built it) started. In a cluster, a slot's negatives count only
+    /// when this is late enough after the slot was taken (`cluster/owner.rs`).
+    pub covered_since: Option<Instant>,
     /// A filter the primary replicated, being verified off the main thread
     /// (`replica_load.rs`): the adds applied meanwhile, folded in at the swap.
     pub pending_load: Option<PendingLoad>,
@@ -171,6 +175,7 @@ impl SetState {
             sync: Default::default(),
             synced_epoch: 0,
             trusted: None,
+            covered_since: None,
             pending_load: None,
             stats: PathCounters::default(),
         }
@@ -187,9 +192,11 @@ impl SetState {
 
     /// A sync pass applied `rows` rows to the value at the key, which it caught up
     /// (`caught`, see `FilterValue::apply_sync`) or not.
-    pub fn filter_synced(&mut self, caught: Option<u64>, rows: bool) {
+    /// `started`: when the pass started.
+    pub fn filter_synced(&mut self, caught: Option<u64>, rows: bool, started: Instant) {
         if caught.is_some() {
             self.trusted = caught;
+            self.covered_since = Some(started);
         } else if rows {
             self.trusted = None;
         }
@@ -297,6 +304,11 @@ pub struct Registry {
     /// Set by a promotion or a dataset load; the next sweep starts sync passes for every set
     /// at once.
     promoted: bool,
+    /// When this node was last promoted.
+    promoted_at: Option<Instant>,
+    /// Times at which a handover grace ends (a promotion, slots taken in a cluster): a sync
+    /// pass starts then, whatever the interval, so the filter serves "absent" again promptly.
+    catch_ups: Vec<Instant>,
     /// When a sweep last started sync passes early for a filter value no set trusts yet.
     strangers_seen: Option<Instant>,
 }
@@ -340,6 +352,18 @@ pub fn on_promoted() {
     with(|r| {
         r.epoch += 1;
         r.promoted = true;
+        r.promoted_at = Some(Instant::now());
+    });
+    catch_up_at(Instant::now() + config::handover_grace());
+}
+
+/// Starts a sync pass for every set at `at` (the end of a handover grace), not an interval
+/// later.
+pub fn catch_up_at(at: Instant) {
+    with(|r| {
+        if !r.catch_ups.contains(&at) {
+            r.catch_ups.push(at);
+        }
     });
 }
 
@@ -350,9 +374,15 @@ pub fn after_load() {
     with(|r| r.promoted = true);
 }
 
-/// Records that `set`'s filter was caught up by work started in `epoch`.
-pub fn synced(r: &mut Registry, set: &str, epoch: u64) {
-    if epoch == r.epoch {
+/// Records that `set`'s filter was caught up by work started at `started`, in `epoch`. Work
+/// counts for a new epoch only when it started a handover grace after the promotion: the old
+/// primary may still acknowledge an ADD it took before (within its `member.db-timeout-ms`),
+/// and only work started after that reads it.
+pub fn synced(r: &mut Registry, set: &str, epoch: u64, started: Instant) {
+    let late_enough = r
+        .promoted_at
+        .is_none_or(|p| started >= p + config::handover_grace());
+    if epoch == r.epoch && late_enough {
         if let Some(s) = r.sets.get_mut(set) {
             s.synced_epoch = epoch;
         }
@@ -361,11 +391,20 @@ pub fn synced(r: &mut Registry, set: &str, epoch: u64) {
 
 /// `id` is the filter value the module just installed at `set`'s key: trusted for "absent" if
 /// `trust` (it is current: a build, or a live replica's copy of one), else nothing is.
+/// What it covers is not known here: a build says so with [`built_since`].
 pub fn installed(r: &mut Registry, set: &str, id: u64, trust: bool) {
     if let Some(s) = r.sets.get_mut(set) {
         s.trusted = trust.then_some(id);
+        s.covered_since = None;
     }
     crate::sync::filter_installed();
+}
+
+/// The filter just installed for `set` was built by a rebuild that started at `started`.
+pub fn built_since(r: &mut Registry, set: &str, started: Instant) {
+    if let Some(s) = r.sets.get_mut(set) {
+        s.covered_since = Some(started);
+    }
 }
 
 /// Registers (or updates) a set definition. True when the set is new to this node.
@@ -429,7 +468,11 @@ pub fn housekeeping(ctx: &Context) {
         }
     });
     crate::catalog::tick(now);
-    let promoted = with(|r| std::mem::take(&mut r.promoted));
+    let promoted = with(|r| {
+        let graces = r.catch_ups.len();
+        r.catch_ups.retain(|t| *t > now);
+        std::mem::take(&mut r.promoted) || r.catch_ups.len() < graces
+    });
     let every = config::rebuild_interval();
     let idle: Vec<(String, RedisString, bool)> = with(|r| {
         r.sets
@@ -447,9 +490,14 @@ pub fn housekeeping(ctx: &Context) {
             .collect()
     });
     for (name, key, due) in idle {
-        let complete = filter_type::with(ctx, &key, |f| f.cov.complete).unwrap_or(false);
+        let complete = filter_store::with(ctx, &key, |f| f.cov.complete).unwrap_or(false);
         if !complete || due {
             rebuild::start(&name);
+        }
+    }
+    if crate::cluster::enabled() {
+        if let Some(at) = crate::cluster::owner::poll(ctx) {
+            catch_up_at(at);
         }
     }
     let strangers = strangers_waiting(ctx, now);
@@ -479,7 +527,7 @@ fn strangers_waiting(ctx: &Context, now: Instant) -> bool {
             .collect()
     });
     let found = sets.iter().any(|(key, trusted)| {
-        filter_type::with(ctx, key, |f| {
+        filter_store::with(ctx, key, |f| {
             f.cov.complete && f.cov.watermark.is_some() && !f.trusted(*trusted)
         })
         .unwrap_or(false)

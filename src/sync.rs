@@ -12,8 +12,9 @@ use crate::canon::Normalize;
 use crate::db::sql::{self, Changes};
 use crate::db::{pool, DbErr};
 use crate::filter_type::FilterValue;
+
 use crate::state;
-use crate::{config, filter_type, mainq, reply};
+use crate::{config, filter_store, mainq, reply};
 
 /// Per-set sync progress, shown by MEMBER.INFO.
 #[derive(Debug, Default)]
@@ -109,7 +110,7 @@ pub fn run(ctx: &Context, now_all: bool) {
     let mut norms = HashMap::new();
     for (name, incarnation, key, norm) in sets {
         // Only a filter with a watermark can be caught up; others wait for their rebuild.
-        if let Some(Some(from)) = filter_type::with(ctx, &key, |f| f.cov.watermark) {
+        if let Some(Some(from)) = filter_store::with(ctx, &key, |f| f.cov.watermark) {
             norms.insert(name.clone(), norm);
             members.push(Member {
                 name,
@@ -150,6 +151,7 @@ pub fn run(ctx: &Context, now_all: bool) {
         due.then(config::change_retention_s)
     });
     let pass = Pass {
+        started: now,
         epoch: state::with(|r| r.epoch),
         members,
         result: Some(Err(DbErr::Unavailable("sync job dropped".into()))),
@@ -163,6 +165,7 @@ pub fn run(ctx: &Context, now_all: bool) {
 /// One pass in flight. However it ends (done, or dropped unrun), its result goes back to the
 /// main thread exactly once.
 struct Pass {
+    started: Instant,
     /// Promotion epoch when the pass started.
     epoch: u64,
     members: Vec<Member>,
@@ -171,12 +174,15 @@ struct Pass {
 
 impl Drop for Pass {
     fn drop(&mut self) {
-        let (epoch, members) = (self.epoch, std::mem::take(&mut self.members));
+        let (started, epoch) = (self.started, self.epoch);
+        let members = std::mem::take(&mut self.members);
         let res = self
             .result
             .take()
             .unwrap_or(Err(DbErr::Unavailable("sync lost".into())));
-        mainq::post(Box::new(move |ctx| apply(ctx, epoch, members, res)));
+        mainq::post(Box::new(move |ctx| {
+            apply(ctx, started, epoch, members, res)
+        }));
     }
 }
 
@@ -240,7 +246,13 @@ pub fn catch_up(
     CatchUp::CaughtUp(f.cov.complete.then_some(f.id))
 }
 
-fn apply(ctx: &Context, epoch: u64, members: Vec<Member>, res: Result<Changes, DbErr>) {
+fn apply(
+    ctx: &Context,
+    started: Instant,
+    epoch: u64,
+    members: Vec<Member>,
+    res: Result<Changes, DbErr>,
+) {
     let again = LOOP.with(|l| {
         let mut l = l.borrow_mut();
         l.in_flight = false;
@@ -287,7 +299,7 @@ fn apply(ctx: &Context, epoch: u64, members: Vec<Member>, res: Result<Changes, D
         let Some(key) = key else {
             continue;
         };
-        let outcome = filter_type::with_mut(ctx, &key, |f| {
+        let outcome = filter_store::with_mut(ctx, &key, |f| {
             catch_up(&m.name, f, &hashes, m.from, ch.horizon, ch.floor, blind)
         });
         // Trust follows the value the pass caught up; rows it added to any other value at
@@ -298,11 +310,13 @@ fn apply(ctx: &Context, epoch: u64, members: Vec<Member>, res: Result<Changes, D
         };
         state::with(|r| {
             if let Some(s) = r.sets.get_mut(&m.name) {
-                s.filter_synced(caught, !hashes.is_empty());
+                s.filter_synced(caught, !hashes.is_empty(), started);
             }
         });
         match outcome {
-            Some(CatchUp::CaughtUp(_)) => state::with(|r| state::synced(r, &m.name, epoch)),
+            Some(CatchUp::CaughtUp(_)) => {
+                state::with(|r| state::synced(r, &m.name, epoch, started))
+            }
             Some(CatchUp::Pruned) => reply::log(
                 ctx,
                 reply::Level::Warning,

@@ -63,7 +63,7 @@ fn command_info_declares_arity_and_the_item_as_routing_key() {
     const ADD: &[&str] = &["RW", "insert", "not_key"];
     const DEL: &[&str] = &["RW", "delete", "not_key"];
     const READ: &[&str] = &["RO", "not_key"];
-    let want: [(&str, i64, Option<&[&str]>); 15] = [
+    let want: [(&str, i64, Option<&[&str]>); 16] = [
         ("member.create", -2, None),
         ("member.add", -3, Some(ADD)),
         ("member.exists", -3, Some(READ)),
@@ -77,6 +77,7 @@ fn command_info_declares_arity_and_the_item_as_routing_key() {
         ("member._set", -7, None),
         ("member.drop", -2, None),
         ("member._drop", 2, None),
+        ("member._own", 2, None),
         ("member.mexists", -4, None),
         ("member.madd", -4, None),
     ];

@@ -1,4 +1,22 @@
-//! Valkey Cluster placement: which hash slot an item belongs to, and the short hash tags that
-//! put a key in a chosen slot. Pure; the server glue that reads slot ownership comes later.
+//! Valkey Cluster placement: which hash slot an item belongs to and the short hash tags that
+//! put a key in a chosen slot (`slot`, pure), and whether this node runs in cluster mode.
 
+pub mod nodes;
+pub mod owner;
+pub mod sentinel;
 pub mod slot;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Records whether the server runs in cluster mode (fixed at start-up; set once at load).
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+/// True when the server runs in cluster mode.
+#[inline]
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}

@@ -10,7 +10,7 @@ use crate::block::{Blocked, Completion};
 use crate::canon::{canonicalize, Canon};
 use crate::catalog::{self, Fail};
 use crate::db::{pool, sql, DbErr};
-use crate::{error, filter_type, keys, state};
+use crate::{error, filter_store, keys, state};
 
 /// Most items one MEXISTS or MADD may name (`error::TOO_MANY_ITEMS`): it bounds the
 /// main-thread work of one call (probes, or each ADD's effects) to about a millisecond.
@@ -145,7 +145,7 @@ fn plan_lookups(
             result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
         };
         // The filter key is looked up once for the whole call.
-        let probe = filter_type::Probe::open(ctx, &set.filter_key);
+        let probe = filter_store::Probe::open(ctx, &set.filter_key);
         for (i, canon) in canons.into_iter().enumerate() {
             match decide_item(ctx, set, epoch, Some(&probe), canon, false, None) {
                 Step::Done(present, _) => done.answers.push(present),

@@ -16,7 +16,7 @@ use crate::config::{self, parse_error_rate};
 use crate::db::sql::CatalogRow;
 use crate::db::{pool, sql, DbErr};
 use crate::state::{self, SetDef};
-use crate::{error, filter_type, keys, mainq, metrics, rebuild};
+use crate::{error, filter_store, keys, mainq, metrics, rebuild};
 
 const OPTIONS: [&str; 5] = ["ERROR", "CAPACITY", "CACHE-TTL", "RECENT-TTL", "NORMALIZE"];
 
@@ -184,7 +184,7 @@ fn catalog_done(ctx: &Context, id: u64, res: Result<CatalogRow, DbErr>) {
     // and created again elsewhere.
     crate::catalog::learn(ctx, def.clone(), Some(row.id));
     let key = keys::filter_key(&def.name);
-    let complete = filter_type::with(ctx, &key, |f| f.cov.complete).unwrap_or(false);
+    let complete = filter_store::with(ctx, &key, |f| f.cov.complete).unwrap_or(false);
     if complete {
         internal::replicate_set(ctx, &def, Some(row.id));
         if let Some(w) = waiter {

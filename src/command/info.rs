@@ -6,7 +6,7 @@ use redis_module::{Context, InfoContext, RedisError, RedisResult, RedisString, R
 
 use super::set_name;
 use crate::state::{self, Rebuild};
-use crate::{config, db, filter_type, keys, metrics};
+use crate::{config, db, filter_store, keys, metrics};
 
 fn f(x: f64) -> String {
     format!("{x:.6}")
@@ -43,7 +43,9 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
     keys::with_db0(ctx, |ctx| {
         let mut out: Vec<(&'static str, String)> = Vec::new();
         let key = state::with(|r| -> Result<_, RedisError> {
+            let epoch = r.epoch;
             let s = r.find(name)?;
+            let current = s.synced_epoch == epoch;
             let d = &s.def;
             out.push(("name", d.name.clone()));
             out.push(("table", crate::db::sql::table(&d.name)));
@@ -52,10 +54,10 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
             out.push(("capacity", d.capacity.to_string()));
             out.push(("cache_ttl", d.cache_ttl.to_string()));
             out.push(("recent_ttl", d.recent_ttl.to_string()));
-            Ok((s.filter_key.clone(), s.trusted))
+            Ok((s.filter_key.clone(), s.trusted, current))
         })?;
-        let (key, trusted) = key;
-        let filter = filter_type::with(ctx, &key, |v| {
+        let (key, trusted, current) = key;
+        let filter = filter_store::with(ctx, &key, |v| {
             let b = &v.bloom;
             vec![
                 ("filter_present", "1".to_string()),
@@ -63,6 +65,12 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
                 (
                     "filter_caught_up",
                     ((trusted == Some(v.id)) as u8).to_string(),
+                ),
+                // Caught up, and by work late enough after a promotion (state::synced): the
+                // filter answers "absent" (in a cluster, for the slots in cluster_slots_ready).
+                (
+                    "filter_serves_absent",
+                    ((v.trusted(trusted) && current) as u8).to_string(),
                 ),
                 (
                     "sync_watermark_xid",
@@ -131,6 +139,15 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
                     .unwrap_or_else(|| "never".into()),
             ));
             out.push(("sync_rows_applied", s.sync.rows_applied.to_string()));
+            if crate::cluster::enabled() {
+                // This node's part: the slots it answers for, and those whose negatives count.
+                let (owned, ready, err) = crate::cluster::owner::summary(s.covered_since);
+                out.push(("cluster_slots_owned", owned.to_string()));
+                out.push(("cluster_slots_ready", ready.to_string()));
+                if let Some(e) = err {
+                    out.push(("cluster_poll_error", e));
+                }
+            }
             out.push(("sync_horizon", crate::sync::horizon(Some(name)).into()));
             if let Some(e) = &s.sync.last_error {
                 out.push(("sync_last_error", e.clone()));

@@ -211,3 +211,15 @@ pub fn replicate_filter(ctx: &Context, key: &RedisString, v: &FilterValue) {
     let payload = v.to_bytes();
     effects::replicate(ctx, "MEMBER._LOAD", &[key.as_slice(), &payload]);
 }
+
+/// MEMBER._OWN <key> — a primary wrote a slot sentinel (cluster mode): the replica (or the
+/// AOF load) writes one of its own at the same key, of a new identity.
+pub fn own(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard(ctx)?;
+    let [_, key] = <[RedisString; 2]>::try_from(args).map_err(|_| RedisError::WrongArity)?;
+    if !crate::cluster::enabled() || !crate::cluster::owner::is_sentinel_name(key.as_slice()) {
+        return Err(RedisError::Str("ERR libmember: not a slot sentinel"));
+    }
+    crate::cluster::owner::write_sentinel(ctx, &key);
+    Ok(RedisValue::SimpleStringStatic("OK"))
+}

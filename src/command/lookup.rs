@@ -8,10 +8,11 @@ use super::{block_on_point, block_timeout, may_block, point_for, ItemArgs, Point
 use crate::block::Completion;
 use crate::canon::canonicalize;
 use crate::catalog::{self, Fail};
+use crate::cluster::owner;
 use crate::db::pool::{self, Job};
 use crate::db::DbErr;
 use crate::funnel::{self, Gate, Path};
-use crate::{error, filter_type, keys, metrics, state};
+use crate::{error, filter_store, keys, metrics, state};
 
 fn reply(explain: bool, present: bool, path: Path) -> RedisValue {
     if explain {
@@ -146,20 +147,26 @@ pub(super) fn decide_item(
     ctx: &Context,
     set: &mut state::SetState,
     epoch: u64,
-    probe: Option<&filter_type::Probe>,
+    probe: Option<&filter_store::Probe>,
     canon: crate::canon::Canon,
     explain: bool,
     started: Option<Instant>,
 ) -> Step {
-    let (view, filter_id) = if set.synced_epoch == epoch {
+    let (mut view, mut filter_id) = if set.synced_epoch == epoch {
         match probe {
             Some(p) => p.view(canon.hash, set.trusted),
-            None => filter_type::view(ctx, &set.filter_key, canon.hash, set.trusted),
+            None => filter_store::view(ctx, &set.filter_key, canon.hash, set.trusted),
         }
     } else {
         // Promoted and not caught up since: the filter may miss acknowledged ADDs.
         (funnel::FilterView::Incomplete, None)
     };
+    // In a cluster, a negative is believed only for a slot this node has held long enough
+    // (cluster/owner.rs); a hit goes on to the cache and the database anyway.
+    let cluster = crate::cluster::enabled();
+    if cluster && view.is_negative() && !owner::ready_for(ctx, &canon.entity, set.covered_since) {
+        (view, filter_id) = (funnel::FilterView::Incomplete, None);
+    }
     let gate = funnel::gate(view, || set.is_recent(canon.hash));
     if !explain {
         let view_counts = |c: &mut metrics::PathCounters| {
@@ -183,6 +190,7 @@ pub(super) fn decide_item(
             record(set, explain, Path::FpCache, started);
             return Step::Done(false, Path::FpCache);
         }
+        Gate::Possible if cluster && !owner::may_cache(&canon.entity) => {}
         Gate::Possible => {
             let key = keys::cache_key(ctx, &set.cache_prefix, &canon);
             if keys::cache_hit(ctx, &key, set.incarnation) {
@@ -292,17 +300,20 @@ impl Completion for LookupDone {
             if let (Ok(None), Some(id)) = (&self.result, self.remember) {
                 let (key, ttl, trusted) = (&set.filter_key, set.def.cache_ttl, set.trusted);
                 let (hash, asked) = (self.hash, self.asked);
-                crate::filter_type::remember_absent(ctx, key, id, trusted, hash, asked, ttl);
+                crate::filter_store::remember_absent(ctx, key, id, trusted, hash, asked, ttl);
                 return;
             }
             if let Ok(Some(_)) = self.result {
                 // Present now: an older lookup's "absent" must not outlive this answer.
-                crate::filter_type::forget_absent(ctx, &set.filter_key, self.hash);
+                crate::filter_store::forget_absent(ctx, &set.filter_key, self.hash);
             }
             // Cache-aside fill, unless an ADD/DEL of this set landed since the lookup began
             // (it may have read a row a concurrent DEL removed), or this node is a replica.
             if let Ok(Some(expires_at)) = self.result {
                 if set.generation != self.generation || is_replica {
+                    return;
+                }
+                if crate::cluster::enabled() && !owner::may_cache(&self.entity) {
                     return;
                 }
                 let now = funnel::now_s();

@@ -163,6 +163,9 @@ fn prepare(
             return Ok(None);
         };
         let canon = canonicalize(s.def.normalize, item, scope).map_err(RedisError::Str)?;
+        if crate::cluster::enabled() {
+            crate::cluster::owner::may_write(item, &canon.entity).map_err(RedisError::String)?;
+        }
         Ok(Some(WriteDone::new(op, s, canon)))
     })
 }

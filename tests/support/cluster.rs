@@ -107,6 +107,8 @@ impl Cluster {
                     // Replicas sync at once instead of after the default 5 s wait.
                     ("repl-diskless-sync-delay", "0"),
                     ("member.workers", "1"),
+                    // DEBUG RELOAD: filters round-trip through the RDB aux field.
+                    ("enable-debug-command", "yes"),
                 ],
             );
             NODES

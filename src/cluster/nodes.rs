@@ -1,0 +1,103 @@
+//! Which hash slots this node answers for, read from `CLUSTER NODES` text. Pure.
+
+use super::slot::SLOTS;
+
+/// What one `CLUSTER NODES` reply says about this node.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Mine {
+    /// This node is a primary (else a replica, answering for its primary's slots).
+    pub primary: bool,
+    /// Slot ranges this node answers for (inclusive): a primary's own, a replica's primary's.
+    /// Slots being migrated away still count (the node owns them until the handover); slots
+    /// being imported do not.
+    pub ranges: Vec<(u16, u16)>,
+}
+
+/// Parses `CLUSTER NODES` output. `None` when the text names no node as `myself`.
+pub fn parse(text: &str) -> Option<Mine> {
+    let lines: Vec<Vec<&str>> = text
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() >= 8)
+        .collect();
+    let me = lines.iter().find(|f| flags(f).any(|x| x == "myself"))?;
+    let primary = flags(me).any(|x| x == "master");
+    let holder = if primary {
+        me
+    } else {
+        let of = me[3];
+        match lines.iter().find(|f| f[0] == of) {
+            Some(p) => p,
+            None => {
+                return Some(Mine {
+                    primary,
+                    ranges: Vec::new(),
+                })
+            }
+        }
+    };
+    Some(Mine {
+        primary,
+        ranges: holder[8..].iter().filter_map(|s| range(s)).collect(),
+    })
+}
+
+fn flags<'a>(fields: &'a [&'a str]) -> impl Iterator<Item = &'a str> {
+    fields[2].split(',')
+}
+
+/// `a-b` or `a`, within the slot space; migration markers (`[…]`) are not ranges.
+fn range(s: &str) -> Option<(u16, u16)> {
+    if s.starts_with('[') {
+        return None;
+    }
+    let (a, b) = match s.split_once('-') {
+        Some((a, b)) => (a.parse::<u16>().ok()?, b.parse::<u16>().ok()?),
+        None => {
+            let a = s.parse::<u16>().ok()?;
+            (a, a)
+        }
+    };
+    (a <= b && (b as usize) < SLOTS).then_some((a, b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NODES: &str = "\
+07c3 127.0.0.1:30004@40004 slave e7d1 0 1426238317239 4 connected
+67ed 127.0.0.1:30002@40002 master - 0 1426238316232 2 connected 5461-10922 [5460-<-e7d1]
+292f 127.0.0.1:30003@40003 master - 0 1426238318243 3 connected 10923-16383
+6ec2 127.0.0.1:30005@40005 slave 67ed 0 1426238316232 5 connected
+824f 127.0.0.1:30006@40006 slave 292f 0 1426238317741 6 connected
+e7d1 127.0.0.1:30001@40001 myself,master - 0 0 1 connected 0-5459 5460 [5460->-67ed]
+";
+
+    #[test]
+    fn a_primary_owns_its_ranges_including_one_it_is_migrating_away() {
+        let m = parse(NODES).unwrap();
+        assert!(m.primary);
+        assert_eq!(m.ranges, vec![(0, 5459), (5460, 5460)]);
+    }
+
+    #[test]
+    fn a_replica_answers_for_its_primarys_slots_not_imports() {
+        let text = NODES.replace("myself,master", "master").replace(
+            "6ec2 127.0.0.1:30005@40005 slave",
+            "6ec2 127.0.0.1:30005@40005 myself,slave",
+        );
+        let m = parse(&text).unwrap();
+        assert!(!m.primary);
+        assert_eq!(m.ranges, vec![(5461, 10922)]);
+    }
+
+    #[test]
+    fn odd_input_owns_nothing() {
+        assert_eq!(parse(""), None);
+        let orphan = "aaaa 127.0.0.1:1@2 myself,slave zzzz 0 0 1 connected\n";
+        assert_eq!(parse(orphan).unwrap().ranges, vec![]);
+        let bad = "aaaa 127.0.0.1:1@2 myself,master - 0 0 1 connected 9-3 16384 x 7\n";
+        assert_eq!(parse(bad).unwrap().ranges, vec![(7, 7)]);
+    }
+}

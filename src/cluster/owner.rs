@@ -1,0 +1,262 @@
+//! Which slots this node answers for, and since when a filter negative for one of them may be
+//! believed (docs/cluster-placement.md, step 4). A negative for an item whose canonical slot
+//! is `s` is trusted only when
+//! 1. this node owns `s` (a primary: itself; a replica: its primary), as the last poll of
+//!    `CLUSTER NODES` saw it;
+//! 2. `s`'s sentinel key holds the very value this node accepted for `s` (a slot that left and
+//!    came back between two polls brings back a value of a new identity, see `sentinel.rs`);
+//! 3. the set's filter was last brought current (sync pass or rebuild) by work that started
+//!    at least `member.db-timeout-ms` + 1 s after the slot was accepted: an ADD the previous
+//!    owner took is acknowledged within its timeout or never, so such work reads it.
+//!
+//! Main thread only.
+
+use std::cell::RefCell;
+use std::time::Instant;
+
+use redis_module::{Context, RedisString, RedisValue};
+
+use super::nodes;
+use super::sentinel::{Sentinel, SENTINEL_TYPE};
+use super::slot::{keyslot, tag_for_slot, SLOTS};
+use crate::{config, effects, reply};
+
+#[derive(Clone, Copy, Debug)]
+struct Accepted {
+    /// Identity of the sentinel value accepted.
+    id: u64,
+    /// Work that brings a filter current must start at or after this.
+    ready_at: Instant,
+}
+
+struct Own {
+    primary: bool,
+    owned: Vec<bool>,
+    accepted: Vec<Option<Accepted>>,
+    names: Vec<Option<RedisString>>,
+    /// The last poll's error, for INFO.
+    last_error: Option<String>,
+    owned_count: usize,
+}
+
+impl Default for Own {
+    fn default() -> Self {
+        Own {
+            primary: false,
+            owned: vec![false; SLOTS],
+            accepted: vec![None; SLOTS],
+            names: (0..SLOTS).map(|_| None).collect(),
+            last_error: None,
+            owned_count: 0,
+        }
+    }
+}
+
+thread_local! {
+    static OWN: RefCell<Own> = RefCell::new(Own::default());
+}
+
+/// Name of slot `slot`'s sentinel key: `member:{T(slot)}:owner`.
+pub fn sentinel_name(slot: u16) -> String {
+    format!("member:{{{}}}:owner", tag_for_slot(slot))
+}
+
+/// True when `key` names a slot sentinel (of any slot).
+pub fn is_sentinel_name(key: &[u8]) -> bool {
+    key.strip_prefix(b"member:{")
+        .and_then(|r| r.strip_suffix(b"}:owner"))
+        .is_some_and(|tag| !tag.is_empty() && tag.iter().all(u8::is_ascii_alphanumeric))
+}
+
+fn with_name<R>(o: &mut Own, slot: u16, f: impl FnOnce(&RedisString) -> R) -> R {
+    let n = o.names[slot as usize]
+        .get_or_insert_with(|| RedisString::create(None, sentinel_name(slot)));
+    f(n)
+}
+
+/// Identity of the sentinel value at `name`, if one is there.
+fn sentinel_at(ctx: &Context, name: &RedisString) -> Option<u64> {
+    let k = ctx.open_key(name);
+    match k.get_value::<Sentinel>(&SENTINEL_TYPE) {
+        Ok(Some(s)) => Some(s.id),
+        _ => None,
+    }
+}
+
+/// Writes a new sentinel at `name` (replacing whatever is there) and returns its identity.
+pub fn write_sentinel(ctx: &Context, name: &RedisString) -> Option<u64> {
+    let k = ctx.open_key_writable(name);
+    let s = Sentinel::new();
+    let id = s.id;
+    k.set_value(&SENTINEL_TYPE, s).ok().map(|_| id)
+}
+
+/// True when a filter negative for an item of `slot` may be believed, for a set whose filter
+/// was last brought current by work started at `covered_since`.
+#[inline]
+pub fn ready(ctx: &Context, slot: u16, covered_since: Option<Instant>) -> bool {
+    OWN.with(|o| {
+        let mut o = o.borrow_mut();
+        let Some(a) = o.accepted[slot as usize] else {
+            return false;
+        };
+        if covered_since.is_none_or(|c| c < a.ready_at) {
+            return false;
+        }
+        with_name(&mut o, slot, |n| sentinel_at(ctx, n)) == Some(a.id)
+    })
+}
+
+/// [`ready`] for the slot of a canonical entity.
+#[inline]
+pub fn ready_for(ctx: &Context, entity: &str, covered_since: Option<Instant>) -> bool {
+    ready(ctx, keyslot(entity.as_bytes()), covered_since)
+}
+
+/// True when this node may read and fill the exact-match key of a canonical entity: it owns
+/// the entity's slot, where that key lives (an importing node leaves it to the database).
+#[inline]
+pub fn may_cache(entity: &str) -> bool {
+    owns(keyslot(entity.as_bytes()))
+}
+
+/// ADD and DEL of `raw` (as the client sent it, and routed by it) whose canonical entity is
+/// `entity`: accepted when both hash to the same slot (the server routed the call here) or
+/// this node owns the canonical one; else an error that names the canonical form to send.
+/// Only the owner of the canonical slot may change what its filter and cache hold.
+pub fn may_write(raw: &[u8], entity: &str) -> Result<(), String> {
+    let slot = keyslot(entity.as_bytes());
+    if slot == keyslot(raw) || owns(slot) {
+        return Ok(());
+    }
+    Err(format!(
+        "ERR libmember: in cluster mode an item is written by the node of its canonical form's \
+         hash slot; this one is \"{}\" (slot {slot}, not served here): send that form, which \
+         routes there",
+        reply::escape(entity.as_bytes())
+    ))
+}
+
+/// True when this node owns `slot` (as last polled).
+#[inline]
+pub fn owns(slot: u16) -> bool {
+    OWN.with(|o| o.borrow().owned[slot as usize])
+}
+
+/// This node's role changed: every slot is accepted afresh at the next poll, so a promoted
+/// replica waits out the grace before it believes a negative.
+pub fn role_changed() {
+    OWN.with(|o| {
+        let mut o = o.borrow_mut();
+        o.accepted.iter_mut().for_each(|a| *a = None);
+    });
+}
+
+/// Slots owned and slots ready to answer "absent" for a set last brought current at
+/// `covered_since` (INFO), and the last poll error.
+pub fn summary(covered_since: Option<Instant>) -> (usize, usize, Option<String>) {
+    OWN.with(|o| {
+        let o = o.borrow();
+        let ready = o
+            .accepted
+            .iter()
+            .flatten()
+            .filter(|a| covered_since.is_some_and(|c| c >= a.ready_at))
+            .count();
+        (o.owned_count, ready, o.last_error.clone())
+    })
+}
+
+/// Reads slot ownership and sentinels (main-thread timer, every sweep). Returns when the
+/// grace of slots accepted now ends (a sync pass should start then), if any were.
+pub fn poll(ctx: &Context) -> Option<Instant> {
+    let text = match ctx.call("CLUSTER", &["NODES"]) {
+        Ok(RedisValue::BulkString(s)) | Ok(RedisValue::SimpleString(s)) => s,
+        Ok(RedisValue::StringBuffer(b)) => String::from_utf8_lossy(&b).into_owned(),
+        Ok(RedisValue::BulkRedisString(s)) => s.to_string_lossy(),
+        Ok(other) => return failed(ctx, format!("CLUSTER NODES answered {other:?}")),
+        Err(e) => return failed(ctx, format!("CLUSTER NODES failed: {e}")),
+    };
+    let Some(mine) = nodes::parse(&text) else {
+        return failed(ctx, "CLUSTER NODES names no node as myself".into());
+    };
+    let mut now_owned = vec![false; SLOTS];
+    for (a, b) in &mine.ranges {
+        now_owned[*a as usize..=*b as usize].fill(true);
+    }
+    let now = Instant::now();
+    let ready_at = now + config::handover_grace();
+    let mut created = Vec::new();
+    let mut accepted_any = false;
+    OWN.with(|o| {
+        let mut o = o.borrow_mut();
+        o.last_error = None;
+        if o.primary != mine.primary {
+            o.primary = mine.primary;
+            o.accepted.iter_mut().for_each(|a| *a = None);
+        }
+        for (s, &owned) in now_owned.iter().enumerate() {
+            if !owned || !o.owned[s] {
+                o.accepted[s] = None;
+            }
+            if !owned {
+                continue;
+            }
+            let slot = s as u16;
+            let found = with_name(&mut o, slot, |n| sentinel_at(ctx, n));
+            let id = match found {
+                Some(id) => id,
+                None if mine.primary => match with_name(&mut o, slot, |n| write_sentinel(ctx, n)) {
+                    Some(id) => {
+                        created.push(slot);
+                        id
+                    }
+                    None => continue,
+                },
+                // A replica waits for its primary's sentinel.
+                None => {
+                    o.accepted[s] = None;
+                    continue;
+                }
+            };
+            if o.accepted[s].map(|a| a.id) != Some(id) {
+                o.accepted[s] = Some(Accepted { id, ready_at });
+                accepted_any = true;
+            }
+        }
+        o.owned_count = now_owned.iter().filter(|x| **x).count();
+        o.owned = now_owned;
+    });
+    for slot in created {
+        effects::replicate(ctx, "MEMBER._OWN", &[sentinel_name(slot).as_bytes()]);
+    }
+    accepted_any.then_some(ready_at)
+}
+
+fn failed(ctx: &Context, why: String) -> Option<Instant> {
+    OWN.with(|o| {
+        let mut o = o.borrow_mut();
+        if o.last_error.as_deref() != Some(why.as_str()) {
+            reply::log(ctx, reply::Level::Warning, &format!("libmember: {why}"));
+        }
+        o.last_error = Some(why);
+    });
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sentinel_names_sit_in_their_slot_and_are_recognised() {
+        for slot in [0u16, 1, 5460, 16383] {
+            let n = sentinel_name(slot);
+            assert_eq!(super::super::slot::keyslot(n.as_bytes()), slot);
+            assert!(is_sentinel_name(n.as_bytes()));
+        }
+        assert!(!is_sentinel_name(b"member:{}:owner"));
+        assert!(!is_sentinel_name(b"member:s:bloom"));
+        assert!(!is_sentinel_name(b"member:{a b}:owner"));
+    }
+}

@@ -1,0 +1,253 @@
+//! Issue 8, step 4a (docs/cluster-placement.md): in a real cluster (3 primaries, 3 replicas,
+//! one for the whole file), filters live in module memory, every owned slot holds a sentinel,
+//! and a filter negative counts only for a slot the node has held — the same sentinel value —
+//! for longer than the grace. Writes whose canonical form lies in another node's slot are
+//! refused with that form.
+mod support;
+
+use std::time::Duration;
+
+use redis::{Connection, Value};
+use support::cluster::{Cluster, Node};
+use support::member::*;
+use support::wait_until;
+
+fn number(c: &mut Connection, set: &str, field: &str) -> i64 {
+    set_info(c, set, field)
+        .unwrap_or_else(|| panic!("MEMBER.INFO {set} has no {field}"))
+        .parse()
+        .unwrap()
+}
+
+/// Waits until every node answers "absent" from the filter for every slot it serves.
+fn wait_ready(cl: &Cluster, set: &str) {
+    for n in &cl.nodes {
+        let mut c = n.conn();
+        let ready = wait_until(Duration::from_secs(30), || {
+            let owned = set_info(&mut c, set, "cluster_slots_owned");
+            owned.is_some() && owned == set_info(&mut c, set, "cluster_slots_ready")
+        });
+        assert!(
+            ready,
+            "{set} never ready on {}: owned {:?}, ready {:?}",
+            n.addr(),
+            set_info(&mut c, set, "cluster_slots_owned"),
+            set_info(&mut c, set, "cluster_slots_ready")
+        );
+    }
+}
+
+/// A per-item call sent where the cluster routes it: the owner of its item's slot.
+fn routed(cl: &Cluster, args: &[&str]) -> i64 {
+    int(&mut cl.owner(cl.keyslot(args[2])).conn(), args)
+}
+
+/// The sentinel key of `slot`, found on its owner.
+fn sentinel_of(owner: &Node, slot: u16) -> String {
+    let keys: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(1000)
+        .query(&mut owner.conn())
+        .unwrap();
+    keys.into_iter()
+        .find(|k| k.starts_with("member:{") && k.ends_with("}:owner"))
+        .unwrap_or_else(|| panic!("slot {slot} has no sentinel on {}", owner.addr()))
+}
+
+/// The first item `prefix<i>` that is absent from `set` (never added), and its slot.
+fn probe(cl: &Cluster, prefix: &str) -> (String, u16) {
+    let item = format!("{prefix}-absent");
+    let slot = cl.keyslot(&item);
+    (item, slot)
+}
+
+#[test]
+fn every_owned_slot_has_a_sentinel_and_the_filter_is_no_key() {
+    let cl = Cluster::shared();
+    let set = "sentinels";
+    ok(
+        &mut cl.nodes[0].conn(),
+        &["MEMBER.CREATE", set, "NORMALIZE", "none"],
+    );
+    wait_ready(cl, set);
+    let mut owned_total = 0;
+    for n in &cl.nodes {
+        let mut c = n.conn();
+        let owned = number(&mut c, set, "cluster_slots_owned");
+        assert!((5000..=5600).contains(&owned), "{}: {owned}", n.addr());
+        if n.primary {
+            owned_total += owned;
+        }
+        assert_eq!(
+            set_info(&mut c, set, "filter_present").as_deref(),
+            Some("1")
+        );
+    }
+    assert_eq!(owned_total, 16384);
+    // The filter lives in module memory, not at a key of some slot.
+    let bloom = format!("member:{set}:bloom");
+    let holder = cl.owner(cl.keyslot(&bloom));
+    assert_eq!(int(&mut holder.conn(), &["EXISTS", &bloom]), 0);
+    for slot in [0u16, 5000, 9999, 16383] {
+        let owner = cl.owner(slot);
+        let key = sentinel_of(owner, slot);
+        let t: String = redis::cmd("TYPE")
+            .arg(&key)
+            .query(&mut owner.conn())
+            .unwrap();
+        assert_eq!(t, "member-sl", "{key}");
+        // Replicated: the replica holds one too (a value of its own).
+        let r = cl.replica_of(owner);
+        let mut rc = r.conn();
+        ok(&mut rc, &["READONLY"]);
+        assert!(
+            wait_until(Duration::from_secs(10), || int(&mut rc, &["EXISTS", &key])
+                == 1),
+            "replica {} lacks {key}",
+            r.addr()
+        );
+    }
+    // And a negative now comes from the filter, on the owner and on its replica.
+    let (item, slot) = probe(cl, "sentinels");
+    let owner = cl.owner(slot);
+    assert_eq!(
+        explain(&mut owner.conn(), set, &item),
+        (0, "bloom-negative".into())
+    );
+    let mut rc = cl.replica_of(owner).conn();
+    ok(&mut rc, &["READONLY"]);
+    assert_eq!(explain(&mut rc, set, &item), (0, "bloom-negative".into()));
+}
+
+/// The window the sentinel closes: a slot that leaves and comes back between two polls of
+/// `CLUSTER NODES`. Its sentinel goes with it and comes back as a new value (RESTORE), so the
+/// very next lookup stops believing the filter for that slot, and only the grace (and a sync
+/// pass after it) restores it.
+#[test]
+fn a_sentinel_that_went_away_and_came_back_is_not_believed() {
+    let cl = Cluster::shared();
+    let set = "comeback";
+    ok(
+        &mut cl.nodes[0].conn(),
+        &["MEMBER.CREATE", set, "NORMALIZE", "none"],
+    );
+    wait_ready(cl, set);
+    let (item, slot) = probe(cl, "comeback");
+    let owner = cl.owner(slot);
+    let mut c = owner.conn();
+    assert_eq!(explain(&mut c, set, &item), (0, "bloom-negative".into()));
+    let key = sentinel_of(owner, slot);
+    let dump: Vec<u8> = redis::cmd("DUMP").arg(&key).query(&mut c).unwrap();
+    // DEL and RESTORE in one transaction: no poll can run between them.
+    let _: Value = redis::pipe()
+        .atomic()
+        .cmd("DEL")
+        .arg(&key)
+        .cmd("RESTORE")
+        .arg(&key)
+        .arg(0)
+        .arg(dump)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(
+        explain(&mut c, set, &item),
+        (0, "db-miss".into()),
+        "a restored sentinel is a new value: the slot waits"
+    );
+    // Other slots are not affected.
+    let (other, other_slot) = (1..)
+        .map(|i| format!("comeback-other-{i}"))
+        .map(|i| {
+            let s = cl.keyslot(&i);
+            (i, s)
+        })
+        .find(|(_, s)| *s != slot && cl.owner(*s).port() == owner.port())
+        .unwrap();
+    assert_ne!(other_slot, slot);
+    assert_eq!(explain(&mut c, set, &other), (0, "bloom-negative".into()));
+    // After the grace and a sync pass, the slot answers from the filter again.
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            explain(&mut c, set, &item) == (0, "bloom-negative".into())
+        }),
+        "slot {slot} never became ready again"
+    );
+    // A sentinel deleted outright is written anew by the owner (and waits the same way).
+    assert_eq!(int(&mut c, &["DEL", &key]), 1);
+    assert_eq!(explain(&mut c, set, &item), (0, "db-miss".into()));
+    assert!(wait_until(Duration::from_secs(30), || {
+        explain(&mut c, set, &item) == (0, "bloom-negative".into())
+    }));
+    assert_eq!(int(&mut c, &["EXISTS", &key]), 1);
+}
+
+/// A client routes by the bytes it sends; only the owner of the canonical form's slot may
+/// change what its filter and cache hold. Until writes are forwarded (step 5), another node
+/// refuses them and names the form to send; reads there go to the database.
+#[test]
+fn a_write_whose_canonical_form_lies_elsewhere_is_refused_with_that_form() {
+    let cl = Cluster::shared();
+    let set = "canonical";
+    ok(
+        &mut cl.nodes[0].conn(),
+        &["MEMBER.CREATE", set, "NORMALIZE", "lower"],
+    );
+    wait_ready(cl, set);
+    let (raw, canon) = (0..)
+        .map(|i| (format!("Mixed-{i}"), format!("mixed-{i}")))
+        .find(|(r, l)| cl.owner(cl.keyslot(r)).port() != cl.owner(cl.keyslot(l)).port())
+        .unwrap();
+    let raw_owner = cl.owner(cl.keyslot(&raw));
+    let mut c = raw_owner.conn();
+    for op in ["MEMBER.ADD", "MEMBER.DEL"] {
+        let e = err(&mut c, &[op, set, &raw]);
+        assert!(
+            e.starts_with("ERR libmember: in cluster mode an item is written by the node of")
+                && e.contains(&format!("\"{canon}\"")),
+            "{op}: {e}"
+        );
+    }
+    // Nothing was written.
+    assert_eq!(routed(cl, &["MEMBER.EXISTS", set, &canon]), 0);
+    // Sent in its canonical form, it lands on the right node; read back in the other form
+    // through the other node, the database answers.
+    assert_eq!(routed(cl, &["MEMBER.ADD", set, &canon]), 1);
+    assert_eq!(explain(&mut c, set, &raw), (1, "db-hit".into()));
+    // The same item in a form of its own slot is written where it lands.
+    assert_eq!(routed(cl, &["MEMBER.ADD", set, "same"]), 1);
+    assert_eq!(routed(cl, &["MEMBER.EXISTS", set, "SAME"]), 1);
+}
+
+/// The filters held in module memory are saved in the RDB aux field and come back with the
+/// dataset (DEBUG RELOAD here; a replica's full synchronization reads the same field): the
+/// node serves them again without a rebuild, once caught up.
+#[test]
+fn filters_come_back_with_the_dataset() {
+    let cl = Cluster::shared();
+    let set = "carried";
+    ok(
+        &mut cl.nodes[0].conn(),
+        &["MEMBER.CREATE", set, "NORMALIZE", "none"],
+    );
+    assert_eq!(routed(cl, &["MEMBER.ADD", set, "kept"]), 1);
+    wait_ready(cl, set);
+    let owner = cl.owner(cl.keyslot("kept"));
+    let mut c = owner.conn();
+    let rebuilds = info_field(&mut c, "rebuilds_done");
+    let bits = set_info(&mut c, set, "filter_bits");
+    ok(&mut c, &["DEBUG", "RELOAD"]);
+    assert_eq!(
+        set_info(&mut c, set, "filter_present").as_deref(),
+        Some("1")
+    );
+    assert_eq!(set_info(&mut c, set, "filter_bits"), bits);
+    wait_ready(cl, set);
+    assert_eq!(explain(&mut c, set, "kept").0, 1);
+    let (item, slot) = probe(cl, "carried");
+    assert_eq!(
+        explain(&mut cl.owner(slot).conn(), set, &item),
+        (0, "bloom-negative".into())
+    );
+    assert_eq!(info_field(&mut c, "rebuilds_done"), rebuilds);
+}

@@ -39,14 +39,20 @@ fn mem<R>(key: &[u8], f: impl FnOnce(Option<&mut FilterValue>) -> R) -> R {
 /// Only the value whose identity is `trusted` may answer "absent"; any other value found
 /// there, a missing filter, or a key of another type, is incomplete.
 #[inline]
+/// In a cluster, `slot` is the item's canonical slot: a filter that does not cover it is
+/// incomplete for the item.
 pub fn view(
     ctx: &Context,
     key: &RedisString,
     hash: u128,
     trusted: Option<u64>,
+    slot: Option<u16>,
 ) -> (FilterView, Option<u64>) {
     if in_memory() {
-        return mem(key.as_slice(), |f| judge(f.map(|f| &*f), hash, trusted));
+        return mem(key.as_slice(), |f| {
+            let f = f.filter(|f| slot.is_none_or(|s| f.covers(s)));
+            judge(f.map(|f| &*f), hash, trusted)
+        });
     }
     let k = ctx.open_key(key);
     judge(

@@ -9,6 +9,7 @@ use redis_module::raw;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::cluster::slotset::SlotSet;
 use crate::filter::{Bloom, Coverage};
 use crate::known_absent::KnownAbsent;
 
@@ -29,10 +30,17 @@ pub struct FilterValue {
     /// another set's key (RESTORE of another set's DUMP, a COPY across sets) is never caught
     /// up and trusted there. `None` only for payloads written before this field existed.
     pub set: Option<String>,
+    /// Cluster mode: the hash slots whose rows this filter holds completely (built, or filled
+    /// by a slot fill, and followed by every sync pass since; see `slot_fill.rs`). A negative
+    /// for an item of any other slot is not definitive. `None`: every slot (standalone, or a
+    /// filter built from the whole table).
+    pub slots: Option<SlotSet>,
 }
 
 /// Envelope in front of a payload that names its set: tag, name length (1 byte), name.
 const SET_TAG: &[u8; 4] = b"LMSN";
+/// Envelope (after the set's) with the slots a cluster-mode filter covers: tag, bitmap.
+const SLOTS_TAG: &[u8; 4] = b"LMSL";
 
 /// Source of `FilterValue::id`.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -43,6 +51,7 @@ impl Clone for FilterValue {
     fn clone(&self) -> Self {
         let mut v = FilterValue::new(self.bloom.clone(), self.cov);
         v.set = self.set.clone();
+        v.slots = self.slots.clone();
         v
     }
 }
@@ -55,6 +64,7 @@ impl FilterValue {
             known_absent: KnownAbsent::default(),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             set: None,
+            slots: None,
         }
     }
 
@@ -128,8 +138,18 @@ impl FilterValue {
             out.push(name.len() as u8);
             out.extend_from_slice(name.as_bytes());
         }
+        if let Some(slots) = &self.slots {
+            out.extend_from_slice(SLOTS_TAG);
+            slots.write_to(&mut out);
+        }
         self.bloom.write_bytes(self.cov, &mut out);
         out
+    }
+
+    /// True when a negative of this filter is definitive for items of `slot` (cluster mode).
+    #[inline]
+    pub fn covers(&self, slot: u16) -> bool {
+        self.slots.as_ref().is_none_or(|s| s.contains(slot))
     }
 
     /// Parses a serialized filter into a new value (a new identity: not trusted until the
@@ -149,9 +169,17 @@ impl FilterValue {
             }
             None => (None, b),
         };
+        let (slots, payload) = match payload.strip_prefix(SLOTS_TAG.as_slice()) {
+            Some(rest) => {
+                let slots = SlotSet::read(rest).ok_or("filter payload truncated in its slots")?;
+                (Some(slots), &rest[crate::cluster::slotset::BYTES..])
+            }
+            None => (None, payload),
+        };
         let (bloom, cov) = Bloom::from_bytes(payload)?;
         let mut v = FilterValue::new(bloom, cov);
         v.set = set;
+        v.slots = slots;
         Ok(v)
     }
 }
@@ -341,6 +369,24 @@ mod tests {
             Some("s"),
             "a COPY keeps its origin"
         );
+    }
+
+    #[test]
+    fn the_payload_keeps_the_slots_it_covers() {
+        let mut v = built(100);
+        assert!(v.covers(7), "no slot set: every slot");
+        v.slots = Some([7u16, 9000].into_iter().collect());
+        let loaded = FilterValue::from_bytes(&v.to_bytes()).unwrap();
+        assert_eq!(loaded.slots, v.slots);
+        assert!(loaded.covers(7) && loaded.covers(9000) && !loaded.covers(8));
+        assert_eq!(loaded.set.as_deref(), Some("s"));
+        assert_eq!(
+            v.clone().slots,
+            v.slots,
+            "a COPY covers what its source covers"
+        );
+        let bytes = v.to_bytes();
+        assert!(FilterValue::from_bytes(&bytes[..10]).is_err());
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub mod metrics;
 pub mod rebuild;
 pub mod replica_load;
 pub mod reply;
+pub mod slot_fill;
 pub mod state;
 pub mod sync;
 

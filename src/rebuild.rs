@@ -11,8 +11,8 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::block::{Blocked, Completion};
 use crate::command::internal;
-use crate::db::sql::Built;
-use crate::db::{self, sql, DbErr};
+use crate::db::build::Built;
+use crate::db::{self, DbErr};
 use crate::filter_store;
 use crate::filter_type::FilterValue;
 use crate::state::{self, Rebuild};
@@ -28,6 +28,14 @@ pub fn start(name: &str) -> bool {
         }
         let rows = Arc::new(AtomicU64::new(0));
         let estimate = Arc::new(AtomicU64::new(0));
+        // In a cluster the filter covers the slots this node owns now; their sync rows are
+        // applied (and journaled) from now on, whatever the current filter covers.
+        let slots = crate::cluster::enabled().then(crate::cluster::owner::owned_set);
+        if let Some(slots) = &slots {
+            s.cover_extra
+                .get_or_insert_with(Default::default)
+                .union_with(slots);
+        }
         s.rebuild = Rebuild::Running {
             epoch,
             started: Instant::now(),
@@ -37,9 +45,9 @@ pub fn start(name: &str) -> bool {
             waiters: Vec::new(),
             overflowed: false,
         };
-        Some((s.def.clone(), s.incarnation, rows, estimate))
+        Some((s.def.clone(), s.incarnation, rows, estimate, slots))
     });
-    let Some((def, incarnation, rows, estimate)) = started else {
+    let Some((def, incarnation, rows, estimate, slots)) = started else {
         return false;
     };
     let name = name.to_string();
@@ -58,9 +66,9 @@ pub fn start(name: &str) -> bool {
                         // slot column here, waiting at most a database timeout for the lock.
                         db::keyslot::ensure_slot_column(&mut c, &def.name, config::db_timeout_ms())
                             .map_err(|e| db::classify(&e))?;
-                        sql::build_filter(&mut c, &def, &rows, &estimate)
+                        db::build::build_filter(&mut c, &def, slots.as_ref(), &rows, &estimate)
                     })
-                    .map(|b| Ready::new(b, &def.name))
+                    .map(|b| Ready::new(b, &def.name, slots))
             }))
             .unwrap_or_else(|_| Err(DbErr::Failed("rebuild panicked".into())));
             mainq::post(Box::new(move |ctx| {
@@ -100,8 +108,9 @@ unsafe impl Send for Payload {}
 
 impl Ready {
     /// On the rebuild thread.
-    fn new(built: Built, set: &str) -> Ready {
-        let filter = FilterValue::built(built.bloom, built.watermark, set);
+    fn new(built: Built, set: &str, slots: Option<crate::cluster::slotset::SlotSet>) -> Ready {
+        let mut filter = FilterValue::built(built.bloom, built.watermark, set);
+        filter.slots = slots;
         let bytes = filter.to_bytes();
         Ready {
             payload: Payload(RedisString::create_from_slice(std::ptr::null_mut(), &bytes)),

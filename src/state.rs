@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use redis_module::{Context, RedisString};
 
 use crate::canon::Normalize;
+use crate::cluster::slotset::SlotSet;
 use crate::metrics::PathCounters;
 use crate::{config, filter_store, keys, rebuild};
 
@@ -142,6 +143,11 @@ pub struct SetState {
     /// up, or the rebuild that built it) started. In a cluster, a slot's negatives count only
     /// when this is late enough after the slot was taken (`cluster/owner.rs`).
     pub covered_since: Option<Instant>,
+    /// Cluster mode: slots whose sync rows are applied to the filter besides those it covers:
+    /// the slots of a slot fill or a rebuild in flight, whose rows must not be missed meanwhile.
+    pub cover_extra: Option<SlotSet>,
+    /// Cluster mode: the slots a slot fill in flight reads (`slot_fill.rs`).
+    pub filling: Option<SlotSet>,
     /// A filter the primary replicated, being verified off the main thread
     /// (`replica_load.rs`): the adds applied meanwhile, folded in at the swap.
     pub pending_load: Option<PendingLoad>,
@@ -176,6 +182,8 @@ impl SetState {
             synced_epoch: 0,
             trusted: None,
             covered_since: None,
+            cover_extra: None,
+            filling: None,
             pending_load: None,
             stats: PathCounters::default(),
         }
@@ -396,6 +404,9 @@ pub fn installed(r: &mut Registry, set: &str, id: u64, trust: bool) {
     if let Some(s) = r.sets.get_mut(set) {
         s.trusted = trust.then_some(id);
         s.covered_since = None;
+        // A fill in flight was for the value replaced (it checks the identity when it ends).
+        s.cover_extra = None;
+        s.filling = None;
     }
     crate::sync::filter_installed();
 }
@@ -499,6 +510,7 @@ pub fn housekeeping(ctx: &Context) {
         if let Some(at) = crate::cluster::owner::poll(ctx) {
             catch_up_at(at);
         }
+        crate::slot_fill::schedule(ctx);
     }
     let strangers = strangers_waiting(ctx, now);
     if memory_refresh_due(now) {

@@ -280,7 +280,10 @@ fn apply(
     let mut rows = 0u64;
     let mut newly_blind = Vec::new();
     for m in &members {
-        let hashes = ch.rows.remove(&m.name).unwrap_or_default();
+        let mut hashes = ch.rows.remove(&m.name).unwrap_or_default();
+        if let Some(slots) = ch.slots.remove(&m.name) {
+            hashes = covered_rows(ctx, &m.name, hashes, &slots);
+        }
         let blind = blind_tables.contains(sql::table(&m.name).as_str());
         rows += hashes.len() as u64;
         let key = state::with(|r| {
@@ -380,6 +383,28 @@ fn apply(
             ),
         );
     }
+}
+
+/// Cluster mode: the rows of a pass that belong to slots the set's filter covers, or will
+/// (a slot fill or a rebuild in flight). Rows of other slots are another node's to apply:
+/// leaving them out is what keeps each node's filter the size of its own slots.
+fn covered_rows(ctx: &Context, set: &str, hashes: Vec<u128>, slots: &[u16]) -> Vec<u128> {
+    let Some((key, extra)) = state::with(|r| {
+        r.sets
+            .get(set)
+            .map(|s| (s.filter_key.clone(), s.cover_extra.clone()))
+    }) else {
+        return hashes;
+    };
+    filter_store::with(ctx, &key, |f| {
+        hashes
+            .iter()
+            .zip(slots)
+            .filter(|(_, s)| f.covers(**s) || extra.as_ref().is_some_and(|e| e.contains(**s)))
+            .map(|(h, _)| *h)
+            .collect()
+    })
+    .unwrap_or(hashes)
 }
 
 /// A filter value was just installed at some set's key: the next sweep looks at once.

@@ -5,12 +5,21 @@
 //! refused with that form.
 mod support;
 
+use std::sync::RwLock;
 use std::time::Duration;
 
 use redis::{Connection, Value};
 use support::cluster::{Cluster, Node};
 use support::member::*;
 use support::wait_until;
+
+/// Tests that read who owns which slot hold it shared; the one that moves a slot holds it
+/// exclusively.
+static LAYOUT: RwLock<()> = RwLock::new(());
+
+fn layout() -> std::sync::RwLockReadGuard<'static, ()> {
+    LAYOUT.read().unwrap_or_else(|e| e.into_inner())
+}
 
 fn number(c: &mut Connection, set: &str, field: &str) -> i64 {
     set_info(c, set, field)
@@ -64,6 +73,7 @@ fn probe(cl: &Cluster, prefix: &str) -> (String, u16) {
 
 #[test]
 fn every_owned_slot_has_a_sentinel_and_the_filter_is_no_key() {
+    let _layout = layout();
     let cl = Cluster::shared();
     let set = "sentinels";
     ok(
@@ -126,6 +136,7 @@ fn every_owned_slot_has_a_sentinel_and_the_filter_is_no_key() {
 /// pass after it) restores it.
 #[test]
 fn a_sentinel_that_went_away_and_came_back_is_not_believed() {
+    let _layout = layout();
     let cl = Cluster::shared();
     let set = "comeback";
     ok(
@@ -187,6 +198,7 @@ fn a_sentinel_that_went_away_and_came_back_is_not_believed() {
 /// refuses them and names the form to send; reads there go to the database.
 #[test]
 fn a_write_whose_canonical_form_lies_elsewhere_is_refused_with_that_form() {
+    let _layout = layout();
     let cl = Cluster::shared();
     let set = "canonical";
     ok(
@@ -224,6 +236,7 @@ fn a_write_whose_canonical_form_lies_elsewhere_is_refused_with_that_form() {
 /// node serves them again without a rebuild, once caught up.
 #[test]
 fn filters_come_back_with_the_dataset() {
+    let _layout = layout();
     let cl = Cluster::shared();
     let set = "carried";
     ok(
@@ -250,4 +263,149 @@ fn filters_come_back_with_the_dataset() {
         (0, "bloom-negative".into())
     );
     assert_eq!(info_field(&mut c, "rebuilds_done"), rebuilds);
+}
+
+/// Step 4b: each primary's filter is sized for, and filled with, its own slots only, so the
+/// set's memory summed over the primaries is that of one filter for the whole set.
+#[test]
+fn each_primary_holds_only_its_share_of_the_filter() {
+    let _layout = layout();
+    let cl = Cluster::shared();
+    let set = "shares";
+    let capacity = 300_000;
+    ok(
+        &mut cl.nodes[0].conn(),
+        &[
+            "MEMBER.CREATE",
+            set,
+            "CAPACITY",
+            &capacity.to_string(),
+            "NORMALIZE",
+            "none",
+        ],
+    );
+    wait_ready(cl, set);
+    let mut bits = 0;
+    for n in cl.primaries() {
+        let mut c = n.conn();
+        assert_eq!(
+            set_info(&mut c, set, "cluster_slots_covered"),
+            set_info(&mut c, set, "cluster_slots_owned")
+        );
+        bits += number(&mut c, set, "filter_bits");
+    }
+    let per_member = bits as f64 / capacity as f64;
+    // One filter at 1 % needs 9.6 bits per member; three whole-table copies would need 28.8.
+    assert!(
+        per_member < 10.0,
+        "{per_member:.2} bits per member over the primaries"
+    );
+}
+
+/// Moves `slot` from `src` to `dst` the way `valkey-cli --cluster reshard` does.
+fn move_slot(cl: &Cluster, slot: u16, src: &Node, dst: &Node) {
+    let s = slot.to_string();
+    ok(
+        &mut dst.conn(),
+        &["CLUSTER", "SETSLOT", &s, "IMPORTING", &src.id],
+    );
+    ok(
+        &mut src.conn(),
+        &["CLUSTER", "SETSLOT", &s, "MIGRATING", &dst.id],
+    );
+    loop {
+        let keys: Vec<String> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(100)
+            .query(&mut src.conn())
+            .unwrap();
+        if keys.is_empty() {
+            break;
+        }
+        let mut m = redis::cmd("MIGRATE");
+        m.arg("127.0.0.1")
+            .arg(dst.port())
+            .arg("")
+            .arg(0)
+            .arg(5000)
+            .arg("KEYS");
+        for k in &keys {
+            m.arg(k);
+        }
+        let _: Value = m.query(&mut src.conn()).unwrap();
+    }
+    for n in cl.primaries() {
+        ok(&mut n.conn(), &["CLUSTER", "SETSLOT", &s, "NODE", &dst.id]);
+    }
+    assert!(wait_until(Duration::from_secs(10), || cl
+        .owner(slot)
+        .port()
+        == dst.port()));
+}
+
+/// A slot that arrives is filled in place (its rows read and added) and answers from the
+/// filter once filled and past the grace; the node it left keeps covering it (the sync loop
+/// goes on applying its rows), so when it comes back no fill is needed.
+#[test]
+fn a_slot_that_arrives_is_filled_and_one_that_returns_is_still_covered() {
+    let _layout = LAYOUT.write().unwrap_or_else(|e| e.into_inner());
+    let cl = Cluster::shared();
+    let set = "arrivals";
+    ok(
+        &mut cl.nodes[0].conn(),
+        &["MEMBER.CREATE", set, "NORMALIZE", "none"],
+    );
+    wait_ready(cl, set);
+    let (absent, slot) = probe(cl, "arrivals");
+    let src = cl.owner(slot);
+    let dst = cl.primaries().find(|n| n.port() != src.port()).unwrap();
+    // A member of the slot, added on its owner before the move.
+    let member = (0..)
+        .map(|i| format!("arrivals-member-{i}"))
+        .find(|m| cl.keyslot(m) == slot)
+        .unwrap();
+    assert_eq!(int(&mut src.conn(), &["MEMBER.ADD", set, &member]), 1);
+    let fills = |n: &Node| info_field(&mut n.conn(), "slot_fills_done").unwrap();
+    let fills_before = fills(dst);
+
+    move_slot(cl, slot, src, dst);
+    let mut d = dst.conn();
+    assert_eq!(int(&mut d, &["MEMBER.EXISTS", set, &member]), 1);
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            explain(&mut d, set, &absent) == (0, "bloom-negative".into())
+        }),
+        "slot {slot} never answered from the filter on {}: {:?}",
+        dst.addr(),
+        explain(&mut d, set, &absent)
+    );
+    assert!(fills(dst).parse::<u64>().unwrap() > fills_before.parse::<u64>().unwrap());
+    assert_eq!(
+        set_info(&mut d, set, "cluster_slots_covered"),
+        set_info(&mut d, set, "cluster_slots_owned")
+    );
+    // Added where the slot is now, then the slot goes back.
+    let later = (0..)
+        .map(|i| format!("arrivals-later-{i}"))
+        .find(|m| cl.keyslot(m) == slot)
+        .unwrap();
+    assert_eq!(int(&mut d, &["MEMBER.ADD", set, &later]), 1);
+    let fills_src = fills(src);
+    move_slot(cl, slot, dst, src);
+    let mut c = src.conn();
+    for m in [&member, &later] {
+        assert_eq!(int(&mut c, &["MEMBER.EXISTS", set, m]), 1, "{m}");
+    }
+    assert!(wait_until(Duration::from_secs(30), || {
+        explain(&mut c, set, &absent) == (0, "bloom-negative".into())
+    }));
+    // Past the grace, the filter (not a fill) knows the member added elsewhere.
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(explain(&mut c, set, &later).0, 1);
+    assert_eq!(
+        fills(src),
+        fills_src,
+        "the slot never stopped being covered there"
+    );
 }

@@ -5,6 +5,7 @@ pub mod nodes;
 pub mod owner;
 pub mod sentinel;
 pub mod slot;
+pub mod slotset;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -19,6 +19,7 @@ use redis_module::{Context, RedisString, RedisValue};
 use super::nodes;
 use super::sentinel::{Sentinel, SENTINEL_TYPE};
 use super::slot::{keyslot, tag_for_slot, SLOTS};
+use super::slotset::SlotSet;
 use crate::{config, effects, reply};
 
 #[derive(Clone, Copy, Debug)]
@@ -135,6 +136,14 @@ pub fn may_write(raw: &[u8], entity: &str) -> Result<(), String> {
          routes there",
         reply::escape(entity.as_bytes())
     ))
+}
+
+/// The slots this node owns (as last polled).
+pub fn owned_set() -> SlotSet {
+    OWN.with(|o| {
+        let o = o.borrow();
+        (0..SLOTS as u16).filter(|s| o.owned[*s as usize]).collect()
+    })
 }
 
 /// True when this node owns `slot` (as last polled).

@@ -83,6 +83,12 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
                 ("filter_fill", f(b.fill())),
                 ("filter_fpr_est", f(b.estimated_fpr())),
                 ("fp_cache_entries", v.known_absent.live().to_string()),
+                (
+                    "cluster_slots_covered",
+                    v.slots
+                        .as_ref()
+                        .map_or("all".to_string(), |s| s.len().to_string()),
+                ),
             ]
         })
         .unwrap_or_else(|| {
@@ -276,6 +282,14 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
                 },
             ),
             ("rebuilds_done", m.rebuilds_done.to_string()),
+            (
+                "slot_fills_done",
+                crate::slot_fill::counters().0.to_string(),
+            ),
+            (
+                "slot_fills_failed",
+                crate::slot_fill::counters().1.to_string(),
+            ),
             ("loads_off_thread", m.loads_off_thread.to_string()),
             ("rebuilds_failed", m.rebuilds_failed.to_string()),
         ]

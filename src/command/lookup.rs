@@ -9,6 +9,7 @@ use crate::block::Completion;
 use crate::canon::canonicalize;
 use crate::catalog::{self, Fail};
 use crate::cluster::owner;
+use crate::cluster::slot::keyslot;
 use crate::db::pool::{self, Job};
 use crate::db::DbErr;
 use crate::funnel::{self, Gate, Path};
@@ -152,20 +153,23 @@ pub(super) fn decide_item(
     explain: bool,
     started: Option<Instant>,
 ) -> Step {
+    let cluster = crate::cluster::enabled();
+    let slot = cluster.then(|| keyslot(canon.entity.as_bytes()));
     let (mut view, mut filter_id) = if set.synced_epoch == epoch {
         match probe {
             Some(p) => p.view(canon.hash, set.trusted),
-            None => filter_store::view(ctx, &set.filter_key, canon.hash, set.trusted),
+            None => filter_store::view(ctx, &set.filter_key, canon.hash, set.trusted, slot),
         }
     } else {
         // Promoted and not caught up since: the filter may miss acknowledged ADDs.
         (funnel::FilterView::Incomplete, None)
     };
-    // In a cluster, a negative is believed only for a slot this node has held long enough
-    // (cluster/owner.rs); a hit goes on to the cache and the database anyway.
-    let cluster = crate::cluster::enabled();
-    if cluster && view.is_negative() && !owner::ready_for(ctx, &canon.entity, set.covered_since) {
-        (view, filter_id) = (funnel::FilterView::Incomplete, None);
+    // In a cluster, a negative is believed only for a slot the filter covers (above) and this
+    // node has held long enough (cluster/owner.rs); a hit goes on to cache and database.
+    if let Some(slot) = slot {
+        if view.is_negative() && !owner::ready(ctx, slot, set.covered_since) {
+            (view, filter_id) = (funnel::FilterView::Incomplete, None);
+        }
     }
     let gate = funnel::gate(view, || set.is_recent(canon.hash));
     if !explain {

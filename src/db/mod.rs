@@ -1,6 +1,7 @@
 //! Database side: one connection per worker thread, error classification, and the job queue.
 //! Nothing here runs on the server's main thread.
 
+pub mod build;
 pub mod keyslot;
 pub mod pool;
 pub mod sql;

@@ -1,18 +1,12 @@
 //! Every SQL statement libmember sends: the catalog, the per-set tables, the point writes and
 //! reads, and the COPY stream a filter is built from.
 
-use std::borrow::Cow;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
-use std::io::BufRead;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use postgres::Client;
 
 use super::{prepared, Db, DbErr};
 use crate::canon::{self, Normalize};
 use crate::error;
-use crate::filter::Bloom;
 use crate::state::SetDef;
 
 const ADVISORY_KEY: i64 = 0x6c69_626d_656d; // "libmem"
@@ -43,7 +37,7 @@ pub fn table(set: &str) -> String {
     format!("member_{set}")
 }
 
-const ACTIVE: &str = "status = 1 AND (expires_at IS NULL OR expires_at > now())";
+pub(super) const ACTIVE: &str = "status = 1 AND (expires_at IS NULL OR expires_at > now())";
 /// `ACTIVE` for a table aliased `m` (prefix the first column with `m.`).
 const ACTIVE_M: &str = "status = 1 AND (m.expires_at IS NULL OR m.expires_at > now())";
 
@@ -99,7 +93,7 @@ const LOG_TRIGGERS: [&str; 3] = ["member_log_ins", "member_log_upd", "member_log
 /// Installs the change-log triggers (INSERT, UPDATE, DELETE) on a set's table where missing, and enables them where
 /// disabled (no lock, no privilege needed when they are there and enabled). When the module's
 /// role may not, fails with SQLSTATE 42501 and the `blind_reason` text, which names what to grant.
-fn log_triggers_ddl(set: &str) -> String {
+pub(super) fn log_triggers_ddl(set: &str) -> String {
     guarded_ddl(set, "")
 }
 
@@ -433,102 +427,9 @@ pub fn del(db: &mut Db, set: &str, entity: &str, scope: &str) -> Result<bool, Db
     })
 }
 
-/// A filter built from the whole table.
-pub struct Built {
-    pub bloom: Bloom,
-    pub rows: u64,
-    /// Sync watermark of the build: the xmin of the COPY's snapshot (docs/sync.md).
-    pub watermark: i64,
-}
-
-fn tx_error(e: postgres::Error) -> DbErr {
-    super::classify(&e)
-}
-
-/// Streams the set's active rows with `COPY … TO STDOUT` inside one repeatable-read snapshot
-/// and builds a complete filter from them through the same canonicalization as the write path.
-/// Sized for the larger of the set's capacity and the row count. `estimate` receives the
-/// planner's row estimate for progress reports. Peak extra memory: 16 bytes per row (the
-/// hashes) plus the new filter.
-pub fn build_filter(
-    c: &mut Client,
-    def: &SetDef,
-    progress: &AtomicU64,
-    estimate: &AtomicU64,
-) -> Result<Built, DbErr> {
-    let t = table(&def.name);
-    // A set whose CAPACITY alone exceeds the ceiling fails before any row is read.
-    let max_bytes = crate::config::max_filter_bytes();
-    crate::filter::check_size(def.capacity, def.error_rate, max_bytes)
-        .map_err(|e| DbErr::Invalid(e.to_string()))?;
-    // Rows written from now on must reach the change log, or this filter could never be
-    // caught up: install the triggers (if missing) before the snapshot is taken.
-    c.batch_execute(&log_triggers_ddl(&def.name))
-        .map_err(tx_error)?;
-    let mut tx = c
-        .build_transaction()
-        .isolation_level(postgres::IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .map_err(tx_error)?;
-    // The first statement takes the snapshot the COPY reads; its xmin is the watermark: every
-    // transaction below it had ended (its rows are in the COPY), every later commit is at or
-    // above it (and reaches the filter through the change log).
-    let watermark: i64 = tx.query_one(XMIN, &[]).map_err(tx_error)?.get(0);
-    let est: f32 = tx
-        .query_one(
-            "SELECT coalesce((SELECT reltuples FROM pg_class WHERE oid = to_regclass($1)), 0)",
-            &[&t],
-        )
-        .map_err(tx_error)?
-        .get(0);
-    estimate.store(est.max(0.0) as u64, Ordering::Relaxed);
-    let sql = format!("COPY (SELECT entity_id, scope FROM {t} WHERE {ACTIVE}) TO STDOUT");
-    let mut hashes: Vec<u128> = Vec::with_capacity((est.max(0.0) as usize).min(1 << 26));
-    {
-        let reader = tx.copy_out(sql.as_str()).map_err(tx_error)?;
-        let mut reader = std::io::BufReader::with_capacity(1 << 16, reader);
-        let mut line = Vec::with_capacity(256);
-        loop {
-            line.clear();
-            let n = reader
-                .read_until(b'\n', &mut line)
-                .map_err(copy_read_error)?;
-            if n == 0 {
-                break;
-            }
-            if line.last() == Some(&b'\n') {
-                line.pop();
-            }
-            if let Some(h) = hash_copy_row(def.normalize, &line) {
-                hashes.push(h);
-            }
-            if hashes.len().is_multiple_of(4096) {
-                progress.store(hashes.len() as u64, Ordering::Relaxed);
-            }
-        }
-    }
-    tx.commit().map_err(tx_error)?;
-    progress.store(hashes.len() as u64, Ordering::Relaxed);
-    let members = def.capacity.max(hashes.len() as u64);
-    crate::limits::check_memory(
-        crate::filter::bytes_for(members, def.error_rate),
-        crate::limits::memory_budget(),
-    )
-    .map_err(DbErr::Invalid)?;
-    let mut bloom = Bloom::try_new(members, def.error_rate, max_bytes)
-        .map_err(|e| DbErr::Invalid(e.to_string()))?;
-    bloom.add_many(&hashes);
-    Ok(Built {
-        bloom,
-        rows: hashes.len() as u64,
-        watermark,
-    })
-}
-
 /// The xmin of the statement's snapshot, as an integer: every transaction with a smaller id
 /// had ended when the snapshot was taken.
-const XMIN: &str = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8";
+pub(super) const XMIN: &str = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8";
 
 /// What one sync pass read (docs/sync.md), all in one snapshot.
 #[derive(Debug, Default)]
@@ -541,6 +442,8 @@ pub struct Changes {
     pub blind: Vec<String>,
     /// Canonical hashes of the rows logged since the pass's start, per set.
     pub rows: HashMap<String, Vec<u128>>,
+    /// Cluster mode: the hash slot of each of those rows, in the same order.
+    pub slots: HashMap<String, Vec<u16>>,
     /// Statements this pass sent.
     pub statements: u64,
 }
@@ -579,6 +482,7 @@ pub fn changes_since(
         del = LOG_TRIGGERS[2],
         from = from.max(0)
     );
+    let in_cluster = crate::cluster::enabled();
     let mut out = db.run(|c, _| {
         let rows = c.query(sql.as_str(), &[])?;
         let mut out = Changes {
@@ -601,6 +505,10 @@ pub fn changes_since(
             let scope: &str = r.get(5);
             if let Ok(k) = canon::canonicalize(norm, entity.as_bytes(), scope.as_bytes()) {
                 out.rows.entry(set.to_string()).or_default().push(k.hash);
+                if in_cluster {
+                    let slot = crate::cluster::slot::keyslot(k.entity.as_bytes());
+                    out.slots.entry(set.to_string()).or_default().push(slot);
+                }
             }
         }
         Ok(out)
@@ -634,101 +542,4 @@ pub fn prune(db: &mut Db, after_s: u64) -> Result<u64, DbErr> {
             .map(|r| r.get::<_, i64>(0) as u64)
             .unwrap_or(0))
     })
-}
-
-/// A read error from a COPY stream carries the driver's error inside; classify that.
-fn copy_read_error(e: std::io::Error) -> DbErr {
-    match e.into_inner().map(|b| b.downcast::<postgres::Error>()) {
-        Some(Ok(pg)) => super::classify(&pg),
-        Some(Err(other)) => DbErr::Unavailable(other.to_string()),
-        None => DbErr::Unavailable("COPY stream failed".into()),
-    }
-}
-
-/// Canonical hash of one COPY text-format row `entity \t scope`; None for rows the write
-/// path would have refused (they can only come from outside writes).
-fn hash_copy_row(norm: Normalize, line: &[u8]) -> Option<u128> {
-    let tab = line.iter().position(|&b| b == b'\t')?;
-    let entity = unescape(&line[..tab]);
-    let scope = unescape(&line[tab + 1..]);
-    canon::canonicalize(norm, &entity, &scope)
-        .ok()
-        .map(|c| c.hash)
-}
-
-/// Undoes COPY text-format escaping (`\\`, `\t`, `\n`, octal and hex escapes...).
-fn unescape(field: &[u8]) -> Cow<'_, [u8]> {
-    if !field.contains(&b'\\') {
-        return Cow::Borrowed(field);
-    }
-    let mut out = Vec::with_capacity(field.len());
-    let mut i = 0;
-    while i < field.len() {
-        let b = field[i];
-        if b != b'\\' || i + 1 == field.len() {
-            out.push(b);
-            i += 1;
-            continue;
-        }
-        let e = field[i + 1];
-        i += 2;
-        match e {
-            b'b' => out.push(8),
-            b'f' => out.push(12),
-            b'n' => out.push(b'\n'),
-            b'r' => out.push(b'\r'),
-            b't' => out.push(b'\t'),
-            b'v' => out.push(11),
-            b'0'..=b'7' => {
-                let mut v = (e - b'0') as u32;
-                let mut n = 1;
-                while n < 3 && i < field.len() && (b'0'..=b'7').contains(&field[i]) {
-                    v = v * 8 + (field[i] - b'0') as u32;
-                    i += 1;
-                    n += 1;
-                }
-                out.push(v as u8);
-            }
-            b'x' => {
-                let mut v = 0u32;
-                let mut n = 0;
-                while n < 2 && i < field.len() && field[i].is_ascii_hexdigit() {
-                    v = v * 16 + (field[i] as char).to_digit(16).unwrap();
-                    i += 1;
-                    n += 1;
-                }
-                out.push(v as u8);
-            }
-            other => out.push(other),
-        }
-    }
-    Cow::Owned(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn unescape_copy_text() {
-        assert_eq!(&*unescape(b"plain"), b"plain");
-        assert_eq!(&*unescape(b"a\\tb\\nc\\\\d"), b"a\tb\nc\\d");
-        assert_eq!(&*unescape(b"\\101\\x42"), b"AB");
-    }
-
-    #[test]
-    fn copy_rows_hash_like_the_write_path() {
-        let row = b"alice\t";
-        let want = canon::canonicalize(Normalize::Username, b"alice", b"")
-            .unwrap()
-            .hash;
-        assert_eq!(hash_copy_row(Normalize::Username, row), Some(want));
-        // Rows written from outside are normalized the same way.
-        assert_eq!(hash_copy_row(Normalize::Username, b"  ALICE\t"), Some(want));
-        let scoped = canon::canonicalize(Normalize::None, b"a\tb", b"m1")
-            .unwrap()
-            .hash;
-        assert_eq!(hash_copy_row(Normalize::None, b"a\\tb\tm1"), Some(scoped));
-        assert_eq!(hash_copy_row(Normalize::None, b"no-tab"), None);
-    }
 }

@@ -1,0 +1,285 @@
+//! The COPY stream filters are built from: a whole set (standalone), the slots a cluster node
+//! owns (a rebuild), or a few slots that just arrived (a slot fill). One repeatable-read
+//! snapshot each, rows hashed through the same canonicalization as the write path.
+
+use std::borrow::Cow;
+use std::io::BufRead;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use postgres::{Client, Transaction};
+
+use super::sql::{log_triggers_ddl, table, ACTIVE, XMIN};
+use super::DbErr;
+use crate::canon::{self, Normalize};
+use crate::cluster::slot::SLOTS;
+use crate::cluster::slotset::SlotSet;
+use crate::filter::Bloom;
+use crate::state::SetDef;
+
+/// A filter built from a table (or the given slots of it).
+pub struct Built {
+    pub bloom: Bloom,
+    pub rows: u64,
+    /// Sync watermark of the build: the xmin of the COPY's snapshot (docs/sync.md).
+    pub watermark: i64,
+}
+
+fn tx_error(e: postgres::Error) -> DbErr {
+    super::classify(&e)
+}
+
+/// Members a filter of `slots` of a set is sized for: its share of CAPACITY, or the rows
+/// found, whichever is larger (never zero).
+pub fn sized_for(capacity: u64, slots: Option<&SlotSet>, rows: u64) -> u64 {
+    let share = match slots {
+        None => capacity,
+        Some(s) => (capacity as u128 * s.len() as u128).div_ceil(SLOTS as u128) as u64,
+    };
+    share.max(rows).max(1)
+}
+
+/// Streams the set's active rows (of `slots` only, when given) with `COPY … TO STDOUT` inside
+/// one repeatable-read snapshot and builds a complete filter from them, sized by
+/// [`sized_for`]. `estimate` receives the planner's row estimate for progress reports. Peak
+/// extra memory: 16 bytes per row (the hashes) plus the new filter.
+pub fn build_filter(
+    c: &mut Client,
+    def: &SetDef,
+    slots: Option<&SlotSet>,
+    progress: &AtomicU64,
+    estimate: &AtomicU64,
+) -> Result<Built, DbErr> {
+    // A set whose share of CAPACITY alone exceeds the ceiling fails before any row is read.
+    let max_bytes = crate::config::max_filter_bytes();
+    crate::filter::check_size(sized_for(def.capacity, slots, 0), def.error_rate, max_bytes)
+        .map_err(|e| DbErr::Invalid(e.to_string()))?;
+    let (hashes, watermark) = read_hashes(c, def, slots, progress, Some(estimate))?;
+    let members = sized_for(def.capacity, slots, hashes.len() as u64);
+    crate::limits::check_memory(
+        crate::filter::bytes_for(members, def.error_rate),
+        crate::limits::memory_budget(),
+    )
+    .map_err(DbErr::Invalid)?;
+    let mut bloom = Bloom::try_new(members, def.error_rate, max_bytes)
+        .map_err(|e| DbErr::Invalid(e.to_string()))?;
+    bloom.add_many(&hashes);
+    Ok(Built {
+        bloom,
+        rows: hashes.len() as u64,
+        watermark,
+    })
+}
+
+/// The canonical hashes of the set's active rows of `slots` (all rows for `None`), read in one
+/// snapshot, and that snapshot's xmin.
+pub fn read_hashes(
+    c: &mut Client,
+    def: &SetDef,
+    slots: Option<&SlotSet>,
+    progress: &AtomicU64,
+    estimate: Option<&AtomicU64>,
+) -> Result<(Vec<u128>, i64), DbErr> {
+    let t = table(&def.name);
+    // Rows written from now on must reach the change log, or this filter could never be
+    // caught up: install the triggers (if missing) before the snapshot is taken.
+    c.batch_execute(&log_triggers_ddl(&def.name))
+        .map_err(tx_error)?;
+    let mut tx = c
+        .build_transaction()
+        .isolation_level(postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .map_err(tx_error)?;
+    // The first statement takes the snapshot the COPY reads; its xmin is the watermark: every
+    // transaction below it had ended (its rows are in the COPY), every later commit is at or
+    // above it (and reaches the filter through the change log).
+    let watermark: i64 = tx.query_one(XMIN, &[]).map_err(tx_error)?.get(0);
+    let mut expect = 0usize;
+    if let Some(estimate) = estimate {
+        let est: f32 = tx
+            .query_one(
+                "SELECT coalesce((SELECT reltuples FROM pg_class WHERE oid = to_regclass($1)), 0)",
+                &[&t],
+            )
+            .map_err(tx_error)?
+            .get(0);
+        let share = slots.map_or(1.0, |s| s.len() as f32 / SLOTS as f32);
+        let est = (est.max(0.0) * share) as u64;
+        estimate.store(est, Ordering::Relaxed);
+        expect = (est as usize).min(1 << 26);
+    }
+    let filter = slots.map(slot_condition).unwrap_or_default();
+    let sql = format!("COPY (SELECT entity_id, scope FROM {t} WHERE {ACTIVE}{filter}) TO STDOUT");
+    let hashes = stream(&mut tx, &sql, def.normalize, expect, progress)?;
+    tx.commit().map_err(tx_error)?;
+    progress.store(hashes.len() as u64, Ordering::Relaxed);
+    Ok((hashes, watermark))
+}
+
+/// ` AND (slot BETWEEN a AND b OR …)` for the runs of consecutive slots in `slots` (COPY takes
+/// no parameters; the numbers are ours). No slot at all matches nothing.
+fn slot_condition(slots: &SlotSet) -> String {
+    let mut runs: Vec<(u16, u16)> = Vec::new();
+    for s in slots.iter() {
+        match runs.last_mut() {
+            Some((_, b)) if *b + 1 == s => *b = s,
+            _ => runs.push((s, s)),
+        }
+    }
+    if runs.is_empty() {
+        return " AND false".into();
+    }
+    let parts: Vec<String> = runs
+        .iter()
+        .map(|(a, b)| {
+            if a == b {
+                format!("slot = {a}")
+            } else {
+                format!("slot BETWEEN {a} AND {b}")
+            }
+        })
+        .collect();
+    format!(" AND ({})", parts.join(" OR "))
+}
+
+fn stream(
+    tx: &mut Transaction,
+    sql: &str,
+    norm: Normalize,
+    expect: usize,
+    progress: &AtomicU64,
+) -> Result<Vec<u128>, DbErr> {
+    let mut hashes: Vec<u128> = Vec::with_capacity(expect);
+    let reader = tx.copy_out(sql).map_err(tx_error)?;
+    let mut reader = std::io::BufReader::with_capacity(1 << 16, reader);
+    let mut line = Vec::with_capacity(256);
+    loop {
+        line.clear();
+        let n = reader
+            .read_until(b'\n', &mut line)
+            .map_err(copy_read_error)?;
+        if n == 0 {
+            break;
+        }
+        if line.last() == Some(&b'\n') {
+            line.pop();
+        }
+        if let Some(h) = hash_copy_row(norm, &line) {
+            hashes.push(h);
+        }
+        if hashes.len().is_multiple_of(4096) {
+            progress.store(hashes.len() as u64, Ordering::Relaxed);
+        }
+    }
+    Ok(hashes)
+}
+/// A read error from a COPY stream carries the driver's error inside; classify that.
+fn copy_read_error(e: std::io::Error) -> DbErr {
+    match e.into_inner().map(|b| b.downcast::<postgres::Error>()) {
+        Some(Ok(pg)) => super::classify(&pg),
+        Some(Err(other)) => DbErr::Unavailable(other.to_string()),
+        None => DbErr::Unavailable("COPY stream failed".into()),
+    }
+}
+
+/// Canonical hash of one COPY text-format row `entity \t scope`; None for rows the write
+/// path would have refused (they can only come from outside writes).
+fn hash_copy_row(norm: Normalize, line: &[u8]) -> Option<u128> {
+    let tab = line.iter().position(|&b| b == b'\t')?;
+    let entity = unescape(&line[..tab]);
+    let scope = unescape(&line[tab + 1..]);
+    canon::canonicalize(norm, &entity, &scope)
+        .ok()
+        .map(|c| c.hash)
+}
+
+/// Undoes COPY text-format escaping (`\\`, `\t`, `\n`, octal and hex escapes...).
+fn unescape(field: &[u8]) -> Cow<'_, [u8]> {
+    if !field.contains(&b'\\') {
+        return Cow::Borrowed(field);
+    }
+    let mut out = Vec::with_capacity(field.len());
+    let mut i = 0;
+    while i < field.len() {
+        let b = field[i];
+        if b != b'\\' || i + 1 == field.len() {
+            out.push(b);
+            i += 1;
+            continue;
+        }
+        let e = field[i + 1];
+        i += 2;
+        match e {
+            b'b' => out.push(8),
+            b'f' => out.push(12),
+            b'n' => out.push(b'\n'),
+            b'r' => out.push(b'\r'),
+            b't' => out.push(b'\t'),
+            b'v' => out.push(11),
+            b'0'..=b'7' => {
+                let mut v = (e - b'0') as u32;
+                let mut n = 1;
+                while n < 3 && i < field.len() && (b'0'..=b'7').contains(&field[i]) {
+                    v = v * 8 + (field[i] - b'0') as u32;
+                    i += 1;
+                    n += 1;
+                }
+                out.push(v as u8);
+            }
+            b'x' => {
+                let mut v = 0u32;
+                let mut n = 0;
+                while n < 2 && i < field.len() && field[i].is_ascii_hexdigit() {
+                    v = v * 16 + (field[i] as char).to_digit(16).unwrap();
+                    i += 1;
+                    n += 1;
+                }
+                out.push(v as u8);
+            }
+            other => out.push(other),
+        }
+    }
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_conditions_are_runs() {
+        let s: SlotSet = [1u16, 2, 3, 7, 9, 10].into_iter().collect();
+        assert_eq!(
+            slot_condition(&s),
+            " AND (slot BETWEEN 1 AND 3 OR slot = 7 OR slot BETWEEN 9 AND 10)"
+        );
+        assert_eq!(slot_condition(&SlotSet::default()), " AND false");
+        assert_eq!(sized_for(16384, Some(&s), 0), 6);
+        assert_eq!(sized_for(16384, Some(&s), 100), 100);
+        assert_eq!(sized_for(1000, None, 10), 1000);
+        assert_eq!(sized_for(10, Some(&SlotSet::default()), 0), 1);
+    }
+
+    #[test]
+    fn unescape_copy_text() {
+        assert_eq!(&*unescape(b"plain"), b"plain");
+        assert_eq!(&*unescape(b"a\\tb\\nc\\\\d"), b"a\tb\nc\\d");
+        assert_eq!(&*unescape(b"\\101\\x42"), b"AB");
+    }
+
+    #[test]
+    fn copy_rows_hash_like_the_write_path() {
+        let row = b"alice\t";
+        let want = canon::canonicalize(Normalize::Username, b"alice", b"")
+            .unwrap()
+            .hash;
+        assert_eq!(hash_copy_row(Normalize::Username, row), Some(want));
+        // Rows written from outside are normalized the same way.
+        assert_eq!(hash_copy_row(Normalize::Username, b"  ALICE\t"), Some(want));
+        let scoped = canon::canonicalize(Normalize::None, b"a\tb", b"m1")
+            .unwrap()
+            .hash;
+        assert_eq!(hash_copy_row(Normalize::None, b"a\\tb\tm1"), Some(scoped));
+        assert_eq!(hash_copy_row(Normalize::None, b"no-tab"), None);
+    }
+}

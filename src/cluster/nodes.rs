@@ -11,6 +11,9 @@ pub struct Mine {
     /// Slots being migrated away still count (the node owns them until the handover); slots
     /// being imported do not.
     pub ranges: Vec<(u16, u16)>,
+    /// Slots this node (a primary) is migrating away: it must not write keys there any more
+    /// (a key written after the migration's last MIGRATE makes the handover fail).
+    pub migrating: Vec<u16>,
 }
 
 /// Parses `CLUSTER NODES` output. `None` when the text names no node as `myself`.
@@ -32,6 +35,7 @@ pub fn parse(text: &str) -> Option<Mine> {
                 return Some(Mine {
                     primary,
                     ranges: Vec::new(),
+                    migrating: Vec::new(),
                 })
             }
         }
@@ -39,7 +43,15 @@ pub fn parse(text: &str) -> Option<Mine> {
     Some(Mine {
         primary,
         ranges: holder[8..].iter().filter_map(|s| range(s)).collect(),
+        migrating: holder[8..].iter().filter_map(|s| migrating(s)).collect(),
     })
+}
+
+/// `[slot->-node]`: a slot being migrated away.
+fn migrating(s: &str) -> Option<u16> {
+    let inner = s.strip_prefix('[')?.strip_suffix(']')?;
+    let (slot, _) = inner.split_once("->-")?;
+    slot.parse().ok().filter(|s| (*s as usize) < SLOTS)
 }
 
 fn flags<'a>(fields: &'a [&'a str]) -> impl Iterator<Item = &'a str> {
@@ -79,6 +91,7 @@ e7d1 127.0.0.1:30001@40001 myself,master - 0 0 1 connected 0-5459 5460 [5460->-6
         let m = parse(NODES).unwrap();
         assert!(m.primary);
         assert_eq!(m.ranges, vec![(0, 5459), (5460, 5460)]);
+        assert_eq!(m.migrating, vec![5460]);
     }
 
     #[test]
@@ -90,6 +103,7 @@ e7d1 127.0.0.1:30001@40001 myself,master - 0 0 1 connected 0-5459 5460 [5460->-6
         let m = parse(&text).unwrap();
         assert!(!m.primary);
         assert_eq!(m.ranges, vec![(5461, 10922)]);
+        assert!(m.migrating.is_empty(), "importing is not migrating");
     }
 
     #[test]

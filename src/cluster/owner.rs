@@ -33,6 +33,8 @@ struct Accepted {
 struct Own {
     primary: bool,
     owned: Vec<bool>,
+    /// Owned slots being migrated away: no key of ours is written there any more.
+    migrating: Vec<bool>,
     accepted: Vec<Option<Accepted>>,
     names: Vec<Option<RedisString>>,
     /// The last poll's error, for INFO.
@@ -45,6 +47,7 @@ impl Default for Own {
         Own {
             primary: false,
             owned: vec![false; SLOTS],
+            migrating: vec![false; SLOTS],
             accepted: vec![None; SLOTS],
             names: (0..SLOTS).map(|_| None).collect(),
             last_error: None,
@@ -108,17 +111,27 @@ pub fn ready(ctx: &Context, slot: u16, covered_since: Option<Instant>) -> bool {
     })
 }
 
-/// [`ready`] for the slot of a canonical entity.
-#[inline]
-pub fn ready_for(ctx: &Context, entity: &str, covered_since: Option<Instant>) -> bool {
-    ready(ctx, keyslot(entity.as_bytes()), covered_since)
+/// True when this node holds `slot` now: owned by the last poll, not being migrated away, and
+/// its sentinel is still the value accepted. A migration moves the sentinel with the slot's
+/// other keys before the handover, so a key written while this holds is moved too (never left
+/// behind to make the handover fail).
+pub fn holds(ctx: &Context, slot: u16) -> bool {
+    OWN.with(|o| {
+        let mut o = o.borrow_mut();
+        let s = slot as usize;
+        let Some(a) = o.accepted[s].filter(|_| o.owned[s] && !o.migrating[s]) else {
+            return false;
+        };
+        with_name(&mut o, slot, |n| sentinel_at(ctx, n)) == Some(a.id)
+    })
 }
 
-/// True when this node may read and fill the exact-match key of a canonical entity: it owns
-/// the entity's slot, where that key lives (an importing node leaves it to the database).
+/// True when this node may read and fill the exact-match key of a canonical entity, which
+/// lives in the entity's slot: it [`holds`] that slot (an importing node, or one whose slot is
+/// leaving, leaves it to the database).
 #[inline]
-pub fn may_cache(entity: &str) -> bool {
-    owns(keyslot(entity.as_bytes()))
+pub fn may_cache(ctx: &Context, entity: &str) -> bool {
+    holds(ctx, keyslot(entity.as_bytes()))
 }
 
 /// ADD and DEL of `raw` (as the client sent it, and routed by it) whose canonical entity is
@@ -193,6 +206,10 @@ pub fn poll(ctx: &Context) -> Option<Instant> {
     for (a, b) in &mine.ranges {
         now_owned[*a as usize..=*b as usize].fill(true);
     }
+    let mut now_migrating = vec![false; SLOTS];
+    for s in &mine.migrating {
+        now_migrating[*s as usize] = true;
+    }
     let now = Instant::now();
     let ready_at = now + config::handover_grace();
     let mut created = Vec::new();
@@ -215,6 +232,12 @@ pub fn poll(ctx: &Context) -> Option<Instant> {
             let found = with_name(&mut o, slot, |n| sentinel_at(ctx, n));
             let id = match found {
                 Some(id) => id,
+                // A slot on its way out keeps no sentinel: writing one after the migration's
+                // last MIGRATE would make the handover (SETSLOT NODE) fail.
+                None if now_migrating[s] => {
+                    o.accepted[s] = None;
+                    continue;
+                }
                 None if mine.primary => match with_name(&mut o, slot, |n| write_sentinel(ctx, n)) {
                     Some(id) => {
                         created.push(slot);
@@ -235,6 +258,7 @@ pub fn poll(ctx: &Context) -> Option<Instant> {
         }
         o.owned_count = now_owned.iter().filter(|x| **x).count();
         o.owned = now_owned;
+        o.migrating = now_migrating;
     });
     for slot in created {
         effects::replicate(ctx, "MEMBER._OWN", &[sentinel_name(slot).as_bytes()]);

@@ -194,7 +194,7 @@ pub(super) fn decide_item(
             record(set, explain, Path::FpCache, started);
             return Step::Done(false, Path::FpCache);
         }
-        Gate::Possible if cluster && !owner::may_cache(&canon.entity) => {}
+        Gate::Possible if cluster && !owner::may_cache(ctx, &canon.entity) => {}
         Gate::Possible => {
             let key = keys::cache_key(ctx, &set.cache_prefix, &canon);
             if keys::cache_hit(ctx, &key, set.incarnation) {
@@ -317,7 +317,7 @@ impl Completion for LookupDone {
                 if set.generation != self.generation || is_replica {
                     return;
                 }
-                if crate::cluster::enabled() && !owner::may_cache(&self.entity) {
+                if crate::cluster::enabled() && !owner::may_cache(ctx, &self.entity) {
                     return;
                 }
                 let now = funnel::now_s();

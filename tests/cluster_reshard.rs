@@ -194,7 +194,15 @@ fn resharding_under_load_keeps_the_contract() {
         );
         event(&rec, start, "reshard", detail);
         if !run.ok {
-            problems.push(format!("the reshard failed:\n{}", run.text));
+            // The slot it stopped at, and who holds what there.
+            let at = run.text.lines().rev().find_map(|l| {
+                let slot = l.strip_prefix("Moving slot ")?.split_whitespace().next()?;
+                slot.parse::<u16>().ok()
+            });
+            let held = at.map_or(String::new(), |s| {
+                format!("\n{}\n{}", cl.keys_in_slot(from, s), cl.keys_in_slot(to, s))
+            });
+            problems.push(format!("the reshard failed:\n{}{held}", run.text));
         }
         thread::sleep(Duration::from_secs(3));
     });

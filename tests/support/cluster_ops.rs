@@ -127,6 +127,28 @@ impl Cluster {
         ])
     }
 
+    /// What `node` holds in `slot`: the key count and up to ten key names (escaped), for the
+    /// message of a reshard that stopped at that slot.
+    pub fn keys_in_slot(&self, node: &Node, slot: u16) -> String {
+        let mut c = node.conn();
+        let count: i64 = redis::cmd("CLUSTER")
+            .arg("COUNTKEYSINSLOT")
+            .arg(slot)
+            .query(&mut c)
+            .unwrap_or(-1);
+        let keys: Vec<Vec<u8>> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(10)
+            .query(&mut c)
+            .unwrap_or_default();
+        let names: Vec<String> = keys.iter().map(|k| k.escape_ascii().to_string()).collect();
+        format!(
+            ":{} holds {count} keys in slot {slot}: {names:?}",
+            node.port()
+        )
+    }
+
     /// `--cluster check` through the first live primary; clean means exit status 0 and neither
     /// `[ERR]` nor `[WARNING]` in its output.
     pub fn check(&self) -> CliRun {

@@ -25,6 +25,8 @@ pub struct Node {
     pub primary: bool,
     /// For a replica, the port of its primary.
     pub primary_port: Option<u16>,
+    /// Killed by a test and not started again.
+    pub down: bool,
 }
 
 impl Node {
@@ -66,7 +68,15 @@ pub fn cli_binary() -> String {
 }
 
 /// (pid, dir) of every node, for the exit handler: statics are never dropped.
-static NODES: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
+pub(super) static NODES: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
+
+/// The configs of the shared cluster's nodes besides the cluster's own plumbing.
+const SHARED_CONFIGS: [(&str, &str); 3] = [
+    ("cluster-node-timeout", "5000"),
+    ("member.workers", "1"),
+    // DEBUG RELOAD: filters round-trip through the RDB aux field.
+    ("enable-debug-command", "yes"),
+];
 
 extern "C" fn kill_nodes_at_exit() {
     let Ok(mut nodes) = NODES.lock() else {
@@ -88,29 +98,34 @@ impl Cluster {
     /// module's catalog is loaded everywhere.
     pub fn shared() -> &'static Cluster {
         static CLUSTER: OnceLock<Cluster> = OnceLock::new();
-        CLUSTER.get_or_init(Cluster::start)
+        CLUSTER.get_or_init(|| Cluster::start(&[]))
     }
 
-    fn start() -> Cluster {
+    /// A cluster of the caller's own, ready like [`Cluster::shared`], for tests that reshard it
+    /// or kill its nodes. `configs` are given to every node and win over the shared cluster's
+    /// (`cluster-node-timeout` 5000, `member.workers` 1, `enable-debug-command` yes). Its
+    /// database is a fresh one.
+    pub fn start(configs: &[(&str, &str)]) -> Cluster {
         let db = fresh_db();
         let url = db.url();
+        let mut own: Vec<(&str, &str)> = SHARED_CONFIGS
+            .iter()
+            .filter(|(k, _)| !configs.iter().any(|(c, _)| c == k))
+            .copied()
+            .collect();
+        own.extend_from_slice(configs);
         let mut nodes = Vec::new();
         for _ in 0..2 * PRIMARIES {
             // The bus port defaults to port + 10000, which may not exist: pick one.
             let bus = free_port().to_string();
-            let vk = start_with(
-                &url,
-                &[
-                    ("cluster-enabled", "yes"),
-                    ("cluster-port", &bus),
-                    ("cluster-node-timeout", "5000"),
-                    // Replicas sync at once instead of after the default 5 s wait.
-                    ("repl-diskless-sync-delay", "0"),
-                    ("member.workers", "1"),
-                    // DEBUG RELOAD: filters round-trip through the RDB aux field.
-                    ("enable-debug-command", "yes"),
-                ],
-            );
+            let mut cfg = vec![
+                ("cluster-enabled", "yes"),
+                ("cluster-port", bus.as_str()),
+                // Replicas sync at once instead of after the default 5 s wait.
+                ("repl-diskless-sync-delay", "0"),
+            ];
+            cfg.extend_from_slice(&own);
+            let vk = start_with(&url, &cfg);
             NODES
                 .lock()
                 .unwrap()
@@ -124,6 +139,7 @@ impl Cluster {
                 id,
                 primary: false,
                 primary_port: None,
+                down: false,
             });
         }
         static AT_EXIT: OnceLock<()> = OnceLock::new();
@@ -200,12 +216,14 @@ impl Cluster {
         cluster
     }
 
+    /// The primaries that are up.
     pub fn primaries(&self) -> impl Iterator<Item = &Node> {
-        self.nodes.iter().filter(|n| n.primary)
+        self.nodes.iter().filter(|n| n.primary && !n.down)
     }
 
+    /// The replicas that are up.
     pub fn replicas(&self) -> impl Iterator<Item = &Node> {
-        self.nodes.iter().filter(|n| !n.primary)
+        self.nodes.iter().filter(|n| !n.primary && !n.down)
     }
 
     pub fn node_by_port(&self, port: u16) -> &Node {
@@ -223,7 +241,7 @@ impl Cluster {
 
     /// `CLUSTER KEYSLOT <text>`, asked of a node.
     pub fn keyslot(&self, text: &str) -> u16 {
-        let mut c = self.nodes[0].conn();
+        let mut c = self.nodes.iter().find(|n| !n.down).unwrap().conn();
         redis::cmd("CLUSTER")
             .arg("KEYSLOT")
             .arg(text)
@@ -263,10 +281,16 @@ impl Cluster {
     /// catalog on their own (issue 15), a set created on one node is unknown to the others;
     /// replicas get it from their primary (MEMBER._SET, MEMBER._LOAD).
     pub fn create_everywhere(&self, set: &str) {
+        self.create_everywhere_with(set, &[]);
+    }
+
+    /// [`Cluster::create_everywhere`] with CREATE's options (`["NORMALIZE", "none"]`, …).
+    pub fn create_everywhere_with(&self, set: &str, options: &[&str]) {
         for n in self.primaries() {
             let mut c = n.conn();
             let v: Value = redis::cmd("MEMBER.CREATE")
                 .arg(set)
+                .arg(options)
                 .query(&mut c)
                 .unwrap_or_else(|e| panic!("MEMBER.CREATE {set} on {}: {e}", n.addr()));
             assert!(matches!(v, Value::Okay), "{v:?}");
@@ -293,7 +317,7 @@ fn int_of(v: &Value) -> i64 {
     }
 }
 
-fn read_slots(c: &mut Connection) -> Vec<SlotRange> {
+pub(super) fn read_slots(c: &mut Connection) -> Vec<SlotRange> {
     let v: Vec<Value> = redis::cmd("CLUSTER")
         .arg("SLOTS")
         .query(c)

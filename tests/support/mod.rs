@@ -763,6 +763,7 @@ impl Drop for Valkey {
     }
 }
 pub mod cluster;
+pub mod cluster_ops;
 pub mod member;
 
 // ---------------------------------------------------------------------------------------------

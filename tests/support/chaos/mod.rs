@@ -3,8 +3,10 @@
 #![allow(dead_code)]
 
 pub mod checker;
+pub mod cluster_load;
 pub mod faults;
 pub mod history;
+pub mod router;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
@@ -305,7 +307,7 @@ pub fn run(cfg: &Config, kinds: &[&'static str]) -> Report {
         .map(|b| b.load(Ordering::Relaxed) + cfg.items_per_writer)
         .collect();
     violations.extend(final_check(&world, &sets, &tops, &ops, &rules));
-    summary(&ops, &faults, &violations, began.elapsed());
+    summary("chaos", &ops, &faults, &violations, began.elapsed());
     if let Ok(path) = std::env::var("MEMBER_CHAOS_HISTORY") {
         write_history(&path, &ops, &faults, &violations);
     }
@@ -398,8 +400,8 @@ fn final_check(
     out
 }
 
-/// Prints operations, faults, errors and violations.
-fn summary(ops: &[Op], faults: &[Fault], violations: &[Violation], took: Duration) {
+/// Prints operations, faults, errors and violations, each line starting with `tag:`.
+pub fn summary(tag: &str, ops: &[Op], faults: &[Fault], violations: &[Violation], took: Duration) {
     let mut by_kind: BTreeMap<(Kind, String), usize> = BTreeMap::new();
     for o in ops {
         *by_kind.entry((o.kind, o.outcome.class())).or_default() += 1;
@@ -412,20 +414,20 @@ fn summary(ops: &[Op], faults: &[Fault], violations: &[Violation], took: Duratio
     for v in violations {
         *vk.entry(v.rule).or_default() += 1;
     }
-    eprintln!("chaos: ---- summary after {:.1} s ----", took.as_secs_f64());
-    eprintln!("chaos: operations {}", ops.len());
+    eprintln!("{tag}: ---- summary after {:.1} s ----", took.as_secs_f64());
+    eprintln!("{tag}: operations {}", ops.len());
     for ((k, class), n) in &by_kind {
-        eprintln!("chaos:   {:<14} {:<40} {n}", k.command(), class);
+        eprintln!("{tag}:   {:<14} {:<40} {n}", k.command(), class);
     }
-    eprintln!("chaos: faults {}: {fk:?}", faults.len());
-    eprintln!("chaos: violations {}: {vk:?}", violations.len());
+    eprintln!("{tag}: faults {}: {fk:?}", faults.len());
+    eprintln!("{tag}: violations {}: {vk:?}", violations.len());
     for v in violations.iter().take(25) {
-        eprintln!("chaos: VIOLATION [{}] {}", v.rule, v.text);
+        eprintln!("{tag}: VIOLATION [{}] {}", v.rule, v.text);
     }
 }
 
 /// Writes every operation and fault, in start order, one a line (`MEMBER_CHAOS_HISTORY`).
-fn write_history(path: &str, ops: &[Op], faults: &[Fault], violations: &[Violation]) {
+pub fn write_history(path: &str, ops: &[Op], faults: &[Fault], violations: &[Violation]) {
     let mut lines: Vec<(u64, String)> = ops.iter().map(|o| (o.start, o.describe())).collect();
     lines.extend(faults.iter().map(|f| {
         let (s, e) = (f.start as f64 / 1e6, f.end as f64 / 1e6);

@@ -1,0 +1,396 @@
+//! The load of the cluster history tests (issue 8): writers ADD fresh items and DEL a few of
+//! their own, readers EXISTS acknowledged, never-added and in-flight items, all through
+//! [`Router`]s that follow MOVED and ASK; then the final check against the database and the
+//! slot owners.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redis::{ConnectionLike, RedisResult, Value};
+
+use super::checker::{known_state_at, Rules, Violation};
+use super::history::{Kind, Op, Outcome, Recorder};
+use super::router::{is_conn_error, keyslot, Router};
+use super::Rng;
+use crate::support::cluster::{Cluster, Node};
+
+/// What the load does.
+pub struct LoadConfig {
+    pub seed: u64,
+    pub writers: usize,
+    pub readers: usize,
+    /// Pause after each write and (a tenth of it) after each read.
+    pub pause_ms: u64,
+    pub db_timeout_ms: u64,
+    /// Slack over `db_timeout_ms` before an operation counts as a hang.
+    pub slack_ms: u64,
+    /// Half of the new items (written and never-written alike) hash to these slots: the ones
+    /// being moved or failed over. Empty: no preference.
+    pub hot: Vec<u16>,
+}
+
+impl LoadConfig {
+    /// The checker's rules for this load.
+    pub fn rules(&self) -> Rules {
+        Rules {
+            hang_us: (self.db_timeout_ms + self.slack_ms) * 1000,
+            settle_us: (8 * self.db_timeout_ms + 4000) * 1000,
+        }
+    }
+
+    /// How long to wait after the load before the final check: a failed write may land.
+    pub fn settle_wait(&self) -> Duration {
+        Duration::from_millis(3 * self.db_timeout_ms + 2000)
+    }
+}
+
+/// Replies that are not answers but allowed: the node is gone, the cluster is reconfiguring,
+/// the database is slow. Anything else that is not an integer is a violation.
+/// `UNBLOCKED` is what a primary tells the clients it had blocked when it becomes a replica.
+const ALLOWED_ERRORS: [&str; 7] = [
+    "conn",
+    "CLUSTERDOWN",
+    "TRYAGAIN",
+    "UNAVAILABLE",
+    "LOADING",
+    "MASTERDOWN",
+    "UNBLOCKED",
+];
+
+/// What every thread shares.
+struct Shared<'a> {
+    cfg: &'a LoadConfig,
+    set: &'a str,
+    seeds: &'a [u16],
+    rec: &'a Recorder,
+    stop: AtomicBool,
+    hot: Vec<bool>,
+    /// Every item whose ADD answered 1, in order.
+    acked: Mutex<Vec<String>>,
+    /// Each writer's item whose ADD is in flight (or was last sent).
+    inflight: Vec<Mutex<String>>,
+}
+
+impl Shared<'_> {
+    /// `<prefix>_<n>` for the next n, drawn from the hot slots half of the time.
+    fn fresh(&self, prefix: &str, next: &mut u64, rng: &mut Rng) -> String {
+        let want_hot = self.cfg.hot.is_empty() || rng.below(2) == 0;
+        loop {
+            let s = format!("{prefix}_{next}");
+            *next += 1;
+            if !want_hot || self.cfg.hot.is_empty() || self.hot[keyslot(s.as_bytes()) as usize] {
+                return s;
+            }
+        }
+    }
+
+    fn router(&self) -> Router {
+        let t = Duration::from_millis(3 * (self.cfg.db_timeout_ms + self.cfg.slack_ms));
+        Router::new(self.seeds.to_vec(), t)
+    }
+
+    /// Runs one command through `router` and records it.
+    fn run(&self, router: &mut Router, client: usize, kind: Kind, item: &str) -> Outcome {
+        router.prepare();
+        let start = self.rec.now();
+        let (port, res) = router.call(&[kind.command(), self.set, item]);
+        let end = self.rec.now();
+        let outcome = match res {
+            Ok(Value::Int(n)) => Outcome::Int(n),
+            Ok(v) => Outcome::Failed(format!("ERR unexpected reply {v:?}")),
+            Err(e) if is_conn_error(&e) => Outcome::Failed(format!("conn: {e}")),
+            Err(e) if e.code().is_some() => Outcome::Failed(
+                format!("{} {}", e.code().unwrap_or(""), e.detail().unwrap_or(""))
+                    .trim()
+                    .to_string(),
+            ),
+            Err(e) => Outcome::Failed(format!("ERR client: {e}")),
+        };
+        self.rec.op(Op {
+            client,
+            kind,
+            set: self.set.to_string(),
+            item: item.to_string(),
+            port,
+            start,
+            end,
+            outcome: outcome.clone(),
+        });
+        outcome
+    }
+}
+
+/// Writer `w`: ADD a fresh item (nine times in ten) or DEL one of its acknowledged members.
+/// An item whose write failed is never written again.
+fn writer(w: usize, x: &Shared) {
+    let mut rng = Rng::new(x.cfg.seed ^ (0x1000 + w as u64).wrapping_mul(0x9e37_79b9));
+    let mut router = x.router();
+    let mut next = 0;
+    let mut mine: Vec<String> = Vec::new();
+    while !x.stop.load(Ordering::Relaxed) {
+        if !mine.is_empty() && rng.below(10) == 0 {
+            let it = mine.swap_remove(rng.below(mine.len() as u64) as usize);
+            x.run(&mut router, w, Kind::Del, &it);
+        } else {
+            let it = x.fresh(&format!("w{w}"), &mut next, &mut rng);
+            *x.inflight[w].lock().unwrap() = it.clone();
+            if x.run(&mut router, w, Kind::Add, &it) == Outcome::Int(1) {
+                x.acked.lock().unwrap().push(it.clone());
+                mine.push(it);
+            }
+        }
+        thread::sleep(Duration::from_millis(x.cfg.pause_ms));
+    }
+}
+
+/// Reader `r`: EXISTS of never-written items (2 in 10), of items whose ADD is in flight (2 in
+/// 10) and of acknowledged ones, recent ones preferred (6 in 10).
+fn reader(r: usize, x: &Shared) {
+    let mut rng = Rng::new(x.cfg.seed ^ (0x2000 + r as u64).wrapping_mul(0x85eb_ca6b));
+    let mut router = x.router();
+    let mut next = 0;
+    let prefix = format!("ghost{r}");
+    while !x.stop.load(Ordering::Relaxed) {
+        let pick = rng.below(10);
+        let chosen = match pick {
+            2 | 3 => {
+                let w = rng.below(x.cfg.writers as u64) as usize;
+                Some(x.inflight[w].lock().unwrap().clone()).filter(|s| !s.is_empty())
+            }
+            4.. => {
+                let acked = x.acked.lock().unwrap();
+                let n = acked.len() as u64;
+                (n > 0).then(|| {
+                    let lo = if rng.below(2) == 0 {
+                        n.saturating_sub(64)
+                    } else {
+                        0
+                    };
+                    acked[(lo + rng.below(n - lo)) as usize].clone()
+                })
+            }
+            _ => None,
+        };
+        let it = chosen.unwrap_or_else(|| x.fresh(&prefix, &mut next, &mut rng));
+        x.run(&mut router, 100 + r, Kind::Exists, &it);
+        thread::sleep(Duration::from_millis(x.cfg.pause_ms / 10 + 1));
+    }
+}
+
+/// Runs the load on `set` through routers seeded with `seeds` while `during` runs on this
+/// thread (the reshard or the failover, with load before and after it); returns once every
+/// client has stopped.
+pub fn run(cfg: &LoadConfig, set: &str, seeds: &[u16], rec: &Recorder, during: impl FnOnce()) {
+    let mut hot = vec![false; 16384];
+    for s in &cfg.hot {
+        hot[*s as usize] = true;
+    }
+    let x = Shared {
+        cfg,
+        set,
+        seeds,
+        rec,
+        stop: AtomicBool::new(false),
+        hot,
+        acked: Mutex::new(Vec::new()),
+        inflight: (0..cfg.writers)
+            .map(|_| Mutex::new(String::new()))
+            .collect(),
+    };
+    let x = &x;
+    thread::scope(|sc| {
+        for w in 0..cfg.writers {
+            sc.spawn(move || writer(w, x));
+        }
+        for r in 0..cfg.readers {
+            sc.spawn(move || reader(r, x));
+        }
+        during();
+        x.stop.store(true, Ordering::SeqCst);
+    });
+}
+
+/// Every failure that is neither an answer nor an allowed error.
+pub fn unexpected_errors(ops: &[Op]) -> Vec<Violation> {
+    ops.iter()
+        .filter(|o| {
+            o.outcome.answer().is_none() && !ALLOWED_ERRORS.contains(&o.outcome.class().as_str())
+        })
+        .map(|o| Violation {
+            rule: "unexpected error",
+            text: o.describe(),
+        })
+        .collect()
+}
+
+/// The replies to `MEMBER.EXISTS <set> <item>` for each of `items`, pipelined, error
+/// replies kept in place (`Value::ServerError`).
+fn exists_many(c: &mut redis::Connection, set: &str, items: &[&str]) -> RedisResult<Vec<Value>> {
+    let mut p = redis::pipe();
+    for it in items {
+        p.cmd("MEMBER.EXISTS").arg(set).arg(*it);
+    }
+    c.req_packed_commands(&p.get_packed_pipeline(), 0, items.len())
+}
+
+/// A reply as text for a violation.
+fn shown(v: &RedisResult<Value>) -> String {
+    match v {
+        Ok(Value::Int(n)) => n.to_string(),
+        Ok(Value::ServerError(e)) => format!("{} {}", e.code(), e.details().unwrap_or("")),
+        Ok(v) => format!("{v:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// After the load: the database holds what the history says, and every item the run touched
+/// is answered as the database says by the primary that owns its slot now (an error there is
+/// asked again for up to 30 s), while every other live primary redirects it there (`MOVED`).
+pub fn final_check(cl: &Cluster, set: &str, ops: &[Op], rules: &Rules) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let members: BTreeSet<String> = cl
+        .db
+        .client()
+        .query(
+            &format!(
+                "SELECT entity_id FROM member_{set} WHERE scope = '' AND status = 1 \
+                 AND (expires_at IS NULL OR expires_at > now())"
+            ),
+            &[],
+        )
+        .expect("read the truth")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut writes_of: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
+    for o in ops {
+        let w = writes_of.entry(&o.item).or_default();
+        if o.kind != Kind::Exists {
+            w.push(o);
+        }
+    }
+    for (item, writes) in &writes_of {
+        let truth = members.contains(*item);
+        if let (Some(k), by) = known_state_at(writes, u64::MAX / 2, rules) {
+            if k != truth {
+                out.push(Violation {
+                    rule: "final: database differs from history",
+                    text: format!(
+                        "{item}: the database says {}, the history {}{}",
+                        truth as u8,
+                        k as u8,
+                        by.map(|b| format!(" (by {})", b.describe()))
+                            .unwrap_or_default()
+                    ),
+                });
+            }
+        }
+    }
+    let table = cl.slot_table();
+    let owner = |item: &str| table[keyslot(item.as_bytes()) as usize];
+    let items: Vec<&str> = writes_of.keys().copied().collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let members = &members;
+    let (items, owner) = (&items, &owner);
+    thread::scope(|sc| {
+        let asked: Vec<_> = cl
+            .primaries()
+            .map(|n| sc.spawn(move || ask_node(n, set, items, members, owner, deadline)))
+            .collect();
+        for a in asked {
+            out.extend(a.join().expect("final check thread"));
+        }
+    });
+    out
+}
+
+/// One primary's part of the final check: its own items answered as the database says,
+/// everyone else's redirected to their owner.
+fn ask_node(
+    n: &Node,
+    set: &str,
+    items: &[&str],
+    members: &BTreeSet<String>,
+    owner: &(impl Fn(&str) -> u16 + Sync),
+    deadline: Instant,
+) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let port = n.port();
+    let mut c = n.conn();
+    let mut again: Vec<&str> = Vec::new();
+    for chunk in items.chunks(500) {
+        let replies = exists_many(&mut c, set, chunk)
+            .unwrap_or_else(|e| panic!("pipeline of EXISTS to :{port}: {e}"));
+        for (item, got) in chunk.iter().zip(replies) {
+            let (truth, home) = (members.contains(*item), owner(item));
+            let moved_home = format!("127.0.0.1:{home}");
+            let (rule, text) = match got {
+                Value::Int(a) if port == home && (a == 1) == truth => continue,
+                Value::Int(a) if port == home => (
+                    "final: answer differs from the database",
+                    format!(
+                        "{item}: owner :{port} answers {a}, the database says {}",
+                        truth as u8
+                    ),
+                ),
+                Value::Int(a) => (
+                    "final: a non-owner answered",
+                    format!("{item}: :{port} answers {a}, the owner is :{home}"),
+                ),
+                Value::ServerError(e)
+                    if port != home
+                        && e.code() == "MOVED"
+                        && e.details().is_some_and(|d| d.ends_with(&moved_home)) =>
+                {
+                    continue
+                }
+                _ if port == home => {
+                    again.push(item);
+                    continue;
+                }
+                other => (
+                    "final: nodes disagree on the owner",
+                    format!(
+                        "{item}: :{port} replies {}, the owner is :{home}",
+                        shown(&Ok(other))
+                    ),
+                ),
+            };
+            out.push(Violation { rule, text });
+        }
+    }
+    // The owner's errors (a rebuild, a slow database): asked again one by one.
+    for item in again {
+        let truth = members.contains(item);
+        let mut got = redis::cmd("MEMBER.EXISTS")
+            .arg(set)
+            .arg(item)
+            .query::<Value>(&mut c);
+        while !matches!(got, Ok(Value::Int(_))) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(100));
+            got = redis::cmd("MEMBER.EXISTS")
+                .arg(set)
+                .arg(item)
+                .query::<Value>(&mut c);
+        }
+        let (rule, text) = match got {
+            Ok(Value::Int(a)) if (a == 1) == truth => continue,
+            Ok(Value::Int(a)) => (
+                "final: answer differs from the database",
+                format!(
+                    "{item}: owner :{port} answers {a}, the database says {}",
+                    truth as u8
+                ),
+            ),
+            other => (
+                "final: no answer",
+                format!("{item}: owner :{port} replies {}", shown(&other)),
+            ),
+        };
+        out.push(Violation { rule, text });
+    }
+    out
+}

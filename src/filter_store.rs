@@ -241,13 +241,15 @@ pub fn install(ctx: &Context, key: &RedisString, value: FilterValue) -> u64 {
     id
 }
 
-/// Cluster mode: every filter held, as (key name, persisted form), for the RDB aux field.
-pub fn snapshot() -> Vec<(Vec<u8>, Vec<u8>)> {
+/// Cluster mode: how many filters are held, then each one's key name and persisted form in
+/// turn (one payload in memory at a time), for the RDB aux field.
+pub fn save_each(count: impl FnOnce(usize), mut each: impl FnMut(&[u8], &[u8])) {
     MEMORY.with(|m| {
-        m.borrow()
-            .iter()
-            .map(|(k, v)| (k.clone(), v.to_bytes()))
-            .collect()
+        let m = m.borrow();
+        count(m.len());
+        for (k, v) in m.iter() {
+            each(k, &v.to_bytes());
+        }
     })
 }
 

@@ -128,12 +128,13 @@ unsafe extern "C" fn aux_save(rdb: *mut raw::RedisModuleIO, when: c_int) {
     if when != raw::Aux::Before as c_int {
         return;
     }
-    let all = crate::filter_store::snapshot();
-    raw::save_unsigned(rdb, all.len() as u64);
-    for (name, payload) in all {
-        raw::save_slice(rdb, &name);
-        raw::save_slice(rdb, &payload);
-    }
+    crate::filter_store::save_each(
+        |n| raw::save_unsigned(rdb, n as u64),
+        |name, payload| {
+            raw::save_slice(rdb, name);
+            raw::save_slice(rdb, payload);
+        },
+    );
 }
 
 /// Reads the filters back into module memory. A payload that does not verify is skipped

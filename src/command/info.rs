@@ -48,6 +48,12 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
             out.push(("name", d.name.clone()));
             out.push(("table", crate::db::sql::table(&d.name)));
             out.push(("normalize", d.normalize.name().into()));
+            out.push(("tokenize", d.tokenize.name().into()));
+            if let Some(fp) = d.tokenize.fingerprint() {
+                // The set's key fingerprint, and whether the key loaded here is that one.
+                out.push(("token_key_fp", fp.to_string()));
+                out.push(("token_key", crate::token_key::status(&d.tokenize).into()));
+            }
             out.push(("error_rate", d.error_rate.to_string()));
             out.push(("capacity", d.capacity.to_string()));
             out.push(("cache_ttl", d.cache_ttl.to_string()));

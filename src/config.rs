@@ -153,7 +153,8 @@ pub const TOKEN_KEY_FILE_DEFAULT: &str = "";
 /// Path of the file holding the tokenization key in hex (`token_key`); empty: no key. Setting
 /// it reads the file at once (the server skips a CONFIG SET that names the path already set,
 /// so another key is loaded by naming another file); an unreadable or malformed file is
-/// refused and the key held before stays. CONFIG GET shows the path, never the key.
+/// refused and the key held before stays (at start-up it is kept without a key, and logged).
+/// CONFIG GET shows the path, never the key.
 pub static TOKEN_KEY_FILE: KeyFile = KeyFile(Mutex::new(String::new()));
 
 /// The `member.token-key-file` config: its value is the path; the key goes to `token_key`.
@@ -168,7 +169,7 @@ impl ConfigurationValue<RedisString> for KeyFile {
     }
     fn set(&self, _: &ConfigurationContext, val: RedisString) -> Result<(), RedisError> {
         let path = val.to_string_lossy();
-        crate::token_key::load_file(&path).map_err(RedisError::String)?;
+        crate::token_key::set_file(&path).map_err(RedisError::String)?;
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) = path;
         Ok(())
     }

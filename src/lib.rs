@@ -175,6 +175,8 @@ const COMMAND_INFO: &[Info] = &[
 ];
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+    // The configs are applied by now (the crate loads them before calling init).
+    token_key::started(ctx);
     {
         let mut url = PG_URL.lock().unwrap_or_else(|e| e.into_inner());
         if url.is_empty() {

@@ -2,7 +2,8 @@
 //! never shown anywhere) and the gate every client item passes: canonicalize, then tokenize.
 
 use std::io::Read;
-use std::sync::RwLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, RwLock};
 
 use crate::canon::{self, Canon};
 use crate::error;
@@ -12,12 +13,17 @@ use crate::token::{Key, Tokenize, MAX_KEY_BYTES};
 /// The loaded key, if any. Written by the config (main thread), read by commands.
 static KEY: RwLock<Option<Key>> = RwLock::new(None);
 
+/// Set once the module's configs are loaded (`started`): from then on a bad file is refused.
+static STARTED: AtomicBool = AtomicBool::new(false);
+/// Why the key file named at start-up was not loaded, logged by `started`.
+static START_ERROR: Mutex<Option<String>> = Mutex::new(None);
+
 /// Largest key file read: the longest key in hex with room for white space around it.
 const MAX_FILE_BYTES: u64 = (MAX_KEY_BYTES * 2 + 64) as u64;
 
 /// Reads and installs the key from `path` (an empty path unloads it). On any error the key
 /// held before stays, and the error is the text CONFIG SET reports; it never quotes the file.
-pub fn load_file(path: &str) -> Result<(), String> {
+fn load_file(path: &str) -> Result<(), String> {
     let key = if path.is_empty() {
         None
     } else {
@@ -25,6 +31,33 @@ pub fn load_file(path: &str) -> Result<(), String> {
     };
     *KEY.write().unwrap_or_else(|e| e.into_inner()) = key;
     Ok(())
+}
+
+/// `load_file` for the config: refused at CONFIG SET; at start-up the path is kept without a
+/// key (the servers cannot refuse a module config at load without aborting), tokenized sets
+/// answer "no key is loaded", and `started` logs why.
+pub fn set_file(path: &str) -> Result<(), String> {
+    match load_file(path) {
+        Err(e) if !STARTED.load(Ordering::Acquire) => {
+            *KEY.write().unwrap_or_else(|e| e.into_inner()) = None;
+            *START_ERROR.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+            Ok(())
+        }
+        res => res,
+    }
+}
+
+/// Called from module load once the configs are applied: logs a key file that could not be
+/// read, and makes later bad files refused.
+pub fn started(ctx: &redis_module::Context) {
+    STARTED.store(true, Ordering::Release);
+    if let Some(e) = START_ERROR.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        crate::reply::log(
+            ctx,
+            crate::reply::Level::Warning,
+            &format!("libmember: no tokenization key loaded ({e}); tokenized sets answer errors"),
+        );
+    }
 }
 
 fn read(path: &str) -> Result<Key, String> {

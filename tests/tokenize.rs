@@ -555,3 +555,31 @@ fn slowlog_and_monitor_never_show_tokenized_items() {
     let slow = slowlog_args(&mut c2);
     assert!(!slow.iter().any(|l| l.contains("secret")), "{slow:?}");
 }
+
+#[test]
+fn a_bad_key_file_at_start_up_is_logged_not_fatal() {
+    let env = Env::with(&[("member.token-key-file", "/nonexistent/member.key")]);
+    let mut c = env.conn();
+    assert_eq!(
+        err(&mut c, &["MEMBER.CREATE", "t", "TOKENIZE", "hmac-sha256"]),
+        "ERR TOKENIZE hmac-sha256 needs a key: point member.token-key-file at the key file first"
+    );
+    assert!(
+        env.vk
+            .log()
+            .contains("libmember: no tokenization key loaded (member.token-key-file /nonexistent/member.key: cannot open"),
+        "{}",
+        env.vk.log()
+    );
+    // Once started, the same file is refused outright.
+    let e = err(
+        &mut c,
+        &[
+            "CONFIG",
+            "SET",
+            "member.token-key-file",
+            "/nonexistent/other.key",
+        ],
+    );
+    assert!(e.contains("cannot open"), "{e}");
+}

@@ -81,21 +81,22 @@ pub fn around(
         .get(1)
         .map(|s| s.as_slice().to_vec())
         .unwrap_or_default();
-    let (ok, all) = {
+    let argc = args.len();
+    let ok = {
         let argv: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
-        (
-            positions(shape, &argv, false),
-            positions(shape, &argv, true),
-        )
+        positions(shape, &argv, false)
     };
     begin();
     let res = f(args);
-    finish(
-        ctx,
-        &set,
-        res.is_err(),
-        |failed| if failed { all } else { ok },
-    );
+    // A failed call: everything after the set name, as `positions` gives it.
+    let failed = res.is_err();
+    finish(ctx, &set, failed, |failed| {
+        if failed {
+            (2..argc).collect()
+        } else {
+            ok
+        }
+    });
     res
 }
 

@@ -583,3 +583,44 @@ fn a_bad_key_file_at_start_up_is_logged_not_fatal() {
     );
     assert!(e.contains("cannot open"), "{e}");
 }
+
+/// A replica learns the tokenized definition (mode and fingerprint) from its primary and
+/// receives tokens only; with the same key it answers, and its MONITOR shows no raw item.
+#[test]
+fn replicas_get_tokens_and_the_definition() {
+    let key = KeyFile::new(KEY1);
+    let env = Env::with(&[
+        ("member.token-key-file", key.path()),
+        ("repl-diskless-sync-delay", "0"),
+    ]);
+    let replica = support::start_with(&env.db.url(), &[("member.token-key-file", key.path())]);
+    let mut r = replica.conn();
+    let mut mon = monitor(replica.port());
+    ok(
+        &mut r,
+        &["REPLICAOF", "127.0.0.1", &env.vk.port().to_string()],
+    );
+    let mut p = env.conn();
+    ok(&mut p, &["MEMBER.CREATE", "tok", "TOKENIZE", "hmac-sha256"]);
+    assert!(wait_until(Duration::from_secs(20), || set_info(
+        &mut r,
+        "tok",
+        "token_key"
+    )
+    .as_deref()
+        == Some("loaded")));
+    assert_eq!(int(&mut p, &["MEMBER.ADD", "tok", "secret-r"]), 1);
+    assert!(wait_until(Duration::from_secs(10), || int(
+        &mut r,
+        &["MEMBER.EXISTS", "tok", "secret-r"]
+    ) == 1));
+    assert_eq!(
+        set_info(&mut r, "tok", "token_key_fp"),
+        set_info(&mut p, "tok", "token_key_fp")
+    );
+    cmd(&mut r, &["ECHO", "monitor-marker"]).unwrap();
+    let stream = monitor_until(&mut mon, "monitor-marker");
+    // Valkey 8 shows the replicated MEMBER._ADD (with the token), Redis 7.0 does not show
+    // commands from the primary at all; neither may show the raw item.
+    assert!(!stream.contains("secret"), "{stream}");
+}

@@ -24,6 +24,8 @@ mod support;
 // One file per section added since the bench grew large (benches/sections/).
 #[path = "sections/idle_sync.rs"]
 mod idle_sync;
+#[path = "sections/tokenize.rs"]
+mod tokenize;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -75,7 +77,7 @@ struct Opts {
 type Section = fn(&mut Bench);
 
 /// The sections of a run, in order, by the name `--only` takes (a comma-separated list).
-const SECTIONS: [(&str, Section); 9] = [
+const SECTIONS: [(&str, Section); 10] = [
     ("memory", Bench::memory),
     ("negative", Bench::negative_path),
     ("mixed", Bench::mixed),
@@ -85,6 +87,7 @@ const SECTIONS: [(&str, Section); 9] = [
     ("bigfilter", Bench::big_filters),
     ("idle", Bench::idle_sync),
     ("batch", Bench::batch),
+    ("tokenize", Bench::tokenize),
 ];
 
 impl Opts {
@@ -102,7 +105,7 @@ const USAGE: &str = "usage: cargo bench --bench member -- [--ten-million] [--mem
   --seconds S     seconds of load per side of each comparison (default 4)
   --workers N     member.workers for the module (default: the module's default)
   --fpr-probes N  absent probes for the measured false-positive rate (default 1 000 000)
-  --only SECTIONS run only these, comma-separated: memory,negative,mixed,cold,rebuild,writes,bigfilter,idle,batch
+  --only SECTIONS run only these, comma-separated: memory,negative,mixed,cold,rebuild,writes,bigfilter,idle,batch,tokenize
                   (prints the table; bench/results.md and the chart are kept as they are)";
 
 impl Opts {

@@ -284,6 +284,8 @@ pub fn forget(ctx: &Context, name: &str) {
 /// registered. A name the catalog does not hold gets `ERR no such set` and is answered so
 /// without asking again for `UNKNOWN_FOR`; concurrent commands for one name share one query.
 pub fn ask(ctx: &Context, name: &str, timeout: Duration, then: Then) -> RedisResult {
+    // The set may be tokenized: until the catalog says, the call's items are not shown.
+    crate::redact::needed();
     if !state::with(|r| r.catalog.loaded) {
         return Err(RedisError::Str(error::CATALOG_NOT_LOADED));
     }

@@ -149,6 +149,32 @@ impl ConfigurationValue<RedisString> for ErrorRate {
     }
 }
 
+pub const TOKEN_KEY_FILE_DEFAULT: &str = "";
+/// Path of the file holding the tokenization key in hex (`token_key`); empty: no key. Setting
+/// it reads the file at once (the server skips a CONFIG SET that names the path already set,
+/// so another key is loaded by naming another file); an unreadable or malformed file is
+/// refused and the key held before stays (at start-up it is kept without a key, and logged).
+/// CONFIG GET shows the path, never the key.
+pub static TOKEN_KEY_FILE: KeyFile = KeyFile(Mutex::new(String::new()));
+
+/// The `member.token-key-file` config: its value is the path; the key goes to `token_key`.
+pub struct KeyFile(Mutex<String>);
+
+impl ConfigurationValue<RedisString> for KeyFile {
+    fn get(&self, _: &ConfigurationContext) -> RedisString {
+        RedisString::create(
+            None,
+            self.0.lock().unwrap_or_else(|e| e.into_inner()).as_str(),
+        )
+    }
+    fn set(&self, _: &ConfigurationContext, val: RedisString) -> Result<(), RedisError> {
+        let path = val.to_string_lossy();
+        crate::token_key::set_file(&path).map_err(RedisError::String)?;
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = path;
+        Ok(())
+    }
+}
+
 pub fn sync_interval() -> std::time::Duration {
     std::time::Duration::from_millis(SYNC_INTERVAL_MS.load(Ordering::Relaxed) as u64)
 }

@@ -24,6 +24,16 @@ pub const BAD_CAPACITY: &str = "ERR CAPACITY must be an integer between 1 and 40
 pub const BAD_CACHE_TTL: &str = "ERR CACHE-TTL must be an integer between 1 and 31536000 seconds";
 pub const BAD_RECENT_TTL: &str = "ERR RECENT-TTL must be an integer between 1 and 86400 seconds";
 pub const BAD_NORMALIZE: &str = "ERR NORMALIZE must be one of none, lower, username";
+pub const BAD_TOKENIZE: &str = "ERR TOKENIZE must be one of none, hmac-sha256";
+pub const TOKENIZE_NEEDS_KEY: &str =
+    "ERR TOKENIZE hmac-sha256 needs a key: point member.token-key-file at the key file first";
+/// Every item command on a tokenized set while this node holds no key.
+pub const TOKEN_NO_KEY: &str = "ERR set is tokenized and no key is loaded: point \
+     member.token-key-file at the file holding the set's key";
+/// Every item command on a tokenized set whose stored key fingerprint is not the loaded key's.
+pub const TOKEN_KEY_CHANGED: &str = "ERR set is tokenized under another key than the one \
+     loaded (key fingerprints differ, see MEMBER.INFO): load the set's own key with \
+     member.token-key-file";
 pub const NO_ITEMS: &str =
     "ERR syntax error: the items must follow the options, as ITEMS <item> [<item> ...]";
 /// MEMBER.MEXISTS / MEMBER.MADD past `command::batch::MAX_ITEMS` items.
@@ -53,6 +63,18 @@ pub fn db_error(unavailable: bool, detail: &str) -> String {
     } else {
         format!("ERR database error: {detail}")
     }
+}
+
+/// True for the errors about one item (`at_item` names its position); false for those about
+/// the scope or the set, which every item of a call shares.
+pub fn names_item(err: &str) -> bool {
+    [
+        EMPTY_ITEM,
+        ITEM_TOO_LONG,
+        ITEM_NOT_TEXT,
+        ITEM_EMPTY_AFTER_NORMALIZE,
+    ]
+    .contains(&err)
 }
 
 /// An item of a multi-item call failed validation (`err`, one of the item errors above):

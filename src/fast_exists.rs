@@ -1,7 +1,8 @@
 //! The hot path's entry point: MEMBER.EXISTS registered with the raw command API, so its
 //! arguments are read in place (no vector, no retained strings) before the funnel runs.
 //! Every other command goes through the `redis_module!` wrappers; all of them, this one too,
-//! run inside `reply::guard`. Arity and routing are declared in `command_info`.
+//! run inside `reply::guard`. Arity and routing are declared in `command_info`. The item of a
+//! tokenized set is redacted (`redact`) before the server logs the call.
 
 use std::ffi::CString;
 use std::os::raw::c_int;
@@ -9,6 +10,7 @@ use std::os::raw::c_int;
 use redis_module::{raw, Context, Status};
 
 use crate::command::lookup;
+use crate::redact::{self, Shape};
 
 /// Longest argument vector read in place: `MEMBER.EXISTS <set> <item> SCOPE <scope>`.
 const MAX_ARGS: usize = 5;
@@ -33,13 +35,20 @@ unsafe extern "C" fn exists_cmd(
                 let p = unsafe { raw::RedisModule_StringPtrLen.unwrap()(a, &mut len) };
                 *slot = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) };
             }
-            lookup::exists_fast(&context, &buf[..argc])
+            redact::begin();
+            let res = lookup::exists_fast(&context, &buf[..argc]);
+            if let Some(res) = &res {
+                redact::after(&context, Shape::Item, &buf[..argc], res.is_err());
+            }
+            res
         } else {
             None
         };
         fast.unwrap_or_else(|| {
             let args = redis_module::decode_args(ctx, argv, argc as c_int);
-            lookup::lookup(&context, args, false)
+            redact::around(&context, Shape::Item, args, |args| {
+                lookup::lookup(&context, args, false)
+            })
         })
     });
     raw::REDISMODULE_OK as c_int

@@ -27,11 +27,14 @@ pub mod limits;
 pub mod mainq;
 pub mod metrics;
 pub mod rebuild;
+pub mod redact;
 pub mod replica_load;
 pub mod reply;
 pub mod slot_fill;
 pub mod state;
 pub mod sync;
+pub mod token;
+pub mod token_key;
 
 use redis_module::configuration::ConfigurationFlags;
 use redis_module::{redis_module, Context, InfoContext, RedisResult, RedisString, Status};
@@ -40,8 +43,9 @@ use command::{create, info, internal, lookup, write};
 use command_info::{Info, Item};
 use config::*;
 use filter_type::FILTER_TYPE;
+use redact::Shape;
 
-/// MEMBER.CREATE <set> [ERROR <rate>] [CAPACITY <n>] [CACHE-TTL <s>] [RECENT-TTL <s>] [NORMALIZE none|lower|username]
+/// MEMBER.CREATE <set> [ERROR <rate>] [CAPACITY <n>] [CACHE-TTL <s>] [RECENT-TTL <s>] [NORMALIZE none|lower|username] [TOKENIZE none|hmac-sha256]
 fn member_create(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
     reply::guard(ctx, "MEMBER.CREATE", || create::create(ctx, args))
 }
@@ -51,23 +55,39 @@ fn member_drop(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResu
 }
 /// MEMBER.ADD <set> <item> [SCOPE <scope>] [TTL <s> | EXPIREAT <unix-s>]
 fn member_add(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
-    reply::guard(ctx, "MEMBER.ADD", || write::add(ctx, args))
+    reply::guard(ctx, "MEMBER.ADD", || {
+        redact::around(ctx, Shape::Item, args, |args| write::add(ctx, args))
+    })
 }
 /// MEMBER.MEXISTS <set> [SCOPE <scope>] ITEMS <item> [<item> …]
 fn member_mexists(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
-    reply::guard(ctx, "MEMBER.MEXISTS", || command::batch::mexists(ctx, args))
+    reply::guard(ctx, "MEMBER.MEXISTS", || {
+        redact::around(ctx, Shape::Many, args, |args| {
+            command::batch::mexists(ctx, args)
+        })
+    })
 }
 /// MEMBER.MADD <set> [SCOPE <scope>] [TTL <s> | EXPIREAT <unix-s>] ITEMS <item> [<item> …]
 fn member_madd(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
-    reply::guard(ctx, "MEMBER.MADD", || command::batch::madd(ctx, args))
+    reply::guard(ctx, "MEMBER.MADD", || {
+        redact::around(ctx, Shape::Many, args, |args| {
+            command::batch::madd(ctx, args)
+        })
+    })
 }
 /// MEMBER.DEL <set> <item> [SCOPE <scope>]
 fn member_del(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
-    reply::guard(ctx, "MEMBER.DEL", || write::del(ctx, args))
+    reply::guard(ctx, "MEMBER.DEL", || {
+        redact::around(ctx, Shape::Item, args, |args| write::del(ctx, args))
+    })
 }
 /// MEMBER.EXPLAIN <set> <item> [SCOPE <scope>]
 fn member_explain(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
-    reply::guard(ctx, "MEMBER.EXPLAIN", || lookup::lookup(ctx, args, true))
+    reply::guard(ctx, "MEMBER.EXPLAIN", || {
+        redact::around(ctx, Shape::Item, args, |args| {
+            lookup::lookup(ctx, args, true)
+        })
+    })
 }
 /// MEMBER.REBUILD <set> [SYNC]
 fn member_rebuild(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
@@ -87,7 +107,7 @@ fn member_int_del(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisR
 fn member_int_load(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
     reply::guard(ctx, "MEMBER._LOAD", || internal::load(ctx, args))
 }
-/// MEMBER._SET <set> <error_rate> <capacity> <cache_ttl> <recent_ttl> <normalize> (replication and AOF only)
+/// MEMBER._SET <set> <error_rate> <capacity> <cache_ttl> <recent_ttl> <normalize> [<id> [<tokenize> <fp>]] (replication and AOF only)
 fn member_int_set(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
     reply::guard(ctx, "MEMBER._SET", || internal::set(ctx, args))
 }
@@ -175,6 +195,8 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
             return Status::Err;
         }
     }
+    // The configs are applied by now (the crate loads them before calling init).
+    token_key::started(ctx);
     {
         let mut url = PG_URL.lock().unwrap_or_else(|e| e.into_inner());
         if url.is_empty() {
@@ -261,6 +283,7 @@ redis_module! {
         string: [
             ["pg-url", &PG_URL, PG_URL_DEFAULT, ConfigurationFlags::SENSITIVE, Some(Box::new(on_pg_url_changed))],
             ["default-error-rate", &DEFAULT_ERROR_RATE, ERROR_RATE_DEFAULT, ConfigurationFlags::DEFAULT, None],
+            ["token-key-file", &TOKEN_KEY_FILE, TOKEN_KEY_FILE_DEFAULT, ConfigurationFlags::DEFAULT, None],
         ],
         bool: [
             ["acl-sets", &ACL_SETS, ACL_SETS_DEFAULT, ConfigurationFlags::DEFAULT, None],

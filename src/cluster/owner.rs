@@ -174,17 +174,14 @@ pub fn role_changed() {
     });
 }
 
-/// Slots owned and slots ready to answer "absent" for a set last brought current at
-/// `covered_since` (INFO), and the last poll error.
-pub fn summary(covered_since: Option<Instant>) -> (usize, usize, Option<String>) {
+/// Slots owned and slots ready to answer "absent" ([`ready`]: sentinels checked too) for a
+/// set last brought current at `covered_since` (INFO), and the last poll error.
+pub fn summary(ctx: &Context, covered_since: Option<Instant>) -> (usize, usize, Option<String>) {
+    let ready = (0..SLOTS as u16)
+        .filter(|s| ready(ctx, *s, covered_since))
+        .count();
     OWN.with(|o| {
         let o = o.borrow();
-        let ready = o
-            .accepted
-            .iter()
-            .flatten()
-            .filter(|a| covered_since.is_some_and(|c| c >= a.ready_at))
-            .count();
         (o.owned_count, ready, o.last_error.clone())
     })
 }

@@ -7,10 +7,10 @@ use super::lookup::{decide_item, LookupDone, Step};
 use super::write::{begin, expiry, Op, WriteDone};
 use super::{block_timeout, may_block, ManyArgs, PointDone};
 use crate::block::{Blocked, Completion};
-use crate::canon::{canonicalize, Canon};
+use crate::canon::Canon;
 use crate::catalog::{self, Fail};
 use crate::db::{pool, sql, DbErr};
-use crate::{error, filter_store, keys, state};
+use crate::{error, filter_store, keys, state, token_key};
 
 /// Most items one MEXISTS or MADD may name (`error::TOO_MANY_ITEMS`): it bounds the
 /// main-thread work of one call (probes, or each ADD's effects) to about a millisecond.
@@ -112,8 +112,8 @@ fn canonical_all<'a>(
         .iter()
         .enumerate()
         .map(|(i, item)| {
-            canonicalize(set.def.normalize, item, scope).map_err(|e| {
-                if e == error::SCOPE_TOO_LONG || e == error::SCOPE_NOT_TEXT {
+            token_key::canonical(&set.def, item, scope).map_err(|e| {
+                if !error::names_item(e) {
                     RedisError::Str(e)
                 } else {
                     RedisError::String(error::at_item(i + 1, e))

@@ -16,11 +16,36 @@ use crate::config::{self, parse_error_rate};
 use crate::db::sql::CatalogRow;
 use crate::db::{pool, sql, DbErr};
 use crate::state::{self, SetDef};
+use crate::token::Tokenize;
+use crate::token_key;
 use crate::{error, filter_store, keys, mainq, metrics, rebuild};
 
-const OPTIONS: [&str; 5] = ["ERROR", "CAPACITY", "CACHE-TTL", "RECENT-TTL", "NORMALIZE"];
+const OPTIONS: [&str; 6] = [
+    "ERROR",
+    "CAPACITY",
+    "CACHE-TTL",
+    "RECENT-TTL",
+    "NORMALIZE",
+    "TOKENIZE",
+];
 
-fn parse(args: Vec<RedisString>) -> Result<(SetDef, [bool; 5]), RedisError> {
+/// `TOKENIZE none|hmac-sha256`: a tokenized set records the loaded key's fingerprint.
+fn tokenize(v: Option<&RedisString>) -> Result<Tokenize, RedisError> {
+    let Some(v) = v else {
+        return Ok(Tokenize::None);
+    };
+    match v.as_slice().to_ascii_lowercase().as_slice() {
+        b"none" => Ok(Tokenize::None),
+        b"hmac-sha256" => {
+            let fingerprint =
+                token_key::fingerprint().ok_or(RedisError::Str(error::TOKENIZE_NEEDS_KEY))?;
+            Ok(Tokenize::HmacSha256 { fingerprint })
+        }
+        _ => Err(RedisError::Str(error::BAD_TOKENIZE)),
+    }
+}
+
+fn parse(args: Vec<RedisString>) -> Result<(SetDef, [bool; 6]), RedisError> {
     if args.len() < 2 || !args.len().is_multiple_of(2) {
         return Err(RedisError::WrongArity);
     }
@@ -59,6 +84,7 @@ fn parse(args: Vec<RedisString>) -> Result<(SetDef, [bool; 5]), RedisError> {
         Some(v) => Normalize::parse(v.as_slice()).ok_or(RedisError::Str(error::BAD_NORMALIZE))?,
         None => Normalize::None,
     };
+    let tokenize = tokenize(o.get("TOKENIZE"))?;
     // Checked before anything is allocated or written: the filter these settings need must
     // fit under the ceiling (a smaller one would break the promised rate).
     crate::filter::check_size(capacity as u64, error_rate, config::max_filter_bytes())
@@ -72,6 +98,7 @@ fn parse(args: Vec<RedisString>) -> Result<(SetDef, [bool; 5]), RedisError> {
             cache_ttl: cache_ttl as u64,
             recent_ttl: recent_ttl as u64,
             normalize,
+            tokenize,
         },
         explicit,
     ))
@@ -86,7 +113,7 @@ thread_local! {
 }
 
 /// MEMBER.CREATE <set> [ERROR <rate>] [CAPACITY <n>] [CACHE-TTL <s>] [RECENT-TTL <s>]
-/// [NORMALIZE none|lower|username]
+/// [NORMALIZE none|lower|username] [TOKENIZE none|hmac-sha256]
 ///
 /// Two steps, neither on the main thread: the catalog row and table (a worker, bounded by
 /// `member.db-timeout-ms`), then, for a set without a complete filter here, the filter build
@@ -180,6 +207,9 @@ fn catalog_done(ctx: &Context, id: u64, res: Result<CatalogRow, DbErr>) {
         }
     };
     let def = row.def;
+    // The set exists (and is learned below), but a caller told OK must be able to use it: a
+    // tokenized set made under another key than the one loaded here says so now.
+    let unusable = token_key::check(&def.tokenize).err();
     // New here, or replacing what this node held for a set of the same name that was dropped
     // and created again elsewhere.
     crate::catalog::learn(ctx, def.clone(), Some(row.id));
@@ -187,8 +217,12 @@ fn catalog_done(ctx: &Context, id: u64, res: Result<CatalogRow, DbErr>) {
     let complete = filter_store::with(ctx, &key, |f| f.cov.complete).unwrap_or(false);
     if complete {
         internal::replicate_set(ctx, &def, Some(row.id));
+    } else if unusable.is_some() {
+        rebuild::start(&def.name);
+    }
+    if complete || unusable.is_some() {
         if let Some(w) = waiter {
-            w.finish(Box::new(Answer(Ok(()))));
+            w.finish(Box::new(Answer(unusable.map_or(Ok(()), |e| Err(e.into())))));
         }
         return;
     }

@@ -50,6 +50,12 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
             out.push(("name", d.name.clone()));
             out.push(("table", crate::db::sql::table(&d.name)));
             out.push(("normalize", d.normalize.name().into()));
+            out.push(("tokenize", d.tokenize.name().into()));
+            if let Some(fp) = d.tokenize.fingerprint() {
+                // The set's key fingerprint, and whether the key loaded here is that one.
+                out.push(("token_key_fp", fp.to_string()));
+                out.push(("token_key", crate::token_key::status(&d.tokenize).into()));
+            }
             out.push(("error_rate", d.error_rate.to_string()));
             out.push(("capacity", d.capacity.to_string()));
             out.push(("cache_ttl", d.cache_ttl.to_string()));
@@ -147,7 +153,7 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
             out.push(("sync_rows_applied", s.sync.rows_applied.to_string()));
             if crate::cluster::enabled() {
                 // This node's part: the slots it answers for, and those whose negatives count.
-                let (owned, ready, err) = crate::cluster::owner::summary(s.covered_since);
+                let (owned, ready, err) = crate::cluster::owner::summary(ctx, s.covered_since);
                 out.push(("cluster_slots_owned", owned.to_string()));
                 out.push(("cluster_slots_ready", ready.to_string()));
                 if let Some(e) = err {

@@ -9,6 +9,7 @@ use crate::canon::{self, Canon, Normalize};
 use crate::filter_type::FilterValue;
 use crate::replica_load;
 use crate::state::{self, SetDef};
+use crate::token::Tokenize;
 use crate::{config, effects};
 
 const NOT_INTERNAL: &str = "ERR internal command: only accepted from a primary or the AOF";
@@ -136,17 +137,18 @@ pub fn replicate_built_filter(
     }
 }
 
-/// MEMBER._SET <set> <error_rate> <capacity> <cache_ttl> <recent_ttl> <normalize> [<id>] — a
-/// set definition created on the primary, with the identity of its catalog row (absent in
-/// files written before it was sent).
+/// MEMBER._SET <set> <error_rate> <capacity> <cache_ttl> <recent_ttl> <normalize> [<id>
+/// [<tokenize> <fingerprint>]] — a set definition created on the primary, with the identity of
+/// its catalog row (absent in files written before it was sent, empty when unknown) and, for a
+/// tokenized set, its mode and key fingerprint.
 pub fn set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard(ctx)?;
-    let (args, id) = match <[RedisString; 8]>::try_from(args) {
-        Ok([a, b, c, d, e, f, g, id]) => (vec![a, b, c, d, e, f, g], Some(id)),
-        Err(args) => (args, None),
-    };
-    let [_, name, rate, cap, cache, recent, norm] =
-        <[RedisString; 7]>::try_from(args).map_err(|_| RedisError::WrongArity)?;
+    if !matches!(args.len(), 7 | 8 | 10) {
+        return Err(RedisError::WrongArity);
+    }
+    let mut args = args.into_iter();
+    let [_, name, rate, cap, cache, recent, norm] = std::array::from_fn(|_| args.next().unwrap());
+    let (id, tok, fp) = (args.next(), args.next(), args.next());
     let bad = || RedisError::Str("ERR bad set definition");
     // The same bounds as MEMBER.CREATE: a definition from a primary or an AOF is checked
     // like one from a client, so no value can size a runaway filter.
@@ -162,7 +164,7 @@ pub fn set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         .ok()
         .and_then(config::parse_error_rate)
         .ok_or_else(bad)?;
-    let id = match id {
+    let id = match id.filter(|id| !id.as_slice().is_empty()) {
         Some(id) => Some(
             std::str::from_utf8(id.as_slice())
                 .ok()
@@ -171,6 +173,14 @@ pub fn set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         ),
         None => None,
     };
+    let tokenize = match (tok, fp) {
+        (Some(t), Some(fp)) => {
+            let t = std::str::from_utf8(t.as_slice()).map_err(|_| bad())?;
+            let fp = std::str::from_utf8(fp.as_slice()).map_err(|_| bad())?;
+            Tokenize::from_stored(t, Some(fp)).ok_or_else(bad)?
+        }
+        _ => Tokenize::None,
+    };
     let def = SetDef {
         name: set_name(&name)?,
         error_rate,
@@ -178,6 +188,7 @@ pub fn set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         cache_ttl: int(&cache, config::CACHE_TTL_MIN..=config::CACHE_TTL_MAX)?,
         recent_ttl: int(&recent, config::RECENT_TTL_MIN..=config::RECENT_TTL_MAX)?,
         normalize: Normalize::parse(norm.as_slice()).ok_or_else(bad)?,
+        tokenize,
     };
     crate::catalog::learn(ctx, def, id);
     Ok(RedisValue::SimpleStringStatic("OK"))
@@ -201,7 +212,16 @@ pub fn replicate_set(ctx: &Context, d: &SetDef, id: Option<i64>) {
         d.recent_ttl.to_string(),
         d.normalize.name().to_string(),
     ];
-    fields.extend(id.map(|id| id.to_string()));
+    match d.tokenize.fingerprint() {
+        // The form earlier versions wrote and read.
+        None => fields.extend(id.map(|id| id.to_string())),
+        // Unreadable to versions without tokenization: they must not serve the set as plain.
+        Some(fp) => fields.extend([
+            id.map(|id| id.to_string()).unwrap_or_default(),
+            d.tokenize.name().to_string(),
+            fp.to_string(),
+        ]),
+    }
     let args: Vec<&[u8]> = fields.iter().map(|f| f.as_bytes()).collect();
     effects::replicate(ctx, "MEMBER._SET", &args);
 }

@@ -6,7 +6,6 @@ use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, 
 
 use super::{block_on_point, block_timeout, may_block, point_for, ItemArgs, PointDone};
 use crate::block::Completion;
-use crate::canon::canonicalize;
 use crate::catalog::{self, Fail};
 use crate::cluster::owner;
 use crate::cluster::slot::keyslot;
@@ -135,7 +134,7 @@ fn decide(
         let Some(set) = set else {
             return Ok(Step::Unknown);
         };
-        let canon = canonicalize(set.def.normalize, item, scope).map_err(RedisError::Str)?;
+        let canon = crate::token_key::canonical(&set.def, item, scope).map_err(RedisError::Str)?;
         Ok(decide_item(ctx, set, epoch, None, canon, explain, started))
     })
 }

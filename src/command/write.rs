@@ -5,11 +5,11 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use super::{block_on_point, block_timeout, may_block, point_for, ItemArgs, Options, PointDone};
 use crate::block::Completion;
-use crate::canon::{canonicalize, Canon};
+use crate::canon::Canon;
 use crate::catalog::{self, Fail};
 use crate::db::pool::{self, Job, Point};
 use crate::db::{sql, DbErr};
-use crate::{effects, error, funnel, keys, state};
+use crate::{effects, error, funnel, keys, state, token_key};
 
 /// Longest TTL or EXPIREAT horizon accepted: 10 years.
 const MAX_TTL_S: i64 = 315_360_000;
@@ -162,7 +162,7 @@ fn prepare(
         let Some(s) = s else {
             return Ok(None);
         };
-        let canon = canonicalize(s.def.normalize, item, scope).map_err(RedisError::Str)?;
+        let canon = token_key::canonical(&s.def, item, scope).map_err(RedisError::Str)?;
         if crate::cluster::enabled() {
             crate::cluster::owner::may_write(item, &canon.entity).map_err(RedisError::String)?;
         }

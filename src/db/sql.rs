@@ -8,6 +8,7 @@ use super::{prepared, Db, DbErr};
 use crate::canon::{self, Normalize};
 use crate::error;
 use crate::state::SetDef;
+use crate::token::Tokenize;
 
 const ADVISORY_KEY: i64 = 0x6c69_626d_656d; // "libmem"
 
@@ -18,8 +19,19 @@ const CATALOG_DDL: &str = "CREATE TABLE IF NOT EXISTS member_catalog (
     cache_ttl integer NOT NULL,
     recent_ttl integer NOT NULL,
     normalize text NOT NULL,
-    created_at timestamptz NOT NULL DEFAULT now()
+    created_at timestamptz NOT NULL DEFAULT now(),
+    tokenize text NOT NULL DEFAULT 'none',
+    token_key_fp text
 );
+-- Catalogs made before tokenization get its two columns (a catalog lookup, no lock, once
+-- they are there; adding them rewrites nothing).
+DO $cat$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'member_catalog'::regclass
+                   AND attname = 'token_key_fp' AND NOT attisdropped) THEN
+    ALTER TABLE member_catalog ADD COLUMN IF NOT EXISTS tokenize text NOT NULL DEFAULT 'none',
+                               ADD COLUMN IF NOT EXISTS token_key_fp text;
+  END IF;
+END $cat$;
 CREATE TABLE IF NOT EXISTS member_catalog_version (
     id smallint PRIMARY KEY CHECK (id = 1),
     version bigint NOT NULL
@@ -179,11 +191,12 @@ pub struct CatalogRow {
 fn catalog_columns(a: &str) -> String {
     format!(
         "{a}.name, {a}.error_rate, {a}.capacity, {a}.cache_ttl, {a}.recent_ttl, {a}.normalize,
-         (EXTRACT(EPOCH FROM {a}.created_at) * 1000000)::int8"
+         (EXTRACT(EPOCH FROM {a}.created_at) * 1000000)::int8, {a}.tokenize, {a}.token_key_fp"
     )
 }
 
-/// A catalog row from the `catalog_columns` starting at column `at`.
+/// A catalog row from the `catalog_columns` starting at column `at`; `None` for a row this
+/// version cannot read (an unknown normalization or tokenization is never served as plain).
 fn row_at(row: &postgres::Row, at: usize) -> Option<CatalogRow> {
     let def = SetDef {
         name: row.get(at),
@@ -192,6 +205,7 @@ fn row_at(row: &postgres::Row, at: usize) -> Option<CatalogRow> {
         cache_ttl: row.get::<_, i32>(at + 3) as u64,
         recent_ttl: row.get::<_, i32>(at + 4) as u64,
         normalize: Normalize::parse(row.get::<_, &str>(at + 5).as_bytes())?,
+        tokenize: Tokenize::from_stored(row.get(at + 7), row.get(at + 8))?,
     };
     Some(CatalogRow {
         def,
@@ -259,7 +273,7 @@ pub fn find_set(db: &mut Db, name: &str) -> Result<Option<CatalogRow>, DbErr> {
 /// Creates (or confirms) a set: catalog row and table. `explicit` says which settings the
 /// caller gave; an existing set whose given settings differ is refused. Returns the stored
 /// row (the filter is built by the rebuild path).
-pub fn create_set(db: &mut Db, wanted: &SetDef, explicit: &[bool; 5]) -> Result<CatalogRow, DbErr> {
+pub fn create_set(db: &mut Db, wanted: &SetDef, explicit: &[bool; 6]) -> Result<CatalogRow, DbErr> {
     let row = db.run(|c, _| {
         let mut tx = c.transaction()?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
@@ -282,8 +296,9 @@ pub fn create_set(db: &mut Db, wanted: &SetDef, explicit: &[bool; 5]) -> Result<
             }
             None => {
                 let id: i64 = tx.query_one(
-                    "INSERT INTO member_catalog (name, error_rate, capacity, cache_ttl, recent_ttl, normalize)
-                     VALUES ($1, $2, $3, $4, $5, $6)
+                    "INSERT INTO member_catalog (name, error_rate, capacity, cache_ttl, recent_ttl, normalize,
+                                                 tokenize, token_key_fp)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
                      RETURNING (EXTRACT(EPOCH FROM created_at) * 1000000)::int8",
                     &[
                         &wanted.name,
@@ -292,6 +307,8 @@ pub fn create_set(db: &mut Db, wanted: &SetDef, explicit: &[bool; 5]) -> Result<
                         &(wanted.cache_ttl as i32),
                         &(wanted.recent_ttl as i32),
                         &wanted.normalize.name(),
+                        &wanted.tokenize.name(),
+                        &wanted.tokenize.fingerprint(),
                     ],
                 )?.get(0);
                 tx.execute(BUMP_VERSION, &[])?;

@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod command;
 pub mod command_info;
 pub mod config;
+pub mod conninfo;
 pub mod db;
 pub mod effects;
 pub mod error;
@@ -25,6 +26,7 @@ pub mod known_absent;
 pub mod limits;
 pub mod mainq;
 pub mod metrics;
+pub mod pg_link;
 pub mod rebuild;
 pub mod replica_load;
 pub mod reply;
@@ -155,12 +157,7 @@ const COMMAND_INFO: &[Info] = &[
 ];
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
-    {
-        let mut url = PG_URL.lock().unwrap_or_else(|e| e.into_inner());
-        if url.is_empty() {
-            *url = PG_URL_DEFAULT.to_string();
-        }
-    }
+    PG_URL.default_if_empty(PG_URL_DEFAULT);
     // A short read of a filter payload must fail the load cleanly (rdb_load checks for it),
     // not abort the server.
     ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
@@ -239,6 +236,7 @@ redis_module! {
         ],
         string: [
             ["pg-url", &PG_URL, PG_URL_DEFAULT, ConfigurationFlags::SENSITIVE, Some(Box::new(on_pg_url_changed))],
+            ["pg-password-file", &PG_PASSWORD_FILE, "", ConfigurationFlags::DEFAULT, Some(Box::new(on_pg_url_changed))],
             ["default-error-rate", &DEFAULT_ERROR_RATE, ERROR_RATE_DEFAULT, ConfigurationFlags::DEFAULT, None],
         ],
         bool: [

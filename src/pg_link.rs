@@ -1,6 +1,7 @@
 //! The database link's secrets: `member.pg-url` is stored and shown with its password masked,
 //! the password kept apart (or read from `member.pg-password-file` at every connection).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use redis_module::configuration::ConfigurationContext;
@@ -17,6 +18,30 @@ struct Stored {
     masked: String,
     /// The password the text carried (the last one given, as the driver reads it).
     password: Option<String>,
+}
+
+/// The password (or why the text could not be read) that `redact.rs` took out of the CONFIG
+/// SET now running, for the setter to take back. Any other command clears it, so it never
+/// outlives its CONFIG SET (inside MULTI it is gone by EXEC: see the README).
+static STASH: Mutex<Option<Result<String, &'static str>>> = Mutex::new(None);
+static STASHED: AtomicBool = AtomicBool::new(false);
+
+/// Holds what the filter took out of the current CONFIG SET (None: nothing).
+pub fn stash(v: Option<Result<String, &'static str>>) {
+    STASHED.store(v.is_some(), Ordering::Relaxed);
+    *STASH.lock().unwrap_or_else(|e| e.into_inner()) = v;
+}
+
+/// Forgets a stash (every command but CONFIG SET; one relaxed load when there is none).
+pub fn stash_clear() {
+    if STASHED.load(Ordering::Relaxed) {
+        stash(None);
+    }
+}
+
+fn take_stash() -> Option<Result<String, &'static str>> {
+    STASHED.store(false, Ordering::Relaxed);
+    STASH.lock().unwrap_or_else(|e| e.into_inner()).take()
 }
 
 /// One reading of the link settings, for one connection attempt.
@@ -47,13 +72,25 @@ impl PgUrl {
 
     /// Stores a connection string. The text is rejected, without being quoted, when it cannot
     /// be read (its password could not be told apart) or asks for an unknown `sslmode`.
+    ///
+    /// A text whose password is the mask keeps the password set before, unless the command
+    /// filter took a new one out of this CONFIG SET's argument (then that one counts).
     pub fn store(&self, text: &str) -> Result<(), String> {
+        let stashed = take_stash();
+        if text == crate::redact::UNREADABLE {
+            let why = match stashed {
+                Some(Err(e)) => e,
+                _ => "unreadable",
+            };
+            return Err(format!("member.pg-url: {why} (the value is not shown)"));
+        }
         let info = ConnInfo::parse(text).map_err(|e| format!("member.pg-url: {e}"))?;
         info.tls().map_err(|e| format!("member.pg-url: {e}"))?;
         let mut s = self.lock();
-        let password = match info.password() {
-            Some(MASK) => s.password.take(),
-            other => other.map(str::to_string),
+        let password = match (info.password(), stashed) {
+            (Some(MASK), Some(Ok(p))) => Some(p),
+            (Some(MASK), _) => s.password.take(),
+            (other, _) => other.map(str::to_string),
         };
         *s = Stored {
             masked: info.masked(),
@@ -142,8 +179,16 @@ pub fn scrub(msg: &str, password: Option<&str>) -> String {
 mod tests {
     use super::*;
 
+    /// `store` takes the process-wide stash: tests that store run one at a time.
+    static SERIAL: Mutex<()> = Mutex::new(());
+
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     #[test]
     fn a_masked_password_set_back_keeps_the_real_one() {
+        let _serial = serial();
         let u = PgUrl::new();
         u.store("postgres://app:s3cret@h/db").unwrap();
         assert_eq!(u.shown(), "postgres://app:***@h/db");
@@ -167,7 +212,28 @@ mod tests {
     }
 
     #[test]
+    fn the_filters_stash_is_taken_once() {
+        let _serial = serial();
+        let u = PgUrl::new();
+        u.store("host=h password=old").unwrap();
+        stash(Some(Ok("new".into())));
+        u.store("host=h password=***").unwrap();
+        assert_eq!(u.lock().password.as_deref(), Some("new"));
+        u.store("host=h password=***").unwrap();
+        assert_eq!(u.lock().password.as_deref(), Some("new"));
+        stash(Some(Ok("other".into())));
+        stash_clear();
+        u.store("host=h password=***").unwrap();
+        assert_eq!(u.lock().password.as_deref(), Some("new"));
+        stash(Some(Err("a quoted value is not terminated")));
+        let e = u.store(crate::redact::UNREADABLE).unwrap_err();
+        assert!(e.contains("not terminated"), "{e}");
+        assert_eq!(u.lock().password.as_deref(), Some("new"));
+    }
+
+    #[test]
     fn a_rejected_text_changes_nothing_and_is_not_quoted() {
+        let _serial = serial();
         let u = PgUrl::new();
         u.store("host=h password=keep").unwrap();
         let e = u.store("host=h password='secret-unterminated").unwrap_err();
@@ -182,6 +248,7 @@ mod tests {
 
     #[test]
     fn the_password_file_wins_and_is_read_each_time() {
+        let _serial = serial();
         let dir = std::env::temp_dir().join(format!("member-pwfile-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let f = dir.join("pw");

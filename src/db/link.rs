@@ -3,7 +3,7 @@
 
 use std::error::Error as _;
 use std::str::FromStr;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
 use openssl::x509::store::X509StoreBuilder;
@@ -77,10 +77,24 @@ fn try_open(
     })
 }
 
-/// The OpenSSL connector for a TLS mode: no verification for prefer/require; for verify-ca
-/// and verify-full only the certificates of `sslrootcert` (or the system's, for `system`),
-/// and for verify-full the host name too.
+/// The OpenSSL connector for a TLS mode: no verification for prefer/require (one connector,
+/// made once: prefer is the default, and a connection to a server without TLS should cost
+/// no more than before); for verify-ca and verify-full only the certificates of
+/// `sslrootcert` (or the system's, for `system`), read at each connection, and for
+/// verify-full the host name too.
 fn connector(tls: &Tls) -> Result<MakeTlsConnector, String> {
+    static UNVERIFIED: OnceLock<MakeTlsConnector> = OnceLock::new();
+    if matches!(tls.mode, SslMode::Prefer | SslMode::Require) {
+        if let Some(c) = UNVERIFIED.get() {
+            return Ok(c.clone());
+        }
+        let c = build(tls)?;
+        return Ok(UNVERIFIED.get_or_init(|| c).clone());
+    }
+    build(tls)
+}
+
+fn build(tls: &Tls) -> Result<MakeTlsConnector, String> {
     let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(|e| e.to_string())?;
     match (tls.mode, tls.root_cert.as_deref()) {
         (SslMode::VerifyCa | SslMode::VerifyFull, Some("system")) => {

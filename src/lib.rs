@@ -28,7 +28,7 @@ pub mod mainq;
 pub mod metrics;
 pub mod pg_link;
 pub mod rebuild;
-pub mod redact;
+pub mod config_filter;
 pub mod replica_load;
 pub mod reply;
 pub mod state;
@@ -159,7 +159,7 @@ const COMMAND_INFO: &[Info] = &[
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     PG_URL.default_if_empty(PG_URL_DEFAULT);
-    redact::register(ctx);
+    config_filter::register(ctx);
     // A short read of a filter payload must fail the load cleanly (rdb_load checks for it),
     // not abort the server.
     ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);

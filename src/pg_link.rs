@@ -20,7 +20,7 @@ struct Stored {
     password: Option<String>,
 }
 
-/// The password (or why the text could not be read) that `redact.rs` took out of the CONFIG
+/// The password (or why the text could not be read) that `config_filter.rs` took out of the CONFIG
 /// SET now running, for the setter to take back. Any other command clears it, so it never
 /// outlives its CONFIG SET (inside MULTI it is gone by EXEC: see the README).
 static STASH: Mutex<Option<Result<String, &'static str>>> = Mutex::new(None);
@@ -77,7 +77,7 @@ impl PgUrl {
     /// filter took a new one out of this CONFIG SET's argument (then that one counts).
     pub fn store(&self, text: &str) -> Result<(), String> {
         let stashed = take_stash();
-        if text == crate::redact::UNREADABLE {
+        if text == crate::config_filter::UNREADABLE {
             let why = match stashed {
                 Some(Err(e)) => e,
                 _ => "unreadable",
@@ -226,7 +226,7 @@ mod tests {
         u.store("host=h password=***").unwrap();
         assert_eq!(u.lock().password.as_deref(), Some("new"));
         stash(Some(Err("a quoted value is not terminated")));
-        let e = u.store(crate::redact::UNREADABLE).unwrap_err();
+        let e = u.store(crate::config_filter::UNREADABLE).unwrap_err();
         assert!(e.contains("not terminated"), "{e}");
         assert_eq!(u.lock().password.as_deref(), Some("new"));
     }

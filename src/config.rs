@@ -8,10 +8,15 @@ use redis_module::configuration::ConfigurationContext;
 use redis_module::{ConfigurationValue, RedisError, RedisString};
 
 pub const PG_URL_DEFAULT: &str = "host=127.0.0.1 port=5432 user=postgres dbname=postgres";
-/// libpq key=value connection string of the source of truth.
-pub static PG_URL: Mutex<String> = Mutex::new(String::new());
-/// Bumped on every change of `PG_URL`, so workers reconnect.
+/// libpq connection string (URL or key=value) of the source of truth. Its password is kept
+/// apart and never shown (`pg_link.rs`).
+pub static PG_URL: crate::pg_link::PgUrl = crate::pg_link::PgUrl::new();
+/// Bumped on every change of `PG_URL` or `PG_PASSWORD_FILE`, so workers reconnect.
 pub static PG_URL_GEN: AtomicU64 = AtomicU64::new(0);
+
+/// A file holding the database password (read at every connection, so a rotated file is
+/// picked up on reconnect); empty = the password in `member.pg-url`, if any.
+pub static PG_PASSWORD_FILE: Mutex<String> = Mutex::new(String::new());
 
 pub const WORKERS_DEFAULT: i64 = 4;
 pub const WORKERS_MIN: i64 = 1;
@@ -202,9 +207,20 @@ pub fn handover_grace() -> std::time::Duration {
     std::time::Duration::from_millis(db_timeout_ms()) + std::time::Duration::from_secs(1)
 }
 
-pub fn pg_url() -> (String, u64) {
-    let url = PG_URL.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    (url, PG_URL_GEN.load(Ordering::Acquire))
+/// The connection string as shown (password masked), the password kept apart, the password
+/// file, and the generation they belong to.
+pub fn pg_link() -> (crate::pg_link::Link, u64) {
+    let gen = PG_URL_GEN.load(Ordering::Acquire);
+    let file = PG_PASSWORD_FILE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    (PG_URL.link(file), gen)
+}
+
+/// The generation of the link settings; a connection made under another one is stale.
+pub fn pg_link_gen() -> u64 {
+    PG_URL_GEN.load(Ordering::Acquire)
 }
 
 pub fn on_pg_url_changed<T>(_: &ConfigurationContext, _: &str, _: &'static T) {

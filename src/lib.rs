@@ -12,6 +12,8 @@ pub mod cluster;
 pub mod command;
 pub mod command_info;
 pub mod config;
+pub mod config_filter;
+pub mod conninfo;
 pub mod db;
 pub mod effects;
 pub mod error;
@@ -26,6 +28,7 @@ pub mod known_absent;
 pub mod limits;
 pub mod mainq;
 pub mod metrics;
+pub mod pg_link;
 pub mod rebuild;
 pub mod redact;
 pub mod replica_load;
@@ -197,12 +200,8 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     }
     // The configs are applied by now (the crate loads them before calling init).
     token_key::started(ctx);
-    {
-        let mut url = PG_URL.lock().unwrap_or_else(|e| e.into_inner());
-        if url.is_empty() {
-            *url = PG_URL_DEFAULT.to_string();
-        }
-    }
+    PG_URL.default_if_empty(PG_URL_DEFAULT);
+    config_filter::register(ctx);
     // A short read of a filter payload must fail the load cleanly (rdb_load checks for it),
     // not abort the server.
     ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
@@ -282,6 +281,7 @@ redis_module! {
         ],
         string: [
             ["pg-url", &PG_URL, PG_URL_DEFAULT, ConfigurationFlags::SENSITIVE, Some(Box::new(on_pg_url_changed))],
+            ["pg-password-file", &PG_PASSWORD_FILE, "", ConfigurationFlags::DEFAULT, Some(Box::new(on_pg_url_changed))],
             ["default-error-rate", &DEFAULT_ERROR_RATE, ERROR_RATE_DEFAULT, ConfigurationFlags::DEFAULT, None],
             ["token-key-file", &TOKEN_KEY_FILE, TOKEN_KEY_FILE_DEFAULT, ConfigurationFlags::DEFAULT, None],
         ],

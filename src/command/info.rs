@@ -301,6 +301,9 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
         ]
     });
     fields.extend(sync);
+    // Why PostgreSQL cannot be reached (TLS, password, network), never with the password.
+    let link_error = db::link::last_error().unwrap_or_else(|| "none".into());
+    fields.push(("db_link_error", link_error.replace(['\r', '\n'], " ")));
     let mut b = ctx.builder().add_section("");
     for (k, v) in fields {
         b = match b.field(k, v) {

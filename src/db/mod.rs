@@ -3,14 +3,14 @@
 
 pub mod build;
 pub mod keyslot;
+pub mod link;
 pub mod pool;
 pub mod sql;
 
 use std::collections::HashMap;
-use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use postgres::{Client, Config, NoTls, Statement};
+use postgres::{Client, Statement};
 
 use crate::{config, error};
 
@@ -88,22 +88,21 @@ pub fn connect(
     lock_timeout_ms: u64,
     generic_plans: bool,
 ) -> Result<(Client, u64), DbErr> {
-    let (url, generation) = config::pg_url();
-    let mut cfg = Config::from_str(&url)
-        .map_err(|e| DbErr::Unavailable(format!("bad member.pg-url: {e}")))?;
-    cfg.connect_timeout(Duration::from_millis(config::db_timeout_ms()))
-        .keepalives(true)
-        .keepalives_idle(Duration::from_secs(10))
-        .application_name("libmember")
-        .options(&format!(
-            "-c statement_timeout={statement_timeout_ms} -c lock_timeout={lock_timeout_ms}{}",
-            if generic_plans {
-                " -c plan_cache_mode=force_generic_plan"
-            } else {
-                ""
-            }
-        ));
-    let client = cfg.connect(NoTls).map_err(|e| classify(&e))?;
+    let (link_settings, generation) = config::pg_link();
+    let client = link::open(&link_settings, |cfg| {
+        cfg.connect_timeout(Duration::from_millis(config::db_timeout_ms()))
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(10))
+            .application_name("libmember")
+            .options(&format!(
+                "-c statement_timeout={statement_timeout_ms} -c lock_timeout={lock_timeout_ms}{}",
+                if generic_plans {
+                    " -c plan_cache_mode=force_generic_plan"
+                } else {
+                    ""
+                }
+            ));
+    })?;
     Ok((client, generation))
 }
 
@@ -131,7 +130,7 @@ impl Db {
     }
 
     pub fn client(&mut self) -> Result<&mut Client, DbErr> {
-        let (_, generation) = config::pg_url();
+        let generation = config::pg_link_gen();
         let stale = match &self.conn {
             Some((c, g)) => *g != generation || c.is_closed(),
             None => true,

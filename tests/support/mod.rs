@@ -203,11 +203,22 @@ struct Cluster {
     base: PathBuf,
     port: u16,
     child: Option<Child>,
+    /// Extra `postgres` arguments (from a [`Setup`]).
+    extra: Vec<String>,
 }
+
+/// Prepares a new cluster's data dir before its first start (certificates, pg_hba.conf) and
+/// returns extra `postgres` arguments. Files it writes are handed to the `postgres` user.
+pub type Setup = fn(&Path) -> Vec<String>;
 
 impl Cluster {
     /// initdb + start on a free port.
     fn create(prefix: &str) -> Cluster {
+        Self::create_with(prefix, |_| Vec::new())
+    }
+
+    /// initdb, `setup`, then start on a free port.
+    fn create_with(prefix: &str, setup: Setup) -> Cluster {
         let (uid, gid) = postgres_ids();
         let base = make_temp_dir(prefix, Some((uid, gid)));
         let data = base.join("data");
@@ -228,10 +239,15 @@ impl Cluster {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
+        let extra = setup(&data);
+        for entry in fs::read_dir(&data).unwrap().flatten() {
+            let _ = std::os::unix::fs::chown(entry.path(), Some(uid), Some(gid));
+        }
         let mut c = Cluster {
             base,
             port: 0,
             child: None,
+            extra,
         };
         // A port picked by free_port() can be taken by a concurrent test before postgres binds it.
         for attempt in 0.. {
@@ -279,6 +295,7 @@ impl Cluster {
                 "-c",
                 "max_connections=300",
             ])
+            .args(&self.extra)
             .current_dir(&self.base)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -368,9 +385,15 @@ pub struct Pg {
 impl Pg {
     /// The shared cluster, started on first use; stopped and removed at process exit.
     pub fn get() -> &'static Pg {
+        Self::get_with(|_| Vec::new())
+    }
+
+    /// The shared cluster, prepared by `setup` when this call starts it (a test file whose
+    /// tests all call this with the same `setup` gets one cluster set up that way).
+    pub fn get_with(setup: Setup) -> &'static Pg {
         static PG: OnceLock<Pg> = OnceLock::new();
         PG.get_or_init(|| {
-            let cluster = Cluster::create("member-pg");
+            let cluster = Cluster::create_with("member-pg", setup);
             let pid = cluster.child.as_ref().unwrap().id();
             SHARED_PG
                 .lock()
@@ -869,6 +892,7 @@ impl Valkey {
     }
 }
 pub mod proxy;
+pub mod tls;
 
 impl OwnPg {
     /// A connection to database `postgres`, or why not (the cluster may be down).

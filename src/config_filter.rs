@@ -1,0 +1,91 @@
+//! The one room of the command filter that takes member.pg-url's password out of CONFIG SET's
+//! arguments before the server records them (SLOWLOG, MONITOR, crash reports' argv).
+//!
+//! The server's own redaction of SENSITIVE configs does not reach module configs (Valkey 8.0,
+//! Redis 7.0: the value shows in SLOWLOG), and a config's setter has no client to redact
+//! from. So the filter replaces the value with its masked form and hands the password to
+//! `pg_link` (the setter, which runs next, takes it back).
+
+use std::os::raw::c_int;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use redis_module::{raw, Context};
+
+use crate::conninfo::{ConnInfo, MASK};
+use crate::pg_link;
+
+/// What replaces a value that cannot be read (its password could not be found to mask).
+pub const UNREADABLE: &str = "(unreadable connection string: not shown)";
+
+/// Registers the filter (module load).
+pub fn register(ctx: &Context) {
+    // SAFETY: the module context of OnLoad; the callback is a plain extern "C" fn.
+    unsafe {
+        if let Some(f) = raw::RedisModule_RegisterCommandFilter {
+            f(ctx.ctx, Some(filter), 0);
+        }
+    }
+}
+
+/// # Safety
+/// Called by the server on the main thread with a live filter context, before every command.
+unsafe extern "C" fn filter(fctx: *mut raw::RedisModuleCommandFilterCtx) {
+    // A panic must not cross into the server; the command then runs unfiltered.
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: forwarded from the server's call.
+        unsafe { run(fctx) }
+    }));
+}
+
+/// # Safety
+/// As [`filter`].
+unsafe fn run(fctx: *mut raw::RedisModuleCommandFilterCtx) {
+    // SAFETY: fctx is live for this call; the arguments it returns live as long.
+    let argc = unsafe { raw::RedisModule_CommandFilterArgsCount.unwrap()(fctx) };
+    let arg = |i: c_int| -> &[u8] {
+        // SAFETY: 0 <= i < argc; the string outlives this call.
+        unsafe {
+            let s = raw::RedisModule_CommandFilterArgGet.unwrap()(fctx, i);
+            let mut len = 0;
+            let p = raw::RedisModule_StringPtrLen.unwrap()(s, &mut len);
+            std::slice::from_raw_parts(p.cast::<u8>(), len)
+        }
+    };
+    if argc < 4 || !arg(0).eq_ignore_ascii_case(b"config") || !arg(1).eq_ignore_ascii_case(b"set") {
+        pg_link::stash_clear();
+        return;
+    }
+    let mut stash = None;
+    for i in (2..argc - 1).step_by(2) {
+        if !arg(i).eq_ignore_ascii_case(b"member.pg-url") {
+            continue;
+        }
+        let shown = match std::str::from_utf8(arg(i + 1)).map(ConnInfo::parse) {
+            Ok(Ok(info)) => match info.password() {
+                None | Some(MASK) => continue,
+                Some(p) => {
+                    stash = Some(Ok(p.to_string()));
+                    info.masked()
+                }
+            },
+            Ok(Err(e)) => {
+                stash = Some(Err(e));
+                UNREADABLE.to_string()
+            }
+            Err(_) => {
+                stash = Some(Err("not UTF-8"));
+                UNREADABLE.to_string()
+            }
+        };
+        // SAFETY: a new string without a context, owned by the server from here on.
+        unsafe {
+            let s = raw::RedisModule_CreateString.unwrap()(
+                std::ptr::null_mut(),
+                shown.as_ptr().cast(),
+                shown.len(),
+            );
+            raw::RedisModule_CommandFilterArgReplace.unwrap()(fctx, i + 1, s);
+        }
+    }
+    pg_link::stash(stash);
+}

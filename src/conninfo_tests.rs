@@ -1,0 +1,126 @@
+//! Unit tests of conninfo.rs: masking, dropping the TLS keys, and libpq's sslmode rules,
+//! each checked against what the driver itself reads from the same text.
+
+use std::str::FromStr;
+
+use super::*;
+
+fn driver(text: &str) -> postgres::Config {
+    postgres::Config::from_str(text).unwrap()
+}
+
+#[test]
+fn masks_the_url_password_and_keeps_the_rest() {
+    let c = ConnInfo::parse("postgres://app:s%40cret@db.example:5433/members?application_name=x")
+        .unwrap();
+    assert_eq!(c.password(), Some("s@cret"));
+    assert_eq!(driver(&c.text).get_password(), Some(&b"s@cret"[..]));
+    let m = c.masked();
+    assert_eq!(
+        m,
+        "postgres://app:***@db.example:5433/members?application_name=x"
+    );
+    assert_eq!(driver(&m).get_password(), Some(MASK.as_bytes()));
+    assert_eq!(driver(&m).get_dbname(), Some("members"));
+}
+
+#[test]
+fn masks_a_password_given_as_url_parameter() {
+    let c =
+        ConnInfo::parse("postgresql://app@h/db?password=top&sslmode=require&password=two").unwrap();
+    assert_eq!(c.password(), Some("two"));
+    assert_eq!(
+        c.masked(),
+        "postgresql://app@h/db?password=***&sslmode=require&password=***"
+    );
+}
+
+#[test]
+fn masks_quoted_and_escaped_key_value_passwords() {
+    for (text, pw) in [
+        ("host=h password=plain user=u", "plain"),
+        ("host=h password = 'with space\\'s' user=u", "with space's"),
+        ("host=h password=back\\ slash user=u", "back slash"),
+        ("password=''  host=h", ""),
+        ("host=h\tpassword=\u{e9}t\u{e9} user=u", "\u{e9}t\u{e9}"),
+    ] {
+        let c = ConnInfo::parse(text).unwrap();
+        assert_eq!(c.password(), Some(pw), "{text}");
+        assert_eq!(driver(text).get_password(), Some(pw.as_bytes()), "{text}");
+        let m = c.masked();
+        assert!(!pw.is_empty() && !m.contains(pw) || pw.is_empty(), "{m}");
+        assert_eq!(driver(&m).get_password(), Some(MASK.as_bytes()), "{m}");
+        assert_eq!(driver(&m).get_user(), driver(text).get_user(), "{m}");
+    }
+}
+
+#[test]
+fn no_password_means_nothing_masked() {
+    let t = "host=127.0.0.1 port=5432 user=postgres dbname=postgres";
+    let c = ConnInfo::parse(t).unwrap();
+    assert_eq!(c.password(), None);
+    assert_eq!(c.masked(), t);
+    let u = "postgres://app@h:1/db";
+    assert_eq!(ConnInfo::parse(u).unwrap().masked(), u);
+}
+
+#[test]
+fn errors_never_quote_the_text() {
+    for bad in [
+        "host=h password='unterminated",
+        "host=h password",
+        "host=h password=",
+        "postgres://u:p@h/db?novalue",
+        "postgres://u:%ff%fe@h/db",
+    ] {
+        let e = ConnInfo::parse(bad).unwrap_err();
+        assert!(!e.contains("unterminated'") && !e.contains("novalue") && !e.contains("%ff"));
+    }
+}
+
+#[test]
+fn drops_tls_keys_in_both_forms() {
+    let c = ConnInfo::parse(
+        "host=h sslmode=verify-full user=u sslrootcert='/etc/ca dir/ca.pem' password=x",
+    )
+    .unwrap();
+    assert_eq!(c.without(&TLS_KEYS), "host=h user=u password=x");
+    driver(&c.without(&TLS_KEYS));
+    let u = ConnInfo::parse(
+        "postgres://u:p@h/db?sslmode=verify-ca&sslrootcert=%2Ftmp%2Fca.pem&application_name=a",
+    )
+    .unwrap();
+    assert_eq!(u.get("sslrootcert"), Some("/tmp/ca.pem"));
+    assert_eq!(
+        u.without(&TLS_KEYS),
+        "postgres://u:p@h/db?application_name=a"
+    );
+    let only = ConnInfo::parse("postgres://u@h/db?sslmode=require").unwrap();
+    assert_eq!(only.without(&TLS_KEYS), "postgres://u@h/db");
+    driver(&only.without(&TLS_KEYS));
+}
+
+#[test]
+fn sslmode_follows_libpq() {
+    let tls = |t: &str| ConnInfo::parse(t).unwrap().tls();
+    let mode = |t: &str| tls(t).unwrap().mode;
+    assert_eq!(mode("host=h"), SslMode::Prefer);
+    assert_eq!(mode("host=h sslmode=disable"), SslMode::Disable);
+    assert_eq!(mode("host=h sslmode=prefer"), SslMode::Prefer);
+    assert_eq!(mode("host=h sslmode=require"), SslMode::Require);
+    // libpq: require with a root certificate verifies the chain.
+    assert_eq!(
+        mode("host=h sslmode=require sslrootcert=/ca.pem"),
+        SslMode::VerifyCa
+    );
+    assert_eq!(
+        mode("host=h sslmode=verify-ca sslrootcert=/ca.pem"),
+        SslMode::VerifyCa
+    );
+    let full = tls("postgres://h/db?sslmode=verify-full&sslrootcert=system").unwrap();
+    assert_eq!(full.mode, SslMode::VerifyFull);
+    assert_eq!(full.root_cert.as_deref(), Some("system"));
+    assert!(tls("host=h sslmode=verify-full").is_err());
+    assert!(tls("host=h sslmode=allow").is_err());
+    assert!(tls("host=h sslmode=bogus").is_err());
+}

@@ -1,0 +1,149 @@
+//! Opening one connection of the secured link: the password from its source, TLS as `sslmode`
+//! asks (OpenSSL through postgres-openssl), and failures told without the password.
+
+use std::error::Error as _;
+use std::str::FromStr;
+use std::sync::{Mutex, OnceLock};
+
+use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
+use openssl::x509::store::X509StoreBuilder;
+use postgres::config::SslMode as DriverSslMode;
+use postgres::{Client, Config, NoTls};
+use postgres_openssl::MakeTlsConnector;
+
+use super::DbErr;
+use crate::conninfo::{ConnInfo, SslMode, Tls, TLS_KEYS};
+use crate::pg_link::{scrub, Link};
+
+/// Why the last connection attempt failed (None once one succeeded): INFO's `db_link_error`.
+static LAST_ERROR: Mutex<Option<String>> = Mutex::new(None);
+
+/// The last connection failure's text, if the last attempt failed.
+pub fn last_error() -> Option<String> {
+    LAST_ERROR.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Opens a connection with `link`; `tune` sets the driver options (timeouts, session
+/// settings). Every failure is `Unavailable` (no connection, no answer) with a text that
+/// never holds the password.
+pub fn open(link: &Link, tune: impl FnOnce(&mut Config)) -> Result<Client, DbErr> {
+    let mut password = None;
+    let r = try_open(link, tune, &mut password);
+    let mut last = LAST_ERROR.lock().unwrap_or_else(|e| e.into_inner());
+    match r {
+        Ok(c) => {
+            *last = None;
+            Ok(c)
+        }
+        Err(msg) => {
+            let msg = scrub(&msg, password.as_deref());
+            *last = Some(msg.clone());
+            Err(DbErr::Unavailable(msg))
+        }
+    }
+}
+
+fn try_open(
+    link: &Link,
+    tune: impl FnOnce(&mut Config),
+    password: &mut Option<String>,
+) -> Result<Client, String> {
+    let bad = |e: &str| format!("bad member.pg-url: {e}");
+    let info = ConnInfo::parse(&link.masked).map_err(bad)?;
+    let tls = info.tls().map_err(bad)?;
+    let mut cfg = Config::from_str(&info.without(&TLS_KEYS)).map_err(|e| bad(&chain(&e)))?;
+    *password = link.password(&info)?;
+    if let Some(p) = password.as_deref() {
+        cfg.password(p);
+    }
+    tune(&mut cfg);
+    let res = match tls.mode {
+        SslMode::Disable => cfg.ssl_mode(DriverSslMode::Disable).connect(NoTls),
+        mode => {
+            let connector = connector(&tls).map_err(|e| format!("TLS setup: {e}"))?;
+            let driver_mode = match mode {
+                SslMode::Prefer => DriverSslMode::Prefer,
+                _ => DriverSslMode::Require,
+            };
+            cfg.ssl_mode(driver_mode).connect(connector)
+        }
+    };
+    res.map_err(|e| match e.as_db_error() {
+        Some(db) => db.message().to_string(),
+        None if tls.mode != SslMode::Disable && is_tls(&e) => {
+            format!("{} (sslmode={})", chain(&e), mode_name(tls.mode))
+        }
+        None => chain(&e),
+    })
+}
+
+/// The OpenSSL connector for a TLS mode: no verification for prefer/require (one connector,
+/// made once: prefer is the default, and a connection to a server without TLS should cost
+/// no more than before); for verify-ca and verify-full only the certificates of
+/// `sslrootcert` (or the system's, for `system`), read at each connection, and for
+/// verify-full the host name too.
+fn connector(tls: &Tls) -> Result<MakeTlsConnector, String> {
+    static UNVERIFIED: OnceLock<MakeTlsConnector> = OnceLock::new();
+    if matches!(tls.mode, SslMode::Prefer | SslMode::Require) {
+        if let Some(c) = UNVERIFIED.get() {
+            return Ok(c.clone());
+        }
+        let c = build(tls)?;
+        return Ok(UNVERIFIED.get_or_init(|| c).clone());
+    }
+    build(tls)
+}
+
+fn build(tls: &Tls) -> Result<MakeTlsConnector, String> {
+    let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(|e| e.to_string())?;
+    match (tls.mode, tls.root_cert.as_deref()) {
+        (SslMode::VerifyCa | SslMode::VerifyFull, Some("system")) => {
+            b.set_default_verify_paths().map_err(|e| e.to_string())?;
+        }
+        (SslMode::VerifyCa | SslMode::VerifyFull, Some(file)) => {
+            std::fs::metadata(file).map_err(|e| format!("cannot read sslrootcert {file}: {e}"))?;
+            // Only this file is trusted, not the system's store the builder starts with.
+            let empty = X509StoreBuilder::new().map_err(|e| e.to_string())?.build();
+            b.set_cert_store(empty);
+            b.set_ca_file(file)
+                .map_err(|e| format!("cannot load sslrootcert {file}: {e}"))?;
+        }
+        _ => b.set_verify(SslVerifyMode::NONE),
+    }
+    let mut c = MakeTlsConnector::new(b.build());
+    if tls.mode != SslMode::VerifyFull {
+        c.set_callback(|conf, _| {
+            conf.set_verify_hostname(false);
+            Ok(())
+        });
+    }
+    Ok(c)
+}
+
+fn mode_name(m: SslMode) -> &'static str {
+    match m {
+        SslMode::Disable => "disable",
+        SslMode::Prefer => "prefer",
+        SslMode::Require => "require",
+        SslMode::VerifyCa => "verify-ca",
+        SslMode::VerifyFull => "verify-full",
+    }
+}
+
+fn is_tls(e: &postgres::Error) -> bool {
+    e.to_string().contains("TLS") || e.to_string().contains("SSL")
+}
+
+/// The error and its causes, `outer: inner: ...`, skipping a cause its parent already said.
+fn chain(e: &postgres::Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let t = s.to_string();
+        if !msg.contains(&t) {
+            msg = format!("{msg}: {t}");
+        }
+        source = s.source();
+    }
+    msg
+}

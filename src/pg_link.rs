@@ -1,0 +1,280 @@
+//! The database link's secrets: `member.pg-url` is stored and shown with its password masked,
+//! the password kept apart (or read from `member.pg-password-file` at every connection).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use redis_module::configuration::ConfigurationContext;
+use redis_module::{ConfigurationValue, RedisError, RedisString};
+
+use crate::conninfo::{ConnInfo, MASK};
+
+/// `member.pg-url`: CONFIG GET shows the masked text; CONFIG SET of a text whose password is
+/// the mask keeps the password already set.
+pub struct PgUrl(Mutex<Stored>);
+
+struct Stored {
+    /// The text as set, every password replaced by the mask.
+    masked: String,
+    /// The password the text carried (the last one given, as the driver reads it).
+    password: Option<String>,
+}
+
+/// The password (or why the text could not be read) that `config_filter.rs` took out of the CONFIG
+/// SET now running, for the setter to take back. Any other command clears it, so it never
+/// outlives its CONFIG SET (inside MULTI it is gone by EXEC: see the README).
+static STASH: Mutex<Option<Result<String, &'static str>>> = Mutex::new(None);
+static STASHED: AtomicBool = AtomicBool::new(false);
+
+/// Holds what the filter took out of the current CONFIG SET (None: nothing).
+pub fn stash(v: Option<Result<String, &'static str>>) {
+    STASHED.store(v.is_some(), Ordering::Relaxed);
+    *STASH.lock().unwrap_or_else(|e| e.into_inner()) = v;
+}
+
+/// Forgets a stash (every command but CONFIG SET; one relaxed load when there is none).
+pub fn stash_clear() {
+    if STASHED.load(Ordering::Relaxed) {
+        stash(None);
+    }
+}
+
+fn take_stash() -> Option<Result<String, &'static str>> {
+    STASHED.store(false, Ordering::Relaxed);
+    STASH.lock().unwrap_or_else(|e| e.into_inner()).take()
+}
+
+/// One reading of the link settings, for one connection attempt.
+pub struct Link {
+    /// The connection string, passwords masked: safe in any message.
+    pub masked: String,
+    url_password: Option<String>,
+    password_file: String,
+}
+
+impl Default for PgUrl {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PgUrl {
+    pub const fn new() -> PgUrl {
+        PgUrl(Mutex::new(Stored {
+            masked: String::new(),
+            password: None,
+        }))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Stored> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stores a connection string. The text is rejected, without being quoted, when it cannot
+    /// be read (its password could not be told apart) or asks for an unknown `sslmode`.
+    ///
+    /// A text whose password is the mask keeps the password set before, unless the command
+    /// filter took a new one out of this CONFIG SET's argument (then that one counts).
+    pub fn store(&self, text: &str) -> Result<(), String> {
+        let stashed = take_stash();
+        if text == crate::config_filter::UNREADABLE {
+            let why = match stashed {
+                Some(Err(e)) => e,
+                _ => "unreadable",
+            };
+            return Err(format!("member.pg-url: {why} (the value is not shown)"));
+        }
+        let info = ConnInfo::parse(text).map_err(|e| format!("member.pg-url: {e}"))?;
+        info.tls().map_err(|e| format!("member.pg-url: {e}"))?;
+        let mut s = self.lock();
+        let password = match (info.password(), stashed) {
+            (Some(MASK), Some(Ok(p))) => Some(p),
+            (Some(MASK), _) => s.password.take(),
+            (other, _) => other.map(str::to_string),
+        };
+        *s = Stored {
+            masked: info.masked(),
+            password,
+        };
+        Ok(())
+    }
+
+    /// Stores `default` when nothing was set yet.
+    pub fn default_if_empty(&self, default: &str) {
+        if self.lock().masked.is_empty() {
+            let _ = self.store(default);
+        }
+    }
+
+    /// The text as CONFIG GET shows it.
+    pub fn shown(&self) -> String {
+        self.lock().masked.clone()
+    }
+
+    /// The settings one connection attempt uses.
+    pub fn link(&self, password_file: String) -> Link {
+        let s = self.lock();
+        Link {
+            masked: s.masked.clone(),
+            url_password: s.password.clone(),
+            password_file,
+        }
+    }
+}
+
+impl ConfigurationValue<RedisString> for PgUrl {
+    fn get(&self, _: &ConfigurationContext) -> RedisString {
+        RedisString::create(None, self.shown())
+    }
+
+    fn set(&self, _: &ConfigurationContext, val: RedisString) -> Result<(), RedisError> {
+        let text = std::str::from_utf8(val.as_slice())
+            .map_err(|_| RedisError::Str("member.pg-url must be UTF-8"))?;
+        self.store(text).map_err(RedisError::String)
+    }
+}
+
+impl Link {
+    /// The password to send: the file's content when `member.pg-password-file` is set (read
+    /// now, so a rotated file counts from the next connection), else the one in the URL.
+    pub fn password(&self, info: &ConnInfo) -> Result<Option<String>, String> {
+        if !self.password_file.is_empty() {
+            return read_password_file(&self.password_file).map(Some);
+        }
+        match (info.password(), &self.url_password) {
+            (Some(MASK), None) => Err(format!(
+                "member.pg-url holds the masked password {MASK} and no real one: set the full \
+                 connection string again, or use member.pg-password-file"
+            )),
+            (Some(_), p) => Ok(p.clone()),
+            (None, _) => Ok(None),
+        }
+    }
+}
+
+/// The file's content without its trailing line break(s).
+pub fn read_password_file(path: &str) -> Result<String, String> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| format!("cannot read member.pg-password-file {path}: {e}"))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| format!("member.pg-password-file {path} is not UTF-8 text"))?;
+    let password = text.trim_end_matches(['\r', '\n']);
+    if password.is_empty() {
+        return Err(format!("member.pg-password-file {path} is empty"));
+    }
+    Ok(password.to_string())
+}
+
+/// `msg` with every occurrence of `password` masked: a last guard for texts that come from
+/// elsewhere (driver and server messages). Passwords under 4 bytes are left alone, as
+/// masking them would garble the message and hide nothing.
+pub fn scrub(msg: &str, password: Option<&str>) -> String {
+    match password {
+        Some(p) if p.len() >= 4 => msg.replace(p, MASK),
+        _ => msg.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `store` takes the process-wide stash: tests that store run one at a time.
+    static SERIAL: Mutex<()> = Mutex::new(());
+
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    #[test]
+    fn a_masked_password_set_back_keeps_the_real_one() {
+        let _serial = serial();
+        let u = PgUrl::new();
+        u.store("postgres://app:s3cret@h/db").unwrap();
+        assert_eq!(u.shown(), "postgres://app:***@h/db");
+        // What CONFIG GET showed, set back (and with another database): the password stays.
+        u.store("postgres://app:***@h/other").unwrap();
+        let link = u.link(String::new());
+        let info = ConnInfo::parse(&link.masked).unwrap();
+        assert_eq!(link.password(&info).unwrap().as_deref(), Some("s3cret"));
+        // A new password replaces it; none removes it.
+        u.store("host=h user=app password=n3w").unwrap();
+        assert_eq!(u.shown(), "host=h user=app password=***");
+        let link = u.link(String::new());
+        let info = ConnInfo::parse(&link.masked).unwrap();
+        assert_eq!(link.password(&info).unwrap().as_deref(), Some("n3w"));
+        u.store("host=h user=app").unwrap();
+        u.store("host=h user=app password=***").unwrap();
+        let link = u.link(String::new());
+        let info = ConnInfo::parse(&link.masked).unwrap();
+        let e = link.password(&info).unwrap_err();
+        assert!(e.contains("masked"), "{e}");
+    }
+
+    #[test]
+    fn the_filters_stash_is_taken_once() {
+        let _serial = serial();
+        let u = PgUrl::new();
+        u.store("host=h password=old").unwrap();
+        stash(Some(Ok("new".into())));
+        u.store("host=h password=***").unwrap();
+        assert_eq!(u.lock().password.as_deref(), Some("new"));
+        u.store("host=h password=***").unwrap();
+        assert_eq!(u.lock().password.as_deref(), Some("new"));
+        stash(Some(Ok("other".into())));
+        stash_clear();
+        u.store("host=h password=***").unwrap();
+        assert_eq!(u.lock().password.as_deref(), Some("new"));
+        stash(Some(Err("a quoted value is not terminated")));
+        let e = u.store(crate::config_filter::UNREADABLE).unwrap_err();
+        assert!(e.contains("not terminated"), "{e}");
+        assert_eq!(u.lock().password.as_deref(), Some("new"));
+    }
+
+    #[test]
+    fn a_rejected_text_changes_nothing_and_is_not_quoted() {
+        let _serial = serial();
+        let u = PgUrl::new();
+        u.store("host=h password=keep").unwrap();
+        let e = u.store("host=h password='secret-unterminated").unwrap_err();
+        assert!(!e.contains("secret"), "{e}");
+        let e = u
+            .store("host=h password=secret sslmode=verify-everything")
+            .unwrap_err();
+        assert!(!e.contains("secret"), "{e}");
+        assert_eq!(u.shown(), "host=h password=***");
+        assert_eq!(u.lock().password.as_deref(), Some("keep"));
+    }
+
+    #[test]
+    fn the_password_file_wins_and_is_read_each_time() {
+        let _serial = serial();
+        let dir = std::env::temp_dir().join(format!("member-pwfile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("pw");
+        std::fs::write(&f, "first\n").unwrap();
+        let u = PgUrl::new();
+        u.store("host=h password=in-url").unwrap();
+        let link = u.link(f.to_string_lossy().into_owned());
+        let info = ConnInfo::parse(&link.masked).unwrap();
+        assert_eq!(link.password(&info).unwrap().as_deref(), Some("first"));
+        std::fs::write(&f, "second\r\n").unwrap();
+        assert_eq!(link.password(&info).unwrap().as_deref(), Some("second"));
+        std::fs::write(&f, "\n").unwrap();
+        assert!(link.password(&info).unwrap_err().contains("is empty"));
+        std::fs::remove_file(&f).unwrap();
+        let e = link.password(&info).unwrap_err();
+        assert!(e.starts_with("cannot read member.pg-password-file"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn scrub_masks_long_passwords_only() {
+        assert_eq!(
+            scrub("auth for s3cret failed", Some("s3cret")),
+            "auth for *** failed"
+        );
+        assert_eq!(scrub("a b", Some("a")), "a b");
+        assert_eq!(scrub("x", None), "x");
+    }
+}

@@ -173,6 +173,8 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
             reply::log(ctx, reply::Level::Warning, &format!("libmember: {e}"));
             return Status::Err;
         }
+        // Items whose canonical slot another node holds are forwarded to it over the bus.
+        cluster::bus::init(ctx, command::forward::serve);
     }
     {
         let mut url = PG_URL.lock().unwrap_or_else(|e| e.into_inner());

@@ -120,23 +120,6 @@ pub fn may_cache(entity: &str) -> bool {
     owns(keyslot(entity.as_bytes()))
 }
 
-/// ADD and DEL of `raw` (as the client sent it, and routed by it) whose canonical entity is
-/// `entity`: accepted when both hash to the same slot (the server routed the call here) or
-/// this node owns the canonical one; else an error that names the canonical form to send.
-/// Only the owner of the canonical slot may change what its filter and cache hold.
-pub fn may_write(raw: &[u8], entity: &str) -> Result<(), String> {
-    let slot = keyslot(entity.as_bytes());
-    if slot == keyslot(raw) || owns(slot) {
-        return Ok(());
-    }
-    Err(format!(
-        "ERR libmember: in cluster mode an item is written by the node of its canonical form's \
-         hash slot; this one is \"{}\" (slot {slot}, not served here): send that form, which \
-         routes there",
-        reply::escape(entity.as_bytes())
-    ))
-}
-
 /// True when this node owns `slot` (as last polled).
 #[inline]
 pub fn owns(slot: u16) -> bool {
@@ -180,6 +163,7 @@ pub fn poll(ctx: &Context) -> Option<Instant> {
     let Some(mine) = nodes::parse(&text) else {
         return failed(ctx, "CLUSTER NODES names no node as myself".into());
     };
+    set_owners(&mine.owners);
     let mut now_owned = vec![false; SLOTS];
     for (a, b) in &mine.ranges {
         now_owned[*a as usize..=*b as usize].fill(true);
@@ -231,6 +215,64 @@ pub fn poll(ctx: &Context) -> Option<Instant> {
         effects::replicate(ctx, "MEMBER._OWN", &[sentinel_name(slot).as_bytes()]);
     }
     accepted_any.then_some(ready_at)
+}
+
+/// Which primary serves each slot, as last polled: node ids, and per slot an index into them.
+struct Owners {
+    ids: Vec<String>,
+    /// `NONE` for a slot no primary serves.
+    of: Vec<u16>,
+}
+
+const NONE: u16 = u16::MAX;
+
+thread_local! {
+    static OWNERS: RefCell<Owners> = RefCell::new(Owners { ids: Vec::new(), of: vec![NONE; SLOTS] });
+}
+
+fn set_owners(ranges: &[(u16, u16, String)]) {
+    OWNERS.with(|o| {
+        let mut o = o.borrow_mut();
+        o.ids.clear();
+        o.of.fill(NONE);
+        for (a, b, id) in ranges {
+            let at = match o.ids.iter().position(|x| x == id) {
+                Some(i) => i,
+                None => {
+                    o.ids.push(id.clone());
+                    o.ids.len() - 1
+                }
+            };
+            o.of[*a as usize..=*b as usize].fill(at as u16);
+        }
+    });
+}
+
+/// The node id of the primary serving `slot`, as last polled (where a request about an item
+/// of that slot is forwarded).
+pub fn node_of(slot: u16) -> Option<String> {
+    OWNERS.with(|o| {
+        let o = o.borrow();
+        o.ids.get(o.of[slot as usize] as usize).cloned()
+    })
+}
+
+/// True when this node, a primary, holds `slot` right now: owned by its last poll, and the
+/// slot's sentinel is the very value it accepted. The sentinel leaves with the slot before
+/// ownership changes hands, so a node that holds a slot has not handed it over yet: what it
+/// accepts now is covered by the next owner's handover grace (docs/cluster-placement.md,
+/// step 5). Forwarded requests are served only under this.
+pub fn holds(ctx: &Context, slot: u16) -> bool {
+    OWN.with(|o| {
+        let mut o = o.borrow_mut();
+        if !o.primary || !o.owned[slot as usize] {
+            return false;
+        }
+        let Some(a) = o.accepted[slot as usize] else {
+            return false;
+        };
+        with_name(&mut o, slot, |n| sentinel_at(ctx, n)) == Some(a.id)
+    })
 }
 
 fn failed(ctx: &Context, why: String) -> Option<Instant> {

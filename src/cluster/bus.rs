@@ -52,6 +52,8 @@ pub fn init(ctx: &Context, serve: Serve) {
 /// A client waiting for another node's answer.
 struct Pending {
     blocked: Blocked,
+    /// The node asked: only its answer counts.
+    node: Vec<u8>,
     /// No answer is given to the client after this.
     deadline: Instant,
 }
@@ -83,7 +85,17 @@ pub fn forward(ctx: &Context, node: &str, blocked: Blocked, mut req: Request, ti
     }
     SENT.fetch_add(1, Ordering::Relaxed);
     let deadline = Instant::now() + timeout;
-    PENDING.with(|p| p.borrow_mut().insert(id, Pending { blocked, deadline }));
+    let node = node.as_bytes().to_vec();
+    PENDING.with(|p| {
+        p.borrow_mut().insert(
+            id,
+            Pending {
+                blocked,
+                node,
+                deadline,
+            },
+        )
+    });
     ctx.create_timer(timeout, expire, id);
 }
 
@@ -98,8 +110,15 @@ fn expire(_ctx: &Context, id: u64) {
 
 /// An answer arrived: finish its client, unless it is gone or its time was up (an answer past
 /// the deadline is dropped, so a forwarded ADD is acknowledged within the timeout or never).
-fn answered(id: u64, a: Answer) {
-    let Some(p) = PENDING.with(|p| p.borrow_mut().remove(&id)) else {
+fn answered(sender: &[u8], id: u64, a: Answer) {
+    let p = PENDING.with(|p| {
+        let mut p = p.borrow_mut();
+        match p.get(&id) {
+            Some(w) if w.node == sender => p.remove(&id),
+            _ => None,
+        }
+    });
+    let Some(p) = p else {
         return;
     };
     if Instant::now() > p.deadline {
@@ -237,7 +256,7 @@ unsafe extern "C" fn receive(
                 None => drop(to),
             }
         }
-        Ok(Message::Answer(id, a)) => answered(id, a),
+        Ok(Message::Answer(id, a)) => answered(&sender, id, a),
         Err(e) => reply::log(
             &ctx,
             reply::Level::Warning,

@@ -123,8 +123,9 @@ fn funnel(
 }
 
 /// The funnel's decision for a set this node knows, with DB 0 selected: an answer from
-/// memory, or the lookup the database must resolve. `confirmed`: the catalog was just asked
-/// about this set (it serves even while a promotion holds sets back).
+/// memory, the lookup the database must resolve, or (cluster mode) the request for the node
+/// holding the item's canonical slot. `confirmed`: the catalog was just asked about this set
+/// (it serves even while a promotion holds sets back).
 fn decide(
     ctx: &Context,
     set_name: &str,
@@ -168,7 +169,7 @@ pub(super) fn decide_canonical(
 
 /// The funnel for one canonical item of a known set (`epoch`: the registry's promotion
 /// epoch): filter → recent → cache, counted in the per-path counters (unless `explain`).
-/// Never `Step::Unknown`. The one decision single- and multi-item lookups share; `probe` is
+/// Never `Step::Unknown` nor `Step::Forward`. The one decision single- and multi-item lookups share; `probe` is
 /// the set's filter already opened (many items), or `None` to open it for this one.
 pub(super) fn decide_item(
     ctx: &Context,

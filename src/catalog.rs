@@ -307,6 +307,29 @@ pub fn ask(ctx: &Context, name: &str, timeout: Duration, then: Then) -> RedisRes
     Ok(RedisValue::NoReply)
 }
 
+/// A set named by a request no client of this node waits for (one forwarded from another
+/// node): asks the catalog about it unless a query for it is in flight, so a later request
+/// finds it. `Err` with the client's error when the name is known not to exist or the catalog
+/// is not loaded yet.
+pub fn learn_in_background(name: &str) -> Result<(), RedisError> {
+    if !state::with(|r| r.catalog.loaded) {
+        return Err(RedisError::Str(error::CATALOG_NOT_LOADED));
+    }
+    if ASKS.with(|a| a.borrow_mut().is_unknown(name, Instant::now())) {
+        return Err(RedisError::Str(error::UNKNOWN_SET));
+    }
+    let first = ASKS.with(|a| {
+        let mut a = a.borrow_mut();
+        let in_flight = a.waiting.contains_key(name);
+        a.waiting.entry(name.to_string()).or_default();
+        !in_flight
+    });
+    if first {
+        query(name.to_string());
+    }
+    Ok(())
+}
+
 fn query(name: String) {
     ASKS_SENT.fetch_add(1, Ordering::Relaxed);
     let (changes, removals) = state::with(|r| (r.catalog.changes, r.catalog.removals));

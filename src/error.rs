@@ -53,6 +53,19 @@ pub const DB_TIMEOUT: &str =
     "UNAVAILABLE source of truth did not answer within member.db-timeout-ms";
 pub const WORKER_LOST: &str = "UNAVAILABLE database worker failed before answering";
 pub const QUEUE_FULL: &str = "UNAVAILABLE database queue is full";
+/// Cluster: the node holding the item's canonical slot did not answer a forwarded request in time.
+pub const FORWARD_TIMEOUT: &str = "UNAVAILABLE the node holding the item's canonical slot did not \
+     answer within member.db-timeout-ms";
+/// Cluster: the node holding the item's canonical slot could not be sent the request.
+pub const FORWARD_UNREACHABLE: &str =
+    "UNAVAILABLE the node holding the item's canonical slot is not reachable over the cluster bus";
+/// Cluster: no primary serves the item's canonical slot (as last polled).
+pub const NO_OWNER: &str = "TRYAGAIN libmember: no node serves the item's canonical slot; retry";
+/// Cluster: a forwarded request reached a node that no longer (or not yet) holds the slot.
+pub const SLOT_MOVING: &str = "TRYAGAIN libmember: the item's canonical slot is moving; retry";
+/// Cluster: a forwarded request named a set the owner is still learning from the catalog.
+pub const SET_BEING_LEARNED: &str =
+    "TRYAGAIN libmember: the node holding the item's canonical slot is learning the set; retry";
 
 /// The error reply for a failed database call: `UNAVAILABLE <detail>` when the database could
 /// not be reached or answered too slowly, `ERR <detail>` when it answered with an error.

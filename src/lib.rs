@@ -197,6 +197,8 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
             reply::log(ctx, reply::Level::Warning, &format!("libmember: {e}"));
             return Status::Err;
         }
+        // Items whose canonical slot another node holds are forwarded to it over the bus.
+        cluster::bus::init(ctx, command::forward::serve);
     }
     // The configs are applied by now (the crate loads them before calling init).
     token_key::started(ctx);

@@ -1,4 +1,5 @@
-//! Which hash slots this node answers for, read from `CLUSTER NODES` text. Pure.
+//! Which hash slots this node answers for, and which primary serves each slot, read from
+//! `CLUSTER NODES` text. Pure.
 
 use super::slot::SLOTS;
 
@@ -14,6 +15,9 @@ pub struct Mine {
     /// Slots this node (a primary) is migrating away: it must not write keys there any more
     /// (a key written after the migration's last MIGRATE makes the handover fail).
     pub migrating: Vec<u16>,
+    /// Every primary's slot ranges (inclusive) with its node id: where a request about an
+    /// item of another node's slot is forwarded. Migration markers are not ranges here either.
+    pub owners: Vec<(u16, u16, String)>,
 }
 
 /// Parses `CLUSTER NODES` output. `None` when the text names no node as `myself`.
@@ -24,6 +28,16 @@ pub fn parse(text: &str) -> Option<Mine> {
         .filter(|f| f.len() >= 8)
         .collect();
     let me = lines.iter().find(|f| flags(f).any(|x| x == "myself"))?;
+    let owners = lines
+        .iter()
+        .filter(|f| flags(f).any(|x| x == "master"))
+        .flat_map(|f| {
+            f[8..]
+                .iter()
+                .filter_map(|s| range(s))
+                .map(|(a, b)| (a, b, f[0].to_string()))
+        })
+        .collect();
     let primary = flags(me).any(|x| x == "master");
     let holder = if primary {
         me
@@ -36,6 +50,7 @@ pub fn parse(text: &str) -> Option<Mine> {
                     primary,
                     ranges: Vec::new(),
                     migrating: Vec::new(),
+                    owners,
                 })
             }
         }
@@ -44,6 +59,7 @@ pub fn parse(text: &str) -> Option<Mine> {
         primary,
         ranges: holder[8..].iter().filter_map(|s| range(s)).collect(),
         migrating: holder[8..].iter().filter_map(|s| migrating(s)).collect(),
+        owners,
     })
 }
 
@@ -107,11 +123,43 @@ e7d1 127.0.0.1:30001@40001 myself,master - 0 0 1 connected 0-5459 5460 [5460->-6
     }
 
     #[test]
+    fn every_primarys_ranges_are_named_by_its_id() {
+        let m = parse(NODES).unwrap();
+        let mut owners = m.owners.clone();
+        owners.sort();
+        assert_eq!(
+            owners,
+            vec![
+                (0, 5459, "e7d1".to_string()),
+                (5460, 5460, "e7d1".to_string()),
+                (5461, 10922, "67ed".to_string()),
+                (10923, 16383, "292f".to_string()),
+            ]
+        );
+        // A replica sees the same owners.
+        let text = NODES.replace("myself,master", "master").replace(
+            "6ec2 127.0.0.1:30005@40005 slave",
+            "6ec2 127.0.0.1:30005@40005 myself,slave",
+        );
+        let mut seen = parse(&text).unwrap().owners;
+        seen.sort();
+        assert_eq!(seen, owners);
+    }
+
+    #[test]
     fn odd_input_owns_nothing() {
         assert_eq!(parse(""), None);
         let orphan = "aaaa 127.0.0.1:1@2 myself,slave zzzz 0 0 1 connected\n";
         assert_eq!(parse(orphan).unwrap().ranges, vec![]);
         let bad = "aaaa 127.0.0.1:1@2 myself,master - 0 0 1 connected 9-3 16384 x 7\n";
         assert_eq!(parse(bad).unwrap().ranges, vec![(7, 7)]);
+        assert_eq!(parse(bad).unwrap().owners, vec![(7, 7, "aaaa".to_string())]);
+        // A failed primary ("master,fail") still names its slots until a failover moves them.
+        let failed = "bbbb 127.0.0.1:2@3 master,fail - 0 0 1 connected 0-9\n";
+        let text = format!("{bad}{failed}");
+        assert!(parse(&text)
+            .unwrap()
+            .owners
+            .contains(&(0, 9, "bbbb".to_string())));
     }
 }

@@ -114,7 +114,8 @@ pub fn ready(ctx: &Context, slot: u16, covered_since: Option<Instant>) -> bool {
 /// True when this node holds `slot` now: owned by the last poll, not being migrated away, and
 /// its sentinel is still the value accepted. A migration moves the sentinel with the slot's
 /// other keys before the handover, so a key written while this holds is moved too (never left
-/// behind to make the handover fail).
+/// behind to make the handover fail), and what a primary accepts while this holds is covered
+/// by the next owner's handover grace (docs/cluster-placement.md, step 5).
 pub fn holds(ctx: &Context, slot: u16) -> bool {
     OWN.with(|o| {
         let mut o = o.borrow_mut();
@@ -134,29 +135,17 @@ pub fn may_cache(ctx: &Context, entity: &str) -> bool {
     holds(ctx, keyslot(entity.as_bytes()))
 }
 
-/// ADD and DEL of `raw` (as the client sent it, and routed by it) whose canonical entity is
-/// `entity`: accepted when both hash to the same slot (the server routed the call here) or
-/// this node owns the canonical one; else an error that names the canonical form to send.
-/// Only the owner of the canonical slot may change what its filter and cache hold.
-pub fn may_write(raw: &[u8], entity: &str) -> Result<(), String> {
-    let slot = keyslot(entity.as_bytes());
-    if slot == keyslot(raw) || owns(slot) {
-        return Ok(());
-    }
-    Err(format!(
-        "ERR libmember: in cluster mode an item is written by the node of its canonical form's \
-         hash slot; this one is \"{}\" (slot {slot}, not served here): send that form, which \
-         routes there",
-        reply::escape(entity.as_bytes())
-    ))
-}
-
 /// The slots this node owns (as last polled).
 pub fn owned_set() -> SlotSet {
     OWN.with(|o| {
         let o = o.borrow();
         (0..SLOTS as u16).filter(|s| o.owned[*s as usize]).collect()
     })
+}
+
+/// True when this node is a primary (as last polled).
+pub fn is_primary() -> bool {
+    OWN.with(|o| o.borrow().primary)
 }
 
 /// True when this node owns `slot` (as last polled).
@@ -199,6 +188,7 @@ pub fn poll(ctx: &Context) -> Option<Instant> {
     let Some(mine) = nodes::parse(&text) else {
         return failed(ctx, "CLUSTER NODES names no node as myself".into());
     };
+    set_owners(&mine.owners);
     let mut now_owned = vec![false; SLOTS];
     for (a, b) in &mine.ranges {
         now_owned[*a as usize..=*b as usize].fill(true);
@@ -261,6 +251,46 @@ pub fn poll(ctx: &Context) -> Option<Instant> {
         effects::replicate(ctx, "MEMBER._OWN", &[sentinel_name(slot).as_bytes()]);
     }
     accepted_any.then_some(ready_at)
+}
+
+/// Which primary serves each slot, as last polled: node ids, and per slot an index into them.
+struct Owners {
+    ids: Vec<String>,
+    /// `NONE` for a slot no primary serves.
+    of: Vec<u16>,
+}
+
+const NONE: u16 = u16::MAX;
+
+thread_local! {
+    static OWNERS: RefCell<Owners> = RefCell::new(Owners { ids: Vec::new(), of: vec![NONE; SLOTS] });
+}
+
+fn set_owners(ranges: &[(u16, u16, String)]) {
+    OWNERS.with(|o| {
+        let mut o = o.borrow_mut();
+        o.ids.clear();
+        o.of.fill(NONE);
+        for (a, b, id) in ranges {
+            let at = match o.ids.iter().position(|x| x == id) {
+                Some(i) => i,
+                None => {
+                    o.ids.push(id.clone());
+                    o.ids.len() - 1
+                }
+            };
+            o.of[*a as usize..=*b as usize].fill(at as u16);
+        }
+    });
+}
+
+/// The node id of the primary serving `slot`, as last polled (where a request about an item
+/// of that slot is forwarded).
+pub fn node_of(slot: u16) -> Option<String> {
+    OWNERS.with(|o| {
+        let o = o.borrow();
+        o.ids.get(o.of[slot as usize] as usize).cloned()
+    })
 }
 
 fn failed(ctx: &Context, why: String) -> Option<Instant> {

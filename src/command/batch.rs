@@ -153,7 +153,9 @@ fn plan_lookups(
                     done.answers.push(false);
                     done.pending.push((i, lookup));
                 }
-                Step::Unknown => unreachable!("decide_item never answers Unknown"),
+                Step::Unknown | Step::Forward(_) => {
+                    unreachable!("decide_item answers from memory or the database")
+                }
             }
         }
         Ok(Some(done))

@@ -304,6 +304,17 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
     // Why PostgreSQL cannot be reached (TLS, password, network), never with the password.
     let link_error = db::link::last_error().unwrap_or_else(|| "none".into());
     fields.push(("db_link_error", link_error.replace(['\r', '\n'], " ")));
+    if crate::cluster::enabled() {
+        use crate::cluster::bus;
+        let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed).to_string();
+        fields.extend([
+            ("forwarded_sent", n(&bus::SENT)),
+            ("forwarded_waiting", bus::pending().to_string()),
+            ("forwarded_timeouts", n(&bus::TIMEOUTS)),
+            ("forwarded_served", n(&bus::SERVED)),
+            ("forwarded_refused", n(&bus::REFUSED)),
+        ]);
+    }
     let mut b = ctx.builder().add_section("");
     for (k, v) in fields {
         b = match b.field(k, v) {

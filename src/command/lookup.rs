@@ -4,17 +4,19 @@ use std::time::Instant;
 
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
+use super::forward::{self, Elsewhere};
 use super::{block_on_point, block_timeout, may_block, point_for, ItemArgs, PointDone};
 use crate::block::Completion;
 use crate::catalog::{self, Fail};
 use crate::cluster::owner;
 use crate::cluster::slot::keyslot;
+use crate::cluster::wire::Op;
 use crate::db::pool::{self, Job};
 use crate::db::DbErr;
 use crate::funnel::{self, Gate, Path};
 use crate::{error, filter_store, keys, metrics, state};
 
-fn reply(explain: bool, present: bool, path: Path) -> RedisValue {
+pub(super) fn reply(explain: bool, present: bool, path: Path) -> RedisValue {
     if explain {
         RedisValue::Array(vec![
             RedisValue::Integer(present as i64),
@@ -73,6 +75,8 @@ pub(super) enum Step {
     Db(LookupDone),
     /// This node does not know the set (yet): the catalog must be asked.
     Unknown,
+    /// The item's canonical slot is another node's: it must answer (cluster mode).
+    Forward(Elsewhere),
 }
 
 /// The funnel on parsed arguments: filter → recent → cache → database. A set this node does
@@ -94,6 +98,7 @@ fn funnel(
                 pool::submit(Job::Lookup(block_on_point(ctx, done)));
                 Ok(RedisValue::NoReply)
             }
+            Step::Forward(e) => forward::block_and_start(ctx, e),
             Step::Unknown => {
                 let (name, item, scope) = (set_name.to_string(), item.to_vec(), scope.to_vec());
                 let then: catalog::Then = Box::new(move |ctx, blocked| {
@@ -104,6 +109,7 @@ fn funnel(
                             path,
                         })),
                         Ok(Step::Db(done)) => pool::submit(Job::Lookup(point_for(blocked, done))),
+                        Ok(Step::Forward(e)) => forward::start(ctx, blocked, e),
                         Ok(Step::Unknown) => {
                             blocked.finish(Box::new(Fail(error::UNKNOWN_SET.into())))
                         }
@@ -117,8 +123,9 @@ fn funnel(
 }
 
 /// The funnel's decision for a set this node knows, with DB 0 selected: an answer from
-/// memory, or the lookup the database must resolve. `confirmed`: the catalog was just asked
-/// about this set (it serves even while a promotion holds sets back).
+/// memory, the lookup the database must resolve, or (cluster mode) the request for the node
+/// holding the item's canonical slot. `confirmed`: the catalog was just asked about this set
+/// (it serves even while a promotion holds sets back).
 fn decide(
     ctx: &Context,
     set_name: &str,
@@ -135,13 +142,34 @@ fn decide(
             return Ok(Step::Unknown);
         };
         let canon = crate::token_key::canonical(&set.def, item, scope).map_err(RedisError::Str)?;
+        let op = if explain { Op::Explain } else { Op::Exists };
+        if let Some(e) = forward::elsewhere(item, &canon, set_name, op, None) {
+            return Ok(Step::Forward(e));
+        }
         Ok(decide_item(ctx, set, epoch, None, canon, explain, started))
+    })
+}
+
+/// The funnel's decision for an item already canonical, forwarded by another node (this one
+/// holds its slot): `Step::Unknown` for a set this node does not serve yet.
+pub(super) fn decide_canonical(
+    ctx: &Context,
+    set_name: &str,
+    canon: crate::canon::Canon,
+    explain: bool,
+) -> Step {
+    state::with(|r| {
+        let epoch = r.epoch;
+        match r.serving(set_name, false) {
+            Some(set) => decide_item(ctx, set, epoch, None, canon, explain, None),
+            None => Step::Unknown,
+        }
     })
 }
 
 /// The funnel for one canonical item of a known set (`epoch`: the registry's promotion
 /// epoch): filter → recent → cache, counted in the per-path counters (unless `explain`).
-/// Never `Step::Unknown`. The one decision single- and multi-item lookups share; `probe` is
+/// Never `Step::Unknown` nor `Step::Forward`. The one decision single- and multi-item lookups share; `probe` is
 /// the set's filter already opened (many items), or `None` to open it for this one.
 pub(super) fn decide_item(
     ctx: &Context,

@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod create;
 pub mod drop;
+pub mod forward;
 pub mod info;
 pub mod internal;
 pub mod lookup;
@@ -15,6 +16,7 @@ use std::time::Duration;
 use redis_module::{Context, ContextFlags, RedisError, RedisString};
 
 use crate::block::{Blocked, Completion};
+use crate::cluster::bus::Responder;
 use crate::db::pool::Point;
 use crate::db::DbErr;
 use crate::{config, error};
@@ -204,5 +206,47 @@ pub fn point_for<T: 'static, D: PointDone<T>>(blocked: Blocked, done: D) -> Poin
             done.answered(res);
             blocked.finish(Box::new(done));
         }),
+    }
+}
+
+/// The point query of a request forwarded by another node (no client here): its answer
+/// completes `done` on the main thread (effects applied exactly as for a local client) and
+/// the reply goes back through `to`. Dropped unanswered, `done` completes as it is (its result
+/// preset to an error), so an ADD's recent mark still ends.
+pub fn point_remote<T: 'static, D: PointDone<T>>(done: D, to: Responder) -> Point<T> {
+    let (set, entity, scope) = done.target();
+    let (set, entity, scope) = (set.to_string(), entity.to_string(), scope.to_string());
+    let mut remote = Remote {
+        done: Some(done),
+        to: Some(to),
+    };
+    Point {
+        set,
+        entity,
+        scope,
+        reply: Box::new(move |res| {
+            if let Some(d) = remote.done.as_mut() {
+                d.answered(res);
+            }
+            drop(remote);
+        }),
+    }
+}
+
+/// A forwarded request's completion on its way to the main thread (see `point_remote`).
+struct Remote<D: Completion> {
+    done: Option<D>,
+    to: Option<Responder>,
+}
+
+impl<D: Completion> Drop for Remote<D> {
+    fn drop(&mut self) {
+        if let (Some(mut done), Some(to)) = (self.done.take(), self.to.take()) {
+            crate::mainq::post(Box::new(move |ctx| {
+                done.apply(ctx);
+                let reply = done.reply(ctx);
+                to.answer(ctx, reply);
+            }));
+        }
     }
 }

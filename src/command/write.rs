@@ -3,6 +3,7 @@
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
+use super::forward;
 use super::{block_on_point, block_timeout, may_block, point_for, ItemArgs, Options, PointDone};
 use crate::block::Completion;
 use crate::canon::Canon;
@@ -37,6 +38,15 @@ pub(super) fn expiry(opts: &Options) -> Result<Option<f64>, RedisError> {
 pub(super) enum Op {
     Add,
     Del,
+}
+
+impl Op {
+    fn wire(self) -> crate::cluster::wire::Op {
+        match self {
+            Op::Add => crate::cluster::wire::Op::Add,
+            Op::Del => crate::cluster::wire::Op::Del,
+        }
+    }
 }
 
 /// A write's outcome, applied on the main thread whether or not its client still waits.
@@ -125,27 +135,43 @@ fn write(ctx: &Context, args: Vec<RedisString>, op: Op) -> RedisResult {
     crate::acl::check_set(ctx, &a.set, crate::acl::Access::Write)?;
     let expires_at = expiry(&a.opts)?;
     keys::with_db0(ctx, |ctx| {
-        let Some(done) = prepare(&a.set, a.item.as_slice(), a.scope(), op, false)? else {
+        let plan = prepare(&a.set, a.item.as_slice(), a.scope(), op, expires_at, false)?;
+        let Some(plan) = plan else {
             // A set this node does not know: ask the catalog (only this client waits).
             let (name, item, scope) = (
                 a.set.clone(),
                 a.item.as_slice().to_vec(),
                 a.scope().to_vec(),
             );
-            let then: catalog::Then =
-                Box::new(
-                    move |_ctx, blocked| match prepare(&name, &item, &scope, op, true) {
-                        Ok(Some(done)) => send(point_for(blocked, begin(done)), op, expires_at),
-                        Ok(None) => blocked.finish(Box::new(Fail(error::UNKNOWN_SET.into()))),
-                        Err(e) => blocked.finish(Box::new(Fail(e.to_string()))),
-                    },
-                );
+            let then: catalog::Then = Box::new(move |ctx, blocked| {
+                match prepare(&name, &item, &scope, op, expires_at, true) {
+                    Ok(Some(Plan::Here(done))) => {
+                        send(point_for(blocked, begin(done)), op, expires_at)
+                    }
+                    Ok(Some(Plan::Elsewhere(e))) => forward::start(ctx, blocked, e),
+                    Ok(None) => blocked.finish(Box::new(Fail(error::UNKNOWN_SET.into()))),
+                    Err(e) => blocked.finish(Box::new(Fail(e.to_string()))),
+                }
+            });
             return catalog::ask(ctx, &a.set, block_timeout(), then);
         };
-        may_block(ctx)?;
-        send(block_on_point(ctx, begin(done)), op, expires_at);
-        Ok(RedisValue::NoReply)
+        match plan {
+            Plan::Here(done) => {
+                may_block(ctx)?;
+                send(block_on_point(ctx, begin(done)), op, expires_at);
+                Ok(RedisValue::NoReply)
+            }
+            Plan::Elsewhere(e) => forward::block_and_start(ctx, e),
+        }
     })
+}
+
+/// Where a write goes.
+enum Plan {
+    /// This node makes it.
+    Here(WriteDone),
+    /// The node holding the item's canonical slot makes it (cluster mode).
+    Elsewhere(forward::Elsewhere),
 }
 
 /// The write of `item` to a set this node knows, canonicalized; `None` for a set the catalog
@@ -155,19 +181,26 @@ fn prepare(
     item: &[u8],
     scope: &[u8],
     op: Op,
+    expires_at: Option<f64>,
     confirmed: bool,
-) -> Result<Option<WriteDone>, RedisError> {
+) -> Result<Option<Plan>, RedisError> {
     state::with(|r| {
         let s = r.serving(set, confirmed);
         let Some(s) = s else {
             return Ok(None);
         };
         let canon = token_key::canonical(&s.def, item, scope).map_err(RedisError::Str)?;
-        if crate::cluster::enabled() {
-            crate::cluster::owner::may_write(item, &canon.entity).map_err(RedisError::String)?;
+        if let Some(e) = forward::elsewhere(item, &canon, set, op.wire(), expires_at) {
+            return Ok(Some(Plan::Elsewhere(e)));
         }
-        Ok(Some(WriteDone::new(op, s, canon)))
+        Ok(Some(Plan::Here(WriteDone::new(op, s, canon))))
     })
+}
+
+/// The write of an item already canonical (forwarded by another node) to a set this node
+/// serves; `None` for a set it does not serve yet.
+pub(super) fn prepare_canonical(set: &str, canon: Canon, op: Op) -> Option<WriteDone> {
+    state::with(|r| r.serving(set, false).map(|s| WriteDone::new(op, s, canon)))
 }
 
 impl WriteDone {
@@ -203,7 +236,7 @@ pub(super) fn begin(done: WriteDone) -> WriteDone {
 }
 
 /// Queues the write for a worker; its answer completes `point`'s client.
-fn send(point: Point<bool>, op: Op, expires_at: Option<f64>) {
+pub(super) fn send(point: Point<bool>, op: Op, expires_at: Option<f64>) {
     pool::submit(match op {
         Op::Add => Job::Add(point, expires_at),
         Op::Del => Job::Run(Box::new(move |db| {

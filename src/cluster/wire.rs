@@ -1,0 +1,303 @@
+//! The bytes of a forwarded request and of its answer on the cluster bus (step 5 of
+//! docs/cluster-placement.md): versioned, length-prefixed, checked whole on the way in. Pure.
+
+/// Layout version, the first byte of every message. A message of another version is refused
+/// (its sender's client times out), never guessed at.
+pub const VERSION: u8 = 1;
+
+const KIND_REQUEST: u8 = 1;
+const KIND_ANSWER: u8 = 2;
+
+/// What a forwarded request asks of the owner of the item's canonical slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Exists,
+    Explain,
+    Add,
+    Del,
+}
+
+impl Op {
+    fn code(self) -> u8 {
+        match self {
+            Op::Exists => 0,
+            Op::Explain => 1,
+            Op::Add => 2,
+            Op::Del => 3,
+        }
+    }
+
+    fn from_code(c: u8) -> Option<Op> {
+        Some(match c {
+            0 => Op::Exists,
+            1 => Op::Explain,
+            2 => Op::Add,
+            3 => Op::Del,
+            _ => return None,
+        })
+    }
+}
+
+/// One request about one canonical item. `entity` and `scope` are final (the receiver does not
+/// canonicalize again); `expires_at` is an ADD's expiry in unix seconds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub id: u64,
+    pub op: Op,
+    pub set: String,
+    pub entity: String,
+    pub scope: String,
+    pub expires_at: Option<f64>,
+}
+
+/// The owner's reply to a request, as the asking client will get it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Answer {
+    /// `:n`
+    Int(i64),
+    /// `[n, path]` (MEMBER.EXPLAIN)
+    Explain(i64, String),
+    /// An error line, prefix included.
+    Error(String),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Message {
+    Request(Request),
+    Answer(u64, Answer),
+}
+
+/// Longest text field: set names are at most 40 bytes, canonical entities and scopes far less
+/// than this, error lines are cut to it.
+const MAX_TEXT: usize = u16::MAX as usize;
+
+fn put_text(out: &mut Vec<u8>, s: &str) {
+    let mut end = s.len().min(MAX_TEXT);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    out.extend_from_slice(&(end as u16).to_le_bytes());
+    out.extend_from_slice(&s.as_bytes()[..end]);
+}
+
+/// The bytes of `m`.
+pub fn encode(m: &Message) -> Vec<u8> {
+    let mut out = vec![VERSION];
+    match m {
+        Message::Request(r) => {
+            out.push(KIND_REQUEST);
+            out.extend_from_slice(&r.id.to_le_bytes());
+            out.push(r.op.code());
+            put_text(&mut out, &r.set);
+            put_text(&mut out, &r.entity);
+            put_text(&mut out, &r.scope);
+            match r.expires_at {
+                Some(at) => {
+                    out.push(1);
+                    out.extend_from_slice(&at.to_bits().to_le_bytes());
+                }
+                None => out.push(0),
+            }
+        }
+        Message::Answer(id, a) => {
+            out.push(KIND_ANSWER);
+            out.extend_from_slice(&id.to_le_bytes());
+            match a {
+                Answer::Int(n) => {
+                    out.push(0);
+                    out.extend_from_slice(&n.to_le_bytes());
+                }
+                Answer::Explain(n, path) => {
+                    out.push(1);
+                    out.extend_from_slice(&n.to_le_bytes());
+                    put_text(&mut out, path);
+                }
+                Answer::Error(text) => {
+                    out.push(2);
+                    put_text(&mut out, text);
+                }
+            }
+        }
+    }
+    out
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], &'static str> {
+        if self.0.len() < n {
+            return Err("truncated");
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, &'static str> {
+        Ok(self.take(1)?[0])
+    }
+    fn u64(&mut self) -> Result<u64, &'static str> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    fn text(&mut self) -> Result<String, &'static str> {
+        let n = u16::from_le_bytes(self.take(2)?.try_into().unwrap()) as usize;
+        let b = self.take(n)?;
+        let s = std::str::from_utf8(b).map_err(|_| "text not UTF-8")?;
+        if s.contains('\0') {
+            return Err("text holds NUL");
+        }
+        Ok(s.to_string())
+    }
+}
+
+/// Reads a message, all of it: anything short, long, of another version or otherwise odd is
+/// an error (the message is dropped; the asking client times out).
+pub fn decode(b: &[u8]) -> Result<Message, &'static str> {
+    let mut r = Reader(b);
+    if r.u8()? != VERSION {
+        return Err("unknown message version");
+    }
+    let m = match r.u8()? {
+        KIND_REQUEST => {
+            let id = r.u64()?;
+            let op = Op::from_code(r.u8()?).ok_or("unknown op")?;
+            let set = r.text()?;
+            if !crate::command::valid_set_name(set.as_bytes()) {
+                return Err("bad set name");
+            }
+            let entity = r.text()?;
+            if entity.is_empty() {
+                return Err("empty entity");
+            }
+            let scope = r.text()?;
+            let expires_at = match r.u8()? {
+                0 => None,
+                1 => {
+                    let at = f64::from_bits(r.u64()?);
+                    if !at.is_finite() {
+                        return Err("bad expiry");
+                    }
+                    Some(at)
+                }
+                _ => return Err("bad expiry flag"),
+            };
+            Message::Request(Request {
+                id,
+                op,
+                set,
+                entity,
+                scope,
+                expires_at,
+            })
+        }
+        KIND_ANSWER => {
+            let id = r.u64()?;
+            let a = match r.u8()? {
+                0 => Answer::Int(r.u64()? as i64),
+                1 => {
+                    let n = r.u64()? as i64;
+                    Answer::Explain(n, r.text()?)
+                }
+                2 => Answer::Error(r.text()?),
+                _ => return Err("unknown answer"),
+            };
+            Message::Answer(id, a)
+        }
+        _ => return Err("unknown message kind"),
+    };
+    if !r.0.is_empty() {
+        return Err("trailing bytes");
+    }
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(op: Op, expires_at: Option<f64>) -> Message {
+        Message::Request(Request {
+            id: u64::MAX - 7,
+            op,
+            set: "users".into(),
+            entity: "straße ünï".into(),
+            scope: "m1".into(),
+            expires_at,
+        })
+    }
+
+    #[test]
+    fn every_message_round_trips() {
+        let all = [
+            request(Op::Exists, None),
+            request(Op::Explain, None),
+            request(Op::Add, Some(1_900_000_000.5)),
+            request(Op::Del, None),
+            Message::Answer(1, Answer::Int(1)),
+            Message::Answer(2, Answer::Int(-3)),
+            Message::Answer(3, Answer::Explain(0, "bloom-negative".into())),
+            Message::Answer(4, Answer::Error("TRYAGAIN moving".into())),
+        ];
+        for m in all {
+            assert_eq!(decode(&encode(&m)), Ok(m.clone()), "{m:?}");
+        }
+    }
+
+    #[test]
+    fn anything_short_long_or_foreign_is_refused() {
+        let b = encode(&request(Op::Add, Some(5.0)));
+        for n in 0..b.len() {
+            assert!(decode(&b[..n]).is_err(), "prefix of {n} bytes");
+        }
+        let mut long = b.clone();
+        long.push(0);
+        assert_eq!(decode(&long), Err("trailing bytes"));
+        let mut other = b.clone();
+        other[0] = VERSION + 1;
+        assert_eq!(decode(&other), Err("unknown message version"));
+        let mut op = b.clone();
+        op[10] = 9;
+        assert_eq!(decode(&op), Err("unknown op"));
+        let bad_set = Message::Request(Request {
+            set: "Users".into(),
+            ..match request(Op::Del, None) {
+                Message::Request(r) => r,
+                _ => unreachable!(),
+            }
+        });
+        assert_eq!(decode(&encode(&bad_set)), Err("bad set name"));
+        let nan = encode(&request(Op::Add, Some(f64::NAN)));
+        assert_eq!(decode(&nan), Err("bad expiry"));
+    }
+
+    #[test]
+    fn random_bytes_never_panic() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for len in 0..200 {
+            let bytes: Vec<u8> = (0..len)
+                .map(|i| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    if i == 0 {
+                        VERSION
+                    } else {
+                        (x >> 24) as u8
+                    }
+                })
+                .collect();
+            let _ = decode(&bytes);
+        }
+    }
+
+    #[test]
+    fn long_error_text_is_cut_on_a_character_boundary() {
+        let text = "é".repeat(40_000);
+        let Ok(Message::Answer(_, Answer::Error(t))) =
+            decode(&encode(&Message::Answer(9, Answer::Error(text))))
+        else {
+            panic!()
+        };
+        assert!(t.len() <= MAX_TEXT && t.chars().all(|c| c == 'é'));
+    }
+}

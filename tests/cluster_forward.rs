@@ -1,0 +1,320 @@
+//! Issue 8, step 5 (docs/cluster-placement.md): a client routes by the bytes it sends, the
+//! module decides by the canonical form. A node that gets an item whose canonical form hashes
+//! to a slot another primary holds forwards it there over the cluster bus; the holder runs
+//! its own funnel and answers. One shared cluster (3 primaries, 3 replicas) for the file.
+mod support;
+
+use std::time::Duration;
+
+use redis::Connection;
+use support::cluster::{Cluster, Node};
+use support::member::*;
+use support::wait_until;
+
+/// Waits until every node answers "absent" from the filter for every slot it serves.
+fn wait_ready(cl: &Cluster, set: &str) {
+    for n in &cl.nodes {
+        let mut c = n.conn();
+        let ready = wait_until(Duration::from_secs(30), || {
+            let owned = set_info(&mut c, set, "cluster_slots_owned");
+            owned.is_some() && owned == set_info(&mut c, set, "cluster_slots_ready")
+        });
+        assert!(ready, "{set} never ready on {}", n.addr());
+    }
+}
+
+fn create(cl: &Cluster, set: &str, normalize: &str) {
+    ok(
+        &mut cl.nodes[0].conn(),
+        &["MEMBER.CREATE", set, "NORMALIZE", normalize],
+    );
+    wait_ready(cl, set);
+}
+
+/// The primary that the cluster routes `item` to.
+fn node_of<'a>(cl: &'a Cluster, item: &str) -> &'a Node {
+    cl.owner(cl.keyslot(item))
+}
+
+fn counter(n: &Node, name: &str) -> i64 {
+    info_field(&mut n.conn(), name)
+        .unwrap_or_else(|| panic!("no {name} on {}", n.addr()))
+        .parse()
+        .unwrap()
+}
+
+/// The spellings of item `i`: two a client may send, then the canonical one.
+type Forms = fn(usize) -> [String; 3];
+
+/// Three spellings of one item, `forms(i) = [a, b, canonical]`, whose slots lie on three
+/// different primaries: the first `i` for which that holds.
+fn spread(cl: &Cluster, forms: impl Fn(usize) -> [String; 3]) -> [String; 3] {
+    (0..500)
+        .map(forms)
+        .find(|f| {
+            let p: Vec<u16> = f.iter().map(|x| node_of(cl, x).port()).collect();
+            p[0] != p[1] && p[1] != p[2] && p[0] != p[2]
+        })
+        .expect("no spelling spread over three primaries")
+}
+
+/// The normalization test of the issue: ADD in one form, EXISTS in another, each sent where
+/// the cluster routes it, and three different primaries involved. The answers come from the
+/// holder of the canonical slot, through its funnel (a cache hit there, not a blind database
+/// read elsewhere), and its replica gets the effects.
+#[test]
+fn add_in_one_form_exists_in_another_on_a_third_node() {
+    let cl = Cluster::shared();
+    let spellings: [(&str, Forms); 2] = [
+        ("lower", |i| {
+            [
+                format!("  Alice-{i}"),
+                format!("ALICE-{i}"),
+                format!("alice-{i}"),
+            ]
+        }),
+        ("username", |i| {
+            [
+                format!("Ａｌｉｃｅ-{i} "),
+                format!("ALICE-{i}"),
+                format!("alice-{i}"),
+            ]
+        }),
+    ];
+    for (normalize, forms) in spellings {
+        let set = format!("fwd_{normalize}");
+        create(cl, &set, normalize);
+        let [a, b, canon] = spread(cl, forms);
+        let (na, nb, owner) = (node_of(cl, &a), node_of(cl, &b), node_of(cl, &canon));
+        let (sent, served) = (
+            counter(na, "forwarded_sent"),
+            counter(owner, "forwarded_served"),
+        );
+
+        assert_eq!(int(&mut na.conn(), &["MEMBER.ADD", &set, &a]), 1);
+        assert_eq!(int(&mut na.conn(), &["MEMBER.ADD", &set, &a]), 0, "{set}");
+        // (Other tests of this file forward too, through the same nodes: at least.)
+        assert!(counter(na, "forwarded_sent") >= sent + 2);
+        assert!(counter(owner, "forwarded_served") >= served + 2);
+
+        assert_eq!(int(&mut nb.conn(), &["MEMBER.EXISTS", &set, &b]), 1);
+        // The holder filled its cache on that lookup: the next answer, asked through the
+        // third node, is the holder's cache hit.
+        assert_eq!(explain(&mut nb.conn(), &set, &b), (1, "cache-hit".into()));
+        assert_eq!(int(&mut owner.conn(), &["MEMBER.EXISTS", &set, &canon]), 1);
+        // The cache entry is the holder's alone: the forwarding nodes wrote none.
+        let pattern = format!("member:*:{set}:hit:*");
+        for (n, want) in [(na, 0), (nb, 0), (owner, 1)] {
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(&pattern)
+                .query(&mut n.conn())
+                .unwrap();
+            assert_eq!(keys.len(), want, "{} holds {keys:?}", n.addr());
+        }
+        // The holder's replica got the effects, as for a local ADD.
+        let mut rc = cl.replica_of(owner).conn();
+        ok(&mut rc, &["READONLY"]);
+        assert!(
+            wait_until(Duration::from_secs(10), || int(
+                &mut rc,
+                &["MEMBER.EXISTS", &set, &canon]
+            ) == 1),
+            "replica of {} never saw {canon}",
+            owner.addr()
+        );
+    }
+}
+
+/// An item never added, asked in a non-canonical form: the holder's filter says no.
+#[test]
+fn a_missing_item_in_another_form_is_a_bloom_negative_of_the_holder() {
+    let cl = Cluster::shared();
+    let set = "fwd_missing";
+    create(cl, set, "lower");
+    let [a, b, canon] = spread(cl, |i| {
+        [
+            format!("Nobody-{i}"),
+            format!(" NOBODY-{i}"),
+            format!("nobody-{i}"),
+        ]
+    });
+    for form in [&a, &b] {
+        let n = node_of(cl, form);
+        assert_eq!(
+            explain(&mut n.conn(), set, form),
+            (0, "bloom-negative".into())
+        );
+        assert_eq!(int(&mut n.conn(), &["MEMBER.EXISTS", set, form]), 0);
+    }
+    assert_eq!(
+        explain(&mut node_of(cl, &canon).conn(), set, &canon),
+        (0, "bloom-negative".into())
+    );
+}
+
+/// DEL through a non-canonical form removes the membership for every form on every node;
+/// an ADD's expiry travels with it.
+#[test]
+fn del_and_expiry_travel_with_the_forwarded_write() {
+    let cl = Cluster::shared();
+    let set = "fwd_del";
+    create(cl, set, "lower");
+    let [a, b, canon] = spread(cl, |i| {
+        [
+            format!("Gone-{i}"),
+            format!("GONE-{i} "),
+            format!("gone-{i}"),
+        ]
+    });
+    assert_eq!(
+        int(
+            &mut node_of(cl, &canon).conn(),
+            &["MEMBER.ADD", set, &canon]
+        ),
+        1
+    );
+    for form in [&a, &b, &canon] {
+        assert_eq!(
+            int(&mut node_of(cl, form).conn(), &["MEMBER.EXISTS", set, form]),
+            1
+        );
+    }
+    assert_eq!(
+        int(&mut node_of(cl, &b).conn(), &["MEMBER.DEL", set, &b]),
+        1
+    );
+    assert_eq!(
+        int(&mut node_of(cl, &a).conn(), &["MEMBER.DEL", set, &a]),
+        0
+    );
+    for form in [&a, &b, &canon] {
+        let n = node_of(cl, form);
+        assert_eq!(
+            int(&mut n.conn(), &["MEMBER.EXISTS", set, form]),
+            0,
+            "{form}"
+        );
+    }
+
+    // TTL 1 through a forwarding node: a member now, gone once it expires.
+    let mut ca = node_of(cl, &a).conn();
+    assert_eq!(int(&mut ca, &["MEMBER.ADD", set, &a, "TTL", "1"]), 1);
+    assert_eq!(
+        int(
+            &mut node_of(cl, &canon).conn(),
+            &["MEMBER.EXISTS", set, &canon]
+        ),
+        1
+    );
+    assert!(wait_until(Duration::from_secs(10), || {
+        int(&mut ca, &["MEMBER.EXISTS", set, &a]) == 0
+    }));
+}
+
+/// Sets a module config on one node for the length of a test.
+struct Config<'a> {
+    node: &'a Node,
+    name: &'static str,
+    old: String,
+}
+
+impl<'a> Config<'a> {
+    fn set(node: &'a Node, name: &'static str, value: &str) -> Self {
+        let mut c = node.conn();
+        let v: Vec<String> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg(name)
+            .query(&mut c)
+            .unwrap();
+        ok(&mut c, &["CONFIG", "SET", name, value]);
+        Config {
+            node,
+            name,
+            old: v[1].clone(),
+        }
+    }
+}
+
+impl Drop for Config<'_> {
+    fn drop(&mut self) {
+        let _ = cmd(
+            &mut self.node.conn(),
+            &["CONFIG", "SET", self.name, &self.old],
+        );
+    }
+}
+
+/// The holder does not answer within the forwarding node's `member.db-timeout-ms` (its event
+/// loop sleeps): the client gets UNAVAILABLE, exactly once, and the late answer is dropped.
+/// The ADD itself may still happen (UNAVAILABLE leaves the outcome open): every node then
+/// agrees that it did.
+#[test]
+fn a_holder_too_slow_to_answer_gives_unavailable_and_nothing_wrong_after() {
+    let cl = Cluster::shared();
+    let set = "fwd_slow";
+    create(cl, set, "lower");
+    let [a, b, canon] = spread(cl, |i| {
+        [
+            format!("Slow-{i}"),
+            format!("SLOW-{i}"),
+            format!("slow-{i}"),
+        ]
+    });
+    let (na, owner) = (node_of(cl, &a), node_of(cl, &canon));
+    let timeouts = counter(na, "forwarded_timeouts");
+    let e = {
+        let _short = Config::set(na, "member.db-timeout-ms", "200");
+        let mut oc = owner.conn();
+        let sleeper = std::thread::spawn(move || {
+            let _: redis::Value = redis::cmd("DEBUG")
+                .arg("SLEEP")
+                .arg("0.8")
+                .query(&mut oc)
+                .unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let mut c: Connection = na.conn();
+        let e = err(&mut c, &["MEMBER.ADD", set, &a]);
+        sleeper.join().unwrap();
+        e
+    };
+    assert!(
+        e.starts_with("UNAVAILABLE the node holding the item's canonical slot did not answer"),
+        "{e}"
+    );
+    assert!(counter(na, "forwarded_timeouts") > timeouts);
+    assert!(wait_until(Duration::from_secs(5), || counter(
+        na,
+        "forwarded_waiting"
+    ) == 0));
+    // The owner ran the ADD once it woke: all forms agree, on every node they route to.
+    assert!(wait_until(Duration::from_secs(5), || int(
+        &mut owner.conn(),
+        &["MEMBER.EXISTS", set, &canon]
+    ) == 1));
+    for form in [&a, &b] {
+        assert_eq!(
+            int(&mut node_of(cl, form).conn(), &["MEMBER.EXISTS", set, form]),
+            1
+        );
+    }
+    assert_eq!(int(&mut na.conn(), &["MEMBER.ADD", set, &a]), 0);
+}
+
+/// `NORMALIZE none`: raw and canonical are one form, so each spelling is its own item,
+/// answered where it is routed.
+#[test]
+fn sets_without_normalization_keep_every_spelling_apart() {
+    let cl = Cluster::shared();
+    let set = "fwd_none";
+    create(cl, set, "none");
+    for i in 0..20 {
+        let item = format!("  Raw-{i}");
+        let mut c = node_of(cl, &item).conn();
+        assert_eq!(int(&mut c, &["MEMBER.ADD", set, &item]), 1);
+        assert_eq!(int(&mut c, &["MEMBER.EXISTS", set, &item]), 1);
+        let other = format!("raw-{i}");
+        let mut c = node_of(cl, &other).conn();
+        assert_eq!(explain(&mut c, set, &other), (0, "bloom-negative".into()));
+    }
+}

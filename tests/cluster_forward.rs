@@ -318,3 +318,79 @@ fn sets_without_normalization_keep_every_spelling_apart() {
         assert_eq!(explain(&mut c, set, &other), (0, "bloom-negative".into()));
     }
 }
+
+/// A tokenized set in a cluster: the membership is the token's, whose slot is unrelated to the
+/// raw item's, so calls are forwarded (token only) to the primary holding the token's slot.
+/// Every node needs the key.
+#[test]
+fn a_tokenized_set_is_served_by_the_holder_of_each_tokens_slot() {
+    let cl = Cluster::shared();
+    let dir = std::env::temp_dir().join(format!("member-cluster-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("token.key");
+    std::fs::write(
+        &key,
+        "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff",
+    )
+    .unwrap();
+    for n in &cl.nodes {
+        ok(
+            &mut n.conn(),
+            &[
+                "CONFIG",
+                "SET",
+                "member.token-key-file",
+                key.to_str().unwrap(),
+            ],
+        );
+    }
+    let set = "tokens";
+    ok(
+        &mut cl.nodes[0].conn(),
+        &[
+            "MEMBER.CREATE",
+            set,
+            "NORMALIZE",
+            "lower",
+            "TOKENIZE",
+            "hmac-sha256",
+        ],
+    );
+    wait_ready(cl, set);
+    let items: Vec<String> = (0..12).map(|i| format!("Card-{i}")).collect();
+    for it in &items {
+        assert_eq!(
+            int(&mut node_of(cl, it).conn(), &["MEMBER.ADD", set, it]),
+            1,
+            "{it}"
+        );
+    }
+    for it in &items {
+        // Another spelling, routed by its own bytes.
+        let other = it.to_uppercase();
+        assert_eq!(
+            int(
+                &mut node_of(cl, &other).conn(),
+                &["MEMBER.EXISTS", set, &other]
+            ),
+            1
+        );
+    }
+    let absent = "never-a-card";
+    assert_eq!(
+        explain(&mut node_of(cl, absent).conn(), set, absent),
+        (0, "bloom-negative".into())
+    );
+    // The database holds tokens only.
+    let raw: i64 = cl
+        .db
+        .client()
+        .query_one(
+            "SELECT count(*) FROM member_tokens WHERE entity_id ILIKE 'card-%'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(raw, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -33,6 +33,7 @@ pub mod rebuild;
 pub mod redact;
 pub mod replica_load;
 pub mod reply;
+pub mod set_def;
 pub mod slot_fill;
 pub mod state;
 pub mod sync;

@@ -11,37 +11,11 @@ use std::time::{Duration, Instant};
 
 use redis_module::{Context, RedisString};
 
-use crate::canon::Normalize;
 use crate::cluster::slotset::SlotSet;
 use crate::metrics::PathCounters;
 use crate::{config, filter_store, keys, rebuild};
 
-/// A set's settings, as stored in the `member_catalog` table.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SetDef {
-    pub name: String,
-    pub error_rate: f64,
-    pub capacity: u64,
-    pub cache_ttl: u64,
-    pub recent_ttl: u64,
-    pub normalize: Normalize,
-    /// Tokenization and the fingerprint of the key the set's tokens are made under.
-    pub tokenize: crate::token::Tokenize,
-}
-
-impl SetDef {
-    /// True when a setting the caller gave explicitly (`explicit`, in the order error rate,
-    /// capacity, cache TTL, recent TTL, normalize, tokenize) differs from the stored one. A
-    /// TOKENIZE mode is compared by name: a different key is `token_key::check`'s to report.
-    pub fn conflicts_with(&self, have: &SetDef, explicit: &[bool; 6]) -> bool {
-        (explicit[0] && self.error_rate != have.error_rate)
-            || (explicit[1] && self.capacity != have.capacity)
-            || (explicit[2] && self.cache_ttl != have.cache_ttl)
-            || (explicit[3] && self.recent_ttl != have.recent_ttl)
-            || (explicit[4] && self.normalize != have.normalize)
-            || (explicit[5] && self.tokenize.name() != have.tokenize.name())
-    }
-}
+pub use crate::set_def::{SetChange, SetDef};
 
 /// Hasher for keys that are already uniform hashes (the 128-bit canonical hash).
 #[derive(Default)]

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
-use super::internal;
-use super::{block_timeout, may_block, set_name, Options};
+use super::settings::{self, Given};
+use super::{block_timeout, internal, may_block, set_name};
 use crate::block::{Blocked, Completion};
 use crate::canon::Normalize;
-use crate::config::{self, parse_error_rate};
+use crate::config;
 use crate::db::sql::CatalogRow;
 use crate::db::{pool, sql, DbErr};
 use crate::state::{self, SetDef};
@@ -20,88 +20,38 @@ use crate::token::Tokenize;
 use crate::token_key;
 use crate::{error, filter_store, keys, mainq, metrics, rebuild};
 
-const OPTIONS: [&str; 6] = [
-    "ERROR",
-    "CAPACITY",
-    "CACHE-TTL",
-    "RECENT-TTL",
-    "NORMALIZE",
-    "TOKENIZE",
-];
-
-/// `TOKENIZE none|hmac-sha256`: a tokenized set records the loaded key's fingerprint.
-fn tokenize(v: Option<&RedisString>) -> Result<Tokenize, RedisError> {
-    let Some(v) = v else {
-        return Ok(Tokenize::None);
-    };
-    match v.as_slice().to_ascii_lowercase().as_slice() {
-        b"none" => Ok(Tokenize::None),
-        b"hmac-sha256" => {
-            let fingerprint =
-                token_key::fingerprint().ok_or(RedisError::Str(error::TOKENIZE_NEEDS_KEY))?;
-            Ok(Tokenize::HmacSha256 { fingerprint })
-        }
-        _ => Err(RedisError::Str(error::BAD_TOKENIZE)),
-    }
-}
-
 fn parse(args: Vec<RedisString>) -> Result<(SetDef, [bool; 6]), RedisError> {
     if args.len() < 2 || !args.len().is_multiple_of(2) {
         return Err(RedisError::WrongArity);
     }
     let mut it = args.into_iter().skip(1);
     let name = set_name(&it.next().unwrap())?;
-    let o = Options::parse(it, OPTIONS[0], &OPTIONS[1..])?;
-    let error_rate = match o.get("ERROR") {
-        Some(v) => std::str::from_utf8(v.as_slice())
-            .ok()
-            .and_then(parse_error_rate)
-            .ok_or(RedisError::Str(error::BAD_ERROR_RATE))?,
-        None => config::DEFAULT_ERROR_RATE.get(),
+    let given = Given::parse(it)?;
+    let explicit = given.explicit();
+    let c = given.change;
+    let relaxed = std::sync::atomic::Ordering::Relaxed;
+    let def = SetDef {
+        name,
+        error_rate: c
+            .error_rate
+            .unwrap_or_else(|| config::DEFAULT_ERROR_RATE.get()),
+        capacity: c
+            .capacity
+            .unwrap_or_else(|| config::DEFAULT_CAPACITY.load(relaxed) as u64),
+        cache_ttl: c
+            .cache_ttl
+            .unwrap_or_else(|| config::CACHE_TTL.load(relaxed) as u64),
+        recent_ttl: c
+            .recent_ttl
+            .unwrap_or_else(|| config::RECENT_TTL.load(relaxed) as u64),
+        normalize: given.normalize.unwrap_or(Normalize::None),
+        tokenize: given.tokenize.unwrap_or(Tokenize::None),
     };
-    let capacity = o
-        .int(
-            "CAPACITY",
-            1..=config::DEFAULT_CAPACITY_MAX,
-            error::BAD_CAPACITY,
-        )?
-        .unwrap_or_else(|| config::DEFAULT_CAPACITY.load(std::sync::atomic::Ordering::Relaxed));
-    let cache_ttl = o
-        .int(
-            "CACHE-TTL",
-            config::CACHE_TTL_MIN..=config::CACHE_TTL_MAX,
-            error::BAD_CACHE_TTL,
-        )?
-        .unwrap_or_else(|| config::CACHE_TTL.load(std::sync::atomic::Ordering::Relaxed));
-    let recent_ttl = o
-        .int(
-            "RECENT-TTL",
-            config::RECENT_TTL_MIN..=config::RECENT_TTL_MAX,
-            error::BAD_RECENT_TTL,
-        )?
-        .unwrap_or_else(|| config::RECENT_TTL.load(std::sync::atomic::Ordering::Relaxed));
-    let normalize = match o.get("NORMALIZE") {
-        Some(v) => Normalize::parse(v.as_slice()).ok_or(RedisError::Str(error::BAD_NORMALIZE))?,
-        None => Normalize::None,
-    };
-    let tokenize = tokenize(o.get("TOKENIZE"))?;
     // Checked before anything is allocated or written: the filter these settings need must
     // fit under the ceiling (a smaller one would break the promised rate).
-    crate::filter::check_size(capacity as u64, error_rate, config::max_filter_bytes())
+    settings::check_filter_size(def.capacity, def.error_rate)
         .map_err(|e| RedisError::String(format!("ERR {e}")))?;
-    let explicit = OPTIONS.map(|n| o.get(n).is_some());
-    Ok((
-        SetDef {
-            name,
-            error_rate,
-            capacity: capacity as u64,
-            cache_ttl: cache_ttl as u64,
-            recent_ttl: recent_ttl as u64,
-            normalize,
-            tokenize,
-        },
-        explicit,
-    ))
+    Ok((def, explicit))
 }
 
 thread_local! {

@@ -9,6 +9,7 @@ pub mod info;
 pub mod internal;
 pub mod lookup;
 pub mod rebuild;
+pub mod settings;
 pub mod write;
 
 use std::time::Duration;

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use redis_module::{Context, RedisError, RedisResult, RedisValue};
+use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisValue};
 
 use crate::block::{Blocked, Completion};
 use crate::command::may_block;
@@ -251,7 +251,9 @@ pub fn learn(ctx: &Context, def: SetDef, id: Option<i64>) -> bool {
         forget(ctx, &def.name);
     }
     let name = def.name.clone();
-    let new = state::register(def);
+    let before = state::with(|r| r.sets.get(&name).map(|s| s.def.clone()));
+    let resize = before.as_ref().filter(|b| b.filter_differs(&def)).cloned();
+    let new = state::register(def.clone());
     if let Some(id) = id {
         state::with(|r| {
             if let Some(s) = r.sets.get_mut(&name) {
@@ -259,7 +261,29 @@ pub fn learn(ctx: &Context, def: SetDef, id: Option<i64>) -> bool {
             }
         });
     }
+    if let Some(b) = resize {
+        resized(ctx, &b, &def);
+    }
     new
+}
+
+/// ERROR or CAPACITY of a set this node holds changed (MEMBER.ALTER, here or elsewhere): a
+/// primary rebuilds its filter with them (a running build is followed by one, see
+/// `rebuild::finish`); a replica gets its primary's.
+fn resized(ctx: &Context, before: &SetDef, def: &SetDef) {
+    if ctx.get_flags().contains(ContextFlags::SLAVE) {
+        return;
+    }
+    crate::reply::log(
+        ctx,
+        crate::reply::Level::Notice,
+        &format!(
+            "libmember: set '{}' altered (ERROR {} -> {}, CAPACITY {} -> {}): rebuilding its \
+             filter; the current one serves until the swap",
+            def.name, before.error_rate, def.error_rate, before.capacity, def.capacity
+        ),
+    );
+    crate::rebuild::start(&def.name, crate::rebuild::Reason::Alter);
 }
 
 /// Forgets a dropped set on this node: its definition, recent-writes marks and counters, a

@@ -44,6 +44,17 @@ pub const MANY_IN_CLUSTER: &str = "ERR MEMBER.MEXISTS and MEMBER.MADD are refuse
 pub const DUPLICATE_OPTION: &str = "ERR option given more than once";
 pub const SET_EXISTS_DIFFERENT: &str =
     "ERR set already exists with different settings (see MEMBER.INFO)";
+/// MEMBER.ALTER without a setting to change.
+pub const ALTER_NOTHING: &str =
+    "ERR MEMBER.ALTER needs at least one of ERROR, CAPACITY, CACHE-TTL, RECENT-TTL";
+/// MEMBER.ALTER … NORMALIZE: never allowed.
+pub const ALTER_NORMALIZE: &str = "ERR NORMALIZE cannot be changed: the set's rows, cached \
+     entries and filter bits are all stored in its normalized form (items that were distinct \
+     could become one); create a new set with the new NORMALIZE and copy the rows into it";
+/// MEMBER.ALTER … TOKENIZE: never allowed.
+pub const ALTER_TOKENIZE: &str = "ERR TOKENIZE cannot be changed: the set's rows are stored as \
+     they were made (tokens cannot be turned back into items, nor items into tokens without \
+     the raw items); create a new set and refill it from the source of the raw items";
 pub const NEEDS_BLOCKING: &str =
     "ERR this call needs the database and cannot block inside MULTI/EXEC, Lua or functions";
 pub const REBUILD_RUNNING: &str = "ERR a rebuild of this set is already running (see MEMBER.INFO)";

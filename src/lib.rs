@@ -53,6 +53,10 @@ use redact::Shape;
 fn member_create(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
     reply::guard(ctx, "MEMBER.CREATE", || create::create(ctx, args))
 }
+/// MEMBER.ALTER <set> [ERROR <rate>] [CAPACITY <n>] [CACHE-TTL <s>] [RECENT-TTL <s>] [SYNC]
+fn member_alter(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
+    reply::guard(ctx, "MEMBER.ALTER", || command::alter::alter(ctx, args))
+}
 /// MEMBER.DROP <set> [DELETE-DATA]
 fn member_drop(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
     reply::guard(ctx, "MEMBER.DROP", || command::drop::drop(ctx, args))
@@ -168,6 +172,7 @@ fn on_loading(_ctx: &Context, event: redis_module::server_events::LoadingSubeven
 /// never an ACL key); set-wide and internal ones declare no key and run on any node.
 const COMMAND_INFO: &[Info] = &[
     Info::anywhere("member.create", -2),
+    Info::anywhere("member.alter", -3),
     Info::by_item("member.add", -3, Item::Insert),
     Info::by_item("member.exists", -3, Item::Read),
     Info::by_item("member.del", -3, Item::Delete),
@@ -221,6 +226,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         ctx,
         &[
             "member.create",
+            "member.alter",
             "member.add",
             "member.exists",
             "member.del",
@@ -247,6 +253,7 @@ redis_module! {
     info: info_member,
     commands: [
         ["member.create", member_create, "write deny-oom", 0, 0, 0, ""],
+        ["member.alter", member_alter, "write deny-oom", 0, 0, 0, ""],
         ["member.drop", member_drop, "write", 0, 0, 0, ""],
         ["member.add", member_add, "write deny-oom", 0, 0, 0, ""],
         ["member.del", member_del, "write", 0, 0, 0, ""],

@@ -18,8 +18,36 @@ use crate::filter_type::FilterValue;
 use crate::state::{self, Rebuild};
 use crate::{config, mainq, metrics};
 
-/// Starts a rebuild of `name`. Returns false if one is already running (or no such set).
-pub fn start(name: &str) -> bool {
+/// Why a rebuild started (MEMBER.INFO `last_rebuild_reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// MEMBER.CREATE's first build.
+    Create,
+    /// MEMBER.REBUILD.
+    Manual,
+    /// The filter was missing or incomplete (housekeeping).
+    Incomplete,
+    /// `member.rebuild-interval-s`.
+    Periodic,
+    /// ERROR or CAPACITY changed (MEMBER.ALTER here or on another node).
+    Alter,
+}
+
+impl Reason {
+    pub fn name(self) -> &'static str {
+        match self {
+            Reason::Create => "create",
+            Reason::Manual => "manual",
+            Reason::Incomplete => "incomplete",
+            Reason::Periodic => "periodic",
+            Reason::Alter => "alter",
+        }
+    }
+}
+
+/// Starts a rebuild of `name` for `reason`. Returns false if one is already running (or no
+/// such set).
+pub fn start(name: &str, reason: Reason) -> bool {
     let started = state::with(|r| {
         let epoch = r.epoch;
         let s = r.sets.get_mut(name)?;
@@ -37,6 +65,8 @@ pub fn start(name: &str) -> bool {
                 .union_with(slots);
         }
         s.rebuild = Rebuild::Running {
+            reason,
+            built_for: s.def.clone(),
             epoch,
             started: Instant::now(),
             rows: rows.clone(),
@@ -130,6 +160,8 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
             return None;
         }
         let Rebuild::Running {
+            reason,
+            built_for,
             epoch,
             started,
             journal,
@@ -140,17 +172,25 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
         else {
             return None;
         };
-
+        // ERROR or CAPACITY changed while it ran: this build is installed (it is complete),
+        // and one with the new settings follows at once.
+        let again = built_for.filter_differs(&s.def);
         Some((
             (s.def.clone(), s.catalog_id, overflowed),
             s.filter_key.clone(),
-            epoch,
-            started,
+            (epoch, started, reason, again),
             journal,
             waiters,
         ))
     });
-    let Some(((def, catalog_id, overflowed), key, epoch, started, journal, waiters)) = done else {
+    let Some((
+        (def, catalog_id, overflowed),
+        key,
+        (epoch, started, reason, again),
+        journal,
+        waiters,
+    )) = done
+    else {
         return;
     };
     // A journal that could not hold every add would leave the new filter short of some: the
@@ -173,6 +213,7 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
             rows,
         }) => {
             let swap = Instant::now();
+            let bits = filter.bloom.bits();
             filter.bloom.add_many(&journal);
             internal::replicate_built_filter(ctx, &key, &payload.0, &journal);
             drop(payload);
@@ -187,9 +228,11 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
                 ctx,
                 crate::reply::Level::Notice,
                 &format!(
-                    "libmember: rebuilt set '{name}': {rows} members in {:.3} s; the swap ({} \
-                 journaled adds) held the main thread {:.3} ms",
+                    "libmember: rebuilt set '{name}' ({}): {rows} members in {:.3} s, filter of \
+                 {} bits; the swap ({} journaled adds) held the main thread {:.3} ms",
+                    reason.name(),
                     started.elapsed().as_secs_f64(),
+                    bits,
                     journal.len(),
                     swap.elapsed().as_secs_f64() * 1e3
                 ),
@@ -202,14 +245,23 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
                 ctx,
                 crate::reply::Level::Warning,
                 &format!(
-                    "libmember: rebuild of set '{name}' failed: {}",
+                    "libmember: rebuild of set '{name}' ({}) failed: {}",
+                    reason.name(),
                     e.reply_text()
                 ),
             );
             Err(e.reply_text())
         }
     };
+    if again {
+        start(name, Reason::Alter);
+    }
     for (w, kind) in waiters {
+        if again && kind == Reply::Altered {
+            // MEMBER.ALTER SYNC waits for a filter with the settings it set.
+            wait(name, w, kind);
+            continue;
+        }
         let rows = outcome
             .as_ref()
             .map(|(rows, _)| *rows)
@@ -220,6 +272,7 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
         if let Some(s) = r.sets.get_mut(name) {
             s.next_rebuild_try = outcome.is_err().then(state::retry_at);
             s.last_rebuild = Some((Instant::now(), outcome));
+            s.last_rebuild_reason = Some(reason);
         }
     });
 }
@@ -231,6 +284,8 @@ pub enum Reply {
     Rows,
     /// MEMBER.CREATE: OK.
     Ok,
+    /// MEMBER.ALTER SYNC: OK once a filter with the settings it set is in.
+    Altered,
 }
 
 /// The reply of a rebuild's waiter: members loaded (or OK), or why the rebuild failed.
@@ -241,7 +296,7 @@ impl Completion for RebuildReply {
     fn reply(&mut self, _ctx: &Context) -> RedisResult {
         match (&self.0, self.1) {
             (Ok(n), Reply::Rows) => Ok(RedisValue::Integer(*n as i64)),
-            (Ok(_), Reply::Ok) => Ok(RedisValue::SimpleStringStatic("OK")),
+            (Ok(_), Reply::Ok | Reply::Altered) => Ok(RedisValue::SimpleStringStatic("OK")),
             (Err(e), _) => Err(RedisError::String(e.clone())),
         }
     }

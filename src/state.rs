@@ -66,6 +66,9 @@ struct Mark {
 pub enum Rebuild {
     Idle,
     Running {
+        reason: crate::rebuild::Reason,
+        /// The definition the build sizes its filter by (ERROR, CAPACITY).
+        built_for: SetDef,
         /// Promotion epoch when the build started.
         epoch: u64,
         started: Instant,
@@ -107,6 +110,8 @@ pub struct SetState {
     pub rebuild: Rebuild,
     /// When the last rebuild ended, and its rows and duration or its error.
     pub last_rebuild: Option<(Instant, RebuildOutcome)>,
+    /// Why the last rebuild ran.
+    pub last_rebuild_reason: Option<crate::rebuild::Reason>,
     pub next_rebuild_try: Option<Instant>,
     pub sync: crate::sync::SyncState,
     /// The promotion epoch in which this set's filter last caught up (see `Registry::epoch`).
@@ -155,6 +160,7 @@ impl SetState {
             generation: 0,
             rebuild: Rebuild::Idle,
             last_rebuild: None,
+            last_rebuild_reason: None,
             next_rebuild_try: None,
             sync: Default::default(),
             synced_epoch: 0,
@@ -400,7 +406,11 @@ pub fn built_since(r: &mut Registry, set: &str, started: Instant) {
 pub fn register(def: SetDef) -> bool {
     with(|r| match r.sets.get_mut(&def.name) {
         Some(s) => {
-            s.def = def;
+            if s.def != def {
+                s.def = def;
+                // A catalog read sent before this change is not applied over it.
+                r.catalog.changes += 1;
+            }
             false
         }
         None => {
@@ -480,8 +490,10 @@ pub fn housekeeping(ctx: &Context) {
     });
     for (name, key, due) in idle {
         let complete = filter_store::with(ctx, &key, |f| f.cov.complete).unwrap_or(false);
-        if !complete || due {
-            rebuild::start(&name);
+        if !complete {
+            rebuild::start(&name, rebuild::Reason::Incomplete);
+        } else if due {
+            rebuild::start(&name, rebuild::Reason::Periodic);
         }
     }
     if crate::cluster::enabled() {

@@ -168,7 +168,7 @@ fn catalog_done(ctx: &Context, id: u64, res: Result<CatalogRow, DbErr>) {
     if complete {
         internal::replicate_set(ctx, &def, Some(row.id));
     } else if unusable.is_some() {
-        rebuild::start(&def.name);
+        rebuild::start(&def.name, rebuild::Reason::Create);
     }
     if complete || unusable.is_some() {
         if let Some(w) = waiter {
@@ -180,7 +180,7 @@ fn catalog_done(ctx: &Context, id: u64, res: Result<CatalogRow, DbErr>) {
     // for the build that makes the filter complete. Replicas learn the definition with the
     // built filter (one `MEMBER._SET`, then `MEMBER._LOAD`), so they never start a build of
     // their own for it.
-    rebuild::start(&def.name);
+    rebuild::start(&def.name, rebuild::Reason::Create);
     if let Some(w) = waiter {
         rebuild::wait(&def.name, w, rebuild::Reply::Ok);
     }

@@ -109,12 +109,14 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
             match &s.rebuild {
                 Rebuild::Idle => out.push(("rebuild_state", "idle".into())),
                 Rebuild::Running {
+                    reason,
                     started,
                     rows,
                     estimate,
                     ..
                 } => {
                     out.push(("rebuild_state", "running".into()));
+                    out.push(("rebuild_reason", reason.name().into()));
                     let n = rows.load(Ordering::Relaxed);
                     let estimate = estimate.load(Ordering::Relaxed);
                     out.push(("rebuild_rows", n.to_string()));
@@ -143,6 +145,10 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
                     out.push(("last_rebuild_error", e.clone()));
                 }
             }
+            out.push((
+                "last_rebuild_reason",
+                s.last_rebuild_reason.map_or("none", |r| r.name()).into(),
+            ));
             out.push(("recent_marks", s.recent_marks().to_string()));
             out.push((
                 "sync_age_ms",

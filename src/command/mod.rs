@@ -1,6 +1,7 @@
 //! The command layer: parse arguments into typed requests, hand them to the funnel or the
 //! database, reply. No SQL here.
 
+pub mod alter;
 pub mod batch;
 pub mod create;
 pub mod drop;

@@ -38,7 +38,7 @@ pub fn rebuild(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         };
         let asked = name.clone();
         let then: catalog::Then = Box::new(move |_ctx, blocked| {
-            if !rebuild::start(&asked) {
+            if !rebuild::start(&asked, rebuild::Reason::Manual) {
                 blocked.finish(Box::new(Fail(error::REBUILD_RUNNING.into())));
             } else if sync {
                 rebuild::wait(&asked, blocked.with_fallback(lost()), Reply::Rows);
@@ -51,7 +51,7 @@ pub fn rebuild(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if sync {
         may_block(ctx)?;
     }
-    if !rebuild::start(&name) {
+    if !rebuild::start(&name, rebuild::Reason::Manual) {
         return Err(RedisError::Str(error::REBUILD_RUNNING));
     }
     if !sync {

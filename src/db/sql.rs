@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use super::{prepared, Db, DbErr};
 use crate::canon::{self, Normalize};
 use crate::error;
-use crate::state::SetDef;
+use crate::state::{SetChange, SetDef};
 use crate::token::Tokenize;
 
 const ADVISORY_KEY: i64 = 0x6c69_626d_656d; // "libmem"
@@ -341,6 +341,68 @@ pub fn drop_set(db: &mut Db, name: &str, delete_data: bool) -> Result<bool, DbEr
         tx.commit()?;
         Ok(true)
     })
+}
+
+/// What MEMBER.ALTER did to a set's catalog row: the row as stored now, and the definition
+/// it replaced.
+#[derive(Clone, Debug)]
+pub struct Altered {
+    pub row: CatalogRow,
+    pub before: SetDef,
+}
+
+/// Changes a set's settings in its catalog row, in one transaction that bumps the catalog
+/// version (every node learns the new definition at its next check). Serialized with CREATE,
+/// DROP and other ALTERs by the catalog's advisory lock, so each applies its own settings to
+/// the row as the one before it left it. `check` sees a new definition that needs another
+/// filter (ERROR or CAPACITY changed) first and may refuse it with a reason (`ERR <reason>`;
+/// nothing is changed then). `None` when the catalog
+/// has no such set; a change that changes nothing writes nothing.
+pub fn alter_set(
+    db: &mut Db,
+    name: &str,
+    change: &SetChange,
+    check: &dyn Fn(&SetDef) -> Result<(), String>,
+) -> Result<Option<Altered>, DbErr> {
+    let done = db.run_once(|c, _| {
+        let mut tx = c.transaction()?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
+        tx.batch_execute(CATALOG_DDL)?;
+        let sql = format!(
+            "SELECT {} FROM member_catalog a WHERE name = $1",
+            catalog_columns("a")
+        );
+        let Some(before) = tx.query_opt(&sql, &[&name])?.and_then(|r| row_at(&r, 0)) else {
+            return Ok(Ok(None));
+        };
+        let def = change.applied_to(&before.def);
+        if def.filter_differs(&before.def) {
+            if let Err(why) = check(&def) {
+                return Ok(Err(why));
+            }
+        }
+        if def != before.def {
+            tx.execute(
+                "UPDATE member_catalog SET error_rate = $2, capacity = $3, cache_ttl = $4,
+                                           recent_ttl = $5
+                  WHERE name = $1",
+                &[
+                    &name,
+                    &def.error_rate,
+                    &(def.capacity as i64),
+                    &(def.cache_ttl as i32),
+                    &(def.recent_ttl as i32),
+                ],
+            )?;
+            tx.execute(BUMP_VERSION, &[])?;
+            tx.commit()?;
+        }
+        Ok(Ok(Some(Altered {
+            row: CatalogRow { def, id: before.id },
+            before: before.def,
+        })))
+    })?;
+    done.map_err(DbErr::Invalid)
 }
 
 /// Inserts memberships with one multi-row statement. For each item, true when the call made

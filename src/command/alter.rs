@@ -1,0 +1,191 @@
+//! MEMBER.ALTER: changes a set's ERROR, CAPACITY, CACHE-TTL or RECENT-TTL in the catalog (on a
+//! worker); a new ERROR or CAPACITY rebuilds the filter in the background, the old one serving.
+
+use std::time::Duration;
+
+use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
+
+use super::settings::{self, Given};
+use super::{block_timeout, internal, may_block, set_name};
+use crate::block::{Blocked, Completion};
+use crate::db::sql::{self, Altered};
+use crate::db::{pool, DbErr};
+use crate::rebuild::{self, Reply};
+use crate::state::{self, Rebuild, SetChange, SetDef};
+use crate::{catalog, error, filter_store, keys, limits, mainq};
+
+/// A parsed MEMBER.ALTER.
+#[derive(Debug)]
+struct Request {
+    name: String,
+    change: SetChange,
+    sync: bool,
+}
+
+fn parse(mut args: Vec<RedisString>) -> Result<Request, RedisError> {
+    if args.len() < 3 {
+        return Err(RedisError::WrongArity);
+    }
+    let sync = args.len() % 2 == 1
+        && args
+            .last()
+            .is_some_and(|a| a.as_slice().eq_ignore_ascii_case(b"SYNC"));
+    if sync {
+        args.pop();
+    }
+    if args.len() % 2 == 1 {
+        return Err(RedisError::WrongArity);
+    }
+    let name = set_name(&args[1])?;
+    // Refused by name, whatever the value: these two can never change.
+    for opt in args.iter().skip(2).step_by(2) {
+        let opt = opt.as_slice();
+        if opt.eq_ignore_ascii_case(b"NORMALIZE") {
+            return Err(RedisError::Str(error::ALTER_NORMALIZE));
+        }
+        if opt.eq_ignore_ascii_case(b"TOKENIZE") {
+            return Err(RedisError::Str(error::ALTER_TOKENIZE));
+        }
+    }
+    let change = Given::parse(args.into_iter().skip(2))?.change;
+    if change.is_empty() {
+        return Err(RedisError::Str(error::ALTER_NOTHING));
+    }
+    Ok(Request { name, change, sync })
+}
+
+/// MEMBER.ALTER <set> [ERROR <rate>] [CAPACITY <n>] [CACHE-TTL <s>] [RECENT-TTL <s>] [SYNC]
+///
+/// `OK` once the catalog row holds the new settings (every node learns them at its next
+/// catalog check, replicas through `MEMBER._SET`). A new ERROR or CAPACITY starts a rebuild
+/// with them; the old filter serves until the new one is swapped in. With `SYNC` the client
+/// (not the server) waits for that swap.
+pub fn alter(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    let Request { name, change, sync } = parse(args)?;
+    crate::acl::check_set(ctx, &name, crate::acl::Access::Write)?;
+    may_block(ctx)?;
+    // The new filter must fit, for CAPACITY or for the members this node's filter holds now,
+    // under the ceiling and in what maxmemory leaves: checked against the stored settings the
+    // change applies to, before anything is written.
+    let budget = limits::refresh_memory_budget(ctx);
+    let items = state::with(|r| r.sets.get(&name).map(|s| s.filter_key.clone()))
+        .and_then(|k| keys::with_db0(ctx, |ctx| filter_store::with(ctx, &k, |f| f.bloom.items())))
+        .unwrap_or(0);
+    let check = move |d: &SetDef| -> Result<(), String> {
+        let members = d.capacity.max(items);
+        settings::check_filter_size(members, d.error_rate)?;
+        limits::check_memory(crate::filter::bytes_for(members, d.error_rate), budget)
+    };
+    // Without SYNC the reply waits for the catalog step only, bounded like any database call;
+    // with SYNC for the rebuild too, like MEMBER.REBUILD SYNC.
+    let timeout = if sync {
+        Duration::ZERO
+    } else {
+        block_timeout()
+    };
+    let blocked = Blocked::block(
+        ctx,
+        timeout,
+        Box::new(Answer(Err(error::WORKER_LOST.into()))),
+    );
+    let step = Step {
+        name,
+        sync,
+        removals: state::with(|r| r.catalog.removals),
+        blocked: Some(blocked),
+        result: None,
+    };
+    pool::run(move |db| {
+        let mut step = step;
+        step.result = Some(sql::alter_set(db, &step.name, &change, &check));
+    });
+    Ok(RedisValue::NoReply)
+}
+
+/// The catalog step in flight. However it ends (done, dropped unrun, panicked), its result
+/// reaches the main thread exactly once, with the client's handle.
+struct Step {
+    name: String,
+    sync: bool,
+    /// `Catalog::removals` when the step was sent.
+    removals: u64,
+    blocked: Option<Blocked>,
+    result: Option<Result<Option<Altered>, DbErr>>,
+}
+
+impl Drop for Step {
+    fn drop(&mut self) {
+        let (name, sync, removals) = (std::mem::take(&mut self.name), self.sync, self.removals);
+        let blocked = self.blocked.take();
+        let res = self
+            .result
+            .take()
+            .unwrap_or_else(|| Err(DbErr::Unavailable(error::WORKER_LOST.into())));
+        mainq::post(Box::new(move |ctx| {
+            if let Some(blocked) = blocked {
+                done(ctx, &name, sync, removals, blocked, res)
+            }
+        }));
+    }
+}
+
+/// Main thread: the catalog was changed (or not). The new definition is applied here and
+/// replicated, even when the client has timed out meanwhile.
+fn done(
+    ctx: &Context,
+    name: &str,
+    sync: bool,
+    removals: u64,
+    blocked: Blocked,
+    res: Result<Option<Altered>, DbErr>,
+) {
+    let altered = match res {
+        Ok(Some(a)) => a,
+        Ok(None) => return blocked.finish(Box::new(Answer(Err(error::UNKNOWN_SET.into())))),
+        Err(e) => return blocked.finish(Box::new(Answer(Err(e.reply_text())))),
+    };
+    let resized = altered.before.filter_differs(&altered.row.def);
+    let applied = apply(ctx, &altered, removals);
+    let running = state::with(|r| {
+        r.sets
+            .get(name)
+            .is_some_and(|s| matches!(s.rebuild, Rebuild::Running { .. }))
+    });
+    if sync && applied && resized && running {
+        rebuild::wait(name, blocked, Reply::Altered);
+    } else {
+        blocked.finish(Box::new(Answer(Ok(()))));
+    }
+}
+
+/// Makes this node (and its replicas) hold the altered definition, unless what it holds now
+/// is newer: the set was dropped here since the step was sent (a DROP that came after), or
+/// this node already holds a later incarnation of the name (a catalog row created after the
+/// altered one: row identities are creation times). True when applied.
+fn apply(ctx: &Context, altered: &Altered, removals: u64) -> bool {
+    let row = &altered.row;
+    let current = state::with(|r| match r.sets.get(&row.def.name) {
+        Some(s) => s.catalog_id.is_none_or(|held| held <= row.id),
+        None => r.catalog.removals == removals,
+    });
+    if !current {
+        return false;
+    }
+    // Starts the rebuild when ERROR or CAPACITY changed (`catalog::learn`).
+    catalog::learn(ctx, row.def.clone(), Some(row.id));
+    internal::replicate_set(ctx, &row.def, Some(row.id));
+    true
+}
+
+/// ALTER's reply: OK, or why not.
+struct Answer(Result<(), String>);
+
+impl Completion for Answer {
+    fn apply(&mut self, _ctx: &Context) {}
+    fn reply(&mut self, _ctx: &Context) -> RedisResult {
+        match &self.0 {
+            Ok(()) => Ok(RedisValue::SimpleStringStatic("OK")),
+            Err(e) => Err(RedisError::String(e.clone())),
+        }
+    }
+}

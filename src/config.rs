@@ -120,6 +120,16 @@ pub const ACL_SETS_DEFAULT: bool = true;
 pub static ACL_SETS: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(ACL_SETS_DEFAULT);
 
+pub const AUTO_GROW_DEFAULT: bool = true;
+/// Rebuild a set's filter by itself, sized for twice its rows, once its estimated FPR is
+/// above twice its ERROR (`grow.rs`).
+pub static AUTO_GROW: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(AUTO_GROW_DEFAULT);
+
+pub fn auto_grow() -> bool {
+    AUTO_GROW.load(Ordering::Relaxed)
+}
+
 pub const ERROR_RATE_DEFAULT: &str = "0.01";
 pub const ERROR_RATE_MIN: f64 = 0.000_001;
 pub const ERROR_RATE_MAX: f64 = 0.5;

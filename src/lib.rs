@@ -23,6 +23,7 @@ pub mod filter;
 pub mod filter_store;
 pub mod filter_type;
 pub mod funnel;
+pub mod grow;
 pub mod keys;
 pub mod known_absent;
 pub mod limits;
@@ -297,6 +298,7 @@ redis_module! {
         ],
         bool: [
             ["acl-sets", &ACL_SETS, ACL_SETS_DEFAULT, ConfigurationFlags::DEFAULT, None],
+            ["auto-grow", &AUTO_GROW, AUTO_GROW_DEFAULT, ConfigurationFlags::DEFAULT, None],
         ],
         enum: [],
         module_args_as_configuration: true,

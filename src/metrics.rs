@@ -134,6 +134,8 @@ pub struct Global {
     pub exists_latency: Histogram,
     pub db_timeouts: u64,
     pub rebuilds_done: u64,
+    /// Rebuilds `member.auto-grow` started.
+    pub auto_grow_rebuilds: u64,
     /// Replicated filters (`MEMBER._LOAD`) decoded off the main thread and swapped in.
     pub loads_off_thread: u64,
     pub rebuilds_failed: u64,

@@ -31,6 +31,8 @@ pub enum Reason {
     Periodic,
     /// ERROR or CAPACITY changed (MEMBER.ALTER here or on another node).
     Alter,
+    /// The set outgrew its filter (`member.auto-grow`): sized for twice its rows.
+    AutoGrow,
 }
 
 impl Reason {
@@ -41,6 +43,7 @@ impl Reason {
             Reason::Incomplete => "incomplete",
             Reason::Periodic => "periodic",
             Reason::Alter => "alter",
+            Reason::AutoGrow => "auto-grow",
         }
     }
 }
@@ -96,7 +99,9 @@ pub fn start(name: &str, reason: Reason) -> bool {
                         // slot column here, waiting at most a database timeout for the lock.
                         db::keyslot::ensure_slot_column(&mut c, &def.name, config::db_timeout_ms())
                             .map_err(|e| db::classify(&e))?;
-                        db::build::build_filter(&mut c, &def, slots.as_ref(), &rows, &estimate)
+                        let grow = reason == Reason::AutoGrow;
+                        let progress = (&*rows, &*estimate);
+                        db::build::build_filter(&mut c, &def, slots.as_ref(), grow, progress)
                     })
                     .map(|b| Ready::new(b, &def.name, slots))
             }))
@@ -268,11 +273,15 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
             .map_err(|e| e.clone());
         w.finish(Box::new(RebuildReply(rows, kind)));
     }
+    let ok = outcome.is_ok();
     state::with(|r| {
         if let Some(s) = r.sets.get_mut(name) {
             s.next_rebuild_try = outcome.is_err().then(state::retry_at);
             s.last_rebuild = Some((Instant::now(), outcome));
             s.last_rebuild_reason = Some(reason);
+            if reason == Reason::AutoGrow {
+                s.grow.finished(ok, Instant::now());
+            }
         }
     });
 }

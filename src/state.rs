@@ -112,6 +112,8 @@ pub struct SetState {
     pub last_rebuild: Option<(Instant, RebuildOutcome)>,
     /// Why the last rebuild ran.
     pub last_rebuild_reason: Option<crate::rebuild::Reason>,
+    /// Automatic growth of the filter (`grow.rs`).
+    pub grow: crate::grow::Grow,
     pub next_rebuild_try: Option<Instant>,
     pub sync: crate::sync::SyncState,
     /// The promotion epoch in which this set's filter last caught up (see `Registry::epoch`).
@@ -161,6 +163,7 @@ impl SetState {
             rebuild: Rebuild::Idle,
             last_rebuild: None,
             last_rebuild_reason: None,
+            grow: Default::default(),
             next_rebuild_try: None,
             sync: Default::default(),
             synced_epoch: 0,
@@ -496,6 +499,7 @@ pub fn housekeeping(ctx: &Context) {
             rebuild::start(&name, rebuild::Reason::Periodic);
         }
     }
+    crate::grow::check(ctx, now);
     if crate::cluster::enabled() {
         if let Some(at) = crate::cluster::owner::poll(ctx) {
             catch_up_at(at);

@@ -149,6 +149,11 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
                 "last_rebuild_reason",
                 s.last_rebuild_reason.map_or("none", |r| r.name()).into(),
             ));
+            out.push(("auto_grow", (config::auto_grow() as u8).to_string()));
+            out.push(("auto_grow_rebuilds", s.grow.rebuilds.to_string()));
+            if let Some(e) = &s.grow.error {
+                out.push(("auto_grow_error", e.clone()));
+            }
             out.push(("recent_marks", s.recent_marks().to_string()));
             out.push((
                 "sync_age_ms",
@@ -294,6 +299,7 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
                 },
             ),
             ("rebuilds_done", m.rebuilds_done.to_string()),
+            ("auto_grow_rebuilds", m.auto_grow_rebuilds.to_string()),
             (
                 "slot_fills_done",
                 crate::slot_fill::counters().0.to_string(),

@@ -29,32 +29,39 @@ fn tx_error(e: postgres::Error) -> DbErr {
 }
 
 /// Members a filter of `slots` of a set is sized for: its share of CAPACITY, or the rows
-/// found, whichever is larger (never zero).
-pub fn sized_for(capacity: u64, slots: Option<&SlotSet>, rows: u64) -> u64 {
+/// found, whichever is larger (never zero). A grown filter (`grow`, see `grow.rs`) is sized
+/// for twice the rows found: the set outgrew its CAPACITY and keeps growing. In a cluster the
+/// rows are this node's own (those of its slots), so each node grows on its own share.
+pub fn sized_for(capacity: u64, slots: Option<&SlotSet>, rows: u64, grow: bool) -> u64 {
     let share = match slots {
         None => capacity,
         Some(s) => (capacity as u128 * s.len() as u128).div_ceil(SLOTS as u128) as u64,
     };
+    let rows = if grow { rows.saturating_mul(2) } else { rows };
     share.max(rows).max(1)
 }
 
 /// Streams the set's active rows (of `slots` only, when given) with `COPY … TO STDOUT` inside
 /// one repeatable-read snapshot and builds a complete filter from them, sized by
-/// [`sized_for`]. `estimate` receives the planner's row estimate for progress reports. Peak
-/// extra memory: 16 bytes per row (the hashes) plus the new filter.
+/// [`sized_for`]. `progress` receives the rows read and the planner's row estimate, for
+/// progress reports. Peak extra memory: 16 bytes per row (the hashes) plus the new filter.
 pub fn build_filter(
     c: &mut Client,
     def: &SetDef,
     slots: Option<&SlotSet>,
-    progress: &AtomicU64,
-    estimate: &AtomicU64,
+    grow: bool,
+    (progress, estimate): (&AtomicU64, &AtomicU64),
 ) -> Result<Built, DbErr> {
     // A set whose share of CAPACITY alone exceeds the ceiling fails before any row is read.
     let max_bytes = crate::config::max_filter_bytes();
-    crate::filter::check_size(sized_for(def.capacity, slots, 0), def.error_rate, max_bytes)
-        .map_err(|e| DbErr::Invalid(e.to_string()))?;
+    crate::filter::check_size(
+        sized_for(def.capacity, slots, 0, false),
+        def.error_rate,
+        max_bytes,
+    )
+    .map_err(|e| DbErr::Invalid(e.to_string()))?;
     let (hashes, watermark) = read_hashes(c, def, slots, progress, Some(estimate))?;
-    let members = sized_for(def.capacity, slots, hashes.len() as u64);
+    let members = sized_for(def.capacity, slots, hashes.len() as u64, grow);
     crate::limits::check_memory(
         crate::filter::bytes_for(members, def.error_rate),
         crate::limits::memory_budget(),
@@ -254,10 +261,14 @@ mod tests {
             " AND (slot BETWEEN 1 AND 3 OR slot = 7 OR slot BETWEEN 9 AND 10)"
         );
         assert_eq!(slot_condition(&SlotSet::default()), " AND false");
-        assert_eq!(sized_for(16384, Some(&s), 0), 6);
-        assert_eq!(sized_for(16384, Some(&s), 100), 100);
-        assert_eq!(sized_for(1000, None, 10), 1000);
-        assert_eq!(sized_for(10, Some(&SlotSet::default()), 0), 1);
+        assert_eq!(sized_for(16384, Some(&s), 0, false), 6);
+        assert_eq!(sized_for(16384, Some(&s), 100, false), 100);
+        assert_eq!(sized_for(1000, None, 10, false), 1000);
+        assert_eq!(sized_for(10, Some(&SlotSet::default()), 0, false), 1);
+        // Grown: twice the rows, when that is more than the share of CAPACITY.
+        assert_eq!(sized_for(1000, None, 3000, true), 6000);
+        assert_eq!(sized_for(1000, None, 300, true), 1000);
+        assert_eq!(sized_for(16384, Some(&s), 100, true), 200);
     }
 
     #[test]

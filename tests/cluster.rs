@@ -63,8 +63,9 @@ fn command_info_declares_arity_and_the_item_as_routing_key() {
     const ADD: &[&str] = &["RW", "insert", "not_key"];
     const DEL: &[&str] = &["RW", "delete", "not_key"];
     const READ: &[&str] = &["RO", "not_key"];
-    let want: [(&str, i64, Option<&[&str]>); 16] = [
+    let want: [(&str, i64, Option<&[&str]>); 17] = [
         ("member.create", -2, None),
+        ("member.alter", -3, None),
         ("member.add", -3, Some(ADD)),
         ("member.exists", -3, Some(READ)),
         ("member.del", -3, Some(DEL)),

@@ -1,7 +1,7 @@
 //! Per-set access control with ordinary ACL rules: a command on set `S` needs the calling
-//! user's key permission on the name `member:S` (read for EXISTS, EXPLAIN and INFO; write for
-//! ADD, DEL, CREATE, REBUILD and DROP), so `~member:usernames*` grants one set and not the
-//! others. The only room that touches the raw ACL API; commands also join the `@member`
+//! user's key permission on the name `member:S` (read for EXISTS, EXPLAIN and INFO; write
+//! for ADD, DEL, CREATE, ALTER, REBUILD and DROP), so `~member:usernames*` grants one set and
+//! not the others. The only room that touches the raw ACL API; commands also join the `@member`
 //! category where the server lets modules add one.
 
 use std::os::raw::c_int;

@@ -1,6 +1,7 @@
 //! Auto-grow (`member.auto-grow`): a set whose filter has outgrown its rate (estimated FPR
 //! above twice its ERROR) gets a rebuild sized for twice its rows, by itself, one at a time
-//! and with a backoff. The decision is plain Rust (`Grow`); `check` is the housekeeping glue.
+//! and with a backoff; a filter built for settings an ALTER changed is rebuilt too. The
+//! decisions are plain Rust (`Grow`, `stale`); `check` is the housekeeping glue.
 
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,9 @@ const MIN_GAP: Duration = Duration::from_secs(5);
 const BACKOFF_FIRST: Duration = Duration::from_secs(10);
 /// Longest backoff, and how long a grown filter that would not fit waits to be looked at again.
 const BACKOFF_MAX: Duration = Duration::from_secs(600);
+/// How often housekeeping looks at the sets' fill (a sweep runs every 100 ms; a filter fills
+/// far slower than that, and a node may hold many sets).
+const CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// One set's auto-grow state (main thread).
 #[derive(Debug, Default)]
@@ -73,29 +77,91 @@ impl Grow {
     }
 }
 
-/// Housekeeping: starts an automatic rebuild for every idle set whose complete filter has
-/// outgrown its rate. On primaries only (a replica gets its primary's grown filter), and
-/// only when `member.auto-grow` is on. O(1) per set: the filter keeps its fill.
+/// An idle set, as housekeeping looks at it.
+struct Idle {
+    name: String,
+    key: RedisString,
+    rate: f64,
+    capacity: u64,
+    /// Its last rebuild failed.
+    failed: bool,
+    /// Auto-grow is on and no backoff holds it back.
+    may_grow: bool,
+}
+
+/// True when a filter built for `(rate, capacity)` (capacity `None`: a cluster node's share,
+/// not compared) does not serve a set of `rate` and `capacity`: built before an ALTER.
+pub fn stale(built_for: (f64, Option<u64>), rate: f64, capacity: u64) -> bool {
+    built_for.0 != rate || built_for.1.is_some_and(|c| c < capacity)
+}
+
+/// Housekeeping, once per `CHECK_EVERY`, on primaries only (a replica gets its primary's
+/// filters): rebuilds a complete filter built for other settings (`stale`), and, when
+/// `member.auto-grow` is on, starts an automatic rebuild for every idle set whose complete
+/// filter has outgrown its rate. O(1) per set: the filter keeps its fill and its sizing.
 pub fn check(ctx: &Context, now: Instant) {
-    if !config::auto_grow() || ctx.get_flags().contains(ContextFlags::SLAVE) {
+    thread_local! {
+        static LAST: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+    }
+    let due = LAST.with(|l| {
+        let due = l.get().is_none_or(|t| now.duration_since(t) >= CHECK_EVERY);
+        if due {
+            l.set(Some(now));
+        }
+        due
+    });
+    if !due || ctx.get_flags().contains(ContextFlags::SLAVE) {
         return;
     }
-    let idle: Vec<(String, RedisString, f64)> = state::with(|r| {
+    let auto_grow = config::auto_grow();
+    let idle: Vec<Idle> = state::with(|r| {
         r.sets
             .values()
             .filter(|s| matches!(s.rebuild, Rebuild::Idle))
-            .filter(|s| s.next_rebuild_try.is_none_or(|t| now >= t) && s.grow.may_start(now))
-            .map(|s| (s.def.name.clone(), s.filter_key.clone(), s.def.error_rate))
+            .filter(|s| s.next_rebuild_try.is_none_or(|t| now >= t))
+            .map(|s| Idle {
+                name: s.def.name.clone(),
+                key: s.filter_key.clone(),
+                rate: s.def.error_rate,
+                capacity: s.def.capacity,
+                failed: s.last_rebuild.as_ref().is_some_and(|(_, o)| o.is_err()),
+                may_grow: auto_grow && s.grow.may_start(now),
+            })
             .collect()
     });
-    for (name, key, rate) in idle {
+    for Idle {
+        name,
+        key,
+        rate,
+        capacity,
+        failed,
+        may_grow,
+    } in idle
+    {
         let seen = filter_store::with(ctx, &key, |f| {
-            (f.cov.complete, f.bloom.estimated_fpr(), f.bloom.items())
+            let b = &f.bloom;
+            let built_for = (b.configured_fpr(), f.slots.is_none().then(|| b.capacity()));
+            (f.cov.complete, b.estimated_fpr(), b.items(), built_for)
         });
-        let Some((true, est, items)) = seen else {
+        let Some((true, est, items, built_for)) = seen else {
             continue;
         };
-        if !Grow::outgrown(est, rate) {
+        if !failed && stale(built_for, rate, capacity) {
+            // Built before an ALTER this node did not see (it was down, say): rebuilt once
+            // with the set's settings (not again after a failure: REBUILD or ALTER retry).
+            if rebuild::start(&name, Reason::Alter) {
+                crate::reply::log(
+                    ctx,
+                    crate::reply::Level::Notice,
+                    &format!(
+                        "libmember: set '{name}': its filter was built for other settings \
+                         than ERROR {rate} CAPACITY {capacity}: rebuilding it"
+                    ),
+                );
+            }
+            continue;
+        }
+        if !may_grow || !Grow::outgrown(est, rate) {
             continue;
         }
         // The rows are about the filter's items: a grown filter that cannot fit is not
@@ -161,6 +227,17 @@ mod tests {
             b.add(i.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835));
         }
         assert!(Grow::outgrown(b.estimated_fpr(), 0.01));
+    }
+
+    #[test]
+    fn a_filter_built_for_other_settings_is_stale() {
+        assert!(!stale((0.01, Some(1000)), 0.01, 1000));
+        // Grown, or sized for more rows than CAPACITY: still right.
+        assert!(!stale((0.01, Some(6000)), 0.01, 1000));
+        assert!(stale((0.01, Some(1000)), 0.001, 1000));
+        assert!(stale((0.01, Some(1000)), 0.01, 5000));
+        // A cluster node's share is not compared.
+        assert!(!stale((0.01, None), 0.01, 5000));
     }
 
     #[test]

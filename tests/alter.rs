@@ -564,3 +564,27 @@ fn an_alter_during_a_running_rebuild_is_followed_by_a_build_with_the_new_setting
     );
     all_members(&mut c, "b", &members);
 }
+
+#[test]
+fn a_node_that_was_down_during_an_alter_rebuilds_its_filter_from_disk() {
+    let env = Env::with(&[SYNC_FAST]);
+    let mut c = env.conn();
+    ok(&mut c, &["MEMBER.CREATE", "z", "CAPACITY", "1000"]);
+    let members = items("z", 100);
+    madd(&mut c, "z", &members);
+    let mut other = start_with(&env.db.url(), &[SYNC_FAST]);
+    let mut o = other.conn();
+    wait_bits(&other, &mut o, "z", bits_for(1000, 0.01));
+    other.shutdown(&["SAVE"]);
+    ok(&mut c, &["MEMBER.ALTER", "z", "CAPACITY", "9000", "SYNC"]);
+    // Back from its RDB with the filter built for CAPACITY 1000: the definition it learns
+    // from the catalog is the altered one, and its filter follows.
+    other.restart();
+    let mut o = other.conn();
+    wait_bits(&other, &mut o, "z", bits_for(9000, 0.01));
+    assert_eq!(
+        set_info(&mut o, "z", "last_rebuild_reason").as_deref(),
+        Some("alter")
+    );
+    all_members(&mut o, "z", &members);
+}

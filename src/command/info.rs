@@ -152,7 +152,20 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
             ));
             out.push(("sync_rows_applied", s.sync.rows_applied.to_string()));
             if crate::cluster::enabled() {
-                // This node's part: the slots it answers for, and those whose negatives count.
+                // Everything below is this node's part of the set, and says which node that is.
+                let me = match ctx.call("CLUSTER", &["MYID"]) {
+                    Ok(redis_module::RedisValue::BulkString(s))
+                    | Ok(redis_module::RedisValue::SimpleString(s)) => s,
+                    _ => "unknown".into(),
+                };
+                out.push(("cluster_node", me));
+                let role = if crate::cluster::owner::is_primary() {
+                    "primary"
+                } else {
+                    "replica"
+                };
+                out.push(("cluster_role", role.into()));
+                // The slots it answers for, and those whose negatives count.
                 let (owned, ready, err) = crate::cluster::owner::summary(ctx, s.covered_since);
                 out.push(("cluster_slots_owned", owned.to_string()));
                 out.push(("cluster_slots_ready", ready.to_string()));

@@ -22,6 +22,8 @@ mod big_filters;
 #[path = "../tests/support/mod.rs"]
 mod support;
 // One file per section added since the bench grew large (benches/sections/).
+#[path = "sections/cluster.rs"]
+mod cluster;
 #[path = "sections/idle_sync.rs"]
 mod idle_sync;
 #[path = "sections/tokenize.rs"]
@@ -77,7 +79,8 @@ struct Opts {
 type Section = fn(&mut Bench);
 
 /// The sections of a run, in order, by the name `--only` takes (a comma-separated list).
-const SECTIONS: [(&str, Section); 10] = [
+/// `cluster` comes last: it adds items to the standalone set.
+const SECTIONS: [(&str, Section); 11] = [
     ("memory", Bench::memory),
     ("negative", Bench::negative_path),
     ("mixed", Bench::mixed),
@@ -88,6 +91,7 @@ const SECTIONS: [(&str, Section); 10] = [
     ("idle", Bench::idle_sync),
     ("batch", Bench::batch),
     ("tokenize", Bench::tokenize),
+    ("cluster", Bench::cluster),
 ];
 
 impl Opts {
@@ -105,7 +109,8 @@ const USAGE: &str = "usage: cargo bench --bench member -- [--ten-million] [--mem
   --seconds S     seconds of load per side of each comparison (default 4)
   --workers N     member.workers for the module (default: the module's default)
   --fpr-probes N  absent probes for the measured false-positive rate (default 1 000 000)
-  --only SECTIONS run only these, comma-separated: memory,negative,mixed,cold,rebuild,writes,bigfilter,idle,batch,tokenize
+  --only SECTIONS run only these, comma-separated: memory,negative,mixed,cold,rebuild,writes,bigfilter,idle,batch,
+                  tokenize,cluster
                   (prints the table; bench/results.md and the chart are kept as they are)";
 
 impl Opts {
@@ -2278,7 +2283,11 @@ impl Bench {
              - Many items per call: `valkey-benchmark -c 50 -r <pool>` running `MEMBER.MEXISTS bench ITEMS` with 100 \
              `absent:__rand_int__` items (each drawn on its own), items/s = calls/s × 100, vs `MEMBER.EXISTS bench \
              absent:__rand_int__` with `-P 100` and vs `MGET` of 100 such keys; MADD of 100 `madd:__rand_int__` vs \
-             `MEMBER.ADD` with `-P 100`, 100 000 new items per run.\n",
+             `MEMBER.ADD` with `-P 100`, 100 000 new items per run.\n\
+             - Cluster: 3 primaries (no replicas) with the same set on a database of their own; per node, the same \
+             valkey-benchmark / RESP generator command lines sent to one primary and to the standalone node, every \
+             item tagged `{<tag>}` with a slot that primary owns (no redirects); memory is MEMBER.INFO \
+             `filter_bytes` summed over the primaries.\n",
         );
         if !self.r.notes.is_empty() {
             notes.push_str("\nObservations from this run:\n\n");

@@ -86,7 +86,10 @@ fn every_owned_slot_has_a_sentinel_and_the_filter_is_no_key() {
         let mut c = n.conn();
         let owned = number(&mut c, set, "cluster_slots_owned");
         // MEMBER.INFO says which node's part it shows.
-        assert_eq!(set_info(&mut c, set, "cluster_node").as_deref(), Some(n.id.as_str()));
+        assert_eq!(
+            set_info(&mut c, set, "cluster_node").as_deref(),
+            Some(n.id.as_str())
+        );
         let role = if n.primary { "primary" } else { "replica" };
         assert_eq!(set_info(&mut c, set, "cluster_role").as_deref(), Some(role));
         assert!((5000..=5600).contains(&owned), "{}: {owned}", n.addr());

@@ -11,24 +11,12 @@ use support::cluster::{Cluster, Node};
 use support::member::*;
 use support::wait_until;
 
-/// Waits until every node answers "absent" from the filter for every slot it serves.
-fn wait_ready(cl: &Cluster, set: &str) {
-    for n in &cl.nodes {
-        let mut c = n.conn();
-        let ready = wait_until(Duration::from_secs(30), || {
-            let owned = set_info(&mut c, set, "cluster_slots_owned");
-            owned.is_some() && owned == set_info(&mut c, set, "cluster_slots_ready")
-        });
-        assert!(ready, "{set} never ready on {}", n.addr());
-    }
-}
-
 fn create(cl: &Cluster, set: &str, normalize: &str) {
     ok(
         &mut cl.nodes[0].conn(),
         &["MEMBER.CREATE", set, "NORMALIZE", normalize],
     );
-    wait_ready(cl, set);
+    cl.wait_ready(set);
 }
 
 /// The primary that the cluster routes `item` to.
@@ -356,7 +344,7 @@ fn a_tokenized_set_is_served_by_the_holder_of_each_tokens_slot() {
             "hmac-sha256",
         ],
     );
-    wait_ready(cl, set);
+    cl.wait_ready(set);
     let items: Vec<String> = (0..12).map(|i| format!("Card-{i}")).collect();
     for it in &items {
         assert_eq!(

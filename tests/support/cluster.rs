@@ -252,6 +252,26 @@ impl Cluster {
         read_slots(&mut self.primaries().next().unwrap().conn())
     }
 
+    /// Waits until every node answers "absent" from the filter for every slot it serves
+    /// (MEMBER.INFO: `cluster_slots_ready` equals `cluster_slots_owned`).
+    pub fn wait_ready(&self, set: &str) {
+        for n in &self.nodes {
+            let mut c = n.conn();
+            let field = |c: &mut Connection, name: &str| super::member::set_info(c, set, name);
+            let ready = wait_until(Duration::from_secs(30), || {
+                let owned = field(&mut c, "cluster_slots_owned");
+                owned.is_some() && owned == field(&mut c, "cluster_slots_ready")
+            });
+            assert!(
+                ready,
+                "{set} never ready on {}: owned {:?}, ready {:?}",
+                n.addr(),
+                field(&mut c, "cluster_slots_owned"),
+                field(&mut c, "cluster_slots_ready")
+            );
+        }
+    }
+
     /// `CLUSTER KEYSLOT <text>`, asked of a node.
     pub fn keyslot(&self, text: &str) -> u16 {
         let mut c = self.nodes.iter().find(|n| !n.down).unwrap().conn();

@@ -227,10 +227,6 @@ pub fn on_pg_url_changed<T>(_: &ConfigurationContext, _: &str, _: &'static T) {
     PG_URL_GEN.fetch_add(1, Ordering::AcqRel);
 }
 
-pub fn on_workers_changed<T>(_: &ConfigurationContext, _: &str, _: &'static T) {
-    crate::db::pool::resize();
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

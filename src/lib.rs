@@ -127,6 +127,16 @@ fn member_info(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResu
     reply::guard(ctx, "MEMBER.INFO", || info::info(ctx, args))
 }
 
+/// `member.workers` changed: the pool starts or stops workers to match. Registered here, at
+/// the top, so that `config` (read by the pool) does not depend on the pool.
+fn on_workers_changed<T>(
+    _: &redis_module::configuration::ConfigurationContext,
+    _: &str,
+    _: &'static T,
+) {
+    db::pool::resize();
+}
+
 // Unit tests run outside the server, where its allocator does not exist.
 #[cfg(not(test))]
 type Alloc = alloc::ServerAlloc;

@@ -183,6 +183,7 @@ impl Bench {
         let present = members_of(&cl, node, PRESENT_MAX.min(self.opts.members / 10));
         self.cluster_mixed(node, tag, &present);
         self.cluster_whole(&primaries, &tags, standalone_rps);
+        self.cluster_routing(&cl);
         progress("cluster: stopping the cluster");
         drop(cl);
     }
@@ -481,6 +482,68 @@ impl Bench {
             "whole cluster: three primaries, three load generators and PostgreSQL share 2 CPUs, \
              so the cluster cannot scale here: the row shows what the sharing costs, not what \
              3 machines would do",
+        );
+    }
+
+    /// The extra hop of a client that routes module commands by argument 1 (the set name),
+    /// as the `redis` crate's cluster client does, against one that routes by the item as
+    /// COMMAND INFO declares it (docs/cluster.md): one EXISTS at a time, absent items spread
+    /// over every slot, A B B A.
+    fn cluster_routing(&mut self, cl: &Cluster) {
+        const CALLS: usize = 2000;
+        progress("cluster: EXISTS through the redis crate's cluster client vs routed by the item");
+        let layout = cl.slots();
+        let items: Vec<(String, u16)> = (0..CALLS)
+            .map(|i| {
+                let item = format!("hop-{i}");
+                let slot = cl.keyslot(&item);
+                let port = layout
+                    .iter()
+                    .find(|r| (r.first..=r.last).contains(&slot))
+                    .map(|r| r.primary_port)
+                    .expect("every slot served");
+                (item, port)
+            })
+            .collect();
+        let mut direct: HashMap<u16, redis::Connection> =
+            cl.primaries().map(|n| (n.port(), n.conn())).collect();
+        let mut crate_client = cl.client();
+        let mut by_item = || {
+            let t = Instant::now();
+            for (item, port) in &items {
+                let c = direct.get_mut(port).expect("a primary");
+                let _: i64 = redis::cmd("MEMBER.EXISTS")
+                    .arg(SET)
+                    .arg(item)
+                    .query(c)
+                    .unwrap();
+            }
+            t.elapsed().as_secs_f64() * 1e6 / CALLS as f64
+        };
+        let first = by_item();
+        let mut by_set_name = || {
+            let t = Instant::now();
+            for (item, _) in &items {
+                let _: i64 = redis::cmd("MEMBER.EXISTS")
+                    .arg(SET)
+                    .arg(item)
+                    .query(&mut crate_client)
+                    .unwrap();
+            }
+            t.elapsed().as_secs_f64() * 1e6 / CALLS as f64
+        };
+        let (b1, b2) = (by_set_name(), by_set_name());
+        let last = by_item();
+        let (item_us, set_us) = ((first + last) / 2.0, (b1 + b2) / 2.0);
+        self.r.row(
+            SECTION_NODE,
+            "one EXISTS at a time: the redis crate's cluster client (routes by the set name, \
+             then follows MOVED) vs a client routing by the item, µs per call",
+            format!("{set_us:.0} µs"),
+            format!("{item_us:.0} µs (by the item)"),
+            Some(item_us / set_us.max(1e-9)),
+            "(diagnostic: the extra hop)",
+            None,
         );
     }
 }

@@ -1014,7 +1014,10 @@ fn cache_entries_from_an_earlier_process_are_not_trusted() {
 fn effects_during_client_pause_write_are_held_not_fatal() {
     // With an AOF, every derived effect is propagated; propagating while writes are paused
     // aborts the server (valkey-io/valkey#1921), so the module must hold them back.
-    let env = env(&[("appendonly", "yes")]);
+    // The 200 000-row insert keeps the sync loop's worker busy for a while on a loaded
+    // machine: the ADDs below may wait longer than the default timeout, which this test is
+    // not about.
+    let env = env(&[("appendonly", "yes"), ("member.db-timeout-ms", "20000")]);
     let mut c = env.conn();
     create(&mut c, "s", &[]);
     env.pg()

@@ -25,7 +25,7 @@ pub mod filter_type;
 pub mod funnel;
 pub mod keys;
 pub mod known_absent;
-
+pub mod latency;
 pub mod limits;
 pub mod mainq;
 pub mod metrics;

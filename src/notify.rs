@@ -200,8 +200,15 @@ fn session(ever: &mut bool, backoff: &mut Duration) -> Result<(), String> {
     client
         .batch_execute(&format!("LISTEN {}", sql::NOTIFY_CHANNEL))
         .map_err(|e| format!("LISTEN failed: {}", db_text(&e)))?;
-    let failed = sql::install_notify(&mut client)
-        .map_err(|e| format!("installing the notify trigger: {}", db_text(&e)))?;
+    // Failing to install (no CREATE on the schema, say) is not fatal: triggers another node
+    // installed still notify, and the interval covers the rest.
+    let failed = match sql::install_notify(&mut client) {
+        Ok(failed) => failed,
+        Err(e) if client.is_closed() => {
+            return Err(format!("installing the notify trigger: {}", db_text(&e)))
+        }
+        Err(e) => vec![("the set tables".to_string(), db_text(&e))],
+    };
     set_error(None);
     for (table, why) in &failed {
         let msg = format!(

@@ -94,3 +94,40 @@ fn slow_resolutions_feed_the_latency_monitor() {
         "history {history:?}"
     );
 }
+
+/// The README's Lua script for redis_exporter's `-script` option (taken from the README
+/// itself, so the two cannot drift apart) returns INFO member's numeric fields as pairs.
+#[test]
+fn the_readme_exporter_script_returns_info_member_fields() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let script = readme
+        .split("```lua\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a lua block in the README");
+    let env = Env::new();
+    let mut c = env.conn();
+    ok(&mut c, &["MEMBER.CREATE", "exp"]);
+    let pairs: Vec<String> = redis::cmd("EVAL")
+        .arg(script)
+        .arg(0)
+        .query(&mut c)
+        .expect("EVAL of the README script");
+    let fields: std::collections::HashMap<&str, &str> = pairs
+        .chunks(2)
+        .map(|p| (p[0].as_str(), p[1].as_str()))
+        .collect();
+    assert_eq!(fields.get("sets"), Some(&"1"), "{fields:?}");
+    for name in [
+        "db_timeouts",
+        "sync_passes",
+        "sync_notify_received",
+        "exists_p99_us",
+    ] {
+        assert!(
+            fields.get(name).is_some_and(|v| v.parse::<f64>().is_ok()),
+            "{name} missing: {fields:?}"
+        );
+    }
+}

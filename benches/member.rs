@@ -28,6 +28,8 @@ mod cluster;
 mod idle_sync;
 #[path = "sections/tokenize.rs"]
 mod tokenize;
+#[path = "sections/visibility.rs"]
+mod visibility;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -80,7 +82,7 @@ type Section = fn(&mut Bench);
 
 /// The sections of a run, in order, by the name `--only` takes (a comma-separated list).
 /// `cluster` comes last: it adds items to the standalone set.
-const SECTIONS: [(&str, Section); 11] = [
+const SECTIONS: [(&str, Section); 12] = [
     ("memory", Bench::memory),
     ("negative", Bench::negative_path),
     ("mixed", Bench::mixed),
@@ -91,6 +93,7 @@ const SECTIONS: [(&str, Section); 11] = [
     ("idle", Bench::idle_sync),
     ("batch", Bench::batch),
     ("tokenize", Bench::tokenize),
+    ("visibility", Bench::visibility),
     ("cluster", Bench::cluster),
 ];
 
@@ -110,7 +113,7 @@ const USAGE: &str = "usage: cargo bench --bench member -- [--ten-million] [--mem
   --workers N     member.workers for the module (default: the module's default)
   --fpr-probes N  absent probes for the measured false-positive rate (default 1 000 000)
   --only SECTIONS run only these, comma-separated: memory,negative,mixed,cold,rebuild,writes,bigfilter,idle,batch,
-                  tokenize,cluster
+                  tokenize,visibility,cluster
                   (prints the table; bench/results.md and the chart are kept as they are)";
 
 impl Opts {

@@ -120,6 +120,20 @@ pub const ACL_SETS_DEFAULT: bool = true;
 pub static ACL_SETS: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(ACL_SETS_DEFAULT);
 
+pub const SYNC_NOTIFY_DEFAULT: bool = false;
+/// Change notification (docs/sync.md): a listener connection wakes the sync loop as soon as
+/// an outside write commits; the interval loop keeps running as the safety net.
+pub static SYNC_NOTIFY: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(SYNC_NOTIFY_DEFAULT);
+
+pub fn sync_notify() -> bool {
+    SYNC_NOTIFY.load(Ordering::Relaxed)
+}
+
+pub fn on_sync_notify_changed<T>(_: &ConfigurationContext, _: &str, _: &'static T) {
+    crate::notify::ensure();
+}
+
 pub const ERROR_RATE_DEFAULT: &str = "0.01";
 pub const ERROR_RATE_MIN: f64 = 0.000_001;
 pub const ERROR_RATE_MAX: f64 = 0.5;

@@ -25,9 +25,11 @@ pub mod filter_type;
 pub mod funnel;
 pub mod keys;
 pub mod known_absent;
+pub mod latency;
 pub mod limits;
 pub mod mainq;
 pub mod metrics;
+pub mod notify;
 pub mod pg_link;
 pub mod rebuild;
 pub mod redact;
@@ -244,6 +246,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     db::pool::resize();
     mainq::batch_per_iteration(ctx);
     mainq::start(ctx);
+    notify::started();
     Status::Ok
 }
 
@@ -299,6 +302,7 @@ redis_module! {
         ],
         bool: [
             ["acl-sets", &ACL_SETS, ACL_SETS_DEFAULT, ConfigurationFlags::DEFAULT, None],
+            ["sync-notify", &SYNC_NOTIFY, SYNC_NOTIFY_DEFAULT, ConfigurationFlags::DEFAULT, Some(Box::new(on_sync_notify_changed))],
         ],
         enum: [],
         module_args_as_configuration: true,

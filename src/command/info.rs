@@ -231,6 +231,22 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
             ("sync_rows_applied", l.rows.to_string()),
             ("sync_statements_per_pass", l.last_statements.to_string()),
             ("sync_rows_per_pass", l.last_rows.to_string()),
+            ("sync_notify", crate::notify::state().name().to_string()),
+            (
+                "sync_notify_received",
+                crate::notify::RECEIVED.load(Ordering::Relaxed).to_string(),
+            ),
+            ("sync_notify_passes", l.woken_passes.to_string()),
+            (
+                "sync_notify_connects",
+                crate::notify::CONNECTS.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "sync_notify_error",
+                crate::notify::last_error()
+                    .unwrap_or_else(|| "none".into())
+                    .replace(['\r', '\n'], " "),
+            ),
         ]
     });
     let mut fields: Vec<(&str, String)> = metrics::global(|m| {

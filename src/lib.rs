@@ -276,6 +276,7 @@ redis_module! {
     ],
     event_handlers: [
         [@GENERIC: events::on_generic],
+        [@EXPIRED @EVICTED: events::on_sentinel_gone],
     ],
     configurations: [
         i64: [

@@ -180,6 +180,14 @@ fn a_sentinel_that_went_away_and_came_back_is_not_believed() {
         explain(&mut c, set, &item) == (0, "bloom-negative".into())
     }));
     assert_eq!(int(&mut c, &["EXISTS", &key]), 1);
+    // A sentinel given a TTL could expire unseen: it no longer counts, and the owner writes a
+    // fresh one without.
+    assert_eq!(int(&mut c, &["PEXPIRE", &key, "600000"]), 1);
+    assert_eq!(explain(&mut c, set, &item), (0, "db-miss".into()));
+    assert!(wait_until(Duration::from_secs(30), || {
+        explain(&mut c, set, &item) == (0, "bloom-negative".into())
+    }));
+    assert_eq!(int(&mut c, &["PTTL", &key]), -1);
 }
 
 /// A client routes by the bytes it sends; only the holder of the canonical form's slot changes

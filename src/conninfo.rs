@@ -74,7 +74,13 @@ impl ConnInfo {
                 .filter(keep)
                 .map(|p| &self.text[p.whole.clone()])
                 .collect();
-            return kept.join(" ");
+            let out = kept.join(" ");
+            // A key spelled like a URL scheme (`postgres://=x`, after white space the join
+            // drops) must not turn the key=value text into a URL for the driver.
+            return match url_rest(&out) {
+                Some(_) => format!(" {out}"),
+                None => out,
+            };
         }
         // URL: the userinfo password is not a query parameter and is never dropped here.
         let Some(q) = self.query_start() else {

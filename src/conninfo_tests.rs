@@ -100,6 +100,28 @@ fn drops_tls_keys_in_both_forms() {
     driver(&only.without(&TLS_KEYS));
 }
 
+/// Found by the `conninfo` fuzz target: white space in front of a key=value string whose
+/// first key looks like a URL scheme kept it a key=value string, but dropping the TLS keys
+/// (and the white space) turned it into a URL with another meaning.
+#[test]
+fn dropping_tls_keys_keeps_the_form() {
+    for text in [
+        "\npostgres://=?\x7f",
+        "sslmode=require postgresql://=a host=h",
+    ] {
+        let c = ConnInfo::parse(text).unwrap();
+        let out = c.without(&TLS_KEYS);
+        let again = ConnInfo::parse(&out).unwrap();
+        assert_eq!(again.get("postgres://"), c.get("postgres://"), "{out:?}");
+        assert_eq!(
+            again.get("postgresql://"),
+            c.get("postgresql://"),
+            "{out:?}"
+        );
+        assert_eq!(again.get("sslmode"), None);
+    }
+}
+
 #[test]
 fn sslmode_follows_libpq() {
     let tls = |t: &str| ConnInfo::parse(t).unwrap().tls();

@@ -524,4 +524,41 @@ mod tests {
         magic[0] = b'X';
         assert!(Bloom::from_bytes(&magic).is_err());
     }
+
+    /// Property tests: whatever the sizing and the items, a filter never loses one, neither
+    /// in memory nor through its persisted form.
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+
+            #[test]
+            fn no_false_negatives(
+                capacity in 0u64..4000,
+                fpr in 0.000001f64..0.5,
+                hashes in prop::collection::vec(any::<u128>(), 0..400),
+                one_by_one in 0usize..400,
+                watermark in prop::option::of(any::<i64>()),
+            ) {
+                let mut b = Bloom::new(capacity, fpr);
+                let (first, rest) = hashes.split_at(one_by_one.min(hashes.len()));
+                for h in first {
+                    b.add(*h);
+                }
+                b.add_many(rest);
+                for h in &hashes {
+                    prop_assert!(b.contains(*h));
+                }
+                let cov = Coverage { complete: true, watermark: watermark.filter(|w| *w != i64::MIN) };
+                let (loaded, got) = Bloom::from_bytes(&b.to_bytes(cov)).unwrap();
+                prop_assert_eq!(got, cov);
+                for h in &hashes {
+                    prop_assert!(loaded.contains(*h));
+                }
+                prop_assert_eq!(loaded, b);
+            }
+        }
+    }
 }

@@ -139,14 +139,15 @@ fn on_workers_changed<T>(
     db::pool::resize();
 }
 
-// Unit tests run outside the server, where its allocator does not exist.
-#[cfg(not(test))]
+// Unit tests and the fuzz targets (cargo-fuzz compiles with `--cfg fuzzing`) run outside the
+// server, where its allocator does not exist.
+#[cfg(not(any(test, fuzzing)))]
 type Alloc = alloc::ServerAlloc;
-#[cfg(not(test))]
+#[cfg(not(any(test, fuzzing)))]
 const ALLOC: Alloc = alloc::ServerAlloc;
-#[cfg(test)]
+#[cfg(any(test, fuzzing))]
 type Alloc = std::alloc::System;
-#[cfg(test)]
+#[cfg(any(test, fuzzing))]
 const ALLOC: Alloc = std::alloc::System;
 
 fn info_member(ctx: &InfoContext, for_crash_report: bool) {

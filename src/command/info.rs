@@ -88,6 +88,15 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
                 ("filter_bytes", b.bytes().to_string()),
                 ("filter_fill", f(b.fill())),
                 ("filter_fpr_est", f(b.estimated_fpr())),
+                // The design and its parts (filter.rs): the rows of the last build in a
+                // static part, adds since in a Bloom delta; fill and hashes are the delta's.
+                ("filter_design", b.design().to_string()),
+                ("filter_static_items", b.static_items().to_string()),
+                ("filter_static_bits", b.static_bits().to_string()),
+                ("filter_static_fpr_est", f(b.static_fpr())),
+                ("filter_delta_items", b.delta_items().to_string()),
+                ("filter_delta_bits", b.delta_bits().to_string()),
+                ("filter_delta_fpr_est", f(b.delta_fpr())),
                 ("fp_cache_entries", v.known_absent.live().to_string()),
                 (
                     "cluster_slots_covered",

@@ -3,7 +3,7 @@
 # ~/.cargo/bin is not on PATH (CI, fresh shells).
 CARGO_ENV = command -v cargo >/dev/null 2>&1 || . "$$HOME/.cargo/env";
 
-.PHONY: deps build run stop test lint bench chaos
+.PHONY: deps build run stop test lint bench chaos fuzz
 
 deps:
 	bash scripts/install-deps.sh
@@ -41,3 +41,17 @@ bench: deps
 chaos: deps
 	$(CARGO_ENV) cargo build
 	$(CARGO_ENV) cargo test --test chaos -- --ignored --nocapture chaos_long
+
+# Fuzzing (issue 9, README "Testing"): every target of fuzz/ for FUZZ_SECS seconds (default
+# 60), one after the other; FUZZ_TARGETS picks some. Needs no server. Installs the nightly
+# toolchain and cargo-fuzz when missing. Corpora grow in fuzz/corpus/, crashes land in
+# fuzz/artifacts/ (both ignored by git): a crash stops the run with the input's path.
+FUZZ_SECS ?= 60
+FUZZ_TARGETS ?= filter_payload cluster_wire command_args canonicalize cluster_nodes conninfo
+fuzz:
+	$(CARGO_ENV) rustup run nightly rustc --version >/dev/null 2>&1 || rustup toolchain install nightly --profile minimal
+	$(CARGO_ENV) command -v cargo-fuzz >/dev/null 2>&1 || cargo +nightly install cargo-fuzz --locked
+	$(CARGO_ENV) cd fuzz && for t in $(FUZZ_TARGETS); do \
+		echo "== fuzz $$t for $(FUZZ_SECS) s"; \
+		cargo +nightly fuzz run $$t -- -max_total_time=$(FUZZ_SECS) -print_final_stats=1 || exit 1; \
+	done

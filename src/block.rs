@@ -6,7 +6,7 @@ use std::os::raw::{c_int, c_longlong, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis_module::{raw, Context, RedisError, RedisResult};
 
@@ -22,7 +22,9 @@ pub trait Completion: Send + 'static {
     fn reply(&mut self, ctx: &Context) -> RedisResult;
 }
 
-struct Slot(Option<Box<dyn Completion>>);
+/// A finished job on its way to the reply callback, and when its client was blocked (for the
+/// LATENCY monitor: `None` for waits that are not database resolutions).
+struct Slot(Option<Box<dyn Completion>>, Option<Instant>);
 
 /// Clients blocked through a `Blocked` handle and not yet unblocked (`member.max-blocked-clients`
 /// bounds it, see `limits.rs`).
@@ -37,6 +39,10 @@ pub fn waiting() -> u64 {
 pub struct Blocked {
     bc: Option<NonNull<raw::RedisModuleBlockedClient>>,
     fallback: Option<Box<dyn Completion>>,
+    /// When the client was blocked, for waits bounded by a timeout (a database resolution):
+    /// the reply callback reports slow ones to the LATENCY monitor (`latency.rs`). Unbounded
+    /// waits (REBUILD SYNC, a CREATE's build) are not resolutions and are not reported.
+    since: Option<Instant>,
 }
 
 // SAFETY: the server allows RedisModule_UnblockClient from any thread; the handle is used once.
@@ -66,6 +72,7 @@ impl Blocked {
         Blocked {
             bc,
             fallback: Some(fallback),
+            since: (!timeout.is_zero()).then(Instant::now),
         }
     }
 
@@ -84,7 +91,7 @@ impl Blocked {
     fn unblock(&mut self, done: Box<dyn Completion>) {
         if let Some(bc) = self.bc.take() {
             WAITING.fetch_sub(1, Ordering::Relaxed);
-            let slot = Box::into_raw(Box::new(Slot(Some(done)))).cast::<c_void>();
+            let slot = Box::into_raw(Box::new(Slot(Some(done), self.since))).cast::<c_void>();
             // SAFETY: bc came from BlockClient and is unblocked exactly once (taken above).
             unsafe { raw::RedisModule_UnblockClient.unwrap()(bc.as_ptr(), slot) };
         }
@@ -135,6 +142,9 @@ unsafe extern "C" fn reply_cb(
                 Err(RedisError::Str(error::INTERNAL))
             });
             reply::send(&ctx, reply);
+            if let Some(since) = slot.1 {
+                crate::latency::resolved(since.elapsed());
+            }
         }
         None => {
             reply::send_error(&ctx, error::WORKER_LOST);
@@ -155,6 +165,9 @@ unsafe extern "C" fn timeout_cb(
 ) -> c_int {
     metrics::global(|m| m.db_timeouts += 1);
     reply::send_error(&Context::new(ctx), error::DB_TIMEOUT);
+    // The slowest resolution of all: it took at least the timeout (the handle's start time is
+    // not reachable from here; every client that can time out waits `member.db-timeout-ms`).
+    crate::latency::resolved(Duration::from_millis(crate::config::db_timeout_ms()));
     raw::REDISMODULE_OK as c_int
 }
 

@@ -139,6 +139,12 @@ pub fn canonicalize<'a>(
     if entity.is_empty() {
         return Err(error::ITEM_EMPTY_AFTER_NORMALIZE);
     }
+    // Case mapping and compatibility forms can lengthen an item (`İ` → `i̇`, `ŉ` → `ʼn`, `ﷺ`
+    // → 33 bytes). The stored form is canonicalized again by every rebuild and sync pass, so it
+    // must pass the same checks, or the member would lose its filter bits (a false "absent").
+    if entity.len() > MAX_ITEM_BYTES {
+        return Err(error::ITEM_TOO_LONG_AFTER_NORMALIZE);
+    }
     let hash = hash_parts(&entity, scope);
     Ok(Canon {
         entity,
@@ -224,6 +230,29 @@ mod tests {
         );
     }
 
+    /// Found by the `long_items_are_idempotent` property test: 512 × `ŉ` (1024 bytes) folds
+    /// to 512 × `ʼn` (1536 bytes), 512 × `İ` lowercases to 1536 bytes. Accepted, they were
+    /// stored in that form, which the next rebuild refused as too long: the member was missing
+    /// from the rebuilt filter, and EXISTS answered 0.
+    #[test]
+    fn an_item_lengthened_past_the_limit_by_normalization_is_refused() {
+        for (n, c) in [(Normalize::Username, "ŉ"), (Normalize::Lower, "İ")] {
+            assert_eq!(
+                canonicalize(n, c.repeat(512).as_bytes(), b""),
+                Err(error::ITEM_TOO_LONG_AFTER_NORMALIZE),
+                "{n:?} {c}"
+            );
+            // Lengthened but within the limit: accepted, and stable.
+            let fits = c.repeat(MAX_ITEM_BYTES / 3);
+            let once = canonicalize(n, fits.as_bytes(), b"").unwrap();
+            assert!(once.entity.len() > fits.len() && once.entity.len() <= MAX_ITEM_BYTES);
+            let again = canonicalize(n, once.entity.as_bytes(), b"");
+            assert_eq!(again, Ok(once.clone()));
+        }
+        // Unchanged for sets that store the item as given.
+        assert!(canonicalize(Normalize::None, "ŉ".repeat(512).as_bytes(), b"").is_ok());
+    }
+
     #[test]
     fn scope_separates_memberships() {
         let a = canonicalize(Normalize::None, b"card", b"m1").unwrap();
@@ -251,6 +280,71 @@ mod tests {
                 xxh3_128(format!("{e}\0s").as_bytes()),
                 "entity of {len} bytes"
             );
+        }
+    }
+
+    /// Property tests: what a write stores is what a rebuild or the sync loop reads back.
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        const NORMS: [Normalize; 3] = [Normalize::None, Normalize::Lower, Normalize::Username];
+
+        /// Characters where case mapping, compatibility forms, combining marks and Unicode
+        /// white space meet, mixed with arbitrary ones.
+        fn tricky() -> impl Strategy<Value = char> {
+            prop_oneof![
+                any::<char>(),
+                prop::sample::select(vec![
+                    'a', 'Z', ' ', '\t', '\u{3000}', '\u{a0}', '\u{85}', 'İ', 'ı', 'ß', 'ẞ', 'Σ',
+                    'ς', 'σ', 'ﬁ', 'ﬃ', 'ŉ', 'ΐ', 'ﷺ', '\u{345}', '\u{301}', '\u{308}', '´', '˘',
+                    'ǅ', 'ῼ', 'ᾳ', 'Å', 'Ω', 'K', 'Ⅻ', '㈱', 'ｱ', 'ﾞ', '①', 'ǰ', 'ﬅ', 'Ꭰ', 'ꭰ',
+                ]),
+            ]
+        }
+
+        fn text(max: usize) -> impl Strategy<Value = String> {
+            prop::collection::vec(tricky(), 0..max).prop_map(|v| v.into_iter().collect())
+        }
+
+        /// The stored form of every accepted item canonicalizes to itself, hash included.
+        fn idempotent(norm: Normalize, item: &[u8], scope: &[u8]) -> Result<(), TestCaseError> {
+            if let Ok(c) = canonicalize(norm, item, scope) {
+                prop_assert!(
+                    norm.apply(&c.entity) == c.entity,
+                    "{:?} not idempotent",
+                    norm
+                );
+                let again = canonicalize(norm, c.entity.as_bytes(), c.scope.as_bytes());
+                // (No item in the message: it may be 1 KiB.)
+                prop_assert_eq!(again, Ok(c.clone()), "{:?}, {} bytes", norm, item.len());
+            }
+            Ok(())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            #[test]
+            fn canonicalization_is_idempotent(n in 0..3usize, item in text(24), scope in text(3)) {
+                idempotent(NORMS[n], item.as_bytes(), scope.as_bytes())?;
+            }
+
+            #[test]
+            fn canonicalization_of_any_bytes_is_idempotent(
+                n in 0..3usize,
+                item in prop::collection::vec(any::<u8>(), 0..40),
+            ) {
+                idempotent(NORMS[n], &item, b"")?;
+            }
+
+            /// Items near the length limit whose normalized form is longer than the item.
+            #[test]
+            fn long_items_are_idempotent(n in 0..3usize, c in tricky(), pad in 0..8usize) {
+                let reps = (MAX_ITEM_BYTES - pad) / c.len_utf8();
+                let item: String = std::iter::repeat_n(c, reps).collect();
+                idempotent(NORMS[n], item.as_bytes(), b"")?;
+            }
         }
     }
 }

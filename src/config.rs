@@ -130,6 +130,16 @@ pub fn auto_grow() -> bool {
     AUTO_GROW.load(Ordering::Relaxed)
 }
 
+pub const SYNC_NOTIFY_DEFAULT: bool = false;
+/// Change notification (docs/sync.md): a listener connection wakes the sync loop as soon as
+/// an outside write commits; the interval loop keeps running as the safety net.
+pub static SYNC_NOTIFY: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(SYNC_NOTIFY_DEFAULT);
+
+pub fn sync_notify() -> bool {
+    SYNC_NOTIFY.load(Ordering::Relaxed)
+}
+
 pub const ERROR_RATE_DEFAULT: &str = "0.01";
 pub const ERROR_RATE_MIN: f64 = 0.000_001;
 pub const ERROR_RATE_MAX: f64 = 0.5;
@@ -235,10 +245,6 @@ pub fn pg_link_gen() -> u64 {
 
 pub fn on_pg_url_changed<T>(_: &ConfigurationContext, _: &str, _: &'static T) {
     PG_URL_GEN.fetch_add(1, Ordering::AcqRel);
-}
-
-pub fn on_workers_changed<T>(_: &ConfigurationContext, _: &str, _: &'static T) {
-    crate::db::pool::resize();
 }
 
 #[cfg(test)]

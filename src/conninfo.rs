@@ -58,7 +58,15 @@ impl ConnInfo {
     pub fn masked(&self) -> String {
         let mut out = self.text.clone();
         for p in self.params.iter().rev().filter(|p| p.key == "password") {
-            out.replace_range(p.value_at.clone(), MASK);
+            // A quoted key=value password may be followed by the next key with no space
+            // (`password='pw'user=u`): its mask keeps the quotes, or it would swallow that key.
+            let quoted = !self.url && self.text[p.value_at.clone()].starts_with('\'');
+            let joined = self.text[p.value_at.end..]
+                .chars()
+                .next()
+                .is_some_and(|c| !c.is_whitespace());
+            let mask = if quoted && joined { "'***'" } else { MASK };
+            out.replace_range(p.value_at.clone(), mask);
         }
         out
     }
@@ -74,7 +82,13 @@ impl ConnInfo {
                 .filter(keep)
                 .map(|p| &self.text[p.whole.clone()])
                 .collect();
-            return kept.join(" ");
+            let out = kept.join(" ");
+            // A key spelled like a URL scheme (`postgres://=x`, after white space the join
+            // drops) must not turn the key=value text into a URL for the driver.
+            return match url_rest(&out) {
+                Some(_) => format!(" {out}"),
+                None => out,
+            };
         }
         // URL: the userinfo password is not a query parameter and is never dropped here.
         let Some(q) = self.query_start() else {

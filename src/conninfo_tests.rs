@@ -54,6 +54,33 @@ fn masks_quoted_and_escaped_key_value_passwords() {
     }
 }
 
+/// Found by the `conninfo` fuzz target (input `password=''\0=\x01`): a quoted password
+/// followed by the next key without a space was masked as a bare `***`, which then ran into
+/// that key: the masked text, set back (or written by CONFIG REWRITE), meant another
+/// password and lost the key.
+#[test]
+fn a_masked_password_never_swallows_the_next_key() {
+    for text in [
+        "password=''\0=\x01",
+        "host=h password='s3cret'user=u dbname=d",
+    ] {
+        let c = ConnInfo::parse(text).unwrap();
+        let m = c.masked();
+        assert!(!m.contains("s3cret"), "{m}");
+        let again = ConnInfo::parse(&m).unwrap();
+        assert_eq!(again.password(), Some(MASK), "{m}");
+        for k in ["host", "user", "dbname", "\0"] {
+            assert_eq!(again.get(k), c.get(k), "{k} in {m}");
+        }
+    }
+    let m = ConnInfo::parse("host=h password='s3cret'user=u")
+        .unwrap()
+        .masked();
+    assert_eq!(m, "host=h password='***'user=u");
+    assert_eq!(driver(&m).get_password(), Some(MASK.as_bytes()));
+    assert_eq!(driver(&m).get_user(), Some("u"));
+}
+
 #[test]
 fn no_password_means_nothing_masked() {
     let t = "host=127.0.0.1 port=5432 user=postgres dbname=postgres";
@@ -98,6 +125,28 @@ fn drops_tls_keys_in_both_forms() {
     let only = ConnInfo::parse("postgres://u@h/db?sslmode=require").unwrap();
     assert_eq!(only.without(&TLS_KEYS), "postgres://u@h/db");
     driver(&only.without(&TLS_KEYS));
+}
+
+/// Found by the `conninfo` fuzz target: white space in front of a key=value string whose
+/// first key looks like a URL scheme kept it a key=value string, but dropping the TLS keys
+/// (and the white space) turned it into a URL with another meaning.
+#[test]
+fn dropping_tls_keys_keeps_the_form() {
+    for text in [
+        "\npostgres://=?\x7f",
+        "sslmode=require postgresql://=a host=h",
+    ] {
+        let c = ConnInfo::parse(text).unwrap();
+        let out = c.without(&TLS_KEYS);
+        let again = ConnInfo::parse(&out).unwrap();
+        assert_eq!(again.get("postgres://"), c.get("postgres://"), "{out:?}");
+        assert_eq!(
+            again.get("postgresql://"),
+            c.get("postgresql://"),
+            "{out:?}"
+        );
+        assert_eq!(again.get("sslmode"), None);
+    }
 }
 
 #[test]

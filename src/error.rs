@@ -13,6 +13,10 @@ pub const EMPTY_ITEM: &str = "ERR item is empty";
 pub const ITEM_TOO_LONG: &str = "ERR item is longer than 1024 bytes";
 pub const ITEM_NOT_TEXT: &str = "ERR item must be valid UTF-8 without NUL bytes";
 pub const ITEM_EMPTY_AFTER_NORMALIZE: &str = "ERR item is empty after normalization";
+/// The normalized form (what is stored) must fit the item limit too: a rebuild canonicalizes
+/// the stored form again and would refuse it (its member would lose its filter bits).
+pub const ITEM_TOO_LONG_AFTER_NORMALIZE: &str =
+    "ERR item is longer than 1024 bytes after normalization";
 pub const SCOPE_TOO_LONG: &str = "ERR scope is longer than 256 bytes";
 pub const SCOPE_NOT_TEXT: &str = "ERR scope must be valid UTF-8 without NUL bytes";
 pub const BAD_TTL: &str = "ERR TTL must be an integer between 1 and 315360000 seconds";

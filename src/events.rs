@@ -17,6 +17,29 @@ pub fn on_generic(_ctx: &Context, _kind: NotifyEvent, event: &str, key: &[u8]) {
     if matches!(event, "copy_to" | "rename_to" | "move_to" | "restore") && keys::is_cache_key(key) {
         keys::distrust_cache();
     }
+    sentinel_event(key);
+}
+
+/// Any event on a slot sentinel (generic: deleted, migrated away, renamed, restored or copied
+/// over; expired; evicted) means it may no longer be the value its node accepted: the next
+/// lookup of that slot looks at the key again (`cluster/owner.rs`).
+pub fn on_sentinel_gone(_ctx: &Context, _kind: NotifyEvent, _event: &str, key: &[u8]) {
+    sentinel_event(key);
+}
+
+#[inline]
+fn sentinel_event(key: &[u8]) {
+    if crate::cluster::enabled() && crate::cluster::owner::is_sentinel_name(key) {
+        crate::cluster::owner::sentinel_touched(crate::cluster::slot::keyslot(key));
+    }
+}
+
+/// FLUSHALL / FLUSHDB remove every key without an event per key.
+#[redis_module_macros::flush_event_handler]
+fn on_flush(_ctx: &Context, _sub: redis_module::server_events::FlushSubevent) {
+    if crate::cluster::enabled() {
+        crate::cluster::owner::sentinels_touched();
+    }
 }
 
 /// Loading a snapshot (DEBUG RELOAD, a replica's full sync) may bring back entries written
@@ -25,9 +48,11 @@ pub fn on_generic(_ctx: &Context, _kind: NotifyEvent, event: &str, key: &[u8]) {
 fn on_loading(_ctx: &Context, sub: LoadingSubevent) {
     if sub != LoadingSubevent::Ended && sub != LoadingSubevent::Failed {
         keys::distrust_cache();
-        // The filters held in module memory come back with the dataset (its aux field).
+        // The filters held in module memory come back with the dataset (its aux field), and
+        // every sentinel is a new value.
         if crate::cluster::enabled() {
             crate::filter_store::clear();
+            crate::cluster::owner::sentinels_touched();
         }
     }
 }

@@ -1,17 +1,44 @@
 //! The Bloom gate as plain Rust: sizing, probing, fill estimates and a versioned binary form.
 //! No server calls here; `filter_type.rs` wraps it as a Valkey data type.
+//!
+//! Design (issue 11, measured in bench/PROFILE.md): a build (CREATE, REBUILD) puts the rows it
+//! read into a static binary fuse filter (8-bit fingerprints: 9.04 bits a member, 0.39 %
+//! false positives, three independent reads per probe); every add after the build (ADD, sync
+//! passes, slot fills, the rebuild's journal) goes to a classic Bloom filter, the delta, which
+//! the next build folds in. Rates below what the static part can give, and tiny sets, keep a
+//! Bloom filter alone.
 
+use xorf::{BinaryFuse8, Descriptor, Filter};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Magic and version in front of every serialized filter.
 const MAGIC: &[u8; 4] = b"LMBF";
-/// Version 2: the watermark is a transaction id (docs/sync.md). Version 1 held a timestamp
-/// (µs) that cannot be converted: such a payload loads as incomplete, with no watermark, so it
-/// never answers "absent" and is rebuilt.
-pub const FORMAT_VERSION: u16 = 2;
+/// Version 3: a static part may follow the Bloom header (its own header after the checksum,
+/// its fingerprints after the Bloom's words; the checksum covers both). Version 2 (a Bloom
+/// filter alone, the watermark a transaction id, docs/sync.md) still loads, as a filter
+/// without a static part. Version 1 held a timestamp (µs) that cannot be converted: such a
+/// payload loads as incomplete, with no watermark, so it never answers "absent" and is rebuilt.
+pub const FORMAT_VERSION: u16 = 3;
+/// The version before the static part: a Bloom filter alone.
+const FORMAT_V2_BLOOM: u16 = 2;
 /// The version whose watermark was a timestamp.
 const FORMAT_V1_TIMESTAMP: u16 = 1;
+/// Header of versions 1 and 2, and the first part of version 3's.
 const HEADER_LEN: usize = 4 + 2 + 2 + 8 + 8 + 8 + 8 + 8 + 1 + 8 + 8;
+/// Version 3's static header: present flag, items, seed, segment length, its mask, segment
+/// count length, fingerprint bytes.
+const STATIC_HEADER_LEN: usize = 1 + 8 + 8 + 4 + 4 + 4 + 8;
+/// Where the checksum sits (the last 8 bytes of `HEADER_LEN`).
+const SUM_AT: usize = HEADER_LEN - 8;
+
+/// False-positive rate of the static part: 8-bit fingerprints match by chance 1 in 256.
+pub const STATIC_FPR: f64 = 1.0 / 256.0;
+/// Fewest rows a build puts in a static part (below it a fuse filter costs more bits a
+/// member than a Bloom filter, and the whole filter is a few hundred bytes anyway).
+pub const STATIC_MIN_ITEMS: usize = 64;
+/// The delta holds at least this share of the built rows (1/50: 2 %) on top of whatever
+/// capacity the build did not use, so adds after a full build have room.
+const DELTA_SHARE: u64 = 50;
 
 /// What a filter knows about its own coverage of the table, persisted with its bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,7 +117,128 @@ pub struct Bloom {
     /// Capacity and rate the filter was sized for.
     capacity: u64,
     fpr: f64,
+    /// The members a build read, in a static filter; `bits`/`k`/`items`/`ones` are then the
+    /// delta, which holds what was added since.
+    frozen: Option<Static>,
 }
+
+/// A binary fuse filter over the low halves of the item hashes of one build: read-only.
+#[derive(Clone, Debug)]
+struct Static {
+    fuse: BinaryFuse8,
+    /// Rows the build put in (duplicates included).
+    items: u64,
+}
+
+impl PartialEq for Static {
+    fn eq(&self, o: &Self) -> bool {
+        self.items == o.items
+            && self.fuse.descriptor == o.fuse.descriptor
+            && self.fuse.fingerprints == o.fuse.fingerprints
+    }
+}
+
+impl Static {
+    /// None when the fuse construction gives up (it retries internally; the caller then
+    /// builds a Bloom filter alone).
+    fn build(hashes: &[u128]) -> Option<Static> {
+        let keys: Vec<u64> = hashes.iter().map(|&h| h as u64).collect();
+        // Release builds of xorf skip duplicate keys while peeling; debug builds assert that
+        // there are none (rows that canonicalize alike are possible), so tests dedupe first.
+        #[cfg(debug_assertions)]
+        let keys = {
+            let mut keys = keys;
+            keys.sort_unstable();
+            keys.dedup();
+            keys
+        };
+        let fuse = BinaryFuse8::try_from(&keys).ok()?;
+        Some(Static {
+            fuse,
+            items: hashes.len() as u64,
+        })
+    }
+
+    #[inline]
+    fn contains(&self, hash: u128) -> bool {
+        self.fuse.contains(&(hash as u64))
+    }
+
+    fn bytes(&self) -> usize {
+        self.fuse.fingerprints.len()
+    }
+
+    fn write_header(s: Option<&Static>, out: &mut Vec<u8>) {
+        let (items, d, len) = match s {
+            Some(s) => (s.items, s.fuse.descriptor.clone(), s.bytes() as u64),
+            None => (
+                0,
+                Descriptor {
+                    seed: 0,
+                    segment_length: 0,
+                    segment_length_mask: 0,
+                    segment_count_length: 0,
+                },
+                0,
+            ),
+        };
+        out.push(s.is_some() as u8);
+        out.extend_from_slice(&items.to_le_bytes());
+        out.extend_from_slice(&d.seed.to_le_bytes());
+        out.extend_from_slice(&d.segment_length.to_le_bytes());
+        out.extend_from_slice(&d.segment_length_mask.to_le_bytes());
+        out.extend_from_slice(&d.segment_count_length.to_le_bytes());
+        out.extend_from_slice(&len.to_le_bytes());
+    }
+
+    /// The static header at the start of `h` (`STATIC_HEADER_LEN` bytes): whether there is a
+    /// static part, its items, descriptor and fingerprint length, each checked so that no
+    /// probe can index outside the fingerprints.
+    fn read_header(h: &[u8]) -> Result<Option<(u64, Descriptor, usize)>, String> {
+        let u32_at = |i: usize| u32::from_le_bytes(h[i..i + 4].try_into().unwrap());
+        let u64_at = |i: usize| u64::from_le_bytes(h[i..i + 8].try_into().unwrap());
+        let present = match h[0] {
+            0 => false,
+            1 => true,
+            x => return Err(format!("filter payload has a bad static flag {x}")),
+        };
+        let (items, seed) = (u64_at(1), u64_at(9));
+        let (len, mask, count_len) = (u32_at(17), u32_at(21), u32_at(25));
+        let fp_len = u64_at(29);
+        if !present {
+            if items != 0 || seed != 0 || len != 0 || mask != 0 || count_len != 0 || fp_len != 0 {
+                return Err("filter payload has a static header without a static part".into());
+            }
+            return Ok(None);
+        }
+        // A probe reads h0 < count_len, h1 < h0 + 2·len and h2 < h0 + 3·len rounded down to
+        // a segment: inside count_len + 2·len when count_len is whole segments.
+        let geometry_ok = len.is_power_of_two()
+            && mask == len - 1
+            && count_len % len == 0
+            && fp_len == count_len as u64 + 2 * len as u64
+            && fp_len <= u32::MAX as u64
+            && items > 0;
+        if !geometry_ok {
+            return Err(format!(
+                "filter payload has a bad static geometry (segment {len}, mask {mask}, count \
+                 {count_len}, {fp_len} bytes, {items} items)"
+            ));
+        }
+        let d = Descriptor {
+            seed,
+            segment_length: len,
+            segment_length_mask: mask,
+            segment_count_length: count_len,
+        };
+        Ok(Some((items, d, fp_len as usize)))
+    }
+}
+
+/// The filter's design, as MEMBER.INFO names it.
+pub const DESIGN_BLOOM: &str = "bloom";
+/// A static part and a delta.
+pub const DESIGN_FUSE: &str = "fuse8+bloom-delta";
 
 /// How many items ahead `add_many` prefetches.
 const PREFETCH_AHEAD: usize = 8;
@@ -144,7 +292,45 @@ impl Bloom {
             ones: 0,
             capacity,
             fpr,
+            frozen: None,
         })
+    }
+
+    /// A filter holding `hashes` (the rows a build read), sized for `capacity` members at
+    /// `fpr`, if it fits in `max_bytes` and the allocator grants it. When the rate allows
+    /// (at least twice `STATIC_FPR`) and there are enough rows, they go into a static part
+    /// and the delta is a Bloom filter for the capacity left over (at least 1/50 of the rows)
+    /// at the rest of the rate, `fpr - STATIC_FPR`: so the combined rate stays within `fpr`
+    /// as long as the delta is within its capacity. Otherwise a Bloom filter alone, as
+    /// `try_new` and `add_many` make it.
+    pub fn build(
+        capacity: u64,
+        fpr: f64,
+        max_bytes: u64,
+        hashes: &[u128],
+    ) -> Result<Self, SizeError> {
+        check_size(capacity, fpr, max_bytes)?;
+        if fpr >= 2.0 * STATIC_FPR && hashes.len() >= STATIC_MIN_ITEMS && fpr < 1.0 {
+            if let Some(frozen) = Static::build(hashes) {
+                let rows = hashes.len() as u64;
+                let room = capacity.saturating_sub(rows).max(rows / DELTA_SHARE).max(1);
+                let delta_fpr = fpr - STATIC_FPR;
+                let delta_bytes = bytes_for(room, delta_fpr);
+                let needed = delta_bytes.saturating_add(frozen.bytes() as u64);
+                let max = max_bytes.min(MAX_BITS / 8);
+                if needed > max {
+                    return Err(SizeError::TooLarge { needed, max });
+                }
+                let mut b = Bloom::try_new(room, delta_fpr, max)?;
+                b.capacity = capacity;
+                b.fpr = fpr;
+                b.frozen = Some(frozen);
+                return Ok(b);
+            }
+        }
+        let mut b = Bloom::try_new(capacity, fpr, max_bytes)?;
+        b.add_many(hashes);
+        Ok(b)
     }
 
     /// A filter for `capacity` items at `fpr`, capped at `MAX_BITS` (tests and small sizes;
@@ -158,6 +344,7 @@ impl Bloom {
             ones: 0,
             capacity,
             fpr,
+            frozen: None,
         }
     }
 
@@ -174,8 +361,12 @@ impl Bloom {
         })
     }
 
-    /// Sets the item's bits. Returns true when at least one bit was new.
+    /// Sets the item's bits in the delta. Returns true when at least one bit was new. An item
+    /// the static part already answers "possibly" for needs no bits: that part never changes.
     pub fn add(&mut self, hash: u128) -> bool {
+        if self.frozen.as_ref().is_some_and(|s| s.contains(hash)) {
+            return false;
+        }
         let mut new = 0;
         for p in self.positions(hash) {
             let (w, b) = ((p / 64) as usize, p % 64);
@@ -210,18 +401,51 @@ impl Bloom {
     /// False means the item was never added. True means "possibly".
     #[inline]
     pub fn contains(&self, hash: u128) -> bool {
-        self.positions(hash)
-            .all(|p| self.bits[(p / 64) as usize] & (1u64 << (p % 64)) != 0)
+        if self.frozen.as_ref().is_some_and(|s| s.contains(hash)) {
+            return true;
+        }
+        // An empty delta (right after a build) costs no memory access.
+        self.ones != 0
+            && self
+                .positions(hash)
+                .all(|p| self.bits[(p / 64) as usize] & (1u64 << (p % 64)) != 0)
     }
 
+    /// Bits of memory the filter's parts hold (static fingerprints and delta).
     pub fn bits(&self) -> u64 {
+        self.static_bits() + self.delta_bits()
+    }
+    /// Bits of the static part (0 without one).
+    pub fn static_bits(&self) -> u64 {
+        self.frozen.as_ref().map_or(0, |s| s.bytes() as u64 * 8)
+    }
+    /// Bits of the delta (the whole filter without a static part).
+    pub fn delta_bits(&self) -> u64 {
         self.bits.len() as u64 * 64
     }
+    /// Hash functions of the delta Bloom filter.
     pub fn hashes(&self) -> u32 {
         self.k
     }
+    /// Members of both parts (the delta counts adds that set a new bit).
     pub fn items(&self) -> u64 {
+        self.static_items() + self.items
+    }
+    /// Rows the last build put in the static part.
+    pub fn static_items(&self) -> u64 {
+        self.frozen.as_ref().map_or(0, |s| s.items)
+    }
+    /// Members added to the delta since the build.
+    pub fn delta_items(&self) -> u64 {
         self.items
+    }
+    /// `DESIGN_FUSE` with a static part, else `DESIGN_BLOOM`.
+    pub fn design(&self) -> &'static str {
+        if self.frozen.is_some() {
+            DESIGN_FUSE
+        } else {
+            DESIGN_BLOOM
+        }
     }
     pub fn capacity(&self) -> u64 {
         self.capacity
@@ -230,20 +454,36 @@ impl Bloom {
         self.fpr
     }
     pub fn bytes(&self) -> usize {
-        self.bits.len() * 8 + std::mem::size_of::<Self>()
+        self.bits.len() * 8
+            + self.frozen.as_ref().map_or(0, Static::bytes)
+            + std::mem::size_of::<Self>()
     }
-    /// Fraction of bits set.
+    /// Fraction of the delta's bits set.
     pub fn fill(&self) -> f64 {
-        self.ones as f64 / self.bits() as f64
+        self.ones as f64 / self.delta_bits() as f64
     }
-    /// Current false-positive probability estimated from the fill: fill^k.
-    pub fn estimated_fpr(&self) -> f64 {
+    /// False-positive probability of the static part: `STATIC_FPR`, 0 without one.
+    pub fn static_fpr(&self) -> f64 {
+        if self.frozen.is_some() {
+            STATIC_FPR
+        } else {
+            0.0
+        }
+    }
+    /// The delta's current false-positive probability, from its fill: fill^k.
+    pub fn delta_fpr(&self) -> f64 {
         self.fill().powi(self.k as i32)
     }
+    /// Current false-positive probability of the whole filter: an absent item passes when
+    /// either part lets it through, 1 - (1 - static)(1 - delta).
+    pub fn estimated_fpr(&self) -> f64 {
+        1.0 - (1.0 - self.static_fpr()) * (1.0 - self.delta_fpr())
+    }
 
-    /// Serialized form: magic, version, k, bits, items, ones, capacity, fpr, complete flag,
-    /// watermark (i64::MIN for none), xxh3 checksum of the bit array, then the bit array
-    /// (all little endian).
+    /// Serialized form (version 3): magic, version, k, bits, items, ones, capacity, fpr of
+    /// the delta header, complete flag, watermark (i64::MIN for none), xxh3 checksum of
+    /// everything after it, the static header (`Static::write_header`), the delta's bit
+    /// array, the static fingerprints (all little endian).
     pub fn to_bytes(&self, cov: Coverage) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.serialized_len());
         self.write_bytes(cov, &mut out);
@@ -252,7 +492,10 @@ impl Bloom {
 
     /// Length of `to_bytes` output.
     pub fn serialized_len(&self) -> usize {
-        HEADER_LEN + self.bits.len() * 8
+        HEADER_LEN
+            + STATIC_HEADER_LEN
+            + self.bits.len() * 8
+            + self.frozen.as_ref().map_or(0, Static::bytes)
     }
 
     /// `to_bytes`, appended to `out` (after whatever envelope the caller wrote).
@@ -260,23 +503,28 @@ impl Bloom {
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
         out.extend_from_slice(&(self.k as u16).to_le_bytes());
-        out.extend_from_slice(&self.bits().to_le_bytes());
+        out.extend_from_slice(&self.delta_bits().to_le_bytes());
         out.extend_from_slice(&self.items.to_le_bytes());
         out.extend_from_slice(&self.ones.to_le_bytes());
         out.extend_from_slice(&self.capacity.to_le_bytes());
         out.extend_from_slice(&self.fpr.to_le_bytes());
         out.push(cov.complete as u8);
         out.extend_from_slice(&cov.watermark.unwrap_or(i64::MIN).to_le_bytes());
-        let body_at = out.len() + 8;
+        let sum_at = out.len();
         out.extend_from_slice(&[0; 8]);
+        Static::write_header(self.frozen.as_ref(), out);
+        let words_at = out.len();
         // One resize and fixed-size copies: a per-word extend checked capacity per word and
         // took ~1 ms per 2 MB of filter.
-        out.resize(body_at + self.bits.len() * 8, 0);
-        for (dst, w) in out[body_at..].chunks_exact_mut(8).zip(&self.bits) {
+        out.resize(words_at + self.bits.len() * 8, 0);
+        for (dst, w) in out[words_at..].chunks_exact_mut(8).zip(&self.bits) {
             dst.copy_from_slice(&w.to_le_bytes());
         }
-        let sum = xxh3_64(&out[body_at..]);
-        out[body_at - 8..body_at].copy_from_slice(&sum.to_le_bytes());
+        if let Some(s) = &self.frozen {
+            out.extend_from_slice(&s.fuse.fingerprints);
+        }
+        let sum = xxh3_64(&out[sum_at + 8..]);
+        out[sum_at..sum_at + 8].copy_from_slice(&sum.to_le_bytes());
     }
 
     /// Parses `to_bytes` output, rejecting anything it cannot fully verify.
@@ -290,7 +538,7 @@ impl Bloom {
         let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
         let version = u16_at(4);
-        if version != FORMAT_VERSION && version != FORMAT_V1_TIMESTAMP {
+        if ![FORMAT_VERSION, FORMAT_V2_BLOOM, FORMAT_V1_TIMESTAMP].contains(&version) {
             return Err(format!(
                 "filter payload version {version} is not supported (this build reads {FORMAT_VERSION})"
             ));
@@ -316,25 +564,45 @@ impl Bloom {
         } else {
             (complete, watermark)
         };
-        let sum = u64_at(57);
+        let sum = u64_at(SUM_AT);
         if !(1..=30).contains(&k) || m == 0 || m % 64 != 0 || m > MAX_BITS {
             return Err(format!("filter payload has bad geometry (k={k}, m={m})"));
         }
         if !(fpr > 0.0 && fpr < 1.0) {
             return Err("filter payload has a bad error rate".into());
         }
-        let body = &b[HEADER_LEN..];
-        if body.len() as u64 != m / 8 {
-            return Err(format!(
-                "filter payload is truncated or padded: {} bit bytes, expected {}",
-                body.len(),
-                m / 8
-            ));
-        }
-        if xxh3_64(body) != sum {
+        // The checksum covers everything after the header: checked first, so that a damaged
+        // byte anywhere is reported as such rather than as whatever field it landed in.
+        if xxh3_64(&b[HEADER_LEN..]) != sum {
             return Err("filter payload checksum mismatch (corrupt data)".into());
         }
-        let bits: Vec<u64> = body
+        // Versions 1 and 2: the bit array follows the header. Version 3: the static header,
+        // the bit array, the fingerprints.
+        let (frozen_header, words_at) = if version == FORMAT_VERSION {
+            let h = b
+                .get(HEADER_LEN..HEADER_LEN + STATIC_HEADER_LEN)
+                .ok_or("filter payload truncated in its static header")?;
+            (Static::read_header(h)?, HEADER_LEN + STATIC_HEADER_LEN)
+        } else {
+            (None, HEADER_LEN)
+        };
+        let fp_len = frozen_header.as_ref().map_or(0, |(_, _, len)| *len);
+        let expected = (m / 8).saturating_add(fp_len as u64);
+        let body_len = (b.len() - words_at) as u64;
+        if body_len != expected {
+            return Err(format!(
+                "filter payload is truncated or padded: {body_len} body bytes, expected {expected}"
+            ));
+        }
+        let words_end = words_at + (m / 8) as usize;
+        let frozen = frozen_header.map(|(items, descriptor, _)| Static {
+            fuse: BinaryFuse8 {
+                descriptor,
+                fingerprints: b[words_end..].into(),
+            },
+            items,
+        });
+        let bits: Vec<u64> = b[words_at..words_end]
             .chunks_exact(8)
             .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
             .collect();
@@ -350,6 +618,7 @@ impl Bloom {
                 ones,
                 capacity,
                 fpr,
+                frozen,
             },
             Coverage {
                 complete,
@@ -363,10 +632,10 @@ impl Bloom {
 mod tests {
     use super::*;
 
-    use crate::canon::hash_parts;
-
+    /// A uniform 128-bit hash per `i`, like the canonical hash of an item (xxh3-128); no
+    /// other module, so `benches/filter.rs` can include this file.
     fn h(i: u64) -> u128 {
-        hash_parts(&format!("item-{i}"), "")
+        xxhash_rust::xxh3::xxh3_128(format!("item-{i}").as_bytes())
     }
 
     #[test]
@@ -480,15 +749,11 @@ mod tests {
 
     #[test]
     fn version_1_payloads_load_incomplete() {
-        let mut b = Bloom::new(1000, 0.01);
-        b.add(h(1));
-        let mut v1 = b.to_bytes(Coverage {
-            complete: true,
-            watermark: Some(1_764_000_000_123_456),
-        });
+        // Version 1 had version 2's layout (tests below); only its watermark meant a time.
+        let mut v1 = include_bytes!("testdata/filter-v2.bin").to_vec();
         v1[4..6].copy_from_slice(&1u16.to_le_bytes());
         let (c, cov) = Bloom::from_bytes(&v1).unwrap();
-        assert_eq!(c, b);
+        assert!((0..300).all(|i| c.contains(fixture_hash(i))));
         assert_eq!(
             cov,
             Coverage {
@@ -496,6 +761,226 @@ mod tests {
                 watermark: None
             }
         );
+    }
+
+    fn built(rows: u64, capacity: u64, fpr: f64) -> (Bloom, Vec<u128>) {
+        let hs: Vec<u128> = (0..rows).map(h).collect();
+        (Bloom::build(capacity, fpr, u64::MAX, &hs).unwrap(), hs)
+    }
+
+    #[test]
+    fn a_build_puts_its_rows_in_the_static_part() {
+        let (b, hs) = built(20_000, 20_000, 0.01);
+        assert_eq!(b.design(), DESIGN_FUSE);
+        assert_eq!(
+            (b.static_items(), b.delta_items(), b.items()),
+            (20_000, 0, 20_000)
+        );
+        assert!(hs.iter().all(|&x| b.contains(x)));
+        // 9.8 bits a row in a fuse filter of 20 000 (9.0 from a million on), plus a delta for
+        // 2 % of the rows at 0.61 %.
+        let per_member = b.bits() as f64 / 20_000.0;
+        assert!((9.0..10.3).contains(&per_member), "{per_member}");
+        assert!(b.static_bits() > b.delta_bits() * 20);
+        assert_eq!(b.estimated_fpr(), STATIC_FPR);
+        let probes = 400_000u64;
+        let fp = (0..probes)
+            .filter(|i| b.contains(h(50_000_000 + i)))
+            .count() as f64;
+        let measured = fp / probes as f64;
+        assert!(
+            (measured - STATIC_FPR).abs() < STATIC_FPR * 0.15,
+            "measured {measured}"
+        );
+    }
+
+    #[test]
+    fn adds_after_a_build_go_to_the_delta() {
+        let (mut b, hs) = built(10_000, 12_000, 0.01);
+        assert!(!b.add(hs[7]), "a built row needs no new bits");
+        assert_eq!(b.delta_items(), 0);
+        let new: Vec<u128> = (100_000..102_000).map(h).collect();
+        b.add_many(&new);
+        assert!(b.delta_items() > 1_950, "{}", b.delta_items());
+        assert!(new.iter().chain(&hs).all(|&x| b.contains(x)));
+        // The delta was sized for the 2 000 members of capacity left: within its rate.
+        assert!(
+            b.delta_fpr() < (0.01 - STATIC_FPR) * 1.1,
+            "{}",
+            b.delta_fpr()
+        );
+        let est = b.estimated_fpr();
+        assert!(est > STATIC_FPR && est < 0.0105, "{est}");
+        let probes = 400_000u64;
+        let fp = (0..probes)
+            .filter(|i| b.contains(h(50_000_000 + i)))
+            .count() as f64;
+        let measured = fp / probes as f64;
+        assert!(
+            (measured - est).abs() < est * 0.15,
+            "measured {measured}, est {est}"
+        );
+    }
+
+    #[test]
+    fn rates_below_twice_the_static_rate_and_tiny_builds_stay_bloom() {
+        let (b, hs) = built(5_000, 5_000, 0.001);
+        assert_eq!(b.design(), DESIGN_BLOOM);
+        assert!(hs.iter().all(|&x| b.contains(x)));
+        assert_eq!(b.items(), 5_000);
+        let (b, _) = built(STATIC_MIN_ITEMS as u64 - 1, 1000, 0.01);
+        assert_eq!(b.design(), DESIGN_BLOOM);
+        // Duplicates (rows that canonicalize alike) are one member.
+        let mut hs: Vec<u128> = (0..1000).map(h).collect();
+        hs.extend_from_within(..500);
+        let b = Bloom::build(1000, 0.01, u64::MAX, &hs).unwrap();
+        assert_eq!(b.design(), DESIGN_FUSE);
+        assert!(hs.iter().all(|&x| b.contains(x)));
+    }
+
+    #[test]
+    fn a_build_refuses_what_the_ceiling_forbids() {
+        let hs: Vec<u128> = (0..10_000).map(h).collect();
+        assert!(matches!(
+            Bloom::build(10_000, 0.01, 4096, &hs),
+            Err(SizeError::TooLarge { .. })
+        ));
+        assert!(Bloom::build(10_000, 0.01, 20_000, &hs).is_ok());
+    }
+
+    #[test]
+    fn roundtrip_keeps_both_parts() {
+        let (mut b, _) = built(3_000, 3_000, 0.02);
+        for i in 0..40 {
+            b.add(h(1_000_000 + i));
+        }
+        assert_eq!(b.design(), DESIGN_FUSE);
+        let cov = Coverage {
+            complete: true,
+            watermark: Some(42),
+        };
+        let bytes = b.to_bytes(cov);
+        assert_eq!(bytes.len(), b.serialized_len());
+        let (c, got) = Bloom::from_bytes(&bytes).unwrap();
+        assert_eq!((c, got), (b, cov));
+    }
+
+    /// A version 2 payload written by the filter of commit 56518fe (before the static part):
+    /// `Bloom::new(1000, 0.01)`, the first 300 of `fixture_hash`, complete, watermark 777.
+    #[test]
+    fn version_2_payloads_load_as_a_bloom_filter() {
+        let v2 = include_bytes!("testdata/filter-v2.bin");
+        assert_eq!(&v2[4..6], &2u16.to_le_bytes());
+        let (b, cov) = Bloom::from_bytes(v2).unwrap();
+        assert_eq!(
+            cov,
+            Coverage {
+                complete: true,
+                watermark: Some(777)
+            }
+        );
+        assert_eq!(b.design(), DESIGN_BLOOM);
+        assert_eq!(
+            (b.capacity(), b.configured_fpr(), b.hashes()),
+            (1000, 0.01, 7)
+        );
+        assert_eq!(b.items(), 300);
+        assert!((0..300).all(|i| b.contains(fixture_hash(i))));
+        let fp = (300..100_300)
+            .filter(|&i| b.contains(fixture_hash(i)))
+            .count();
+        assert!(fp < 1_000, "{fp}");
+        // And it is written back in the current version, unchanged in meaning.
+        let (c, _) = Bloom::from_bytes(&b.to_bytes(cov)).unwrap();
+        assert_eq!(c, b);
+    }
+
+    /// The item hashes of the version 2 fixture.
+    fn fixture_hash(i: u64) -> u128 {
+        (i as u128 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835)
+    }
+
+    #[test]
+    fn a_bad_static_header_is_rejected() {
+        let (b, _) = built(1_000, 1_000, 0.01);
+        let good = b.to_bytes(Coverage {
+            complete: true,
+            watermark: None,
+        });
+        // Each field of the static header, changed, with the checksum made right again: the
+        // geometry checks, not only the checksum, refuse it.
+        for (at, v) in [(0usize, 2u8), (0, 0), (17, 0x7f), (21, 0), (25, 1), (29, 3)] {
+            let mut bad = good.clone();
+            bad[HEADER_LEN + at] = v;
+            let sum = xxh3_64(&bad[HEADER_LEN..]);
+            bad[SUM_AT..HEADER_LEN].copy_from_slice(&sum.to_le_bytes());
+            assert!(Bloom::from_bytes(&bad).is_err(), "field at {at} = {v}");
+        }
+        let mut cut = good.clone();
+        cut.truncate(HEADER_LEN + 5);
+        assert!(Bloom::from_bytes(&cut).is_err());
+        let mut flipped = good;
+        let last = flipped.len() - 1;
+        flipped[last] ^= 1;
+        assert!(Bloom::from_bytes(&flipped)
+            .unwrap_err()
+            .contains("checksum"));
+    }
+
+    mod props {
+        // Used by the tests only: benches/filter.rs compiles this file without them.
+        #[allow(unused_imports)]
+        use super::super::*;
+        use proptest::prelude::*;
+
+        #[derive(Clone, Debug)]
+        enum Op {
+            Add(u128),
+            Rebuild,
+            Reload,
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                8 => any::<u128>().prop_map(Op::Add),
+                1 => Just(Op::Rebuild),
+                1 => Just(Op::Reload),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+            /// Whatever the order of adds, rebuilds (from every member so far) and reloads
+            /// (through the payload), every member added is found: no false negatives.
+            #[test]
+            fn no_false_negatives(
+                first in proptest::collection::vec(any::<u128>(), 0..300),
+                ops in proptest::collection::vec(op(), 0..400),
+                fpr in prop_oneof![Just(0.01), Just(0.05), Just(0.001)],
+            ) {
+                let mut members = first.clone();
+                let mut b = Bloom::build(members.len() as u64 + 16, fpr, u64::MAX, &members).unwrap();
+                let cov = Coverage { complete: true, watermark: Some(1) };
+                for op in ops {
+                    match op {
+                        Op::Add(x) => {
+                            b.add(x);
+                            members.push(x);
+                        }
+                        Op::Rebuild => {
+                            b = Bloom::build(members.len() as u64, fpr, u64::MAX, &members).unwrap();
+                        }
+                        Op::Reload => {
+                            let (c, got) = Bloom::from_bytes(&b.to_bytes(cov)).unwrap();
+                            prop_assert_eq!(got, cov);
+                            prop_assert_eq!(&c, &b);
+                            b = c;
+                        }
+                    }
+                    prop_assert!(members.iter().all(|&x| b.contains(x)));
+                }
+            }
+        }
     }
 
     #[test]
@@ -523,5 +1008,44 @@ mod tests {
         let mut magic = good;
         magic[0] = b'X';
         assert!(Bloom::from_bytes(&magic).is_err());
+    }
+
+    /// Property tests: whatever the sizing and the items, a filter never loses one, neither
+    /// in memory nor through its persisted form.
+    mod sized_props {
+        // Used by the tests only: benches/filter.rs compiles this file without them.
+        #[allow(unused_imports)]
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+
+            #[test]
+            fn no_false_negatives(
+                capacity in 0u64..4000,
+                fpr in 0.000001f64..0.5,
+                hashes in prop::collection::vec(any::<u128>(), 0..400),
+                one_by_one in 0usize..400,
+                watermark in prop::option::of(any::<i64>()),
+            ) {
+                let mut b = Bloom::new(capacity, fpr);
+                let (first, rest) = hashes.split_at(one_by_one.min(hashes.len()));
+                for h in first {
+                    b.add(*h);
+                }
+                b.add_many(rest);
+                for h in &hashes {
+                    prop_assert!(b.contains(*h));
+                }
+                let cov = Coverage { complete: true, watermark: watermark.filter(|w| *w != i64::MIN) };
+                let (loaded, got) = Bloom::from_bytes(&b.to_bytes(cov)).unwrap();
+                prop_assert_eq!(got, cov);
+                for h in &hashes {
+                    prop_assert!(loaded.contains(*h));
+                }
+                prop_assert_eq!(loaded, b);
+            }
+        }
     }
 }

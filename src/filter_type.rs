@@ -427,4 +427,102 @@ mod tests {
         assert_eq!(p.apply_sync(&[9], 0, 10), None);
         assert!(p.bloom.contains(9));
     }
+
+    /// Property test of the fp-cache as the funnel uses it: a lookup asks the database (its
+    /// `asked` time taken first), the answer "absent" is remembered; ADDs go through
+    /// `FilterValue::add`. Whatever the interleaving, hash collisions (same pair, same
+    /// last-add slot) and table size, an item is never answered "known absent" once added,
+    /// unless the database was asked again after that add.
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+        use std::time::{Duration, Instant};
+
+        #[derive(Clone, Debug)]
+        enum Step {
+            /// A lookup of item `i` starts: its database query is asked now.
+            Ask(usize),
+            /// The database answers that lookup "absent": remembered, at most `cap` entries.
+            Absent(usize, usize),
+            /// MEMBER.ADD (or a replicated ADD, or the sync loop) adds item `i`.
+            Add(usize),
+            /// A lookup checks the fp-cache.
+            Check(usize),
+        }
+
+        fn step(items: usize) -> impl Strategy<Value = Step> {
+            let cap = prop::sample::select(vec![0usize, 1, 2, 4, 64, 1024, 16384]);
+            prop_oneof![
+                (0..items).prop_map(Step::Ask),
+                ((0..items), cap).prop_map(|(i, c)| Step::Absent(i, c)),
+                (0..items).prop_map(Step::Add),
+                (0..items).prop_map(Step::Check),
+            ]
+        }
+
+        /// Hashes that collide a lot: low bits from a small range (the table's pair and the
+        /// last-add slot come from them), a few high bits.
+        fn items() -> impl Strategy<Value = Vec<u128>> {
+            prop::collection::vec(
+                (0u128..4096, 0u128..4).prop_map(|(lo, hi)| lo | (hi << 64)),
+                1..8,
+            )
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(128))]
+
+            #[test]
+            fn a_remembered_false_positive_is_never_answered_after_an_add(
+                hashes in items(),
+                steps in prop::collection::vec(step(8), 1..80),
+            ) {
+                let mut v = built(1);
+                let n = hashes.len();
+                // Per item: when its pending lookup was asked (and at which step), the step of
+                // its last add, and the step at which the newest remembered answer was asked.
+                let mut asked: Vec<Option<(Instant, usize)>> = vec![None; n];
+                let mut added_at: Vec<Option<usize>> = vec![None; n];
+                let mut remembered_ask: Vec<Option<usize>> = vec![None; n];
+                for (t, s) in steps.into_iter().enumerate() {
+                    match s {
+                        Step::Ask(i) => asked[i % n] = Some((Instant::now(), t)),
+                        Step::Absent(i, cap) => {
+                            let i = i % n;
+                            if let Some((at, when)) = asked[i].take() {
+                                let now = Instant::now();
+                                let until = now + Duration::from_secs(60);
+                                v.known_absent.insert(hashes[i], at, until, now, cap);
+                                remembered_ask[i] = remembered_ask[i].max(Some(when));
+                            }
+                        }
+                        Step::Add(i) => {
+                            let i = i % n;
+                            v.add(hashes[i]);
+                            added_at[i] = Some(t);
+                        }
+                        Step::Check(i) => {
+                            let i = i % n;
+                            let h = hashes[i];
+                            if added_at[i].is_some() {
+                                prop_assert!(v.bloom.contains(h), "an added item is in the filter");
+                            }
+                            if v.known_absent.contains(h) {
+                                // Some item with this hash was answered absent by a lookup
+                                // asked after every add of that hash.
+                                let same: Vec<usize> = (0..n).filter(|&j| hashes[j] == h).collect();
+                                let last_add = same.iter().filter_map(|&j| added_at[j]).max();
+                                let newest_ask = same.iter().filter_map(|&j| remembered_ask[j]).max();
+                                prop_assert!(newest_ask.is_some());
+                                prop_assert!(
+                                    last_add.is_none_or(|a| newest_ask.unwrap() > a),
+                                    "known absent after an add (step {})", t
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

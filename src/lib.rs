@@ -26,9 +26,11 @@ pub mod funnel;
 pub mod grow;
 pub mod keys;
 pub mod known_absent;
+pub mod latency;
 pub mod limits;
 pub mod mainq;
 pub mod metrics;
+pub mod notify;
 pub mod pg_link;
 pub mod rebuild;
 pub mod redact;
@@ -133,14 +135,35 @@ fn member_info(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResu
     reply::guard(ctx, "MEMBER.INFO", || info::info(ctx, args))
 }
 
-// Unit tests run outside the server, where its allocator does not exist.
-#[cfg(not(test))]
+/// `member.sync-notify` changed: the listener starts or stops (registered here so that
+/// `config` does not depend on `notify`).
+fn on_sync_notify_changed<T>(
+    _: &redis_module::configuration::ConfigurationContext,
+    _: &str,
+    _: &'static T,
+) {
+    notify::ensure();
+}
+
+/// `member.workers` changed: the pool starts or stops workers to match. Registered here, at
+/// the top, so that `config` (read by the pool) does not depend on the pool.
+fn on_workers_changed<T>(
+    _: &redis_module::configuration::ConfigurationContext,
+    _: &str,
+    _: &'static T,
+) {
+    db::pool::resize();
+}
+
+// Unit tests and the fuzz targets (cargo-fuzz compiles with `--cfg fuzzing`) run outside the
+// server, where its allocator does not exist.
+#[cfg(not(any(test, fuzzing)))]
 type Alloc = alloc::ServerAlloc;
-#[cfg(not(test))]
+#[cfg(not(any(test, fuzzing)))]
 const ALLOC: Alloc = alloc::ServerAlloc;
-#[cfg(test)]
+#[cfg(any(test, fuzzing))]
 type Alloc = std::alloc::System;
-#[cfg(test)]
+#[cfg(any(test, fuzzing))]
 const ALLOC: Alloc = std::alloc::System;
 
 fn info_member(ctx: &InfoContext, for_crash_report: bool) {
@@ -242,6 +265,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     db::pool::resize();
     mainq::batch_per_iteration(ctx);
     mainq::start(ctx);
+    notify::started();
     Status::Ok
 }
 
@@ -272,6 +296,7 @@ redis_module! {
     ],
     event_handlers: [
         [@GENERIC: events::on_generic],
+        [@EXPIRED @EVICTED: events::on_sentinel_gone],
     ],
     configurations: [
         i64: [
@@ -299,6 +324,7 @@ redis_module! {
         bool: [
             ["acl-sets", &ACL_SETS, ACL_SETS_DEFAULT, ConfigurationFlags::DEFAULT, None],
             ["auto-grow", &AUTO_GROW, AUTO_GROW_DEFAULT, ConfigurationFlags::DEFAULT, None],
+            ["sync-notify", &SYNC_NOTIFY, SYNC_NOTIFY_DEFAULT, ConfigurationFlags::DEFAULT, Some(Box::new(on_sync_notify_changed))],
         ],
         enum: [],
         module_args_as_configuration: true,

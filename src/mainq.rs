@@ -55,6 +55,8 @@ fn tick(ctx: &Context, _: ()) {
         // and the timer is re-armed whatever happens.
         let upkeep = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             crate::effects::flush_replication(ctx);
+            // A change notification starts its pass within this tick, not the next sweep.
+            crate::sync::poke(ctx);
             crate::state::housekeeping(ctx);
         }));
         if upkeep.is_err() {

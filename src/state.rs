@@ -507,6 +507,7 @@ pub fn housekeeping(ctx: &Context) {
         crate::slot_fill::schedule(ctx);
     }
     let strangers = strangers_waiting(ctx, now);
+    crate::latency::refresh(ctx, now);
     if memory_refresh_due(now) {
         crate::limits::refresh_memory_budget(ctx);
     }

@@ -42,6 +42,12 @@ pub struct Loop {
     /// A filter was installed since the last look (a CREATE's build, a replicated load): it
     /// gets its first pass at once, not an interval later.
     fresh: bool,
+    /// A change notification arrived (`notify.rs`): a pass starts as soon as none is in
+    /// flight and `NOTIFY_MIN_GAP` has passed since the last one started.
+    woken: bool,
+    last_start: Option<Instant>,
+    /// Passes started by a notification (not by the interval).
+    pub woken_passes: u64,
     pub passes: u64,
     pub statements: u64,
     pub rows: u64,
@@ -60,6 +66,30 @@ pub fn with_loop<R>(f: impl FnOnce(&Loop) -> R) -> R {
 
 /// How often one node prunes the change log (any node may; they serialize in the database).
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// Woken passes start at least this far apart: a storm of outside writes costs a node at most
+/// 100 passes a second.
+pub const NOTIFY_MIN_GAP: Duration = Duration::from_millis(10);
+
+/// The main thread's tick: takes a notification's wake-up and starts a pass if one may start
+/// now (none in flight, the gap kept); otherwise the wake-up waits, queued, for a later tick.
+pub fn poke(ctx: &Context) {
+    let ready = LOOP.with(|l| {
+        let mut l = l.borrow_mut();
+        if crate::notify::take_wake() {
+            l.woken = true;
+        }
+        l.woken && !l.in_flight && gap_kept(&l, Instant::now())
+    });
+    if ready {
+        run(ctx, false);
+    }
+}
+
+fn gap_kept(l: &Loop, now: Instant) -> bool {
+    l.last_start
+        .is_none_or(|t| now.duration_since(t) >= NOTIFY_MIN_GAP)
+}
 
 /// A set taking part in a pass: its filter's watermark when the pass started.
 struct Member {
@@ -81,18 +111,27 @@ pub fn run(ctx: &Context, now_all: bool) {
         if l.in_flight {
             return None;
         }
-        let on_time = now_all || l.next.is_none_or(|t| now >= t);
+        let due = now_all || l.next.is_none_or(|t| now >= t);
+        let woke = l.woken && gap_kept(&l, now);
+        let on_time = due || woke;
         // A set learned, or a filter installed, since the last pass gets its first pass at
         // once, not an interval later.
-        (on_time || registered != l.registered || l.fresh).then_some(on_time)
+        (on_time || registered != l.registered || l.fresh).then_some((on_time, woke && !due))
     });
-    let Some(on_time) = on_time else {
+    let Some((on_time, by_wake)) = on_time else {
         if now_all {
             LOOP.with(|l| l.borrow_mut().again = true);
         }
         return;
     };
-    LOOP.with(|l| l.borrow_mut().fresh = false);
+    LOOP.with(|l| {
+        let mut l = l.borrow_mut();
+        l.fresh = false;
+        // Whatever happens next (a pass, or nothing to catch up), this wake-up is served.
+        if on_time {
+            l.woken = false;
+        }
+    });
     let sets: Vec<(String, u64, RedisString, Normalize)> = state::with(|r| {
         r.sets
             .values()
@@ -133,6 +172,10 @@ pub fn run(ctx: &Context, now_all: bool) {
     LOOP.with(|l| {
         let mut l = l.borrow_mut();
         l.next = Some(now + config::sync_interval());
+        l.last_start = Some(now);
+        if by_wake {
+            l.woken_passes += 1;
+        }
         l.registered = registered;
         l.covered = members.iter().map(|m| m.name.clone()).collect();
     });

@@ -16,13 +16,6 @@ const SYNC_FAST: (&str, &str) = ("member.sync-interval-ms", "300");
 const SYNC_OFF: (&str, &str) = ("member.sync-interval-ms", "3600000");
 const WITHIN: Duration = Duration::from_secs(30);
 
-/// Bits of a filter for `n` members at `p`, as `filter::size_for` computes them.
-fn bits_for(n: u64, p: f64) -> u64 {
-    let ln2 = std::f64::consts::LN_2;
-    let m = (-(n as f64 * p.ln()) / (ln2 * ln2)).ceil().max(64.0) as u64;
-    m.div_ceil(64) * 64
-}
-
 fn info_f64(c: &mut Connection, set: &str, field: &str) -> f64 {
     set_info(c, set, field)
         .and_then(|v| v.parse().ok())
@@ -39,20 +32,28 @@ fn log_tail(vk: &Valkey) -> String {
     lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
-/// Waits until `set`'s filter on `c` has `bits` bits and no rebuild is running.
-fn wait_bits(vk: &Valkey, c: &mut Connection, set: &str, bits: u64) {
+/// Waits until `set`'s filter on `c` is built for `capacity` members at `rate` and no rebuild
+/// is running.
+fn wait_built_for(vk: &Valkey, c: &mut Connection, set: &str, capacity: u64, rate: f64) {
     let ok = wait_until(WITHIN, || {
-        set_info(c, set, "filter_bits").and_then(|b| b.parse().ok()) == Some(bits)
+        built_for(c, set) == Some((capacity, rate))
             && set_info(c, set, "rebuild_state").as_deref() == Some("idle")
     });
     assert!(
         ok,
-        "{set}: filter never reached {bits} bits (now {:?}, last rebuild {:?} {:?})\n{}",
-        set_info(c, set, "filter_bits"),
+        "{set}: filter never built for {capacity} at {rate} (now {:?}, last rebuild {:?} {:?})\n{}",
+        built_for(c, set),
         set_info(c, set, "last_rebuild"),
         set_info(c, set, "last_rebuild_error"),
         log_tail(vk)
     );
+}
+
+/// The (capacity, error rate) `set`'s filter was built for.
+fn built_for(c: &mut Connection, set: &str) -> Option<(u64, f64)> {
+    let cap = set_info(c, set, "filter_capacity")?.parse().ok()?;
+    let rate = set_info(c, set, "filter_error_rate")?.parse().ok()?;
+    Some((cap, rate))
 }
 
 fn madd(c: &mut Connection, set: &str, items: &[String]) {
@@ -88,7 +89,7 @@ fn alter_error_and_capacity_swaps_in_a_new_filter_while_lookups_are_served() {
     );
     let first = items("m", 800);
     madd(&mut c, "s", &first);
-    assert_eq!(info_u64(&mut c, "s", "filter_bits"), bits_for(1000, 0.01));
+    assert_eq!(built_for(&mut c, "s"), Some((1000, 0.01)));
 
     // A reader checks the members the whole time: never a 0.
     let stop = Arc::new(AtomicBool::new(false));
@@ -122,7 +123,7 @@ fn alter_error_and_capacity_swaps_in_a_new_filter_while_lookups_are_served() {
     assert_eq!(set_info(&mut c, "s", "capacity").as_deref(), Some("20000"));
     let second = items("n", 300);
     madd(&mut c, "s", &second);
-    wait_bits(&env.vk, &mut c, "s", bits_for(20000, 0.001));
+    wait_built_for(&env.vk, &mut c, "s", 20000, 0.001);
     assert_eq!(info_u64(&mut c, "s", "filter_hashes"), 10);
     assert_eq!(
         set_info(&mut c, "s", "last_rebuild_reason").as_deref(),
@@ -132,8 +133,8 @@ fn alter_error_and_capacity_swaps_in_a_new_filter_while_lookups_are_served() {
     // With SYNC the reply comes once the new filter is in.
     ok(&mut c, &["MEMBER.ALTER", "s", "CAPACITY", "5000", "SYNC"]);
     assert_eq!(
-        info_u64(&mut c, "s", "filter_bits"),
-        bits_for(5000, 0.001),
+        built_for(&mut c, "s"),
+        Some((5000, 0.001)),
         "ALTER … SYNC replied before its filter was in"
     );
 
@@ -383,8 +384,7 @@ fn another_node_and_a_replica_learn_the_altered_definition() {
             "77",
         ],
     );
-    let bits = bits_for(4000, 0.001);
-    wait_bits(&env.vk, &mut p, "x", bits);
+    wait_built_for(&env.vk, &mut p, "x", 4000, 0.001);
     for (vk, c) in [(&other, &mut o), (&replica, &mut r)] {
         assert!(
             wait_until(WITHIN, || set_info(c, "x", "cache_ttl").as_deref()
@@ -393,7 +393,7 @@ fn another_node_and_a_replica_learn_the_altered_definition() {
             log_tail(vk)
         );
         assert_eq!(set_info(c, "x", "error_rate").as_deref(), Some("0.001"));
-        wait_bits(vk, c, "x", bits);
+        wait_built_for(vk, c, "x", 4000, 0.001);
         all_members(c, "x", &members);
     }
     // The other primary built its own; the replica got its primary's.
@@ -480,7 +480,7 @@ fn a_set_filled_to_three_times_its_capacity_grows_its_filter_by_itself() {
         set_info(&mut c, "g", "last_rebuild_reason").as_deref(),
         Some("auto-grow")
     );
-    assert!(info_u64(&mut c, "g", "filter_bits") > bits_for(3000, 0.01));
+    assert!(info_u64(&mut c, "g", "filter_capacity") > 3000);
     all_members(&mut c, "g", &members);
 
     // From outside: 3000 rows in one transaction reach the filter through the sync loop,
@@ -495,7 +495,7 @@ fn a_set_filled_to_three_times_its_capacity_grows_its_filter_by_itself() {
         )
         .unwrap();
     wait_grown(&env.vk, &mut c, "h", 0.01);
-    assert!(info_u64(&mut c, "h", "filter_bits") >= bits_for(6000, 0.01));
+    assert!(info_u64(&mut c, "h", "filter_capacity") >= 6000);
     assert!(info_f64(&mut c, "h", "filter_fpr_est") <= 0.01);
     assert_eq!(info_u64(&mut c, "h", "last_rebuild_rows"), 3000);
     all_members(&mut c, "h", &items("h", 3000));
@@ -557,7 +557,7 @@ fn an_alter_during_a_running_rebuild_is_followed_by_a_build_with_the_new_setting
     tx.commit().unwrap();
     alter.join().unwrap();
     // SYNC answered after the build with the new settings, not the one already running.
-    assert_eq!(info_u64(&mut c, "b", "filter_bits"), bits_for(7000, 0.01));
+    assert_eq!(built_for(&mut c, "b"), Some((7000, 0.01)));
     assert_eq!(
         set_info(&mut c, "b", "last_rebuild_reason").as_deref(),
         Some("alter")
@@ -574,14 +574,14 @@ fn a_node_that_was_down_during_an_alter_rebuilds_its_filter_from_disk() {
     madd(&mut c, "z", &members);
     let mut other = start_with(&env.db.url(), &[SYNC_FAST]);
     let mut o = other.conn();
-    wait_bits(&other, &mut o, "z", bits_for(1000, 0.01));
+    wait_built_for(&other, &mut o, "z", 1000, 0.01);
     other.shutdown(&["SAVE"]);
     ok(&mut c, &["MEMBER.ALTER", "z", "CAPACITY", "9000", "SYNC"]);
     // Back from its RDB with the filter built for CAPACITY 1000: the definition it learns
     // from the catalog is the altered one, and its filter follows.
     other.restart();
     let mut o = other.conn();
-    wait_bits(&other, &mut o, "z", bits_for(9000, 0.01));
+    wait_built_for(&other, &mut o, "z", 9000, 0.01);
     assert_eq!(
         set_info(&mut o, "z", "last_rebuild_reason").as_deref(),
         Some("alter")

@@ -15,6 +15,8 @@ const EMPTY_ITEM: &str = "ERR item is empty";
 const ITEM_TOO_LONG: &str = "ERR item is longer than 1024 bytes";
 const ITEM_NOT_TEXT: &str = "ERR item must be valid UTF-8 without NUL bytes";
 const ITEM_EMPTY_AFTER_NORMALIZE: &str = "ERR item is empty after normalization";
+const ITEM_TOO_LONG_AFTER_NORMALIZE: &str =
+    "ERR item is longer than 1024 bytes after normalization";
 const SCOPE_TOO_LONG: &str = "ERR scope is longer than 256 bytes";
 const SCOPE_NOT_TEXT: &str = "ERR scope must be valid UTF-8 without NUL bytes";
 const BAD_TTL: &str = "ERR TTL must be an integer between 1 and 315360000 seconds";
@@ -259,7 +261,9 @@ fn bad_items_and_scopes() {
     let long = vec![b'a'; 1025];
     let long_utf8 = [&"é".repeat(512).into_bytes()[..], b"a"].concat();
     let long_scope = vec![b's'; 257];
-    let cases: [(&[&[u8]], &str); 15] = [
+    // 1024 bytes that lowercase to 1536.
+    let lengthened = "İ".repeat(512).into_bytes();
+    let cases: [(&[&[u8]], &str); 16] = [
         (&[b"s", b""], EMPTY_ITEM),
         (&[b"s", b"", b"SCOPE", b"m"], EMPTY_ITEM),
         (&[b"s", &long], ITEM_TOO_LONG),
@@ -273,6 +277,7 @@ fn bad_items_and_scopes() {
         (&[b"s", b"keep", b"SCOPE", b"m\0"], SCOPE_NOT_TEXT),
         (&[b"s", b"keep", b"SCOPE", b"m\xff"], SCOPE_NOT_TEXT),
         (&[b"l", b"   "], ITEM_EMPTY_AFTER_NORMALIZE),
+        (&[b"l", &lengthened], ITEM_TOO_LONG_AFTER_NORMALIZE),
         (&[b"l", b" \t\n "], ITEM_EMPTY_AFTER_NORMALIZE),
         (&[b"l", b"   ", b"SCOPE", b"m"], ITEM_EMPTY_AFTER_NORMALIZE),
     ];

@@ -394,3 +394,63 @@ fn the_cli_in_cluster_mode_follows_moved() {
     let plain = run(&[]);
     assert!(plain.contains("MOVED"), "without -c: {plain}");
 }
+
+/// Two primaries asked at once to create one set with different settings: the catalog keeps
+/// exactly one definition, the other CREATE gets a clear error, and every node ends up with
+/// the kept one.
+#[test]
+fn a_create_racing_on_two_nodes_keeps_one_definition() {
+    let cl = Cluster::shared();
+    let nodes: Vec<_> = cl.primaries().take(2).collect();
+    for round in 0..3 {
+        let set = format!("race{round}");
+        let barrier = std::sync::Barrier::new(2);
+        let replies: Vec<Result<Value, String>> = std::thread::scope(|s| {
+            let handles: Vec<_> = nodes
+                .iter()
+                .zip(["0.01", "0.05"])
+                .map(|(n, rate)| {
+                    let (set, barrier) = (&set, &barrier);
+                    let mut c = n.conn();
+                    s.spawn(move || {
+                        barrier.wait();
+                        redis::cmd("MEMBER.CREATE")
+                            .arg(set)
+                            .arg("ERROR")
+                            .arg(rate)
+                            .query::<Value>(&mut c)
+                            .map_err(|e| e.to_string())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let oks = replies
+            .iter()
+            .filter(|r| matches!(r, Ok(Value::Okay)))
+            .count();
+        assert_eq!(oks, 1, "{set}: {replies:?}");
+        let refused = replies.iter().find_map(|r| r.as_ref().err()).unwrap();
+        assert!(
+            refused.contains("set already exists with different settings"),
+            "{set}: {refused}"
+        );
+        let rates: Vec<Option<String>> = cl
+            .nodes
+            .iter()
+            .map(|n| {
+                let mut c = n.conn();
+                let mut rate = None;
+                wait_until(Duration::from_secs(20), || {
+                    rate = set_info(&mut c, &set, "error_rate");
+                    rate.is_some()
+                });
+                rate
+            })
+            .collect();
+        assert!(
+            rates.iter().all(|r| r.is_some() && *r == rates[0]),
+            "{set}: {rates:?}"
+        );
+    }
+}

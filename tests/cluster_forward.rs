@@ -11,16 +11,12 @@ use support::cluster::{Cluster, Node};
 use support::member::*;
 use support::wait_until;
 
-/// Waits until every node answers "absent" from the filter for every slot it serves.
-fn wait_ready(cl: &Cluster, set: &str) {
-    for n in &cl.nodes {
-        let mut c = n.conn();
-        let ready = wait_until(Duration::from_secs(30), || {
-            let owned = set_info(&mut c, set, "cluster_slots_owned");
-            owned.is_some() && owned == set_info(&mut c, set, "cluster_slots_ready")
-        });
-        assert!(ready, "{set} never ready on {}", n.addr());
-    }
+/// The test that stalls a node holds this exclusively; every other test holds it shared, so
+/// none of them sees that stall as a wrong timeout.
+static STALL: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    STALL.read().unwrap_or_else(|e| e.into_inner())
 }
 
 fn create(cl: &Cluster, set: &str, normalize: &str) {
@@ -28,7 +24,7 @@ fn create(cl: &Cluster, set: &str, normalize: &str) {
         &mut cl.nodes[0].conn(),
         &["MEMBER.CREATE", set, "NORMALIZE", normalize],
     );
-    wait_ready(cl, set);
+    cl.wait_ready(set);
 }
 
 /// The primary that the cluster routes `item` to.
@@ -64,6 +60,7 @@ fn spread(cl: &Cluster, forms: impl Fn(usize) -> [String; 3]) -> [String; 3] {
 /// read elsewhere), and its replica gets the effects.
 #[test]
 fn add_in_one_form_exists_in_another_on_a_third_node() {
+    let _stall = shared();
     let cl = Cluster::shared();
     let spellings: [(&str, Forms); 2] = [
         ("lower", |i| {
@@ -128,6 +125,7 @@ fn add_in_one_form_exists_in_another_on_a_third_node() {
 /// An item never added, asked in a non-canonical form: the holder's filter says no.
 #[test]
 fn a_missing_item_in_another_form_is_a_bloom_negative_of_the_holder() {
+    let _stall = shared();
     let cl = Cluster::shared();
     let set = "fwd_missing";
     create(cl, set, "lower");
@@ -156,6 +154,7 @@ fn a_missing_item_in_another_form_is_a_bloom_negative_of_the_holder() {
 /// an ADD's expiry travels with it.
 #[test]
 fn del_and_expiry_travel_with_the_forwarded_write() {
+    let _stall = shared();
     let cl = Cluster::shared();
     let set = "fwd_del";
     create(cl, set, "lower");
@@ -250,6 +249,7 @@ impl Drop for Config<'_> {
 /// agrees that it did.
 #[test]
 fn a_holder_too_slow_to_answer_gives_unavailable_and_nothing_wrong_after() {
+    let _stall = STALL.write().unwrap_or_else(|e| e.into_inner());
     let cl = Cluster::shared();
     let set = "fwd_slow";
     create(cl, set, "lower");
@@ -305,6 +305,7 @@ fn a_holder_too_slow_to_answer_gives_unavailable_and_nothing_wrong_after() {
 /// answered where it is routed.
 #[test]
 fn sets_without_normalization_keep_every_spelling_apart() {
+    let _stall = shared();
     let cl = Cluster::shared();
     let set = "fwd_none";
     create(cl, set, "none");
@@ -324,6 +325,7 @@ fn sets_without_normalization_keep_every_spelling_apart() {
 /// Every node needs the key.
 #[test]
 fn a_tokenized_set_is_served_by_the_holder_of_each_tokens_slot() {
+    let _stall = shared();
     let cl = Cluster::shared();
     let dir = std::env::temp_dir().join(format!("member-cluster-token-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -356,7 +358,7 @@ fn a_tokenized_set_is_served_by_the_holder_of_each_tokens_slot() {
             "hmac-sha256",
         ],
     );
-    wait_ready(cl, set);
+    cl.wait_ready(set);
     let items: Vec<String> = (0..12).map(|i| format!("Card-{i}")).collect();
     for it in &items {
         assert_eq!(

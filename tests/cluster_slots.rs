@@ -28,24 +28,6 @@ fn number(c: &mut Connection, set: &str, field: &str) -> i64 {
         .unwrap()
 }
 
-/// Waits until every node answers "absent" from the filter for every slot it serves.
-fn wait_ready(cl: &Cluster, set: &str) {
-    for n in &cl.nodes {
-        let mut c = n.conn();
-        let ready = wait_until(Duration::from_secs(30), || {
-            let owned = set_info(&mut c, set, "cluster_slots_owned");
-            owned.is_some() && owned == set_info(&mut c, set, "cluster_slots_ready")
-        });
-        assert!(
-            ready,
-            "{set} never ready on {}: owned {:?}, ready {:?}",
-            n.addr(),
-            set_info(&mut c, set, "cluster_slots_owned"),
-            set_info(&mut c, set, "cluster_slots_ready")
-        );
-    }
-}
-
 /// A per-item call sent where the cluster routes it: the owner of its item's slot.
 fn routed(cl: &Cluster, args: &[&str]) -> i64 {
     int(&mut cl.owner(cl.keyslot(args[2])).conn(), args)
@@ -80,11 +62,18 @@ fn every_owned_slot_has_a_sentinel_and_the_filter_is_no_key() {
         &mut cl.nodes[0].conn(),
         &["MEMBER.CREATE", set, "NORMALIZE", "none"],
     );
-    wait_ready(cl, set);
+    cl.wait_ready(set);
     let mut owned_total = 0;
     for n in &cl.nodes {
         let mut c = n.conn();
         let owned = number(&mut c, set, "cluster_slots_owned");
+        // MEMBER.INFO says which node's part it shows.
+        assert_eq!(
+            set_info(&mut c, set, "cluster_node").as_deref(),
+            Some(n.id.as_str())
+        );
+        let role = if n.primary { "primary" } else { "replica" };
+        assert_eq!(set_info(&mut c, set, "cluster_role").as_deref(), Some(role));
         assert!((5000..=5600).contains(&owned), "{}: {owned}", n.addr());
         if n.primary {
             owned_total += owned;
@@ -143,7 +132,7 @@ fn a_sentinel_that_went_away_and_came_back_is_not_believed() {
         &mut cl.nodes[0].conn(),
         &["MEMBER.CREATE", set, "NORMALIZE", "none"],
     );
-    wait_ready(cl, set);
+    cl.wait_ready(set);
     let (item, slot) = probe(cl, "comeback");
     let owner = cl.owner(slot);
     let mut c = owner.conn();
@@ -191,6 +180,14 @@ fn a_sentinel_that_went_away_and_came_back_is_not_believed() {
         explain(&mut c, set, &item) == (0, "bloom-negative".into())
     }));
     assert_eq!(int(&mut c, &["EXISTS", &key]), 1);
+    // A sentinel given a TTL could expire unseen: it no longer counts, and the owner writes a
+    // fresh one without.
+    assert_eq!(int(&mut c, &["PEXPIRE", &key, "600000"]), 1);
+    assert_eq!(explain(&mut c, set, &item), (0, "db-miss".into()));
+    assert!(wait_until(Duration::from_secs(30), || {
+        explain(&mut c, set, &item) == (0, "bloom-negative".into())
+    }));
+    assert_eq!(int(&mut c, &["PTTL", &key]), -1);
 }
 
 /// A client routes by the bytes it sends; only the holder of the canonical form's slot changes
@@ -205,7 +202,7 @@ fn a_write_whose_canonical_form_lies_elsewhere_is_forwarded_there() {
         &mut cl.nodes[0].conn(),
         &["MEMBER.CREATE", set, "NORMALIZE", "lower"],
     );
-    wait_ready(cl, set);
+    cl.wait_ready(set);
     let (raw, canon) = (0..)
         .map(|i| (format!("Mixed-{i}"), format!("mixed-{i}")))
         .find(|(r, l)| cl.owner(cl.keyslot(r)).port() != cl.owner(cl.keyslot(l)).port())
@@ -243,7 +240,7 @@ fn filters_come_back_with_the_dataset() {
         &["MEMBER.CREATE", set, "NORMALIZE", "none"],
     );
     assert_eq!(routed(cl, &["MEMBER.ADD", set, "kept"]), 1);
-    wait_ready(cl, set);
+    cl.wait_ready(set);
     let owner = cl.owner(cl.keyslot("kept"));
     let mut c = owner.conn();
     let rebuilds = info_field(&mut c, "rebuilds_done");
@@ -254,7 +251,7 @@ fn filters_come_back_with_the_dataset() {
         Some("1")
     );
     assert_eq!(set_info(&mut c, set, "filter_bits"), bits);
-    wait_ready(cl, set);
+    cl.wait_ready(set);
     assert_eq!(explain(&mut c, set, "kept").0, 1);
     let (item, slot) = probe(cl, "carried");
     assert_eq!(
@@ -283,7 +280,7 @@ fn each_primary_holds_only_its_share_of_the_filter() {
             "none",
         ],
     );
-    wait_ready(cl, set);
+    cl.wait_ready(set);
     let mut bits = 0;
     for n in cl.primaries() {
         let mut c = n.conn();
@@ -355,7 +352,7 @@ fn a_slot_that_arrives_is_filled_and_one_that_returns_is_still_covered() {
         &mut cl.nodes[0].conn(),
         &["MEMBER.CREATE", set, "NORMALIZE", "none"],
     );
-    wait_ready(cl, set);
+    cl.wait_ready(set);
     let (absent, slot) = probe(cl, "arrivals");
     let src = cl.owner(slot);
     let dst = cl.primaries().find(|n| n.port() != src.port()).unwrap();

@@ -290,6 +290,51 @@ fn debug_reload_keeps_members() {
     assert_in_filter(&env.vk, &mut c, "s", &items, "after DEBUG RELOAD");
 }
 
+/// Issue 11: a rebuilt filter keeps its rows in a static part and later adds in a delta; both
+/// survive a reload (payload version 3) and MEMBER.INFO names them.
+#[test]
+fn debug_reload_keeps_both_parts_of_a_rebuilt_filter() {
+    let env = env(&[("enable-debug-command", "yes")]);
+    let mut c = env.conn();
+    create(&mut c, "s", &["CAPACITY", "1000"]);
+    env.pg()
+        .batch_execute(
+            "INSERT INTO member_s (entity_id) SELECT 'row-' || g FROM generate_series(1, 1000) g",
+        )
+        .unwrap();
+    assert_eq!(int(&mut c, &["MEMBER.REBUILD", "s", "SYNC"]), 1000);
+    let late = names("late", 15);
+    add_all(&env.vk, &mut c, "s", &late);
+    let field = |c: &mut Connection, f: &str| set_info(c, "s", f).unwrap_or_default();
+    assert_eq!(field(&mut c, "filter_design"), "fuse8+bloom-delta");
+    assert_eq!(field(&mut c, "filter_static_items"), "1000");
+    assert_eq!(field(&mut c, "filter_delta_items"), "15");
+    let before: Vec<String> = ["filter_bits", "filter_static_bits", "filter_delta_bits"]
+        .iter()
+        .map(|f| field(&mut c, f))
+        .collect();
+
+    ok(&mut c, &["DEBUG", "RELOAD"]);
+    let after: Vec<String> = ["filter_bits", "filter_static_bits", "filter_delta_bits"]
+        .iter()
+        .map(|f| field(&mut c, f))
+        .collect();
+    assert_eq!(after, before, "the reload changed the filter's parts");
+    assert_eq!(field(&mut c, "filter_delta_items"), "15");
+    wait_info(&env.vk, &mut c, "s", "filter_caught_up", "1", SETTLE);
+    thread::sleep(PAST_RECENT);
+    let rows: Vec<String> = (1..=1000).map(|i| format!("row-{i}")).collect();
+    assert_in_filter(
+        &env.vk,
+        &mut c,
+        "s",
+        &rows,
+        "static part, after DEBUG RELOAD",
+    );
+    assert_in_filter(&env.vk, &mut c, "s", &late, "delta, after DEBUG RELOAD");
+    assert_rejected(&env.vk, &mut c, "s", "never-added", "after DEBUG RELOAD");
+}
+
 #[test]
 fn restart_from_rdb_and_kill9_catch_up() {
     let mut env = env(&[]);
@@ -1014,7 +1059,10 @@ fn cache_entries_from_an_earlier_process_are_not_trusted() {
 fn effects_during_client_pause_write_are_held_not_fatal() {
     // With an AOF, every derived effect is propagated; propagating while writes are paused
     // aborts the server (valkey-io/valkey#1921), so the module must hold them back.
-    let env = env(&[("appendonly", "yes")]);
+    // The 200 000-row insert keeps the sync loop's worker busy for a while on a loaded
+    // machine: the ADDs below may wait longer than the default timeout, which this test is
+    // not about.
+    let env = env(&[("appendonly", "yes"), ("member.db-timeout-ms", "20000")]);
     let mut c = env.conn();
     create(&mut c, "s", &[]);
     env.pg()

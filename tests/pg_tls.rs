@@ -10,6 +10,14 @@ use support::member::*;
 use support::tls::{self, PASSWORD, PW_ROLE};
 use support::{start_with, wait_until, Valkey};
 
+/// Held by the tests that log in as `PW_ROLE` with its password: one of them changes that
+/// password for a while, which fails the other's logins if they overlap.
+static PW_ROLE_PASSWORD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn pw_role_password() -> std::sync::MutexGuard<'static, ()> {
+    PW_ROLE_PASSWORD.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A fresh database of the TLS cluster.
 fn db() -> String {
     tls::pg().create_db()
@@ -195,6 +203,7 @@ fn assert_nowhere(vk: &Valkey, c: &mut Connection, secret: &str) {
 
 #[test]
 fn the_password_is_never_shown() {
+    let _role = pw_role_password();
     let d = db();
     let url = kv(
         "127.0.0.1",
@@ -259,6 +268,7 @@ fn the_password_is_never_shown() {
 
 #[test]
 fn password_file_is_read_at_each_connection() {
+    let _role = pw_role_password();
     let d = db();
     let dir = std::env::temp_dir().join(format!("member-pw-{}-{d}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -14,7 +14,9 @@
 use std::cell::RefCell;
 use std::time::Instant;
 
-use redis_module::{Context, RedisString, RedisValue};
+use std::os::raw::c_int;
+
+use redis_module::{raw, Context, RedisString, RedisValue};
 
 use super::nodes;
 use super::sentinel::{Sentinel, SENTINEL_TYPE};
@@ -36,6 +38,11 @@ struct Own {
     /// Owned slots being migrated away: no key of ours is written there any more.
     migrating: Vec<bool>,
     accepted: Vec<Option<Accepted>>,
+    /// The accepted sentinel was seen at its key, and no keyspace event has touched that key
+    /// since (`sentinel_touched`): the hot path then skips the key lookup. Every way a key can
+    /// go or be replaced (DEL, MIGRATE, RESTORE, COPY, RENAME, expiry, eviction, flush, load)
+    /// clears it.
+    verified: Vec<bool>,
     names: Vec<Option<RedisString>>,
     /// The last poll's error, for INFO.
     last_error: Option<String>,
@@ -49,6 +56,7 @@ impl Default for Own {
             owned: vec![false; SLOTS],
             migrating: vec![false; SLOTS],
             accepted: vec![None; SLOTS],
+            verified: vec![false; SLOTS],
             names: (0..SLOTS).map(|_| None).collect(),
             last_error: None,
             owned_count: 0,
@@ -78,16 +86,36 @@ fn with_name<R>(o: &mut Own, slot: u16, f: impl FnOnce(&RedisString) -> R) -> R 
     f(n)
 }
 
-/// Identity of the sentinel value at `name`, if one is there.
+/// Identity of the sentinel value at `name`, if one is there without a TTL. A sentinel given a
+/// TTL does not count (it could expire unseen, and a key missing at a migration moves no
+/// event): the primary writes a fresh one at its next poll.
 fn sentinel_at(ctx: &Context, name: &RedisString) -> Option<u64> {
-    let k = ctx.open_key(name);
-    match k.get_value::<Sentinel>(&SENTINEL_TYPE) {
-        Ok(Some(s)) => Some(s.id),
-        _ => None,
+    let mt = *SENTINEL_TYPE.raw_type.borrow();
+    // SAFETY: ctx and name are live; the key is opened for reading and closed before return;
+    // the type check guarantees the value is a Sentinel we stored.
+    unsafe {
+        let k =
+            raw::RedisModule_OpenKey.unwrap()(ctx.ctx, name.inner, raw::REDISMODULE_READ as c_int)
+                .cast::<raw::RedisModuleKey>();
+        if k.is_null() {
+            return None;
+        }
+        let ours = raw::RedisModule_KeyType.unwrap()(k) == raw::REDISMODULE_KEYTYPE_MODULE as c_int
+            && raw::RedisModule_ModuleTypeGetType.unwrap()(k) == mt
+            && raw::RedisModule_GetExpire.unwrap()(k) == raw::REDISMODULE_NO_EXPIRE as i64;
+        let id = if ours {
+            let v = raw::RedisModule_ModuleTypeGetValue.unwrap()(k).cast::<Sentinel>();
+            v.as_ref().map(|s| s.id)
+        } else {
+            None
+        };
+        raw::RedisModule_CloseKey.unwrap()(k);
+        id
     }
 }
 
 /// Writes a new sentinel at `name` (replacing whatever is there) and returns its identity.
+/// The caller clears the slot's `verified` (a module write fires no keyspace event).
 pub fn write_sentinel(ctx: &Context, name: &RedisString) -> Option<u64> {
     let k = ctx.open_key_writable(name);
     let s = Sentinel::new();
@@ -107,8 +135,31 @@ pub fn ready(ctx: &Context, slot: u16, covered_since: Option<Instant>) -> bool {
         if covered_since.is_none_or(|c| c < a.ready_at) {
             return false;
         }
-        with_name(&mut o, slot, |n| sentinel_at(ctx, n)) == Some(a.id)
+        sentinel_is(ctx, &mut o, slot, a.id)
     })
+}
+
+/// True when `slot`'s sentinel is the value `id`: known from no event having touched its
+/// key since it was last seen, or seen now.
+#[inline]
+fn sentinel_is(ctx: &Context, o: &mut Own, slot: u16, id: u64) -> bool {
+    let s = slot as usize;
+    if o.verified[s] {
+        return true;
+    }
+    let here = with_name(o, slot, |n| sentinel_at(ctx, n)) == Some(id);
+    o.verified[s] = here;
+    here
+}
+
+/// A keyspace event touched the sentinel key of `slot` (it may be gone or another value).
+pub fn sentinel_touched(slot: u16) {
+    OWN.with(|o| o.borrow_mut().verified[slot as usize] = false);
+}
+
+/// Every key may have gone or been replaced (FLUSHALL, a dataset load).
+pub fn sentinels_touched() {
+    OWN.with(|o| o.borrow_mut().verified.fill(false));
 }
 
 /// True when this node holds `slot` now: owned by the last poll, not being migrated away, and
@@ -123,7 +174,7 @@ pub fn holds(ctx: &Context, slot: u16) -> bool {
         let Some(a) = o.accepted[s].filter(|_| o.owned[s] && !o.migrating[s]) else {
             return false;
         };
-        with_name(&mut o, slot, |n| sentinel_at(ctx, n)) == Some(a.id)
+        sentinel_is(ctx, &mut o, slot, a.id)
     })
 }
 
@@ -242,6 +293,8 @@ pub fn poll(ctx: &Context) -> Option<Instant> {
                 o.accepted[s] = Some(Accepted { id, ready_at });
                 accepted_any = true;
             }
+            // Seen at its key just now (a value written here is checked at its first use).
+            o.verified[s] = found == Some(id);
         }
         o.owned_count = now_owned.iter().filter(|x| **x).count();
         o.owned = now_owned;

@@ -83,11 +83,23 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
                     v.cov.watermark.map(|w| w.to_string()).unwrap_or_default(),
                 ),
                 ("filter_bits", b.bits().to_string()),
+                // The settings it was built for (a set's may have changed since: ALTER).
+                ("filter_capacity", b.capacity().to_string()),
+                ("filter_error_rate", b.configured_fpr().to_string()),
                 ("filter_hashes", b.hashes().to_string()),
                 ("filter_items", b.items().to_string()),
                 ("filter_bytes", b.bytes().to_string()),
                 ("filter_fill", f(b.fill())),
                 ("filter_fpr_est", f(b.estimated_fpr())),
+                // The design and its parts (filter.rs): the rows of the last build in a
+                // static part, adds since in a Bloom delta; fill and hashes are the delta's.
+                ("filter_design", b.design().to_string()),
+                ("filter_static_items", b.static_items().to_string()),
+                ("filter_static_bits", b.static_bits().to_string()),
+                ("filter_static_fpr_est", f(b.static_fpr())),
+                ("filter_delta_items", b.delta_items().to_string()),
+                ("filter_delta_bits", b.delta_bits().to_string()),
+                ("filter_delta_fpr_est", f(b.delta_fpr())),
                 ("fp_cache_entries", v.known_absent.live().to_string()),
                 (
                     "cluster_slots_covered",
@@ -163,7 +175,20 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
             ));
             out.push(("sync_rows_applied", s.sync.rows_applied.to_string()));
             if crate::cluster::enabled() {
-                // This node's part: the slots it answers for, and those whose negatives count.
+                // Everything below is this node's part of the set, and says which node that is.
+                let me = match ctx.call("CLUSTER", &["MYID"]) {
+                    Ok(redis_module::RedisValue::BulkString(s))
+                    | Ok(redis_module::RedisValue::SimpleString(s)) => s,
+                    _ => "unknown".into(),
+                };
+                out.push(("cluster_node", me));
+                let role = if crate::cluster::owner::is_primary() {
+                    "primary"
+                } else {
+                    "replica"
+                };
+                out.push(("cluster_role", role.into()));
+                // The slots it answers for, and those whose negatives count.
                 let (owned, ready, err) = crate::cluster::owner::summary(ctx, s.covered_since);
                 out.push(("cluster_slots_owned", owned.to_string()));
                 out.push(("cluster_slots_ready", ready.to_string()));
@@ -229,6 +254,22 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
             ("sync_rows_applied", l.rows.to_string()),
             ("sync_statements_per_pass", l.last_statements.to_string()),
             ("sync_rows_per_pass", l.last_rows.to_string()),
+            ("sync_notify", crate::notify::state().name().to_string()),
+            (
+                "sync_notify_received",
+                crate::notify::RECEIVED.load(Ordering::Relaxed).to_string(),
+            ),
+            ("sync_notify_passes", l.woken_passes.to_string()),
+            (
+                "sync_notify_connects",
+                crate::notify::CONNECTS.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "sync_notify_error",
+                crate::notify::last_error()
+                    .unwrap_or_else(|| "none".into())
+                    .replace(['\r', '\n'], " "),
+            ),
         ]
     });
     let mut fields: Vec<(&str, String)> = metrics::global(|m| {

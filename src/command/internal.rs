@@ -240,6 +240,7 @@ pub fn own(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if !crate::cluster::enabled() || !crate::cluster::owner::is_sentinel_name(key.as_slice()) {
         return Err(RedisError::Str("ERR libmember: not a slot sentinel"));
     }
+    crate::cluster::owner::sentinel_touched(crate::cluster::slot::keyslot(key.as_slice()));
     crate::cluster::owner::write_sentinel(ctx, &key);
     Ok(RedisValue::SimpleStringStatic("OK"))
 }

@@ -54,6 +54,14 @@ pub fn lookup(ctx: &Context, args: Vec<RedisString>, explain: bool) -> RedisResu
 /// path. `None` for any shape the generic parser must judge (it then gives the same errors).
 pub fn exists_fast(ctx: &Context, argv: &[&[u8]]) -> Option<RedisResult> {
     let started = metrics::sample_start();
+    let (set, item, scope) = fast_shape(argv)?;
+    Some(funnel(ctx, set, item, scope, false, started))
+}
+
+/// The one shape the hot path reads in place, `<cmd> <set> <item> [SCOPE <scope>]` with a
+/// valid set name, as (set, item, scope): what `ItemArgs::parse` makes of the same arguments.
+/// `None` for any other shape (the generic parser judges it and gives the errors). Pure.
+pub fn fast_shape<'a>(argv: &[&'a [u8]]) -> Option<(&'a str, &'a [u8], &'a [u8])> {
     let (set, item, scope): (&[u8], &[u8], &[u8]) = match *argv {
         [_, set, item] => (set, item, b""),
         [_, set, item, opt, scope] if opt.eq_ignore_ascii_case(b"SCOPE") => (set, item, scope),
@@ -64,7 +72,7 @@ pub fn exists_fast(ctx: &Context, argv: &[&[u8]]) -> Option<RedisResult> {
     }
     // SAFETY: valid_set_name admits only ASCII lowercase letters, digits and '_'.
     let set = unsafe { std::str::from_utf8_unchecked(set) };
-    Some(funnel(ctx, set, item, scope, false, started))
+    Some((set, item, scope))
 }
 
 /// Where the funnel got without waiting for anything.

@@ -35,37 +35,42 @@ pub fn valid_set_name(b: &[u8]) -> bool {
 }
 
 /// Validates a set name argument.
-pub fn set_name(arg: &RedisString) -> Result<String, RedisError> {
-    let b = arg.as_slice();
+pub fn set_name(b: &[u8]) -> Result<String, RedisError> {
     if !valid_set_name(b) {
         return Err(err(error::BAD_SET_NAME));
     }
     Ok(String::from_utf8_lossy(b).into_owned())
 }
 
+/// One command argument as bytes: the server's `RedisString` in the module, plain byte
+/// vectors or slices where no server runs (the fuzz targets and unit tests drive the same
+/// parsers with those).
+pub trait Arg: std::ops::Deref<Target = [u8]> {}
+impl<A: std::ops::Deref<Target = [u8]>> Arg for A {}
+
 /// `NAME value` option pairs after the positional arguments, each allowed at most once.
-pub struct Options {
-    pairs: Vec<(&'static str, RedisString)>,
+pub struct Options<A: Arg = RedisString> {
+    pairs: Vec<(&'static str, A)>,
 }
 
-impl Options {
+impl<A: Arg> Options<A> {
     /// Parses pairs whose names are `first` or one of `more` (case-insensitive).
     pub fn parse(
-        rest: impl Iterator<Item = RedisString>,
+        rest: impl Iterator<Item = A>,
         first: &'static str,
         more: &[&'static str],
-    ) -> Result<Options, RedisError> {
+    ) -> Result<Options<A>, RedisError> {
         let mut rest = rest.peekable();
-        let mut pairs: Vec<(&'static str, RedisString)> = Vec::new();
+        let mut pairs: Vec<(&'static str, A)> = Vec::new();
         while let Some(name) = rest.next() {
-            let given = name.as_slice();
+            let given: &[u8] = &name;
             let Some(opt) = std::iter::once(&first)
                 .chain(more)
                 .find(|a| a.as_bytes().eq_ignore_ascii_case(given))
             else {
                 return Err(RedisError::String(format!(
                     "ERR unknown option '{}'",
-                    crate::reply::escape(name.as_slice())
+                    crate::reply::escape(given)
                 )));
             };
             let value = rest
@@ -79,7 +84,7 @@ impl Options {
         Ok(Options { pairs })
     }
 
-    pub fn get(&self, name: &str) -> Option<&RedisString> {
+    pub fn get(&self, name: &str) -> Option<&A> {
         self.pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
     }
 
@@ -93,7 +98,7 @@ impl Options {
         let Some(v) = self.get(name) else {
             return Ok(None);
         };
-        let n: i64 = std::str::from_utf8(v.as_slice())
+        let n: i64 = std::str::from_utf8(v)
             .ok()
             .and_then(|s| s.parse().ok())
             .ok_or(err(bad))?;
@@ -105,14 +110,14 @@ impl Options {
 }
 
 /// `<set> <item> [SCOPE <scope>] [extra options]`: the shape of ADD, EXISTS, DEL, EXPLAIN.
-pub struct ItemArgs {
+pub struct ItemArgs<A: Arg = RedisString> {
     pub set: String,
-    pub item: RedisString,
-    pub opts: Options,
+    pub item: A,
+    pub opts: Options<A>,
 }
 
-impl ItemArgs {
-    pub fn parse(args: Vec<RedisString>, extra: &[&'static str]) -> Result<ItemArgs, RedisError> {
+impl<A: Arg> ItemArgs<A> {
+    pub fn parse(args: Vec<A>, extra: &[&'static str]) -> Result<ItemArgs<A>, RedisError> {
         if args.len() < 3 || args.len().is_multiple_of(2) {
             return Err(RedisError::WrongArity);
         }
@@ -124,27 +129,27 @@ impl ItemArgs {
     }
 
     pub fn scope(&self) -> &[u8] {
-        self.opts.get("SCOPE").map(|s| s.as_slice()).unwrap_or(b"")
+        self.opts.get("SCOPE").map(|s| &**s).unwrap_or(b"")
     }
 }
 
 /// `<set> [options] ITEMS <item> [<item> …]`: the shape of MEXISTS and MADD. The options come
 /// first, so an item spelled like an option (or like `ITEMS`) is always an item.
-pub struct ManyArgs {
+pub struct ManyArgs<A: Arg = RedisString> {
     pub set: String,
-    pub opts: Options,
-    pub items: Vec<RedisString>,
+    pub opts: Options<A>,
+    pub items: Vec<A>,
 }
 
-impl ManyArgs {
+impl<A: Arg> ManyArgs<A> {
     /// Parses `SCOPE` and the `extra` options, then everything after the first `ITEMS` in an
     /// option name's place as items (at least one).
-    pub fn parse(args: Vec<RedisString>, extra: &[&'static str]) -> Result<ManyArgs, RedisError> {
+    pub fn parse(args: Vec<A>, extra: &[&'static str]) -> Result<ManyArgs<A>, RedisError> {
         if args.len() < 4 {
             return Err(RedisError::WrongArity);
         }
         let mut at = 2;
-        while at < args.len() && !args[at].as_slice().eq_ignore_ascii_case(b"ITEMS") {
+        while at < args.len() && !args[at].eq_ignore_ascii_case(b"ITEMS") {
             at += 2;
         }
         if at + 1 >= args.len() {
@@ -153,12 +158,12 @@ impl ManyArgs {
         let mut it = args.into_iter();
         let set = set_name(&it.nth(1).unwrap())?;
         let opts = Options::parse(it.by_ref().take(at - 2), "SCOPE", extra)?;
-        let items: Vec<RedisString> = it.skip(1).collect();
+        let items: Vec<A> = it.skip(1).collect();
         Ok(ManyArgs { set, opts, items })
     }
 
     pub fn scope(&self) -> &[u8] {
-        self.opts.get("SCOPE").map(|s| s.as_slice()).unwrap_or(b"")
+        self.opts.get("SCOPE").map(|s| &**s).unwrap_or(b"")
     }
 }
 

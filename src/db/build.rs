@@ -67,9 +67,9 @@ pub fn build_filter(
         crate::limits::memory_budget(),
     )
     .map_err(DbErr::Invalid)?;
-    let mut bloom = Bloom::try_new(members, def.error_rate, max_bytes)
+    // The rows read go into the filter's static part, later adds into its delta.
+    let bloom = Bloom::build(members, def.error_rate, max_bytes, &hashes)
         .map_err(|e| DbErr::Invalid(e.to_string()))?;
-    bloom.add_many(&hashes);
     Ok(Built {
         bloom,
         rows: hashes.len() as u64,

@@ -102,6 +102,85 @@ END $do$"#;
 /// Names of the three statement triggers that feed the change log from a set table.
 const LOG_TRIGGERS: [&str; 3] = ["member_log_ins", "member_log_upd", "member_log_del"];
 
+/// The channel `member.sync-notify` listens on (docs/sync.md, "Change notification").
+pub const NOTIFY_CHANNEL: &str = "member_changes";
+/// The statement trigger that sends it, installed only where a node asked for notification.
+const NOTIFY_TRIGGER: &str = "member_notify";
+
+/// The function behind `member_notify`: one notification per statement written outside the
+/// module (PostgreSQL folds the identical ones of a transaction into one, sent at commit).
+/// The module's own writes (application_name `libmember`) already reach the filters of the
+/// node that made them. Not SECURITY DEFINER: NOTIFY needs no privilege. Idempotent; run under
+/// the advisory lock.
+const NOTIFY_FN_DDL: &str = r#"DO $do$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_proc WHERE proname = 'member_notify_change'
+                   AND pronamespace = current_schema()::regnamespace
+                   AND prosrc LIKE '%member_notify v1%') THEN
+    CREATE OR REPLACE FUNCTION member_notify_change() RETURNS trigger LANGUAGE plpgsql AS $b$
+      BEGIN -- member_notify v1: wakes the listening nodes, for writes made outside the module
+        IF pg_catalog.current_setting('application_name') <> 'libmember' THEN
+          PERFORM pg_catalog.pg_notify('member_changes', '');
+        END IF;
+        RETURN NULL;
+      END $b$;
+  END IF;
+END $do$"#;
+
+/// Statements (for a DO block) that install `member_notify` on `t` where missing.
+fn notify_trigger_stmt(t: &str) -> String {
+    format!(
+        "IF to_regproc('member_notify_change') IS NOT NULL AND NOT EXISTS (SELECT FROM pg_trigger
+               WHERE tgrelid = '{t}'::regclass AND tgname = '{NOTIFY_TRIGGER}') THEN
+           CREATE TRIGGER {NOTIFY_TRIGGER} AFTER INSERT OR UPDATE OR DELETE ON {t}
+             FOR EACH STATEMENT EXECUTE FUNCTION member_notify_change();
+         END IF;"
+    )
+}
+
+/// Installs what the listener needs (docs/sync.md): the notify function, and `member_notify`
+/// on every set table of the catalog that lacks it. Returns the tables where that failed, with
+/// the database's reason (the table's owner is another role, a lock not granted in time);
+/// their outside writes still arrive within the sync interval.
+pub fn install_notify(c: &mut postgres::Client) -> Result<Vec<(String, String)>, postgres::Error> {
+    let mut tx = c.transaction()?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
+    tx.batch_execute(NOTIFY_FN_DDL)?;
+    tx.commit()?;
+    let missing = c.query(
+        "SELECT c.name FROM member_catalog c
+          WHERE to_regclass(quote_ident('member_' || c.name)) IS NOT NULL
+            AND NOT EXISTS (SELECT FROM pg_trigger g
+                             WHERE g.tgrelid = to_regclass(quote_ident('member_' || c.name))
+                               AND g.tgname = $1)",
+        &[&NOTIFY_TRIGGER],
+    );
+    let missing = match missing {
+        Ok(rows) => rows,
+        // No catalog yet: the sets created later get the trigger at their CREATE.
+        Err(e) if e.code() == Some(&postgres::error::SqlState::UNDEFINED_TABLE) => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    let mut failed = Vec::new();
+    for row in missing {
+        let name: String = row.get(0);
+        let t = table(&name);
+        let ddl = format!("DO $do$ BEGIN {} END $do$", notify_trigger_stmt(&t));
+        if let Err(e) = c.batch_execute(&ddl) {
+            let why = e
+                .as_db_error()
+                .map_or_else(|| e.to_string(), |d| d.message().to_string());
+            if c.is_closed() {
+                return Err(e);
+            }
+            // Another node's listener installed it at the same moment.
+            if e.code() != Some(&postgres::error::SqlState::DUPLICATE_OBJECT) {
+                failed.push((t, why));
+            }
+        }
+    }
+    Ok(failed)
+}
+
 /// Installs the change-log triggers (INSERT, UPDATE, DELETE) on a set's table where missing, and enables them where
 /// disabled (no lock, no privilege needed when they are there and enabled). When the module's
 /// role may not, fails with SQLSTATE 42501 and the `blind_reason` text, which names what to grant.
@@ -129,12 +208,19 @@ fn guarded_ddl(set: &str, before: &str) -> String {
              END IF;"
         )
     };
+    // A node with `member.sync-notify yes` also wants the notification trigger.
+    let notify = if crate::config::sync_notify() {
+        notify_trigger_stmt(&t)
+    } else {
+        String::new()
+    };
     format!(
         "DO $do$ BEGIN
            {before}
            {ins}
            {upd}
            {del}
+           {notify}
          EXCEPTION WHEN insufficient_privilege THEN
            RAISE EXCEPTION '{msg}', SQLERRM USING ERRCODE = 'insufficient_privilege';
          END $do$",
@@ -221,6 +307,7 @@ pub fn load_catalog(db: &mut Db) -> Result<(i64, Vec<CatalogRow>), DbErr> {
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
         tx.batch_execute(CATALOG_DDL)?;
         tx.batch_execute(CHANGE_LOG_DDL)?;
+        tx.batch_execute(NOTIFY_FN_DDL)?;
         super::keyslot::install_function(&mut tx)?;
         tx.commit()
     })?;
@@ -279,6 +366,7 @@ pub fn create_set(db: &mut Db, wanted: &SetDef, explicit: &[bool; 6]) -> Result<
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
         tx.batch_execute(CATALOG_DDL)?;
         tx.batch_execute(CHANGE_LOG_DDL)?;
+        tx.batch_execute(NOTIFY_FN_DDL)?;
         super::keyslot::install_function(&mut tx)?;
         let existing = tx.query_opt(
             &format!(

@@ -1,7 +1,8 @@
 //! A real cluster for the cluster tests: 3 primaries and 3 replicas of the server under test
 //! (`valkey-server`, or `MEMBER_SERVER`), each with libmember loaded and pointed at one fresh
 //! database, joined by `<cli> --cluster create … --cluster-replicas 1`. Started once per test
-//! process ([`Cluster::shared`]) and killed with it, like every server of the harness.
+//! process ([`Cluster::shared`]) and killed with it, like every server of the harness; a test
+//! or the benchmark may start its own ([`Cluster::start`], [`Cluster::start_primaries_only`]).
 #![allow(dead_code)]
 
 use std::path::PathBuf;
@@ -106,6 +107,17 @@ impl Cluster {
     /// (`cluster-node-timeout` 5000, `member.workers` 1, `enable-debug-command` yes). Its
     /// database is a fresh one.
     pub fn start(configs: &[(&str, &str)]) -> Cluster {
+        Self::start_with_replicas(configs, 1)
+    }
+
+    /// [`Cluster::start`] with the 3 primaries alone, no replicas: for the benchmark, which
+    /// measures primaries and wants no idle server sharing the CPUs or the memory figures.
+    pub fn start_primaries_only(configs: &[(&str, &str)]) -> Cluster {
+        Self::start_with_replicas(configs, 0)
+    }
+
+    /// `replicas` per primary: 0 or 1.
+    fn start_with_replicas(configs: &[(&str, &str)], replicas: usize) -> Cluster {
         let db = fresh_db();
         let url = db.url();
         let mut own: Vec<(&str, &str)> = SHARED_CONFIGS
@@ -115,7 +127,7 @@ impl Cluster {
             .collect();
         own.extend_from_slice(configs);
         let mut nodes = Vec::new();
-        for _ in 0..2 * PRIMARIES {
+        for _ in 0..PRIMARIES * (1 + replicas) {
             // The bus port defaults to port + 10000, which may not exist: pick one.
             let bus = free_port().to_string();
             let mut cfg = vec![
@@ -154,7 +166,7 @@ impl Cluster {
             .arg("--cluster")
             .arg("create")
             .args(nodes.iter().map(Node::addr))
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .unwrap_or_else(|e| panic!("run {} --cluster create: {e}", cli_binary()));
         let said = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -166,6 +178,7 @@ impl Cluster {
             String::from_utf8_lossy(&out.stderr)
         );
 
+        let count = nodes.len();
         for n in &mut nodes {
             let mut c = n.conn();
             let ready = wait_until(Duration::from_secs(30), || {
@@ -175,7 +188,7 @@ impl Cluster {
                     .unwrap_or_default();
                 info.contains("cluster_state:ok")
                     && info.contains("cluster_slots_ok:16384")
-                    && info.contains(&format!("cluster_known_nodes:{}", 2 * PRIMARIES))
+                    && info.contains(&format!("cluster_known_nodes:{count}"))
             });
             assert!(ready, "node {} never saw the whole cluster", n.addr());
             let role: Vec<Value> = redis::cmd("ROLE").query(&mut c).expect("ROLE");
@@ -207,11 +220,11 @@ impl Cluster {
         let layout = cluster.slots();
         assert_eq!(layout.len(), PRIMARIES, "{layout:?}");
         for p in cluster.primaries() {
-            let replicas = cluster
+            let linked = cluster
                 .replicas()
                 .filter(|r| r.primary_port == Some(p.port()))
                 .count();
-            assert_eq!(replicas, 1, "replicas of {}", p.addr());
+            assert_eq!(linked, replicas, "replicas of {}", p.addr());
         }
         cluster
     }
@@ -237,6 +250,26 @@ impl Cluster {
     /// has carried their replication offset (seconds after start): use [`Cluster::replica_of`].
     pub fn slots(&self) -> Vec<SlotRange> {
         read_slots(&mut self.primaries().next().unwrap().conn())
+    }
+
+    /// Waits until every node answers "absent" from the filter for every slot it serves
+    /// (MEMBER.INFO: `cluster_slots_ready` equals `cluster_slots_owned`).
+    pub fn wait_ready(&self, set: &str) {
+        for n in &self.nodes {
+            let mut c = n.conn();
+            let field = |c: &mut Connection, name: &str| super::member::set_info(c, set, name);
+            let ready = wait_until(Duration::from_secs(30), || {
+                let owned = field(&mut c, "cluster_slots_owned");
+                owned.is_some() && owned == field(&mut c, "cluster_slots_ready")
+            });
+            assert!(
+                ready,
+                "{set} never ready on {}: owned {:?}, ready {:?}",
+                n.addr(),
+                field(&mut c, "cluster_slots_owned"),
+                field(&mut c, "cluster_slots_ready")
+            );
+        }
     }
 
     /// `CLUSTER KEYSLOT <text>`, asked of a node.
@@ -303,6 +336,15 @@ impl Cluster {
                 n.addr()
             );
         }
+    }
+}
+
+impl Drop for Cluster {
+    /// The nodes die with their `Valkey` handles; forget them in the exit handler's list too,
+    /// so it never signals a process id that has been reused since.
+    fn drop(&mut self) {
+        let mut all = NODES.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|(_, dir)| !self.nodes.iter().any(|n| n.vk.dir() == dir));
     }
 }
 

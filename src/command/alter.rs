@@ -6,8 +6,9 @@ use std::time::Duration;
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use super::settings::{self, Given};
+use super::Answer;
 use super::{block_timeout, internal, may_block, set_name};
-use crate::block::{Blocked, Completion};
+use crate::block::Blocked;
 use crate::db::sql::{self, Altered};
 use crate::db::{pool, DbErr};
 use crate::rebuild::{self, Reply};
@@ -175,17 +176,4 @@ fn apply(ctx: &Context, altered: &Altered, removals: u64) -> bool {
     catalog::learn(ctx, row.def.clone(), Some(row.id));
     internal::replicate_set(ctx, &row.def, Some(row.id));
     true
-}
-
-/// ALTER's reply: OK, or why not.
-struct Answer(Result<(), String>);
-
-impl Completion for Answer {
-    fn apply(&mut self, _ctx: &Context) {}
-    fn reply(&mut self, _ctx: &Context) -> RedisResult {
-        match &self.0 {
-            Ok(()) => Ok(RedisValue::SimpleStringStatic("OK")),
-            Err(e) => Err(RedisError::String(e.clone())),
-        }
-    }
 }

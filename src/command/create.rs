@@ -9,8 +9,9 @@ use std::time::Duration;
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use super::settings::{self, Given};
+use super::Answer;
 use super::{block_timeout, internal, may_block, set_name};
-use crate::block::{Blocked, Completion};
+use crate::block::Blocked;
 use crate::canon::Normalize;
 use crate::config;
 use crate::db::sql::CatalogRow;
@@ -183,18 +184,5 @@ fn catalog_done(ctx: &Context, id: u64, res: Result<CatalogRow, DbErr>) {
     rebuild::start(&def.name, rebuild::Reason::Create);
     if let Some(w) = waiter {
         rebuild::wait(&def.name, w, rebuild::Reply::Ok);
-    }
-}
-
-/// CREATE's reply: OK, or why not.
-struct Answer(Result<(), String>);
-
-impl Completion for Answer {
-    fn apply(&mut self, _ctx: &Context) {}
-    fn reply(&mut self, _ctx: &Context) -> RedisResult {
-        match &self.0 {
-            Ok(()) => Ok(RedisValue::SimpleStringStatic("OK")),
-            Err(e) => Err(RedisError::String(e.clone())),
-        }
     }
 }

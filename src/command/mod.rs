@@ -257,3 +257,16 @@ impl<D: Completion> Drop for Remote<D> {
         }
     }
 }
+
+/// The reply of a set-wide write that answers OK or why not (MEMBER.CREATE, MEMBER.ALTER).
+pub(super) struct Answer(pub(super) Result<(), String>);
+
+impl crate::block::Completion for Answer {
+    fn apply(&mut self, _ctx: &Context) {}
+    fn reply(&mut self, _ctx: &Context) -> redis_module::RedisResult {
+        match &self.0 {
+            Ok(()) => Ok(redis_module::RedisValue::SimpleStringStatic("OK")),
+            Err(e) => Err(RedisError::String(e.clone())),
+        }
+    }
+}

@@ -1,11 +1,18 @@
 //! The only home of the raw blocked-client API. `Blocked` is a safe, `Send` handle that a
 //! worker finishes with a `Completion`; dropping it unfinished (a panic, a full queue) still
 //! unblocks the client with its fallback, so every blocked client gets exactly one reply.
+//!
+//! A wait bounded by a timeout is timed by the module itself (a main-thread timer), never by
+//! the server: the client is blocked without a server timeout, and whichever of the timer and
+//! the worker comes first unblocks it (an atomic swap decides). Redis 7.0 loses the reply of a
+//! client that a module unblocks in the same event-loop iteration in which the server's own
+//! timeout for it expires (fixed later upstream, redis#13015): the client then waits for ever.
+//! With one party unblocking, that cannot happen on any server.
 
-use std::os::raw::{c_int, c_longlong, c_void};
+use std::os::raw::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis_module::{raw, Context, RedisError, RedisResult};
@@ -35,9 +42,13 @@ pub fn waiting() -> u64 {
     WAITING.load(Ordering::Relaxed)
 }
 
+/// The server's handle of a blocked client, taken by exactly one party: the worker's
+/// `finish`, the drop of an unfinished handle, or the module's timeout timer.
+type Handle = Arc<AtomicPtr<raw::RedisModuleBlockedClient>>;
+
 /// A client blocked on a database job.
 pub struct Blocked {
-    bc: Option<NonNull<raw::RedisModuleBlockedClient>>,
+    bc: Handle,
     fallback: Option<Box<dyn Completion>>,
     /// When the client was blocked, for waits bounded by a timeout (a database resolution):
     /// the reply callback reports slow ones to the LATENCY monitor (`latency.rs`). Unbounded
@@ -45,7 +56,8 @@ pub struct Blocked {
     since: Option<Instant>,
 }
 
-// SAFETY: the server allows RedisModule_UnblockClient from any thread; the handle is used once.
+// SAFETY: the server allows RedisModule_UnblockClient from any thread; the handle is taken
+// (and so used) once, atomically.
 unsafe impl Send for Blocked {}
 
 impl Blocked {
@@ -55,24 +67,28 @@ impl Blocked {
     /// The caller must have checked that blocking is allowed (not in MULTI, Lua or functions).
     pub fn block(ctx: &Context, timeout: Duration, fallback: Box<dyn Completion>) -> Blocked {
         // SAFETY: ctx is the live command context; the callbacks match the API's signatures.
+        // No server timeout (0): a bounded wait is timed below.
         let bc = unsafe {
             raw::RedisModule_BlockClient.unwrap()(
                 ctx.ctx,
                 Some(reply_cb),
                 Some(timeout_cb),
                 Some(free_cb),
-                // 0 means no timeout (MEMBER.REBUILD SYNC).
-                timeout.as_millis() as c_longlong,
+                0,
             )
         };
-        let bc = NonNull::new(bc);
-        if bc.is_some() {
+        if !bc.is_null() {
             WAITING.fetch_add(1, Ordering::Relaxed);
+        }
+        let bc: Handle = Arc::new(AtomicPtr::new(bc));
+        let since = (!timeout.is_zero()).then(Instant::now);
+        if let Some(since) = since {
+            ctx.create_timer(timeout, timed_out, (Arc::clone(&bc), since));
         }
         Blocked {
             bc,
             fallback: Some(fallback),
-            since: (!timeout.is_zero()).then(Instant::now),
+            since,
         }
     }
 
@@ -83,19 +99,38 @@ impl Blocked {
         self
     }
 
-    /// Unblocks the client with `done`; its `apply` and `reply` run on the main thread.
+    /// Unblocks the client with `done`; its `apply` and `reply` run on the main thread. If
+    /// the client already got its timeout reply, `done` is still applied (its effects, such
+    /// as cache fills, stay right), later on the main thread.
     pub fn finish(mut self, done: Box<dyn Completion>) {
         self.unblock(done);
     }
 
     fn unblock(&mut self, done: Box<dyn Completion>) {
-        if let Some(bc) = self.bc.take() {
-            WAITING.fetch_sub(1, Ordering::Relaxed);
-            let slot = Box::into_raw(Box::new(Slot(Some(done), self.since))).cast::<c_void>();
-            // SAFETY: bc came from BlockClient and is unblocked exactly once (taken above).
-            unsafe { raw::RedisModule_UnblockClient.unwrap()(bc.as_ptr(), slot) };
+        self.fallback = None;
+        if let Err(done) = unblock(&self.bc, done, self.since) {
+            // The timer answered first.
+            mainq::defer(done);
         }
     }
+}
+
+/// Unblocks the client behind `bc` with `done`, unless someone did already: then `done` is
+/// handed back undelivered.
+fn unblock(
+    bc: &Handle,
+    done: Box<dyn Completion>,
+    since: Option<Instant>,
+) -> Result<(), Box<dyn Completion>> {
+    let raw = bc.swap(std::ptr::null_mut(), Ordering::AcqRel);
+    if raw.is_null() {
+        return Err(done);
+    }
+    WAITING.fetch_sub(1, Ordering::Relaxed);
+    let slot = Box::into_raw(Box::new(Slot(Some(done), since))).cast::<c_void>();
+    // SAFETY: raw came from BlockClient and is unblocked exactly once (swapped out above).
+    unsafe { raw::RedisModule_UnblockClient.unwrap()(raw, slot) };
+    Ok(())
 }
 
 impl Drop for Blocked {
@@ -103,6 +138,24 @@ impl Drop for Blocked {
         if let Some(fb) = self.fallback.take() {
             self.unblock(fb);
         }
+    }
+}
+
+/// The module's timeout of a bounded wait: the database did not answer in time. The job
+/// still runs to its end, and its completion is applied when it does (`Blocked::unblock`).
+fn timed_out(_ctx: &Context, (bc, since): (Handle, Instant)) {
+    if unblock(&bc, Box::new(TimedOut), Some(since)).is_ok() {
+        metrics::global(|m| m.db_timeouts += 1);
+    }
+}
+
+/// The reply of a client whose database job did not end within `member.db-timeout-ms`.
+struct TimedOut;
+
+impl Completion for TimedOut {
+    fn apply(&mut self, _ctx: &Context) {}
+    fn reply(&mut self, _ctx: &Context) -> RedisResult {
+        Err(RedisError::Str(error::DB_TIMEOUT))
     }
 }
 
@@ -153,8 +206,9 @@ unsafe extern "C" fn reply_cb(
     raw::REDISMODULE_OK as c_int
 }
 
-/// Timeout callback: the database did not answer in time. The job still runs to its end and
-/// its `apply` happens later through `free_cb`.
+/// Timeout callback: only an operator's `CLIENT UNBLOCK <id> TIMEOUT` reaches it (the server
+/// never times these clients out, see the module docs). The job still runs to its end and its
+/// `apply` happens later through `free_cb`.
 ///
 /// # Safety
 /// Called by the server on the main thread with a valid context.
@@ -165,8 +219,7 @@ unsafe extern "C" fn timeout_cb(
 ) -> c_int {
     metrics::global(|m| m.db_timeouts += 1);
     reply::send_error(&Context::new(ctx), error::DB_TIMEOUT);
-    // The slowest resolution of all: it took at least the timeout (the handle's start time is
-    // not reachable from here; every client that can time out waits `member.db-timeout-ms`).
+    // Reported as the slowest resolution (the handle's start time is not reachable here).
     crate::latency::resolved(Duration::from_millis(crate::config::db_timeout_ms()));
     raw::REDISMODULE_OK as c_int
 }

@@ -425,6 +425,92 @@ fn concurrent_timeouts_each_get_one_reply() {
     }
 }
 
+/// Answers that arrive just as their client's timeout expires are never lost. Redis 7.0 drops
+/// the reply of a client that a module unblocks in the same event-loop iteration in which the
+/// server's own timeout for it fires: the client then waits for ever. The module times its
+/// waits itself (src/block.rs); here a lock toggled at the timeout's own period makes lookups
+/// end on both sides of it, many times, and every call must be answered.
+#[test]
+fn answers_at_the_timeout_boundary_are_never_lost() {
+    const THREADS: usize = 6;
+    const ITEMS: usize = 150;
+    let pg = OwnPg::start_new();
+    let vk = start_loaded(&pg.url(), &FAST);
+    let mut c = vk.conn();
+    ok(&mut c, &["MEMBER.CREATE", "edge", "RECENT-TTL", "1"]);
+    let mut add = redis::pipe();
+    for i in 0..THREADS * ITEMS {
+        add.cmd("MEMBER.ADD").arg("edge").arg(format!("u{i}"));
+    }
+    let _: Vec<i64> = add.query(&mut c).unwrap();
+    let mut probe = pg.client();
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            let n: i64 = probe
+                .query_one("SELECT count(*) FROM member_edge", &[])
+                .unwrap()
+                .get(0);
+            n == (THREADS * ITEMS) as i64
+        }),
+        "the adds never all landed\n{}",
+        vk.log()
+    );
+    // Past the recent-writes marks, every lookup of an added item asks the database.
+    assert!(wait_until(Duration::from_secs(10), || {
+        set_info(&mut c, "edge", "recent_marks").as_deref() == Some("0")
+    }));
+
+    ok(&mut c, &["CONFIG", "SET", "member.db-timeout-ms", "20"]);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let locker = {
+        let stop = stop.clone();
+        let mut pgc = pg.client();
+        thread::spawn(move || {
+            let mut hold = 14u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                pgc.batch_execute("BEGIN; LOCK TABLE member_edge IN ACCESS EXCLUSIVE MODE")
+                    .unwrap();
+                thread::sleep(Duration::from_millis(hold));
+                pgc.batch_execute("COMMIT").unwrap();
+                thread::sleep(Duration::from_millis(1));
+                hold = 14 + (hold * 7 + 3) % 13; // 14..26 ms around the 20 ms timeout
+            }
+        })
+    };
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let mut con = vk.conn();
+            con.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            thread::spawn(move || {
+                let (mut yes, mut timeouts) = (0, 0);
+                for i in 0..ITEMS {
+                    let item = format!("u{}", t * ITEMS + i);
+                    match cmd(&mut con, &["MEMBER.EXISTS", "edge", &item]) {
+                        Ok(Value::Int(1)) => yes += 1,
+                        Err(e) if error_text(&e).starts_with("UNAVAILABLE") => timeouts += 1,
+                        other => return Err(format!("EXISTS {item}: {other:?}")),
+                    }
+                }
+                Ok((yes, timeouts))
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    locker.join().unwrap();
+    let (mut yes, mut timeouts) = (0, 0);
+    for r in results {
+        let (y, t) = r.unwrap_or_else(|e| panic!("{e}\nvalkey log:\n{}", vk.log()));
+        yes += y;
+        timeouts += t;
+    }
+    // Both outcomes happened, so answers did arrive on both sides of the timeout.
+    assert!(
+        yes > 0 && timeouts > 0,
+        "answered {yes}, timed out {timeouts}"
+    );
+}
+
 #[test]
 fn start_while_postgres_is_down() {
     let mut pg = OwnPg::start_new();

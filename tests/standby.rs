@@ -87,6 +87,20 @@ fn a_rebuild_from_a_lagging_standby_loses_no_committed_row() {
         env.vk.log()
     );
     assert_members(&mut c, set, &before, "after the first rebuild");
+    // CREATE's first build reads the standby too, once it has replayed the new table.
+    ok(&mut c, &["MEMBER.CREATE", "fresh"]);
+    assert!(
+        env.vk.log().contains("'fresh' (create, from the standby)"),
+        "{}",
+        env.vk.log()
+    );
+    assert!(wait_until(Duration::from_secs(10), || set_info(
+        &mut c,
+        "fresh",
+        "filter_serves_absent"
+    )
+    .as_deref()
+        == Some("1")));
 
     // A transaction the standby sees start (its insert is replayed) but not commit.
     let mut slow = env.pg();

@@ -75,7 +75,9 @@ pub fn build_filter(
         Some(s) => {
             install_triggers(c, def)?;
             let (mut hashes, xmin) =
-                super::standby::read_hashes(s, def, slots, progress, Some(estimate))?;
+                super::standby::read_hashes(s, def, slots, (progress, Some(estimate)), |xmin| {
+                    super::standby::check_floor(c, xmin)
+                })?;
             let (late, horizon) = super::standby::catch_up(c, def, slots, xmin)?;
             hashes.extend(late);
             progress.store(hashes.len() as u64, Ordering::Relaxed);

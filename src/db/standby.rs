@@ -78,12 +78,14 @@ fn ready_sql(set: &str) -> String {
 /// waits for a lock) until it shows the table with its change-log triggers (installed on the
 /// primary just before): a write the snapshot misses then went through the triggers, so it is
 /// in the primary's change log, at an xid ≥ X_s.
+///
+/// `before_copy` gets X_s once the snapshot is ready, and may refuse it.
 pub fn read_hashes(
     c: &mut Client,
     def: &SetDef,
     slots: Option<&SlotSet>,
-    progress: &AtomicU64,
-    estimate: Option<&AtomicU64>,
+    (progress, estimate): (&AtomicU64, Option<&AtomicU64>),
+    before_copy: impl FnOnce(i64) -> Result<(), DbErr>,
 ) -> Result<(Vec<u128>, i64), DbErr> {
     let wait = Duration::from_millis(crate::config::db_timeout_ms().saturating_mul(5))
         .max(Duration::from_secs(10));
@@ -96,6 +98,7 @@ pub fn read_hashes(
             .map_err(|e| classify(&e))?
             .is_some_and(|r| r.get::<_, bool>(0));
         if ready {
+            before_copy(xmin)?;
             let hashes = copy_rows(&mut tx, def, slots, progress, estimate)?;
             tx.commit().map_err(|e| classify(&e))?;
             return Ok((hashes, xmin));
@@ -112,6 +115,30 @@ pub fn read_hashes(
         }
         std::thread::sleep(RETRY_EVERY);
     }
+}
+
+/// Refuses a standby snapshot whose xmin `from` is below the change log's `floor`: rows it
+/// has not replayed may be gone from the log.
+fn above_floor(from: i64, floor: i64) -> Result<(), DbErr> {
+    if from >= floor {
+        return Ok(());
+    }
+    Err(DbErr::Invalid(format!(
+        "the standby's snapshot (xmin {from}) is older than the change log's floor ({floor}): \
+         member.pg-rebuild-url lags by more than member.change-retention-s, so rows it has not \
+         replayed may be gone from the log; the previous filter keeps serving"
+    )))
+}
+
+/// On the primary `c`, before the COPY: the same floor check as [`catch_up`] (the floor only
+/// rises, so that one decides), so that a standby lagging past the retention fails at once
+/// instead of after streaming the whole table.
+pub fn check_floor(c: &mut Client, from: i64) -> Result<(), DbErr> {
+    let floor: Option<i64> = c
+        .query_opt("SELECT floor::text::int8 FROM member_changes_floor", &[])
+        .map_err(|e| classify(&e))?
+        .map(|r| r.get(0));
+    above_floor(from, floor.unwrap_or(0))
 }
 
 /// On the primary `c`: every key of the set (of `slots`) whose latest change logged by a
@@ -150,14 +177,7 @@ pub fn catch_up(
     let horizon: i64 = first.get(0);
     let floor = first.get::<_, Option<i64>>(1).unwrap_or(0);
     let triggers: i64 = first.get(2);
-    if from < floor {
-        return Err(DbErr::Invalid(format!(
-            "the standby's snapshot (xmin {from}) is older than the change log's floor \
-             ({floor}): member.pg-rebuild-url lags by more than member.change-retention-s, so \
-             rows it has not replayed may be gone from the log; the previous filter keeps \
-             serving"
-        )));
-    }
+    above_floor(from, floor)?;
     if triggers < 3 {
         return Err(DbErr::Failed(blind_reason(&def.name, "triggers missing")));
     }

@@ -14,6 +14,12 @@ pub static PG_URL: crate::pg_link::PgUrl = crate::pg_link::PgUrl::new();
 /// Bumped on every change of `PG_URL` or `PG_PASSWORD_FILE`, so workers reconnect.
 pub static PG_URL_GEN: AtomicU64 = AtomicU64::new(0);
 
+/// `member.pg-rebuild-url`: a streaming standby of `member.pg-url` that rebuilds read their
+/// COPY from (docs/sync.md, "Rebuilding from a standby"); empty = the primary. Masked like
+/// `member.pg-url`; its password comes from `member.pg-password-file` when that is set.
+pub static PG_REBUILD_URL: crate::pg_link::PgUrl =
+    crate::pg_link::PgUrl::named("member.pg-rebuild-url");
+
 /// A file holding the database password (read at every connection, so a rotated file is
 /// picked up on reconnect); empty = the password in `member.pg-url`, if any.
 pub static PG_PASSWORD_FILE: Mutex<String> = Mutex::new(String::new());
@@ -236,6 +242,19 @@ pub fn pg_link() -> (crate::pg_link::Link, u64) {
         .unwrap_or_else(|e| e.into_inner())
         .clone();
     (PG_URL.link(file), gen)
+}
+
+/// The standby rebuilds read from (same password file as the primary: a physical standby has
+/// the primary's roles and passwords), or None when `member.pg-rebuild-url` is empty.
+pub fn pg_rebuild_link() -> Option<crate::pg_link::Link> {
+    if PG_REBUILD_URL.shown().trim().is_empty() {
+        return None;
+    }
+    let file = PG_PASSWORD_FILE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    Some(PG_REBUILD_URL.link(file))
 }
 
 /// The generation of the link settings; a connection made under another one is stale.

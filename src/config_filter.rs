@@ -1,5 +1,6 @@
-//! The one room of the command filter that takes member.pg-url's password out of CONFIG SET's
-//! arguments before the server records them (SLOWLOG, MONITOR, crash reports' argv).
+//! The one room of the command filter that takes the passwords of member.pg-url and
+//! member.pg-rebuild-url out of CONFIG SET's arguments before the server records them
+//! (SLOWLOG, MONITOR, crash reports' argv).
 //!
 //! The server's own redaction of SENSITIVE configs does not reach module configs (Valkey 8.0,
 //! Redis 7.0: the value shows in SLOWLOG), and a config's setter has no client to redact
@@ -55,25 +56,28 @@ unsafe fn run(fctx: *mut raw::RedisModuleCommandFilterCtx) {
         pg_link::stash_clear();
         return;
     }
-    let mut stash = None;
+    let mut stash = Vec::new();
     for i in (2..argc - 1).step_by(2) {
-        if !arg(i).eq_ignore_ascii_case(b"member.pg-url") {
+        let Some(name) = pg_link::NAMES
+            .into_iter()
+            .find(|n| arg(i).eq_ignore_ascii_case(n.as_bytes()))
+        else {
             continue;
-        }
+        };
         let shown = match std::str::from_utf8(arg(i + 1)).map(ConnInfo::parse) {
             Ok(Ok(info)) => match info.password() {
                 None | Some(MASK) => continue,
                 Some(p) => {
-                    stash = Some(Ok(p.to_string()));
+                    stash.push((name, Ok(p.to_string())));
                     info.masked()
                 }
             },
             Ok(Err(e)) => {
-                stash = Some(Err(e));
+                stash.push((name, Err(e)));
                 UNREADABLE.to_string()
             }
             Err(_) => {
-                stash = Some(Err("not UTF-8"));
+                stash.push((name, Err("not UTF-8")));
                 UNREADABLE.to_string()
             }
         };

@@ -317,6 +317,7 @@ redis_module! {
         ],
         string: [
             ["pg-url", &PG_URL, PG_URL_DEFAULT, ConfigurationFlags::SENSITIVE, Some(Box::new(on_pg_url_changed))],
+            ["pg-rebuild-url", &PG_REBUILD_URL, "", ConfigurationFlags::SENSITIVE, None],
             ["pg-password-file", &PG_PASSWORD_FILE, "", ConfigurationFlags::DEFAULT, Some(Box::new(on_pg_url_changed))],
             ["default-error-rate", &DEFAULT_ERROR_RATE, ERROR_RATE_DEFAULT, ConfigurationFlags::DEFAULT, None],
             ["token-key-file", &TOKEN_KEY_FILE, TOKEN_KEY_FILE_DEFAULT, ConfigurationFlags::DEFAULT, None],

@@ -1,5 +1,6 @@
-//! The database link's secrets: `member.pg-url` is stored and shown with its password masked,
-//! the password kept apart (or read from `member.pg-password-file` at every connection).
+//! The database link's secrets: `member.pg-url` (and `member.pg-rebuild-url`, the standby
+//! rebuilds read from) is stored and shown with its password masked, the password kept apart
+//! (or read from `member.pg-password-file` at every connection).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -9,9 +10,14 @@ use redis_module::{ConfigurationValue, RedisError, RedisString};
 
 use crate::conninfo::{ConnInfo, MASK};
 
-/// `member.pg-url`: CONFIG GET shows the masked text; CONFIG SET of a text whose password is
-/// the mask keeps the password already set.
-pub struct PgUrl(Mutex<Stored>);
+/// `member.pg-url` (or another connection-string config, named by `name`): CONFIG GET shows
+/// the masked text; CONFIG SET of a text whose password is the mask keeps the password already
+/// set.
+pub struct PgUrl {
+    /// The config's full name, `member.pg-url`: messages and the filter's stash use it.
+    name: &'static str,
+    stored: Mutex<Stored>,
+}
 
 struct Stored {
     /// The text as set, every password replaced by the mask.
@@ -20,32 +26,45 @@ struct Stored {
     password: Option<String>,
 }
 
-/// The password (or why the text could not be read) that `config_filter.rs` took out of the CONFIG
-/// SET now running, for the setter to take back. Any other command clears it, so it never
-/// outlives its CONFIG SET (inside MULTI it is gone by EXEC: see the README).
-static STASH: Mutex<Option<Result<String, &'static str>>> = Mutex::new(None);
+/// What the filter took out of one config's value: its password, or why the text could not
+/// be read.
+pub type Stashed = Result<String, &'static str>;
+
+/// The passwords (or why the texts could not be read) that `config_filter.rs` took out of the
+/// CONFIG SET now running, per config name, for the setters to take back. Any other command
+/// clears them, so they never outlive their CONFIG SET (inside MULTI they are gone by EXEC:
+/// see the README).
+static STASH: Mutex<Vec<(&'static str, Stashed)>> = Mutex::new(Vec::new());
 static STASHED: AtomicBool = AtomicBool::new(false);
 
-/// Holds what the filter took out of the current CONFIG SET (None: nothing).
-pub fn stash(v: Option<Result<String, &'static str>>) {
-    STASHED.store(v.is_some(), Ordering::Relaxed);
+/// Holds what the filter took out of the current CONFIG SET (empty: nothing).
+pub fn stash(v: Vec<(&'static str, Stashed)>) {
+    STASHED.store(!v.is_empty(), Ordering::Relaxed);
     *STASH.lock().unwrap_or_else(|e| e.into_inner()) = v;
 }
 
 /// Forgets a stash (every command but CONFIG SET; one relaxed load when there is none).
 pub fn stash_clear() {
     if STASHED.load(Ordering::Relaxed) {
-        stash(None);
+        stash(Vec::new());
     }
 }
 
-fn take_stash() -> Option<Result<String, &'static str>> {
-    STASHED.store(false, Ordering::Relaxed);
-    STASH.lock().unwrap_or_else(|e| e.into_inner()).take()
+fn take_stash(name: &str) -> Option<Stashed> {
+    let mut s = STASH.lock().unwrap_or_else(|e| e.into_inner());
+    let at = s.iter().position(|(n, _)| *n == name)?;
+    let (_, v) = s.swap_remove(at);
+    STASHED.store(!s.is_empty(), Ordering::Relaxed);
+    Some(v)
 }
+
+/// The connection-string configs whose passwords the filter takes out of CONFIG SET.
+pub const NAMES: [&str; 2] = ["member.pg-url", "member.pg-rebuild-url"];
 
 /// One reading of the link settings, for one connection attempt.
 pub struct Link {
+    /// The config it comes from (`member.pg-url`), for messages.
+    pub name: &'static str,
     /// The connection string, passwords masked: safe in any message.
     pub masked: String,
     url_password: Option<String>,
@@ -59,15 +78,24 @@ impl Default for PgUrl {
 }
 
 impl PgUrl {
+    /// `member.pg-url`.
     pub const fn new() -> PgUrl {
-        PgUrl(Mutex::new(Stored {
-            masked: String::new(),
-            password: None,
-        }))
+        Self::named(NAMES[0])
+    }
+
+    /// Another connection-string config, by its full name.
+    pub const fn named(name: &'static str) -> PgUrl {
+        PgUrl {
+            name,
+            stored: Mutex::new(Stored {
+                masked: String::new(),
+                password: None,
+            }),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Stored> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.stored.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Stores a connection string. The text is rejected, without being quoted, when it cannot
@@ -76,16 +104,17 @@ impl PgUrl {
     /// A text whose password is the mask keeps the password set before, unless the command
     /// filter took a new one out of this CONFIG SET's argument (then that one counts).
     pub fn store(&self, text: &str) -> Result<(), String> {
-        let stashed = take_stash();
+        let stashed = take_stash(self.name);
+        let name = self.name;
         if text == crate::config_filter::UNREADABLE {
             let why = match stashed {
                 Some(Err(e)) => e,
                 _ => "unreadable",
             };
-            return Err(format!("member.pg-url: {why} (the value is not shown)"));
+            return Err(format!("{name}: {why} (the value is not shown)"));
         }
-        let info = ConnInfo::parse(text).map_err(|e| format!("member.pg-url: {e}"))?;
-        info.tls().map_err(|e| format!("member.pg-url: {e}"))?;
+        let info = ConnInfo::parse(text).map_err(|e| format!("{name}: {e}"))?;
+        info.tls().map_err(|e| format!("{name}: {e}"))?;
         let mut s = self.lock();
         let password = match (info.password(), stashed) {
             (Some(MASK), Some(Ok(p))) => Some(p),
@@ -115,6 +144,7 @@ impl PgUrl {
     pub fn link(&self, password_file: String) -> Link {
         let s = self.lock();
         Link {
+            name: self.name,
             masked: s.masked.clone(),
             url_password: s.password.clone(),
             password_file,
@@ -129,7 +159,7 @@ impl ConfigurationValue<RedisString> for PgUrl {
 
     fn set(&self, _: &ConfigurationContext, val: RedisString) -> Result<(), RedisError> {
         let text = std::str::from_utf8(val.as_slice())
-            .map_err(|_| RedisError::Str("member.pg-url must be UTF-8"))?;
+            .map_err(|_| RedisError::String(format!("{} must be UTF-8", self.name)))?;
         self.store(text).map_err(RedisError::String)
     }
 }
@@ -143,8 +173,9 @@ impl Link {
         }
         match (info.password(), &self.url_password) {
             (Some(MASK), None) => Err(format!(
-                "member.pg-url holds the masked password {MASK} and no real one: set the full \
-                 connection string again, or use member.pg-password-file"
+                "{} holds the masked password {MASK} and no real one: set the full \
+                 connection string again, or use member.pg-password-file",
+                self.name
             )),
             (Some(_), p) => Ok(p.clone()),
             (None, _) => Ok(None),
@@ -216,19 +247,40 @@ mod tests {
         let _serial = serial();
         let u = PgUrl::new();
         u.store("host=h password=old").unwrap();
-        stash(Some(Ok("new".into())));
+        stash(vec![(NAMES[0], Ok("new".into()))]);
         u.store("host=h password=***").unwrap();
         assert_eq!(u.lock().password.as_deref(), Some("new"));
         u.store("host=h password=***").unwrap();
         assert_eq!(u.lock().password.as_deref(), Some("new"));
-        stash(Some(Ok("other".into())));
+        stash(vec![(NAMES[0], Ok("other".into()))]);
         stash_clear();
         u.store("host=h password=***").unwrap();
         assert_eq!(u.lock().password.as_deref(), Some("new"));
-        stash(Some(Err("a quoted value is not terminated")));
+        stash(vec![(NAMES[0], Err("a quoted value is not terminated"))]);
         let e = u.store(crate::config_filter::UNREADABLE).unwrap_err();
         assert!(e.contains("not terminated"), "{e}");
         assert_eq!(u.lock().password.as_deref(), Some("new"));
+    }
+
+    #[test]
+    fn each_config_takes_its_own_stashed_password() {
+        let _serial = serial();
+        let main = PgUrl::new();
+        let rebuild = PgUrl::named(NAMES[1]);
+        stash(vec![
+            (NAMES[0], Ok("one".into())),
+            (NAMES[1], Ok("two".into())),
+        ]);
+        rebuild.store("host=standby password=***").unwrap();
+        main.store("host=primary password=***").unwrap();
+        assert_eq!(main.lock().password.as_deref(), Some("one"));
+        assert_eq!(rebuild.lock().password.as_deref(), Some("two"));
+        assert_eq!(rebuild.link(String::new()).name, "member.pg-rebuild-url");
+        let e = rebuild.store("host=h password='unterminated").unwrap_err();
+        assert!(e.starts_with("member.pg-rebuild-url:"), "{e}");
+        // Empty: no rebuild source of its own.
+        rebuild.store("").unwrap();
+        assert_eq!(rebuild.shown(), "");
     }
 
     #[test]

@@ -10,12 +10,13 @@ use std::time::Instant;
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::block::{Blocked, Completion};
+use crate::cluster::slotset::SlotSet;
 use crate::command::internal;
 use crate::db::build::Built;
 use crate::db::{self, DbErr};
 use crate::filter_store;
 use crate::filter_type::FilterValue;
-use crate::state::{self, Rebuild};
+use crate::state::{self, Rebuild, SetDef};
 use crate::{config, mainq, metrics};
 
 /// Why a rebuild started (MEMBER.INFO `last_rebuild_reason`).
@@ -88,21 +89,10 @@ pub fn start(name: &str, reason: Reason) -> bool {
     let spawned = std::thread::Builder::new()
         .name("member-rebuild".into())
         .spawn(move || {
-            // A rebuild has no statement timeout (it streams the whole table), but it does not
-            // queue forever behind a lock (ALTER TABLE, VACUUM FULL): it fails, says why in
-            // MEMBER.INFO, and is retried. A panic becomes a failed rebuild, never a stuck one.
-            let lock_timeout = config::db_timeout_ms().saturating_mul(5).max(10_000);
+            // A panic becomes a failed rebuild, never a stuck one.
             let res = catch_unwind(AssertUnwindSafe(|| {
-                db::connect(0, lock_timeout, false)
-                    .and_then(|(mut c, _)| {
-                        // Where every node meets every set table: older tables get their
-                        // slot column here, waiting at most a database timeout for the lock.
-                        db::keyslot::ensure_slot_column(&mut c, &def.name, config::db_timeout_ms())
-                            .map_err(|e| db::classify(&e))?;
-                        let grow = reason == Reason::AutoGrow;
-                        let progress = (&*rows, &*estimate);
-                        db::build::build_filter(&mut c, &def, slots.as_ref(), grow, progress)
-                    })
+                let grow = reason == Reason::AutoGrow;
+                build(&def, slots.as_ref(), grow, (&*rows, &*estimate))
                     .map(|b| Ready::new(b, &def.name, slots))
             }))
             .unwrap_or_else(|_| Err(DbErr::Failed("rebuild panicked".into())));
@@ -123,6 +113,44 @@ pub fn start(name: &str, reason: Reason) -> bool {
     true
 }
 
+/// On the rebuild's thread: builds the filter of `def` (of `slots`), reading the COPY from
+/// `member.pg-rebuild-url` when it is set (a standby), else from `member.pg-url`.
+///
+/// A rebuild has no statement timeout (it streams the whole table), but it does not queue
+/// forever behind a lock (ALTER TABLE, VACUUM FULL): it fails, says why in MEMBER.INFO, and is
+/// retried.
+fn build(
+    def: &SetDef,
+    slots: Option<&SlotSet>,
+    grow: bool,
+    progress: (&AtomicU64, &AtomicU64),
+) -> Result<Built, DbErr> {
+    let lock_timeout = config::db_timeout_ms().saturating_mul(5).max(10_000);
+    // The standby first: a rebuild that cannot use it fails before it touches the primary.
+    let mut standby = match config::pg_rebuild_link() {
+        Some(link) => Some(db::standby::connect(&link, lock_timeout)?),
+        None => {
+            db::link::set_rebuild_error(None);
+            None
+        }
+    };
+    let (mut c, _) = db::connect(0, lock_timeout, false)?;
+    // Where every node meets every set table: older tables get their slot column here,
+    // waiting at most a database timeout for the lock.
+    db::keyslot::ensure_slot_column(&mut c, &def.name, config::db_timeout_ms())
+        .map_err(|e| db::classify(&e))?;
+    db::build::build_filter(&mut c, standby.as_mut(), def, slots, grow, progress)
+}
+
+/// Where rebuilds read their COPY now: `standby` when `member.pg-rebuild-url` is set, else
+/// `primary` (MEMBER.INFO and INFO's `rebuild_source`).
+pub fn source() -> &'static str {
+    match crate::config::PG_REBUILD_URL.shown().trim().is_empty() {
+        true => "primary",
+        false => "standby",
+    }
+}
+
 /// A finished build, made ready off the main thread: the filter and its serialized form
 /// (what replicas and the AOF receive), so the swap itself only folds in the journal and
 /// stores a pointer, whatever the filter's size.
@@ -130,6 +158,8 @@ struct Ready {
     filter: FilterValue,
     payload: Payload,
     rows: u64,
+    /// Where the COPY was read: `primary` or `standby`.
+    source: &'static str,
 }
 
 /// A filter payload as a server string, created off the main thread so that replicating it
@@ -151,6 +181,11 @@ impl Ready {
             payload: Payload(RedisString::create_from_slice(std::ptr::null_mut(), &bytes)),
             filter,
             rows: built.rows,
+            source: if built.from_standby {
+                "standby"
+            } else {
+                "primary"
+            },
         }
     }
 }
@@ -216,6 +251,7 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
             mut filter,
             payload,
             rows,
+            source,
         }) => {
             let swap = Instant::now();
             let bits = filter.bloom.bits();
@@ -233,9 +269,11 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
                 ctx,
                 crate::reply::Level::Notice,
                 &format!(
-                    "libmember: rebuilt set '{name}' ({}): {rows} members in {:.3} s, filter of \
-                 {} bits; the swap ({} journaled adds) held the main thread {:.3} ms",
+                    "libmember: rebuilt set '{name}' ({}, from the {}): {rows} members in {:.3} \
+                     s, filter of {} bits; the swap ({} journaled adds) held the main thread \
+                     {:.3} ms",
                     reason.name(),
+                    source,
                     started.elapsed().as_secs_f64(),
                     bits,
                     journal.len(),

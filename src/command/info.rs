@@ -157,6 +157,7 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
                     out.push(("last_rebuild_error", e.clone()));
                 }
             }
+            out.push(("rebuild_source", crate::rebuild::source().into()));
             out.push((
                 "last_rebuild_reason",
                 s.last_rebuild_reason.map_or("none", |r| r.name()).into(),
@@ -357,6 +358,13 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
     // Why PostgreSQL cannot be reached (TLS, password, network), never with the password.
     let link_error = db::link::last_error().unwrap_or_else(|| "none".into());
     fields.push(("db_link_error", link_error.replace(['\r', '\n'], " ")));
+    // Where rebuilds read (member.pg-rebuild-url), and why it could not be used last time.
+    fields.push(("rebuild_source", crate::rebuild::source().to_string()));
+    let rebuild_error = db::link::last_rebuild_error().unwrap_or_else(|| "none".into());
+    fields.push((
+        "rebuild_link_error",
+        rebuild_error.replace(['\r', '\n'], " "),
+    ));
     if crate::cluster::enabled() {
         use crate::cluster::bus;
         let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed).to_string();

@@ -20,8 +20,11 @@ use crate::state::SetDef;
 pub struct Built {
     pub bloom: Bloom,
     pub rows: u64,
-    /// Sync watermark of the build: the xmin of the COPY's snapshot (docs/sync.md).
+    /// Sync watermark of the build: the xmin of the COPY's snapshot (docs/sync.md), or of
+    /// the catch-up on the primary after a COPY from a standby.
     pub watermark: i64,
+    /// The COPY was read from the standby `member.pg-rebuild-url`.
+    pub from_standby: bool,
 }
 
 fn tx_error(e: postgres::Error) -> DbErr {
@@ -45,8 +48,14 @@ pub fn sized_for(capacity: u64, slots: Option<&SlotSet>, rows: u64, grow: bool) 
 /// one repeatable-read snapshot and builds a complete filter from them, sized by
 /// [`sized_for`]. `progress` receives the rows read and the planner's row estimate, for
 /// progress reports. Peak extra memory: 16 bytes per row (the hashes) plus the new filter.
+///
+/// `c` is the primary. With a `standby` (`member.pg-rebuild-url`), the COPY reads the standby
+/// and the primary only gets the change-log triggers (if missing) and a read of the change
+/// log from the standby snapshot's xmin (`standby::catch_up`: docs/sync.md, "Rebuilding from
+/// a standby").
 pub fn build_filter(
     c: &mut Client,
+    standby: Option<&mut Client>,
     def: &SetDef,
     slots: Option<&SlotSet>,
     grow: bool,
@@ -60,7 +69,21 @@ pub fn build_filter(
         max_bytes,
     )
     .map_err(|e| DbErr::Invalid(e.to_string()))?;
-    let (hashes, watermark) = read_hashes(c, def, slots, progress, Some(estimate))?;
+    let from_standby = standby.is_some();
+    let (hashes, watermark) = match standby {
+        None => read_hashes(c, def, slots, progress, Some(estimate))?,
+        Some(s) => {
+            install_triggers(c, def)?;
+            let (mut hashes, xmin) =
+                super::standby::read_hashes(s, def, slots, (progress, Some(estimate)), |xmin| {
+                    super::standby::check_floor(c, xmin)
+                })?;
+            let (late, horizon) = super::standby::catch_up(c, def, slots, xmin)?;
+            hashes.extend(late);
+            progress.store(hashes.len() as u64, Ordering::Relaxed);
+            (hashes, xmin.max(horizon))
+        }
+    };
     let members = sized_for(def.capacity, slots, hashes.len() as u64, grow);
     crate::limits::check_memory(
         crate::filter::bytes_for(members, def.error_rate),
@@ -74,11 +97,20 @@ pub fn build_filter(
         bloom,
         rows: hashes.len() as u64,
         watermark,
+        from_standby,
     })
 }
 
+/// Rows written from now on must reach the change log, or a filter built now could never be
+/// caught up: installs the triggers (if missing), before any snapshot a build reads is taken.
+/// On the primary.
+pub fn install_triggers(c: &mut Client, def: &SetDef) -> Result<(), DbErr> {
+    c.batch_execute(&log_triggers_ddl(&def.name))
+        .map_err(tx_error)
+}
+
 /// The canonical hashes of the set's active rows of `slots` (all rows for `None`), read in one
-/// snapshot, and that snapshot's xmin.
+/// snapshot of the primary, and that snapshot's xmin.
 pub fn read_hashes(
     c: &mut Client,
     def: &SetDef,
@@ -86,11 +118,15 @@ pub fn read_hashes(
     progress: &AtomicU64,
     estimate: Option<&AtomicU64>,
 ) -> Result<(Vec<u128>, i64), DbErr> {
-    let t = table(&def.name);
-    // Rows written from now on must reach the change log, or this filter could never be
-    // caught up: install the triggers (if missing) before the snapshot is taken.
-    c.batch_execute(&log_triggers_ddl(&def.name))
-        .map_err(tx_error)?;
+    install_triggers(c, def)?;
+    let (mut tx, watermark) = snapshot(c)?;
+    let hashes = copy_rows(&mut tx, def, slots, progress, estimate)?;
+    tx.commit().map_err(tx_error)?;
+    Ok((hashes, watermark))
+}
+
+/// Opens the read-only repeatable-read transaction a build reads, and its snapshot's xmin.
+pub(super) fn snapshot(c: &mut Client) -> Result<(Transaction<'_>, i64), DbErr> {
     let mut tx = c
         .build_transaction()
         .isolation_level(postgres::IsolationLevel::RepeatableRead)
@@ -100,7 +136,19 @@ pub fn read_hashes(
     // The first statement takes the snapshot the COPY reads; its xmin is the watermark: every
     // transaction below it had ended (its rows are in the COPY), every later commit is at or
     // above it (and reaches the filter through the change log).
-    let watermark: i64 = tx.query_one(XMIN, &[]).map_err(tx_error)?.get(0);
+    let xmin: i64 = tx.query_one(XMIN, &[]).map_err(tx_error)?.get(0);
+    Ok((tx, xmin))
+}
+
+/// Streams the set's active rows of `slots` in the open snapshot `tx`, hashed.
+pub(super) fn copy_rows(
+    tx: &mut Transaction,
+    def: &SetDef,
+    slots: Option<&SlotSet>,
+    progress: &AtomicU64,
+    estimate: Option<&AtomicU64>,
+) -> Result<Vec<u128>, DbErr> {
+    let t = table(&def.name);
     let mut expect = 0usize;
     if let Some(estimate) = estimate {
         let est: f32 = tx
@@ -117,10 +165,9 @@ pub fn read_hashes(
     }
     let filter = slots.map(slot_condition).unwrap_or_default();
     let sql = format!("COPY (SELECT entity_id, scope FROM {t} WHERE {ACTIVE}{filter}) TO STDOUT");
-    let hashes = stream(&mut tx, &sql, def.normalize, expect, progress)?;
-    tx.commit().map_err(tx_error)?;
+    let hashes = stream(tx, &sql, def.normalize, expect, progress)?;
     progress.store(hashes.len() as u64, Ordering::Relaxed);
-    Ok((hashes, watermark))
+    Ok(hashes)
 }
 
 /// ` AND (slot BETWEEN a AND b OR …)` for the runs of consecutive slots in `slots` (COPY takes

@@ -17,10 +17,34 @@ use crate::pg_link::{scrub, Link};
 
 /// Why the last connection attempt failed (None once one succeeded): INFO's `db_link_error`.
 static LAST_ERROR: Mutex<Option<String>> = Mutex::new(None);
+/// The same for the rebuild source `member.pg-rebuild-url`: INFO's `rebuild_link_error`.
+static LAST_REBUILD_ERROR: Mutex<Option<String>> = Mutex::new(None);
 
 /// The last connection failure's text, if the last attempt failed.
 pub fn last_error() -> Option<String> {
     LAST_ERROR.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// The last failure to reach `member.pg-rebuild-url` (connection, or not a standby), if the
+/// last rebuild that tried it failed so.
+pub fn last_rebuild_error() -> Option<String> {
+    LAST_REBUILD_ERROR
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+}
+
+/// Records (or clears, with None) why the rebuild source could not be used.
+pub fn set_rebuild_error(e: Option<String>) {
+    *LAST_REBUILD_ERROR.lock().unwrap_or_else(|e| e.into_inner()) = e;
+}
+
+fn error_slot(link: &Link) -> &'static Mutex<Option<String>> {
+    if link.name == crate::pg_link::NAMES[1] {
+        &LAST_REBUILD_ERROR
+    } else {
+        &LAST_ERROR
+    }
 }
 
 /// Opens a connection with `link`; `tune` sets the driver options (timeouts, session
@@ -29,7 +53,7 @@ pub fn last_error() -> Option<String> {
 pub fn open(link: &Link, tune: impl FnOnce(&mut Config)) -> Result<Client, DbErr> {
     let mut password = None;
     let r = try_open(link, tune, &mut password);
-    let mut last = LAST_ERROR.lock().unwrap_or_else(|e| e.into_inner());
+    let mut last = error_slot(link).lock().unwrap_or_else(|e| e.into_inner());
     match r {
         Ok(c) => {
             *last = None;
@@ -48,7 +72,7 @@ fn try_open(
     tune: impl FnOnce(&mut Config),
     password: &mut Option<String>,
 ) -> Result<Client, String> {
-    let bad = |e: &str| format!("bad member.pg-url: {e}");
+    let bad = |e: &str| format!("bad {}: {e}", link.name);
     let info = ConnInfo::parse(&link.masked).map_err(bad)?;
     let tls = info.tls().map_err(bad)?;
     let mut cfg = Config::from_str(&info.without(&TLS_KEYS)).map_err(|e| bad(&chain(&e)))?;

@@ -6,6 +6,7 @@ pub mod keyslot;
 pub mod link;
 pub mod pool;
 pub mod sql;
+pub mod standby;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -89,11 +90,28 @@ pub fn connect(
     generic_plans: bool,
 ) -> Result<(Client, u64), DbErr> {
     let (link_settings, generation) = config::pg_link();
-    let client = link::open(&link_settings, |cfg| {
+    let client = open_link(
+        &link_settings,
+        (statement_timeout_ms, lock_timeout_ms),
+        generic_plans,
+        "libmember",
+    )?;
+    Ok((client, generation))
+}
+
+/// Opens a connection with `link` (the primary's, or the rebuild source's), the server-side
+/// statement and lock timeouts `(statement, lock)` and `application_name` `app`.
+pub fn open_link(
+    link: &crate::pg_link::Link,
+    (statement_timeout_ms, lock_timeout_ms): (u64, u64),
+    generic_plans: bool,
+    app: &str,
+) -> Result<Client, DbErr> {
+    link::open(link, |cfg| {
         cfg.connect_timeout(Duration::from_millis(config::db_timeout_ms()))
             .keepalives(true)
             .keepalives_idle(Duration::from_secs(10))
-            .application_name("libmember")
+            .application_name(app)
             .options(&format!(
                 "-c statement_timeout={statement_timeout_ms} -c lock_timeout={lock_timeout_ms}{}",
                 if generic_plans {
@@ -102,8 +120,7 @@ pub fn connect(
                     ""
                 }
             ));
-    })?;
-    Ok((client, generation))
+    })
 }
 
 /// A worker's connection, opened lazily and reopened after a failure or a change of

@@ -100,7 +100,7 @@ DO $do$ BEGIN
 END $do$"#;
 
 /// Names of the three statement triggers that feed the change log from a set table.
-const LOG_TRIGGERS: [&str; 3] = ["member_log_ins", "member_log_upd", "member_log_del"];
+pub(super) const LOG_TRIGGERS: [&str; 3] = ["member_log_ins", "member_log_upd", "member_log_del"];
 
 /// The channel `member.sync-notify` listens on (docs/sync.md, "Change notification").
 pub const NOTIFY_CHANNEL: &str = "member_changes";

@@ -1,0 +1,143 @@
+//! A streaming standby of the shared test cluster ([`Pg`]): `pg_basebackup -R` into a temp dir,
+//! started on a free port once per test process (the first [`Standby::get`]), stopped and
+//! removed at exit. It replicates every database the tests create, with the same roles.
+#![allow(dead_code)]
+
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use std::os::unix::process::CommandExt;
+
+use super::{make_temp_dir, pg_bin, postgres_ids, signal, wait_until, Cluster, Pg};
+
+pub struct Standby {
+    cluster: Cluster,
+}
+
+/// The running standby's pid and dir, for the exit hook.
+static RUNNING: Mutex<Option<(u32, std::path::PathBuf)>> = Mutex::new(None);
+
+extern "C" fn standby_atexit() {
+    let Some((pid, base)) = RUNNING.lock().ok().and_then(|mut g| g.take()) else {
+        return;
+    };
+    signal(pid, libc::SIGQUIT);
+    let mut status = 0;
+    let reaped = wait_until(Duration::from_secs(5), || {
+        // SAFETY: plain syscall; the child is ours.
+        unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) != 0 }
+    });
+    if !reaped {
+        signal(pid, libc::SIGKILL);
+    }
+    let _ = std::fs::remove_dir_all(base);
+}
+
+impl Standby {
+    /// The standby of [`Pg::get`], made and started on first use.
+    pub fn get() -> &'static Standby {
+        static SB: OnceLock<Standby> = OnceLock::new();
+        SB.get_or_init(|| {
+            let primary = Pg::get();
+            let (uid, gid) = postgres_ids();
+            // The prefix of `OwnPg` dirs: a dir left by a killed test process is swept.
+            let base = make_temp_dir("member-ownpg", Some((uid, gid)));
+            let out = Command::new(pg_bin("pg_basebackup"))
+                .arg("-D")
+                .arg(base.join("data"))
+                .args(["-R", "-X", "stream", "--no-sync", "--checkpoint=fast"])
+                .args(["-h", "127.0.0.1", "-U", "postgres", "-p"])
+                .arg(primary.port().to_string())
+                .current_dir(&base)
+                .uid(uid)
+                .gid(gid)
+                .output()
+                .expect("run pg_basebackup (is PostgreSQL installed? scripts/install-deps.sh)");
+            assert!(
+                out.status.success(),
+                "pg_basebackup failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let mut cluster = Cluster {
+                base,
+                port: 0,
+                child: None,
+                extra: Vec::new(),
+            };
+            // A port picked by free_port() can be taken before postgres binds it.
+            for attempt in 0.. {
+                cluster.port = super::free_port();
+                match cluster.try_start() {
+                    Ok(()) => break,
+                    Err(e) if attempt < 3 && e.contains("ould not") && e.contains("bind") => {}
+                    Err(e) => {
+                        let _ = std::fs::remove_dir_all(&cluster.base);
+                        panic!("standby: {e}");
+                    }
+                }
+            }
+            let pid = cluster.child.as_ref().unwrap().id();
+            RUNNING.lock().unwrap().replace((pid, cluster.base.clone()));
+            // SAFETY: registering a plain extern "C" fn.
+            unsafe {
+                libc::atexit(standby_atexit);
+            }
+            Standby { cluster }
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.cluster.port
+    }
+
+    /// Connection string for a database on the standby.
+    pub fn url(&self, dbname: &str) -> String {
+        self.cluster.url(dbname)
+    }
+
+    pub fn client(&self, dbname: &str) -> postgres::Client {
+        self.cluster.client(dbname)
+    }
+
+    /// Waits until the standby has replayed everything the primary had inserted into its WAL
+    /// when this was called (replay must not be paused).
+    pub fn wait_caught_up(&self, timeout: Duration) -> bool {
+        let lsn: String = Pg::get()
+            .client("postgres")
+            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+            .unwrap()
+            .get(0);
+        let mut c = self.client("postgres");
+        wait_until(timeout, || {
+            c.query_one(
+                "SELECT coalesce(pg_last_wal_replay_lsn() >= $1::text::pg_lsn, false)",
+                &[&lsn],
+            )
+            .map(|r| r.get::<_, bool>(0))
+            .unwrap_or(false)
+        })
+    }
+
+    /// Pauses WAL replay and waits until it is paused: from now on the standby's snapshots
+    /// see nothing the primary commits.
+    pub fn pause(&self) {
+        let mut c = self.client("postgres");
+        c.batch_execute("SELECT pg_wal_replay_pause()").unwrap();
+        assert!(
+            wait_until(Duration::from_secs(10), || {
+                c.query_one("SELECT pg_get_wal_replay_pause_state()", &[])
+                    .map(|r| r.get::<_, String>(0) == "paused")
+                    .unwrap_or(false)
+            }),
+            "standby replay never paused"
+        );
+    }
+
+    /// Resumes WAL replay.
+    pub fn resume(&self) {
+        self.client("postgres")
+            .batch_execute("SELECT pg_wal_replay_resume()")
+            .unwrap();
+    }
+}

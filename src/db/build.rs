@@ -9,12 +9,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use postgres::{Client, Transaction};
 
 use super::sql::{log_triggers_ddl, table, ACTIVE, XMIN};
-use super::DbErr;
+use super::{source, DbErr};
 use crate::canon::{self, Normalize};
 use crate::cluster::slot::SLOTS;
 use crate::cluster::slotset::SlotSet;
 use crate::filter::Bloom;
-use crate::state::SetDef;
+use crate::state::{SetDef, SourceSync};
+
+/// Attached sets are refused in cluster mode (docs/attach.md).
+pub const ATTACHED_IN_CLUSTER: &str =
+    "attached sets (SOURCE) are not supported in cluster mode yet: a \
+     node's filter holds the rows of its slots, and the source table has no slot column";
 
 /// A filter built from a table (or the given slots of it).
 pub struct Built {
@@ -86,11 +91,25 @@ pub fn read_hashes(
     progress: &AtomicU64,
     estimate: Option<&AtomicU64>,
 ) -> Result<(Vec<u128>, i64), DbErr> {
-    let t = table(&def.name);
-    // Rows written from now on must reach the change log, or this filter could never be
-    // caught up: install the triggers (if missing) before the snapshot is taken.
-    c.batch_execute(&log_triggers_ddl(&def.name))
-        .map_err(tx_error)?;
+    if let Some(src) = &def.source {
+        if slots.is_some() {
+            return Err(DbErr::Invalid(ATTACHED_IN_CLUSTER.into()));
+        }
+        if src.sync == SourceSync::Log {
+            // As for own tables: the triggers are there before the snapshot is taken.
+            source::install_log_triggers(c, def)?;
+        }
+    }
+    let t = match &def.source {
+        Some(src) => source::qualified(src),
+        None => table(&def.name),
+    };
+    if def.source.is_none() {
+        // Rows written from now on must reach the change log, or this filter could never be
+        // caught up: install the triggers (if missing) before the snapshot is taken.
+        c.batch_execute(&log_triggers_ddl(&def.name))
+            .map_err(tx_error)?;
+    }
     let mut tx = c
         .build_transaction()
         .isolation_level(postgres::IsolationLevel::RepeatableRead)
@@ -100,7 +119,13 @@ pub fn read_hashes(
     // The first statement takes the snapshot the COPY reads; its xmin is the watermark: every
     // transaction below it had ended (its rows are in the COPY), every later commit is at or
     // above it (and reaches the filter through the change log).
-    let watermark: i64 = tx.query_one(XMIN, &[]).map_err(tx_error)?.get(0);
+    // An UPDATED-COLUMN set's watermark is the time of this transaction instead (its polls
+    // reread from there, less the lookback: docs/attach.md).
+    let mark = match def.source.as_ref().map(|s| &s.sync) {
+        Some(SourceSync::Updated(_)) => source::NOW_WATERMARK,
+        _ => XMIN,
+    };
+    let watermark: i64 = tx.query_one(mark, &[]).map_err(tx_error)?.get(0);
     let mut expect = 0usize;
     if let Some(estimate) = estimate {
         let est: f32 = tx
@@ -116,7 +141,10 @@ pub fn read_hashes(
         expect = (est as usize).min(1 << 26);
     }
     let filter = slots.map(slot_condition).unwrap_or_default();
-    let sql = format!("COPY (SELECT entity_id, scope FROM {t} WHERE {ACTIVE}{filter}) TO STDOUT");
+    let sql = match &def.source {
+        Some(src) => source::copy_sql(src, def.normalize),
+        None => format!("COPY (SELECT entity_id, scope FROM {t} WHERE {ACTIVE}{filter}) TO STDOUT"),
+    };
     let hashes = stream(&mut tx, &sql, def.normalize, expect, progress)?;
     tx.commit().map_err(tx_error)?;
     progress.store(hashes.len() as u64, Ordering::Relaxed);

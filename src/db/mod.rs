@@ -5,6 +5,7 @@ pub mod build;
 pub mod keyslot;
 pub mod link;
 pub mod pool;
+pub mod source;
 pub mod sql;
 
 use std::collections::HashMap;

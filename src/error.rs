@@ -140,3 +140,6 @@ pub const SOURCE_TOKENIZE: &str = "ERR TOKENIZE cannot be used with SOURCE: the 
 pub const SOURCE_IN_CLUSTER: &str = "ERR attached sets (SOURCE) are not supported in cluster \
      mode yet: a node's filter holds the rows of its slots, and the source table has no slot \
      column";
+/// MEMBER.ADD / MADD with TTL or EXPIREAT on an attached set.
+pub const SOURCE_NO_EXPIRY: &str = "ERR TTL and EXPIREAT cannot be used on an attached set: \
+     its members are the rows of its table, which has no expiry";

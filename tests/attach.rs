@@ -280,6 +280,8 @@ fn signup(schema: &str, set: &str, sync: &[&str]) {
     );
     assert_eq!(int(c, &["MEMBER.ADD", set, "alice"]), 1);
     assert_eq!(int(other, &["MEMBER.EXISTS", set, "alice"]), 1);
+    let e1 = err(c, &["MEMBER.ADD", set, "alice", "TTL", "60"]);
+    assert!(e1.contains("cannot be used on an attached set"), "{e1}");
     // ADD of a name without a row: 0, and nothing is inserted.
     let before = count(&e.db, &table);
     assert_eq!(int(c, &["MEMBER.ADD", set, "bob"]), 0);

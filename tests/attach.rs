@@ -515,3 +515,54 @@ fn a_replica_learns_an_attached_set() {
     );
     assert_eq!(int(r, &["MEMBER.EXISTS", "rep", "cyd"]), 0);
 }
+
+/// A catalog made by a version without attached sets gains their columns when the module
+/// starts, and its sets keep working beside a new attached one.
+#[test]
+fn a_catalog_from_before_attached_sets_keeps_working() {
+    let db = support::fresh_db();
+    db.client()
+        .batch_execute(
+            "CREATE TABLE member_catalog (name text PRIMARY KEY,
+                error_rate double precision NOT NULL, capacity bigint NOT NULL,
+                cache_ttl integer NOT NULL, recent_ttl integer NOT NULL, normalize text NOT NULL,
+                created_at timestamptz NOT NULL DEFAULT now(),
+                tokenize text NOT NULL DEFAULT 'none', token_key_fp text);
+             INSERT INTO member_catalog (name, error_rate, capacity, cache_ttl, recent_ttl,
+                                         normalize) VALUES ('old', 0.01, 1000, 300, 10, 'none');
+             CREATE TABLE public.names (name text PRIMARY KEY,
+                                        at timestamptz NOT NULL DEFAULT now());
+             INSERT INTO public.names (name) VALUES ('ann')",
+        )
+        .unwrap();
+    let vk = start_loaded(&db.url(), &[]);
+    let c = &mut vk.conn();
+    assert_eq!(set_info(c, "old", "table").as_deref(), Some("member_old"));
+    assert_eq!(set_info(c, "old", "sync_mode").as_deref(), Some("log"));
+    ok(c, &["MEMBER.CREATE", "old"]);
+    assert_eq!(int(c, &["MEMBER.ADD", "old", "x"]), 1);
+    ok(
+        c,
+        &[
+            "MEMBER.CREATE",
+            "names",
+            "SOURCE",
+            "public.names",
+            "COLUMN",
+            "name",
+            "UPDATED-COLUMN",
+            "at",
+        ],
+    );
+    assert_eq!(int(c, &["MEMBER.EXISTS", "names", "ann"]), 1);
+    let cols: i64 = db
+        .client()
+        .query_one(
+            "SELECT count(*) FROM information_schema.columns
+              WHERE table_name = 'member_catalog' AND column_name LIKE 'source\\_%'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(cols, 6);
+}

@@ -6,6 +6,7 @@ pub mod keyslot;
 pub mod link;
 pub mod pool;
 pub mod source;
+pub mod source_check;
 pub mod sql;
 
 use std::collections::HashMap;

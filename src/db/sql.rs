@@ -424,7 +424,7 @@ pub fn create_set(db: &mut Db, wanted: &SetDef, explicit: &[bool; 6]) -> Result<
             None => {
                 // An attached set's source is checked first: a refusal rolls back, so nothing
                 // is created.
-                if let Err(e) = super::source::validate(&mut tx, wanted) {
+                if let Err(e) = super::source_check::validate(&mut tx, wanted) {
                     return Ok(Err(e));
                 }
                 let src = wanted.source.as_ref();

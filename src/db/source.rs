@@ -1,7 +1,8 @@
 //! Attached sets (docs/attach.md): the SQL that reads a table the module does not own (the
-//! checks MEMBER.CREATE runs on it are in `source_check`). Every name the caller gave is looked up in the catalog with
-//! bound parameters, and quoted (`quote_ident`, always) wherever it appears in generated SQL;
-//! the module never writes to the table, and alters it only when asked (`SYNC log`: triggers).
+//! checks MEMBER.CREATE runs on it are in `source_check`). Every name the caller gave is
+//! looked up in the catalog with bound parameters, and quoted (`quote_ident`, always) wherever
+//! it appears in generated SQL; the module never writes to the table, and alters it only when
+//! asked (`SYNC log`: triggers).
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;

@@ -253,6 +253,7 @@ pub fn learn(ctx: &Context, def: SetDef, id: Option<i64>) -> bool {
     let name = def.name.clone();
     let before = state::with(|r| r.sets.get(&name).map(|s| s.def.clone()));
     let resize = before.as_ref().filter(|b| b.filter_differs(&def)).cloned();
+    crate::db::source::remember(&def);
     let new = state::register(def.clone());
     if let Some(id) = id {
         state::with(|r| {
@@ -291,6 +292,7 @@ fn resized(ctx: &Context, before: &SetDef, def: &SetDef) {
 /// inside it, and trust in its exact-match keys (a later set of the same name has a new
 /// incarnation and tag; the old entries expire by their TTL, nothing scans for them).
 pub fn forget(ctx: &Context, name: &str) {
+    crate::db::source::forget(name);
     if let Some(s) = state::remove(name) {
         if let state::Rebuild::Running { waiters, .. } = s.rebuild {
             for (w, _) in waiters {

@@ -81,6 +81,14 @@ pub const CHANGE_RETENTION_S_MAX: i64 = 2_592_000;
 /// filter is older than that (down, or restored from an old snapshot) rebuilds it instead.
 pub static CHANGE_RETENTION_S: AtomicI64 = AtomicI64::new(CHANGE_RETENTION_S_DEFAULT);
 
+pub const SOURCE_LOOKBACK_MS_DEFAULT: i64 = 60_000;
+pub const SOURCE_LOOKBACK_MS_MIN: i64 = 0;
+pub const SOURCE_LOOKBACK_MS_MAX: i64 = 86_400_000;
+/// Attached sets synced by `UPDATED-COLUMN` (docs/attach.md): each poll rereads the rows
+/// stamped up to this long before the last poll, so a transaction that commits less than this
+/// after its row's timestamp is not missed.
+pub static SOURCE_LOOKBACK_MS: AtomicI64 = AtomicI64::new(SOURCE_LOOKBACK_MS_DEFAULT);
+
 pub const REBUILD_INTERVAL_S_DEFAULT: i64 = 0;
 pub const REBUILD_INTERVAL_S_MIN: i64 = 0;
 pub const REBUILD_INTERVAL_S_MAX: i64 = 2_592_000;
@@ -212,6 +220,10 @@ pub fn sync_interval() -> std::time::Duration {
 
 pub fn change_retention_s() -> u64 {
     CHANGE_RETENTION_S.load(Ordering::Relaxed) as u64
+}
+
+pub fn source_lookback_ms() -> i64 {
+    SOURCE_LOOKBACK_MS.load(Ordering::Relaxed)
 }
 
 pub fn rebuild_interval() -> Option<std::time::Duration> {

@@ -116,3 +116,30 @@ pub fn at_item(pos: usize, err: &str) -> String {
 
 /// A bug was contained (a panic while applying or answering a completed request).
 pub const INTERNAL: &str = "ERR libmember: internal error (logged; please report it)";
+
+/// MEMBER.CREATE … SOURCE (docs/attach.md): refusals decided from the arguments alone.
+pub const SOURCE_NAME: &str = "ERR SOURCE must be <schema>.<table>: exact names, split at the \
+     first dot, 1 to 63 bytes each, without NUL bytes";
+pub const SOURCE_NEEDS_COLUMN: &str =
+    "ERR SOURCE needs COLUMN <column>: the column holding the items";
+pub const SOURCE_OPTION_ALONE: &str = "ERR COLUMN, SCOPE-COLUMN, UPDATED-COLUMN and SYNC are \
+     options of an attached set: give SOURCE <schema>.<table> too";
+pub const SOURCE_BAD_IDENT: &str =
+    "ERR column names must be 1 to 63 bytes of UTF-8 without NUL bytes";
+pub const SOURCE_NEEDS_SYNC: &str = "ERR an attached set needs a sync mode for writes made \
+     outside the module: SYNC log (change-log triggers on the table, the full guarantee) or \
+     UPDATED-COLUMN <column> (polls a timestamp column, may miss late commits; see \
+     docs/attach.md)";
+pub const SOURCE_SYNC_BOTH: &str = "ERR SYNC log and UPDATED-COLUMN exclude each other: choose one";
+pub const SOURCE_BAD_SYNC: &str = "ERR SYNC must be log (or give UPDATED-COLUMN <column> instead)";
+pub const SOURCE_USERNAME: &str = "ERR NORMALIZE username cannot be used with SOURCE: lookups \
+     in the table must match in SQL, and username normalization (NFKC, case folding) has no \
+     SQL form; use none or lower";
+pub const SOURCE_TOKENIZE: &str = "ERR TOKENIZE cannot be used with SOURCE: the table holds the \
+     items in clear, so tokens could never match its rows";
+pub const SOURCE_IN_CLUSTER: &str = "ERR attached sets (SOURCE) are not supported in cluster \
+     mode yet: a node's filter holds the rows of its slots, and the source table has no slot \
+     column";
+/// MEMBER.ADD / MADD with TTL or EXPIREAT on an attached set.
+pub const SOURCE_NO_EXPIRY: &str = "ERR TTL and EXPIREAT cannot be used on an attached set: \
+     its members are the rows of its table, which has no expiry";

@@ -307,6 +307,7 @@ redis_module! {
             ["cache-ttl", &CACHE_TTL, CACHE_TTL_DEFAULT, CACHE_TTL_MIN, CACHE_TTL_MAX, ConfigurationFlags::DEFAULT, None],
             ["sync-interval-ms", &SYNC_INTERVAL_MS, SYNC_INTERVAL_MS_DEFAULT, SYNC_INTERVAL_MS_MIN, SYNC_INTERVAL_MS_MAX, ConfigurationFlags::DEFAULT, None],
             ["change-retention-s", &CHANGE_RETENTION_S, CHANGE_RETENTION_S_DEFAULT, CHANGE_RETENTION_S_MIN, CHANGE_RETENTION_S_MAX, ConfigurationFlags::DEFAULT, None],
+            ["source-lookback-ms", &SOURCE_LOOKBACK_MS, SOURCE_LOOKBACK_MS_DEFAULT, SOURCE_LOOKBACK_MS_MIN, SOURCE_LOOKBACK_MS_MAX, ConfigurationFlags::DEFAULT, None],
             ["rebuild-interval-s", &REBUILD_INTERVAL_S, REBUILD_INTERVAL_S_DEFAULT, REBUILD_INTERVAL_S_MIN, REBUILD_INTERVAL_S_MAX, ConfigurationFlags::DEFAULT, None],
             ["fp-cache-size", &FP_CACHE_SIZE, FP_CACHE_SIZE_DEFAULT, FP_CACHE_SIZE_MIN, FP_CACHE_SIZE_MAX, ConfigurationFlags::DEFAULT, None],
             ["max-filter-bytes", &MAX_FILTER_BYTES, MAX_FILTER_BYTES_DEFAULT, MAX_FILTER_BYTES_MIN, MAX_FILTER_BYTES_MAX, ConfigurationFlags::MEMORY, None],

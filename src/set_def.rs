@@ -14,12 +14,57 @@ pub struct SetDef {
     pub normalize: Normalize,
     /// Tokenization and the fingerprint of the key the set's tokens are made under.
     pub tokenize: crate::token::Tokenize,
+    /// An attached set (docs/attach.md): the table it serves membership from. `None` for a
+    /// set the module owns (`member_<name>`).
+    pub source: Option<Source>,
+}
+
+/// A table the module does not own that an attached set answers from. Names are exact
+/// (case-sensitive) PostgreSQL identifiers, checked against the catalog at CREATE and quoted
+/// wherever they appear in SQL (`db::source`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Source {
+    pub schema: String,
+    pub table: String,
+    /// The text-like column holding the items.
+    pub column: String,
+    /// The text-like column holding the scope, if the set is scoped.
+    pub scope_column: Option<String>,
+    pub sync: SourceSync,
+}
+
+/// How writes made outside the module reach an attached set's filter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SourceSync {
+    /// The module's change-log triggers on the source table (`SYNC log`): the full guarantee.
+    Log,
+    /// Polling a timestamp column (`UPDATED-COLUMN <col>`) with a lookback: weaker.
+    Updated(String),
+}
+
+impl SourceSync {
+    /// The name MEMBER.INFO shows.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SourceSync::Log => "log",
+            SourceSync::Updated(_) => "updated-column",
+        }
+    }
+}
+
+impl Source {
+    /// `schema.table`, as given (not quoted: for messages and INFO).
+    pub fn qualified(&self) -> String {
+        format!("{}.{}", self.schema, self.table)
+    }
 }
 
 impl SetDef {
     /// True when a setting the caller gave explicitly (`explicit`, in the order error rate,
     /// capacity, cache TTL, recent TTL, normalize, tokenize) differs from the stored one. A
     /// TOKENIZE mode is compared by name: a different key is `token_key::check`'s to report.
+    /// A SOURCE given must be the stored one: an own set never becomes attached, nor the
+    /// other way round.
     pub fn conflicts_with(&self, have: &SetDef, explicit: &[bool; 6]) -> bool {
         (explicit[0] && self.error_rate != have.error_rate)
             || (explicit[1] && self.capacity != have.capacity)
@@ -27,6 +72,7 @@ impl SetDef {
             || (explicit[3] && self.recent_ttl != have.recent_ttl)
             || (explicit[4] && self.normalize != have.normalize)
             || (explicit[5] && self.tokenize.name() != have.tokenize.name())
+            || (self.source.is_some() && self.source != have.source)
     }
 }
 
@@ -79,6 +125,7 @@ mod tests {
             recent_ttl: 10,
             normalize: Normalize::Lower,
             tokenize: crate::token::Tokenize::None,
+            source: None,
         }
     }
 

@@ -15,7 +15,7 @@ use crate::cluster::slotset::SlotSet;
 use crate::metrics::PathCounters;
 use crate::{config, filter_store, keys, rebuild};
 
-pub use crate::set_def::{SetChange, SetDef};
+pub use crate::set_def::{SetChange, SetDef, Source, SourceSync};
 
 /// Hasher for keys that are already uniform hashes (the 128-bit canonical hash).
 #[derive(Default)]
@@ -63,6 +63,8 @@ struct Mark {
 }
 
 /// A running or finished filter build.
+// One per set, mostly Idle: the definition a running build carries is not worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum Rebuild {
     Idle,
     Running {

@@ -10,8 +10,9 @@ use redis_module::{Context, RedisString};
 
 use crate::canon::Normalize;
 use crate::db::sql::{self, Changes};
-use crate::db::{pool, DbErr};
+use crate::db::{pool, source, DbErr};
 use crate::filter_type::FilterValue;
+use crate::state::{Source, SourceSync};
 
 use crate::state;
 use crate::{config, filter_store, mainq, reply};
@@ -98,6 +99,9 @@ struct Member {
     /// again) since gets nothing from this pass.
     incarnation: u64,
     from: i64,
+    /// An attached set synced by UPDATED-COLUMN: its rows come from its own poll, and its
+    /// watermark is a time (docs/attach.md).
+    time: bool,
 }
 
 /// Starts a pass over every set whose filter has a watermark, if one is due (or at once, if
@@ -132,31 +136,54 @@ pub fn run(ctx: &Context, now_all: bool) {
             l.woken = false;
         }
     });
-    let sets: Vec<(String, u64, RedisString, Normalize)> = state::with(|r| {
+    type Polled = Option<(Source, Normalize)>;
+    let sets: Vec<(String, u64, RedisString, Normalize, Polled)> = state::with(|r| {
         r.sets
             .values()
             .map(|s| {
+                let polled = s
+                    .def
+                    .source
+                    .as_ref()
+                    .filter(|src| matches!(src.sync, SourceSync::Updated(_)))
+                    .map(|src| (src.clone(), s.def.normalize));
                 (
                     s.def.name.clone(),
                     s.incarnation,
                     s.filter_key.clone(),
                     s.def.normalize,
+                    polled,
                 )
             })
             .collect()
     });
     let mut members = Vec::new();
     let mut norms = HashMap::new();
-    for (name, incarnation, key, norm) in sets {
+    let mut polls = Vec::new();
+    for (name, incarnation, key, norm, polled) in sets {
         // Only a filter with a watermark can be caught up; others wait for their rebuild.
-        if let Some(Some(from)) = filter_store::with(ctx, &key, |f| f.cov.watermark) {
-            norms.insert(name.clone(), norm);
-            members.push(Member {
-                name,
-                incarnation,
-                from,
-            });
+        let Some(Some(from)) = filter_store::with(ctx, &key, |f| f.cov.watermark) else {
+            continue;
+        };
+        let time = polled.is_some();
+        if source::is_time(from) != time {
+            // A watermark of the other kind (a filter restored across a DROP and a CREATE
+            // that changed the sync mode) proves nothing: rebuilt, never caught up.
+            filter_store::with_mut(ctx, &key, |f| f.cov.complete = false);
+            continue;
         }
+        match polled {
+            Some(p) => polls.push((name.clone(), p, from)),
+            None => {
+                norms.insert(name.clone(), norm);
+            }
+        }
+        members.push(Member {
+            name,
+            incarnation,
+            from,
+            time,
+        });
     }
     let news = LOOP.with(|l| {
         let l = l.borrow();
@@ -179,9 +206,8 @@ pub fn run(ctx: &Context, now_all: bool) {
         l.registered = registered;
         l.covered = members.iter().map(|m| m.name.clone()).collect();
     });
-    let Some(from) = members.iter().map(|m| m.from).min() else {
-        return;
-    };
+    // The change log is read from the oldest transaction-id watermark (none: no log read).
+    let from = members.iter().filter(|m| !m.time).map(|m| m.from).min();
     let prune = LOOP.with(|l| {
         let mut l = l.borrow_mut();
         l.in_flight = true;
@@ -199,9 +225,30 @@ pub fn run(ctx: &Context, now_all: bool) {
         members,
         result: Some(Err(DbErr::Unavailable("sync job dropped".into()))),
     };
+    let lookback = config::source_lookback_ms();
     pool::run(move |db| {
         let mut pass = pass;
-        pass.result = Some(sql::changes_since(db, from, &norms, prune));
+        let mut res = match from {
+            Some(from) => sql::changes_since(db, from, &norms, prune),
+            None => Ok(Changes::default()),
+        };
+        if let Ok(ch) = res.as_mut() {
+            // One statement per UPDATED-COLUMN set; a failing one (its table dropped, a
+            // privilege revoked) holds back only its own set.
+            for (name, src, from) in polls {
+                match source::poll(db, &src, from, lookback) {
+                    Ok((rows, horizon)) => {
+                        ch.rows.insert(name.clone(), rows);
+                        ch.time_horizons.insert(name, horizon);
+                    }
+                    Err(e) => {
+                        ch.poll_errors.insert(name, e.reply_text());
+                    }
+                }
+                ch.statements += 1;
+            }
+        }
+        pass.result = Some(res);
     });
 }
 
@@ -328,6 +375,21 @@ fn apply(
             hashes = covered_rows(ctx, &m.name, hashes, &slots);
         }
         let blind = blind_tables.contains(sql::table(&m.name).as_str());
+        // A polled set covers up to its own poll's time; the log's horizon and floor are not
+        // its business.
+        let (horizon, floor, blind) = match ch.time_horizons.get(&m.name) {
+            Some(&h) => (h, 0, false),
+            None if m.time => {
+                let e = ch.poll_errors.remove(&m.name);
+                state::with(|r| {
+                    if let Some(s) = r.sets.get_mut(&m.name) {
+                        s.sync.last_error = e;
+                    }
+                });
+                continue;
+            }
+            None => (ch.horizon, ch.floor, blind),
+        };
         rows += hashes.len() as u64;
         let key = state::with(|r| {
             let s = r.sets.get_mut(&m.name)?;
@@ -346,7 +408,7 @@ fn apply(
             continue;
         };
         let outcome = filter_store::with_mut(ctx, &key, |f| {
-            catch_up(&m.name, f, &hashes, m.from, ch.horizon, ch.floor, blind)
+            catch_up(&m.name, f, &hashes, m.from, horizon, floor, blind)
         });
         // Trust follows the value the pass caught up; rows it added to any other value at
         // the key mean the trusted one (elsewhere, if anywhere) missed them.

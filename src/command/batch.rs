@@ -176,6 +176,9 @@ fn plan_writes(
         let Some(set) = set else {
             return Ok(None);
         };
+        if set.def.source.is_some() && expires_at.is_some() {
+            return Err(RedisError::Str(error::SOURCE_NO_EXPIRY));
+        }
         let writes = canonical_all(set, items, scope)?
             .into_iter()
             .map(|canon| WriteDone::new(Op::Add, set, canon))

@@ -27,7 +27,8 @@ fn parse(args: Vec<RedisString>) -> Result<(SetDef, [bool; 6]), RedisError> {
     }
     let mut it = args.into_iter().skip(1);
     let name = set_name(&it.next().unwrap())?;
-    let given = Given::parse(it)?;
+    let (rest, source) = super::attach::split(it.collect())?;
+    let given = Given::parse(rest.into_iter())?;
     let explicit = given.explicit();
     let c = given.change;
     let relaxed = std::sync::atomic::Ordering::Relaxed;
@@ -47,7 +48,11 @@ fn parse(args: Vec<RedisString>) -> Result<(SetDef, [bool; 6]), RedisError> {
             .unwrap_or_else(|| config::RECENT_TTL.load(relaxed) as u64),
         normalize: given.normalize.unwrap_or(Normalize::None),
         tokenize: given.tokenize.unwrap_or(Tokenize::None),
+        source,
     };
+    if def.source.is_some() {
+        super::attach::check(def.normalize, &def.tokenize)?;
+    }
     // Checked before anything is allocated or written: the filter these settings need must
     // fit under the ceiling (a smaller one would break the promised rate).
     settings::check_filter_size(def.capacity, def.error_rate)
@@ -65,6 +70,7 @@ thread_local! {
 
 /// MEMBER.CREATE <set> [ERROR <rate>] [CAPACITY <n>] [CACHE-TTL <s>] [RECENT-TTL <s>]
 /// [NORMALIZE none|lower|username] [TOKENIZE none|hmac-sha256]
+/// [SOURCE <schema>.<table> COLUMN <col> [SCOPE-COLUMN <col>] (UPDATED-COLUMN <col> | SYNC log)]
 ///
 /// Two steps, neither on the main thread: the catalog row and table (a worker, bounded by
 /// `member.db-timeout-ms`), then, for a set without a complete filter here, the filter build

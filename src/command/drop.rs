@@ -41,15 +41,18 @@ pub fn drop(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 
 struct DropDone {
     name: String,
-    /// Whether the catalog held the set.
-    result: Result<bool, DbErr>,
+    /// Whether the catalog held the set, and a note for the server log.
+    result: Result<(bool, Option<String>), DbErr>,
 }
 
 impl Completion for DropDone {
     /// Whether or not the catalog still held it, the set is gone from the catalog now: this
     /// node and its replicas forget whatever they held for it.
     fn apply(&mut self, ctx: &Context) {
-        if self.result.is_ok() {
+        if let Ok((_, note)) = &self.result {
+            if let Some(note) = note {
+                crate::reply::log(ctx, crate::reply::Level::Warning, note);
+            }
             catalog::forget(ctx, &self.name);
             effects::replicate(ctx, "MEMBER._DROP", &[self.name.as_bytes()]);
         }
@@ -57,8 +60,8 @@ impl Completion for DropDone {
 
     fn reply(&mut self, _ctx: &Context) -> RedisResult {
         match &self.result {
-            Ok(true) => Ok(RedisValue::SimpleStringStatic("OK")),
-            Ok(false) => Err(RedisError::Str(error::UNKNOWN_SET)),
+            Ok((true, _)) => Ok(RedisValue::SimpleStringStatic("OK")),
+            Ok((false, _)) => Err(RedisError::Str(error::UNKNOWN_SET)),
             Err(e) => Err(RedisError::String(e.reply_text())),
         }
     }

@@ -48,7 +48,27 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
             let current = s.synced_epoch == epoch;
             let d = &s.def;
             out.push(("name", d.name.clone()));
-            out.push(("table", crate::db::sql::table(&d.name)));
+            match &d.source {
+                None => {
+                    out.push(("table", crate::db::sql::table(&d.name)));
+                    out.push(("sync_mode", "log".into()));
+                }
+                // An attached set (docs/attach.md): the table it answers from, and how
+                // outside writes reach it.
+                Some(src) => {
+                    out.push(("table", src.qualified()));
+                    out.push(("source", src.qualified()));
+                    out.push(("source_column", src.column.clone()));
+                    let scope = src.scope_column.clone().unwrap_or_default();
+                    out.push(("source_scope_column", scope));
+                    out.push(("sync_mode", src.sync.name().into()));
+                    if let crate::state::SourceSync::Updated(u) = &src.sync {
+                        out.push(("source_updated_column", u.clone()));
+                        let ms = crate::config::source_lookback_ms();
+                        out.push(("source_lookback_ms", ms.to_string()));
+                    }
+                }
+            }
             out.push(("normalize", d.normalize.name().into()));
             out.push(("tokenize", d.tokenize.name().into()));
             if let Some(fp) = d.tokenize.fingerprint() {

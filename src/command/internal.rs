@@ -8,7 +8,7 @@ use super::set_name;
 use crate::canon::{self, Canon, Normalize};
 use crate::filter_type::FilterValue;
 use crate::replica_load;
-use crate::state::{self, SetDef};
+use crate::state::{self, SetDef, Source, SourceSync};
 use crate::token::Tokenize;
 use crate::{config, effects};
 
@@ -143,12 +143,13 @@ pub fn replicate_built_filter(
 /// tokenized set, its mode and key fingerprint.
 pub fn set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard(ctx)?;
-    if !matches!(args.len(), 7 | 8 | 10) {
+    if !matches!(args.len(), 7 | 8 | 10 | 16) {
         return Err(RedisError::WrongArity);
     }
     let mut args = args.into_iter();
     let [_, name, rate, cap, cache, recent, norm] = std::array::from_fn(|_| args.next().unwrap());
     let (id, tok, fp) = (args.next(), args.next(), args.next());
+    let source: Vec<RedisString> = args.collect();
     let bad = || RedisError::Str("ERR bad set definition");
     // The same bounds as MEMBER.CREATE: a definition from a primary or an AOF is checked
     // like one from a client, so no value can size a runaway filter.
@@ -189,9 +190,38 @@ pub fn set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         recent_ttl: int(&recent, config::RECENT_TTL_MIN..=config::RECENT_TTL_MAX)?,
         normalize: Normalize::parse(norm.as_slice()).ok_or_else(bad)?,
         tokenize,
+        source: source_of(&source).ok_or_else(bad)?,
     };
     crate::catalog::learn(ctx, def, id);
     Ok(RedisValue::SimpleStringStatic("OK"))
+}
+
+/// An attached set's source from `_SET`'s last six fields (schema, table, column, scope
+/// column or empty, updated column or empty, sync mode): `Some(None)` when there are none,
+/// `None` when they are malformed.
+fn source_of(f: &[RedisString]) -> Option<Option<Source>> {
+    let [schema, table, column, scope, updated, sync] = f else {
+        return f.is_empty().then_some(None);
+    };
+    let text = |s: &RedisString| {
+        std::str::from_utf8(s.as_slice())
+            .ok()
+            .filter(|s| !s.contains('\0'))
+            .map(str::to_string)
+    };
+    let some = |s: String| (!s.is_empty()).then_some(s);
+    let sync = match sync.as_slice() {
+        b"log" => SourceSync::Log,
+        b"updated-column" => SourceSync::Updated(some(text(updated)?)?),
+        _ => return None,
+    };
+    Some(Some(Source {
+        schema: some(text(schema)?)?,
+        table: some(text(table)?)?,
+        column: some(text(column)?)?,
+        scope_column: some(text(scope)?),
+        sync,
+    }))
 }
 
 /// MEMBER._DROP <set> — a set dropped on the primary: forget everything held for it.
@@ -213,6 +243,26 @@ pub fn replicate_set(ctx: &Context, d: &SetDef, id: Option<i64>) {
         d.normalize.name().to_string(),
     ];
     match d.tokenize.fingerprint() {
+        // An attached set: every field (unreadable to versions without SOURCE, which must not
+        // serve it from a `member_<set>` table).
+        _ if d.source.is_some() => {
+            let src = d.source.as_ref().expect("checked");
+            let updated = match &src.sync {
+                SourceSync::Updated(u) => u.clone(),
+                SourceSync::Log => String::new(),
+            };
+            fields.extend([
+                id.map(|id| id.to_string()).unwrap_or_default(),
+                d.tokenize.name().to_string(),
+                d.tokenize.fingerprint().unwrap_or_default().to_string(),
+                src.schema.clone(),
+                src.table.clone(),
+                src.column.clone(),
+                src.scope_column.clone().unwrap_or_default(),
+                updated,
+                src.sync.name().to_string(),
+            ]);
+        }
         // The form earlier versions wrote and read.
         None => fields.extend(id.map(|id| id.to_string())),
         // Unreadable to versions without tokenization: they must not serve the set as plain.

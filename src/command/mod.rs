@@ -2,6 +2,7 @@
 //! database, reply. No SQL here.
 
 pub mod alter;
+pub mod attach;
 pub mod batch;
 pub mod create;
 pub mod drop;

@@ -189,6 +189,9 @@ fn prepare(
         let Some(s) = s else {
             return Ok(None);
         };
+        if s.def.source.is_some() && expires_at.is_some() {
+            return Err(RedisError::Str(error::SOURCE_NO_EXPIRY));
+        }
         let canon = token_key::canonical(&s.def, item, scope).map_err(RedisError::Str)?;
         if let Some(e) = forward::elsewhere(item, &canon, set, op.wire(), expires_at) {
             return Ok(Some(Plan::Elsewhere(e)));

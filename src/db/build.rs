@@ -9,12 +9,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use postgres::{Client, Transaction};
 
 use super::sql::{log_triggers_ddl, table, ACTIVE, XMIN};
-use super::DbErr;
+use super::{source, DbErr};
 use crate::canon::{self, Normalize};
 use crate::cluster::slot::SLOTS;
 use crate::cluster::slotset::SlotSet;
 use crate::filter::Bloom;
-use crate::state::SetDef;
+use crate::state::{SetDef, SourceSync};
+
+/// Attached sets are refused in cluster mode (docs/attach.md).
+pub const ATTACHED_IN_CLUSTER: &str =
+    "attached sets (SOURCE) are not supported in cluster mode yet: a \
+     node's filter holds the rows of its slots, and the source table has no slot column";
 
 /// A filter built from a table (or the given slots of it).
 pub struct Built {
@@ -69,6 +74,9 @@ pub fn build_filter(
         max_bytes,
     )
     .map_err(|e| DbErr::Invalid(e.to_string()))?;
+    // An attached set's table is not one the standby path checks (its own triggers, its
+    // slot column): those build from the primary.
+    let standby = standby.filter(|_| def.source.is_none());
     let from_standby = standby.is_some();
     let (hashes, watermark) = match standby {
         None => read_hashes(c, def, slots, progress, Some(estimate))?,
@@ -105,8 +113,14 @@ pub fn build_filter(
 /// caught up: installs the triggers (if missing), before any snapshot a build reads is taken.
 /// On the primary.
 pub fn install_triggers(c: &mut Client, def: &SetDef) -> Result<(), DbErr> {
-    c.batch_execute(&log_triggers_ddl(&def.name))
-        .map_err(tx_error)
+    match &def.source {
+        // An attached table gets the triggers only when its set asked (SYNC log).
+        Some(src) if src.sync == SourceSync::Log => source::install_log_triggers(c, def),
+        Some(_) => Ok(()),
+        None => c
+            .batch_execute(&log_triggers_ddl(&def.name))
+            .map_err(tx_error),
+    }
 }
 
 /// The canonical hashes of the set's active rows of `slots` (all rows for `None`), read in one
@@ -118,15 +132,23 @@ pub fn read_hashes(
     progress: &AtomicU64,
     estimate: Option<&AtomicU64>,
 ) -> Result<(Vec<u128>, i64), DbErr> {
+    if def.source.is_some() && slots.is_some() {
+        return Err(DbErr::Invalid(ATTACHED_IN_CLUSTER.into()));
+    }
     install_triggers(c, def)?;
-    let (mut tx, watermark) = snapshot(c)?;
+    let (mut tx, watermark) = snapshot(c, def)?;
     let hashes = copy_rows(&mut tx, def, slots, progress, estimate)?;
     tx.commit().map_err(tx_error)?;
     Ok((hashes, watermark))
 }
 
-/// Opens the read-only repeatable-read transaction a build reads, and its snapshot's xmin.
-pub(super) fn snapshot(c: &mut Client) -> Result<(Transaction<'_>, i64), DbErr> {
+/// Opens the read-only repeatable-read transaction a build reads, and its watermark: the
+/// snapshot's xmin, or for an UPDATED-COLUMN set the time of this transaction (its polls
+/// reread from there, less the lookback: docs/attach.md).
+pub(super) fn snapshot<'a>(
+    c: &'a mut Client,
+    def: &SetDef,
+) -> Result<(Transaction<'a>, i64), DbErr> {
     let mut tx = c
         .build_transaction()
         .isolation_level(postgres::IsolationLevel::RepeatableRead)
@@ -136,11 +158,16 @@ pub(super) fn snapshot(c: &mut Client) -> Result<(Transaction<'_>, i64), DbErr> 
     // The first statement takes the snapshot the COPY reads; its xmin is the watermark: every
     // transaction below it had ended (its rows are in the COPY), every later commit is at or
     // above it (and reaches the filter through the change log).
-    let xmin: i64 = tx.query_one(XMIN, &[]).map_err(tx_error)?.get(0);
-    Ok((tx, xmin))
+    let mark = match def.source.as_ref().map(|s| &s.sync) {
+        Some(SourceSync::Updated(_)) => source::NOW_WATERMARK,
+        _ => XMIN,
+    };
+    let watermark: i64 = tx.query_one(mark, &[]).map_err(tx_error)?.get(0);
+    Ok((tx, watermark))
 }
 
-/// Streams the set's active rows of `slots` in the open snapshot `tx`, hashed.
+/// Streams the set's active rows of `slots` in the open snapshot `tx`, hashed: from the
+/// module's own table, or from an attached set's source.
 pub(super) fn copy_rows(
     tx: &mut Transaction,
     def: &SetDef,
@@ -148,7 +175,10 @@ pub(super) fn copy_rows(
     progress: &AtomicU64,
     estimate: Option<&AtomicU64>,
 ) -> Result<Vec<u128>, DbErr> {
-    let t = table(&def.name);
+    let t = match &def.source {
+        Some(src) => source::qualified(src),
+        None => table(&def.name),
+    };
     let mut expect = 0usize;
     if let Some(estimate) = estimate {
         let est: f32 = tx
@@ -164,7 +194,10 @@ pub(super) fn copy_rows(
         expect = (est as usize).min(1 << 26);
     }
     let filter = slots.map(slot_condition).unwrap_or_default();
-    let sql = format!("COPY (SELECT entity_id, scope FROM {t} WHERE {ACTIVE}{filter}) TO STDOUT");
+    let sql = match &def.source {
+        Some(src) => source::copy_sql(src, def.normalize),
+        None => format!("COPY (SELECT entity_id, scope FROM {t} WHERE {ACTIVE}{filter}) TO STDOUT"),
+    };
     let hashes = stream(tx, &sql, def.normalize, expect, progress)?;
     progress.store(hashes.len() as u64, Ordering::Relaxed);
     Ok(hashes)

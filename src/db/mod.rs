@@ -5,6 +5,8 @@ pub mod build;
 pub mod keyslot;
 pub mod link;
 pub mod pool;
+pub mod source;
+pub mod source_check;
 pub mod sql;
 pub mod standby;
 

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use super::{prepared, Db, DbErr};
 use crate::canon::{self, Normalize};
 use crate::error;
-use crate::state::{SetChange, SetDef};
+use crate::state::{SetChange, SetDef, Source, SourceSync};
 use crate::token::Tokenize;
 
 const ADVISORY_KEY: i64 = 0x6c69_626d_656d; // "libmem"
@@ -30,6 +30,18 @@ DO $cat$ BEGIN
                    AND attname = 'token_key_fp' AND NOT attisdropped) THEN
     ALTER TABLE member_catalog ADD COLUMN IF NOT EXISTS tokenize text NOT NULL DEFAULT 'none',
                                ADD COLUMN IF NOT EXISTS token_key_fp text;
+  END IF;
+END $cat$;
+-- Catalogs made before attached sets (docs/attach.md) get their columns, the same way.
+DO $cat$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'member_catalog'::regclass
+                   AND attname = 'source_sync' AND NOT attisdropped) THEN
+    ALTER TABLE member_catalog ADD COLUMN IF NOT EXISTS source_schema text,
+                               ADD COLUMN IF NOT EXISTS source_table text,
+                               ADD COLUMN IF NOT EXISTS source_column text,
+                               ADD COLUMN IF NOT EXISTS source_scope_column text,
+                               ADD COLUMN IF NOT EXISTS source_updated_column text,
+                               ADD COLUMN IF NOT EXISTS source_sync text;
   END IF;
 END $cat$;
 CREATE TABLE IF NOT EXISTS member_catalog_version (
@@ -277,7 +289,9 @@ pub struct CatalogRow {
 fn catalog_columns(a: &str) -> String {
     format!(
         "{a}.name, {a}.error_rate, {a}.capacity, {a}.cache_ttl, {a}.recent_ttl, {a}.normalize,
-         (EXTRACT(EPOCH FROM {a}.created_at) * 1000000)::int8, {a}.tokenize, {a}.token_key_fp"
+         (EXTRACT(EPOCH FROM {a}.created_at) * 1000000)::int8, {a}.tokenize, {a}.token_key_fp,
+         {a}.source_schema, {a}.source_table, {a}.source_column, {a}.source_scope_column,
+         {a}.source_updated_column, {a}.source_sync"
     )
 }
 
@@ -292,11 +306,36 @@ fn row_at(row: &postgres::Row, at: usize) -> Option<CatalogRow> {
         recent_ttl: row.get::<_, i32>(at + 4) as u64,
         normalize: Normalize::parse(row.get::<_, &str>(at + 5).as_bytes())?,
         tokenize: Tokenize::from_stored(row.get(at + 7), row.get(at + 8))?,
+        source: source_at(row, at + 9)?,
     };
     Some(CatalogRow {
         def,
         id: row.get(at + 6),
     })
+}
+
+/// An attached set's source from its catalog columns starting at `at`: `Some(None)` for an
+/// own set, `None` for a row this version cannot read (an unknown sync mode).
+fn source_at(row: &postgres::Row, at: usize) -> Option<Option<Source>> {
+    let (Some(schema), Some(table), Some(column)) = (
+        row.get::<_, Option<String>>(at),
+        row.get::<_, Option<String>>(at + 1),
+        row.get::<_, Option<String>>(at + 2),
+    ) else {
+        return Some(None);
+    };
+    let sync = match row.get::<_, Option<&str>>(at + 5) {
+        Some("log") => SourceSync::Log,
+        Some("updated-column") => SourceSync::Updated(row.get::<_, Option<String>>(at + 4)?),
+        _ => return None,
+    };
+    Some(Some(Source {
+        schema,
+        table,
+        column,
+        scope_column: row.get(at + 3),
+        sync,
+    }))
 }
 
 /// The catalog version and every set definition, read in one snapshot. Creates the catalog
@@ -378,15 +417,27 @@ pub fn create_set(db: &mut Db, wanted: &SetDef, explicit: &[bool; 6]) -> Result<
         let row = match existing.as_ref().and_then(|r| row_at(r, 0)) {
             Some(have) => {
                 if wanted.conflicts_with(&have.def, explicit) {
-                    return Ok(None);
+                    return Ok(Err(DbErr::Refused(error::SET_EXISTS_DIFFERENT)));
                 }
                 have
             }
             None => {
+                // An attached set's source is checked first: a refusal rolls back, so nothing
+                // is created.
+                if let Err(e) = super::source_check::validate(&mut tx, wanted) {
+                    return Ok(Err(e));
+                }
+                let src = wanted.source.as_ref();
+                let updated = src.and_then(|s| match &s.sync {
+                    SourceSync::Updated(u) => Some(u.as_str()),
+                    SourceSync::Log => None,
+                });
                 let id: i64 = tx.query_one(
                     "INSERT INTO member_catalog (name, error_rate, capacity, cache_ttl, recent_ttl, normalize,
-                                                 tokenize, token_key_fp)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                                                 tokenize, token_key_fp, source_schema, source_table,
+                                                 source_column, source_scope_column,
+                                                 source_updated_column, source_sync)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
                      RETURNING (EXTRACT(EPOCH FROM created_at) * 1000000)::int8",
                     &[
                         &wanted.name,
@@ -397,37 +448,66 @@ pub fn create_set(db: &mut Db, wanted: &SetDef, explicit: &[bool; 6]) -> Result<
                         &wanted.normalize.name(),
                         &wanted.tokenize.name(),
                         &wanted.tokenize.fingerprint(),
+                        &src.map(|s| s.schema.as_str()),
+                        &src.map(|s| s.table.as_str()),
+                        &src.map(|s| s.column.as_str()),
+                        &src.and_then(|s| s.scope_column.as_deref()),
+                        &updated,
+                        &src.map(|s| s.sync.name()),
                     ],
                 )?.get(0);
                 tx.execute(BUMP_VERSION, &[])?;
                 CatalogRow { def: wanted.clone(), id }
             }
         };
-        tx.batch_execute(&set_ddl(&row.def.name))?;
+        match &row.def.source {
+            None => tx.batch_execute(&set_ddl(&row.def.name))?,
+            Some(src) if src.sync == SourceSync::Log => {
+                tx.batch_execute(super::source::LOG_FN_DDL)?;
+                if let Err(e) = super::source::install_log_triggers(&mut tx, &row.def) {
+                    return Ok(Err(e));
+                }
+            }
+            Some(_) => {}
+        }
         tx.commit()?;
-        Ok(Some(row))
+        Ok(Ok(row))
     })?;
-    row.ok_or(DbErr::Refused(error::SET_EXISTS_DIFFERENT))
+    row
 }
 
 /// Drops a set: its catalog row and, with `delete_data`, its table, in one transaction that
 /// bumps the catalog version (every node forgets the set at its next check). False when the
-/// catalog has no such set (nothing is changed then).
-pub fn drop_set(db: &mut Db, name: &str, delete_data: bool) -> Result<bool, DbErr> {
+/// catalog has no such set (nothing is changed then); with it, for an attached set whose
+/// triggers the module may not remove, what to tell the operator.
+pub fn drop_set(
+    db: &mut Db,
+    name: &str,
+    delete_data: bool,
+) -> Result<(bool, Option<String>), DbErr> {
     db.run_once(|c, _| {
         let mut tx = c.transaction()?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
         tx.batch_execute(CATALOG_DDL)?;
-        let n = tx.execute("DELETE FROM member_catalog WHERE name = $1", &[&name])?;
-        if n == 0 {
-            return Ok(false);
-        }
+        let sql = format!(
+            "DELETE FROM member_catalog a WHERE name = $1 RETURNING {}",
+            catalog_columns("a")
+        );
+        let Some(gone) = tx.query_opt(&sql, &[&name])? else {
+            return Ok((false, None));
+        };
+        // An attached set's triggers leave its source table with it; its table is never
+        // dropped (DELETE-DATA concerns `member_<set>` only, which it does not have).
+        let note = match row_at(&gone, 0) {
+            Some(row) => super::source::drop_log_triggers(&mut tx, &row.def)?,
+            None => None,
+        };
         tx.execute(BUMP_VERSION, &[])?;
         if delete_data {
             tx.batch_execute(&format!("DROP TABLE IF EXISTS {}", table(name)))?;
         }
         tx.commit()?;
-        Ok(true)
+        Ok((true, note))
     })
 }
 
@@ -512,6 +592,9 @@ pub fn add_many(
          RETURNING entity_id, scope",
         t = table(set)
     );
+    if let Some(src) = super::source::of(set) {
+        return super::source::confirm_many(db, &src, items);
+    }
     let mut first: HashMap<(&str, &str), usize> = HashMap::with_capacity(items.len());
     let mut rows: Vec<(&str, &str, Option<f64>)> = Vec::with_capacity(items.len());
     for (i, (e, s, x)) in items.iter().enumerate() {
@@ -558,6 +641,9 @@ pub fn lookup_many(
             AND m.{ACTIVE_M}",
         t = table(set)
     );
+    if let Some(src) = super::source::of(set) {
+        return super::source::lookup_many(db, &src, items);
+    }
     let mut uniq: HashMap<(&str, &str), Option<Option<f64>>> = HashMap::with_capacity(items.len());
     let (mut es, mut ss) = (Vec::new(), Vec::new());
     for &(e, s) in items {
@@ -582,6 +668,11 @@ pub fn lookup_many(
 
 /// Deletes a membership row. True when an active member was removed.
 pub fn del(db: &mut Db, set: &str, entity: &str, scope: &str) -> Result<bool, DbErr> {
+    // An attached set never deletes from its source (docs/attach.md): the call only drops the
+    // cached answer, on the main thread, and removed nothing.
+    if super::source::of(set).is_some() {
+        return Ok(false);
+    }
     let sql = format!(
         "DELETE FROM {t} WHERE entity_id = $1 AND scope = $2 RETURNING ({ACTIVE})",
         t = table(set)
@@ -613,6 +704,10 @@ pub struct Changes {
     pub slots: HashMap<String, Vec<u16>>,
     /// Statements this pass sent.
     pub statements: u64,
+    /// Attached sets synced by UPDATED-COLUMN: the time each one's poll covers up to
+    /// (docs/attach.md), and why a poll failed.
+    pub time_horizons: HashMap<String, i64>,
+    pub poll_errors: HashMap<String, String>,
 }
 
 /// The sync loop's one statement for every set: the horizon, the prune floor, the set tables
@@ -632,14 +727,27 @@ pub fn changes_since(
         r"SELECT h.horizon, h.floor, h.blind, c.set_name, c.entity_id, c.scope
             FROM (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8 AS horizon,
                          (SELECT floor::text::int8 FROM member_changes_floor) AS floor,
-                         (SELECT coalesce(array_agg(t.relname::text), '{{}}') FROM pg_class t
+                         (SELECT coalesce(array_agg(b.name), '{{}}') FROM (
+                           SELECT t.relname::text AS name FROM pg_class t
                            WHERE t.relkind = 'r' AND t.relname LIKE 'member\_%'
                              AND t.relname NOT IN ('member_catalog', 'member_changes',
                                                    'member_changes_floor')
                              AND t.relnamespace = current_schema()::regnamespace
                              AND (SELECT count(*) FROM pg_trigger g
                                    WHERE g.tgrelid = t.oid AND g.tgenabled <> 'D'
-                                     AND g.tgname IN ('{ins}', '{upd}', '{del}')) < 3) AS blind) h
+                                     AND g.tgname IN ('{ins}', '{upd}', '{del}')) < 3
+                           UNION ALL
+                           -- Attached sets synced by the log (docs/attach.md), by set name.
+                           SELECT 'member_' || a.name FROM member_catalog a
+                            WHERE a.source_sync = 'log'
+                              AND (SELECT count(*) FROM pg_trigger g
+                                    WHERE g.tgrelid = to_regclass(format('%I.%I', a.source_schema,
+                                                                         a.source_table))
+                                      AND g.tgenabled <> 'D'
+                                      AND g.tgname IN ('member_' || a.name || '_ins',
+                                                       'member_' || a.name || '_upd',
+                                                       'member_' || a.name || '_del')) < 3
+                         ) b) AS blind) h
             LEFT JOIN (SELECT DISTINCT ON (set_name, entity_id, scope) set_name, entity_id,
                               scope, alive
                          FROM member_changes WHERE xid >= '{from}'::xid8

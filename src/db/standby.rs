@@ -92,7 +92,7 @@ pub fn read_hashes(
     let deadline = Instant::now() + wait;
     let sql = ready_sql(&def.name);
     loop {
-        let (mut tx, xmin) = snapshot(c)?;
+        let (mut tx, xmin) = snapshot(c, def)?;
         let ready = tx
             .query_opt(sql.as_str(), &[&slots.is_some()])
             .map_err(|e| classify(&e))?

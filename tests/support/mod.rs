@@ -892,6 +892,7 @@ impl Valkey {
     }
 }
 pub mod proxy;
+pub mod source;
 pub mod standby;
 pub mod tls;
 

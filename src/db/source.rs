@@ -1,0 +1,407 @@
+//! Attached sets (docs/attach.md): the SQL that reads a table the module does not own (the
+//! checks MEMBER.CREATE runs on it are in `source_check`). Every name the caller gave is
+//! looked up in the catalog with bound parameters, and quoted (`quote_ident`, always) wherever
+//! it appears in generated SQL; the module never writes to the table, and alters it only when
+//! asked (`SYNC log`: triggers).
+
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use postgres::{GenericClient, Transaction};
+
+use super::{prepared, Db, DbErr};
+use crate::canon::{self, Normalize};
+use crate::state::{SetDef, Source, SourceSync};
+
+/// A time watermark (UPDATED-COLUMN sets) is stored in the filter's watermark field as this
+/// plus microseconds since the epoch (the database's clock). Transaction-id watermarks stay far
+/// below it, so a value of one kind is never taken for the other (see `is_time`).
+pub const TIME_BASE: i64 = 1 << 62;
+
+/// True when `w` is a time watermark.
+pub fn is_time(w: i64) -> bool {
+    w >= TIME_BASE
+}
+
+/// `s` as a PostgreSQL identifier, always quoted: exact case, any character.
+pub fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+/// `s` as a PostgreSQL string literal, safe whatever `standard_conforming_strings` says.
+pub fn quote_literal(s: &str) -> String {
+    if s.contains('\\') {
+        format!("E'{}'", s.replace('\\', "\\\\").replace('\'', "''"))
+    } else {
+        format!("'{}'", s.replace('\'', "''"))
+    }
+}
+
+/// A name as an error reply shows it: quoted, then escaped to printable ASCII.
+pub fn shown(s: &str) -> String {
+    crate::reply::escape(quote_ident(s).as_bytes())
+}
+
+/// `"schema"."table"`.
+pub fn qualified(src: &Source) -> String {
+    format!("{}.{}", quote_ident(&src.schema), quote_ident(&src.table))
+}
+
+/// The item as the filter hashes it: the column as text, lowercased by PostgreSQL too under
+/// NORMALIZE lower (then by `canon`, which trims: see docs/attach.md).
+fn entity_expr(src: &Source, norm: Normalize) -> String {
+    let c = quote_ident(&src.column);
+    match norm {
+        Normalize::Lower => format!("lower({c}::text)"),
+        _ => format!("{c}::text"),
+    }
+}
+
+fn scope_expr(src: &Source) -> String {
+    src.scope_column
+        .as_ref()
+        .map_or_else(|| "''".to_string(), |s| format!("{}::text", quote_ident(s)))
+}
+
+/// `col IS NOT NULL [AND scope IS NOT NULL]`: rows no lookup can match are left out.
+fn not_null(src: &Source) -> String {
+    let mut w = format!("{} IS NOT NULL", quote_ident(&src.column));
+    if let Some(s) = &src.scope_column {
+        w.push_str(&format!(" AND {} IS NOT NULL", quote_ident(s)));
+    }
+    w
+}
+
+/// The rows a filter is built from, as `entity \t scope` text rows.
+pub fn copy_sql(src: &Source, norm: Normalize) -> String {
+    format!(
+        "COPY (SELECT {}, {} FROM {} WHERE {}) TO STDOUT",
+        entity_expr(src, norm),
+        scope_expr(src),
+        qualified(src),
+        not_null(src)
+    )
+}
+
+/// The cold path's point query. Parameters: the canonical item twice (one compared with the
+/// column's own type, so its index serves, one as text, so the match is exact: a `char(n)` or
+/// `citext` column compares more loosely than the filter does), then the scope twice.
+/// NORMALIZE lower: `lower(col::text) = $1` (an index on `lower(col)` serves; CREATE checks).
+pub fn point_sql(src: &Source, norm: Normalize) -> String {
+    let c = quote_ident(&src.column);
+    let mut w = match norm {
+        Normalize::Lower => format!("lower({c}::text) = $1 AND $2::text IS NOT NULL"),
+        _ => format!("{c} = $1 AND {c}::text = $2"),
+    };
+    if let Some(s) = &src.scope_column {
+        let s = quote_ident(s);
+        w.push_str(&format!(" AND {s} = $3 AND {s}::text = $4"));
+    } else {
+        w.push_str(" AND $3::text IS NOT NULL AND $4::text IS NOT NULL");
+    }
+    format!("SELECT 1 FROM {} WHERE {w} LIMIT 1", qualified(src))
+}
+
+/// UPDATED-COLUMN polling: the rows stamped at or after `$1` (microseconds since the epoch).
+pub fn poll_sql(src: &Source, norm: Normalize, updated: &str) -> String {
+    format!(
+        "SELECT {}, {} FROM {} WHERE {} >= to_timestamp($1::float8 / 1000000) AND {}",
+        entity_expr(src, norm),
+        scope_expr(src),
+        qualified(src),
+        quote_ident(updated),
+        not_null(src)
+    )
+}
+
+/// The database's clock, as a time watermark (see `TIME_BASE`).
+pub const NOW_WATERMARK: &str =
+    "SELECT (EXTRACT(EPOCH FROM now()) * 1000000)::int8 + 4611686018427387904";
+
+/// Names of the change-log triggers an attached set puts on its source table: one set of three
+/// per set, so several sets may attach to one table.
+pub fn trigger_names(set: &str) -> [String; 3] {
+    ["ins", "upd", "del"].map(|op| format!("member_{set}_{op}"))
+}
+
+/// The trigger function that feeds the change log from a source table (docs/sync.md). Its
+/// arguments (set name, column, scope column or '', normalize) are quoted into SQL here, inside
+/// the database, with `format('%I')`. SECURITY DEFINER with a fixed search path, like
+/// `member_log_change`, so writers need no grant on the log.
+pub const LOG_FN_DDL: &str = r#"DO $do$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_proc WHERE proname = 'member_log_source'
+                   AND pronamespace = current_schema()::regnamespace
+                   AND prosrc LIKE '%member_log_source v1%') THEN
+    EXECUTE replace($f$CREATE OR REPLACE FUNCTION member_log_source() RETURNS trigger
+      LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $b$
+      BEGIN -- member_log_source v1: args set, column, scope column or '', normalize
+        EXECUTE format('INSERT INTO @S@.member_changes (set_name, entity_id, scope, alive)
+                          SELECT $1, %s, %s, $2 FROM %I WHERE %I IS NOT NULL%s',
+          CASE WHEN TG_ARGV[3] = 'lower' THEN format('lower(%I::text)', TG_ARGV[1])
+               ELSE format('%I::text', TG_ARGV[1]) END,
+          CASE WHEN TG_ARGV[2] = '' THEN '''''' ELSE format('%I::text', TG_ARGV[2]) END,
+          CASE WHEN TG_OP = 'DELETE' THEN 'old_rows' ELSE 'new_rows' END,
+          TG_ARGV[1],
+          CASE WHEN TG_ARGV[2] = '' THEN '' ELSE format(' AND %I IS NOT NULL', TG_ARGV[2]) END)
+        USING TG_ARGV[0], TG_OP <> 'DELETE';
+        RETURN NULL;
+      END $b$$f$, '@S@', quote_ident(current_schema()));
+  END IF;
+END $do$"#;
+
+/// Installs (or enables) the set's change-log triggers on its source table. Refused with the
+/// reason when the module's role may not (owner, or TRIGGER on the table).
+pub fn install_log_triggers<C: GenericClient>(c: &mut C, def: &SetDef) -> Result<(), DbErr> {
+    let Some(src) = &def.source else {
+        return Ok(());
+    };
+    let t = qualified(src);
+    let names = trigger_names(&def.name);
+    let have = c
+        .query(
+            "SELECT tgname::text, tgenabled = 'D', tgargs FROM pg_trigger
+              WHERE tgrelid = to_regclass($1) AND tgname::text = ANY($2::text[])",
+            &[&t, &names.to_vec()],
+        )
+        .map_err(|e| super::classify(&e))?;
+    let raw = [
+        def.name.as_str(),
+        src.column.as_str(),
+        src.scope_column.as_deref().unwrap_or(""),
+        def.normalize.name(),
+    ];
+    let args = raw.map(quote_literal).join(", ");
+    // pg_trigger.tgargs: each argument followed by a NUL byte.
+    let want: Vec<u8> = raw.iter().flat_map(|a| a.bytes().chain([0])).collect();
+    for (name, op) in names.iter().zip(["INSERT", "UPDATE", "DELETE"]) {
+        let found = have.iter().find(|r| r.get::<_, &str>(0) == name);
+        let ddl = match found {
+            // Left by an earlier set of this name on other columns (its DROP could not remove
+            // it): replaced, which takes the owner.
+            Some(r) if r.get::<_, &[u8]>(2) != want.as_slice() => {
+                c.batch_execute(&format!("DROP TRIGGER {name} ON {t}"))
+                    .map_err(|e| privilege(e, src))?;
+                create_trigger(name, op, &t, &args)
+            }
+            Some(r) if r.get::<_, bool>(1) => format!("ALTER TABLE {t} ENABLE TRIGGER {name}"),
+            Some(_) => continue,
+            None => create_trigger(name, op, &t, &args),
+        };
+        c.batch_execute(&ddl).map_err(|e| privilege(e, src))?;
+    }
+    Ok(())
+}
+
+fn create_trigger(name: &str, op: &str, t: &str, args: &str) -> String {
+    let rows = if op == "DELETE" {
+        "OLD TABLE AS old_rows"
+    } else {
+        "NEW TABLE AS new_rows"
+    };
+    format!(
+        "CREATE TRIGGER {name} AFTER {op} ON {t} REFERENCING {rows}
+           FOR EACH STATEMENT EXECUTE FUNCTION member_log_source({args})"
+    )
+}
+
+/// A refusal for want of privilege, naming what to grant; other errors as they are.
+fn privilege(e: postgres::Error, src: &Source) -> DbErr {
+    match e.code() {
+        Some(&postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => DbErr::Invalid(format!(
+            "SYNC log cannot install the change-log triggers on {}: the module's database \
+             role must own it or hold TRIGGER on it ({})",
+            shown_table(src),
+            crate::reply::escape(e.as_db_error().map_or("", |d| d.message()).as_bytes())
+        )),
+        _ => super::classify(&e),
+    }
+}
+
+/// Removes the set's triggers from its source table (MEMBER.DROP), if the module's role owns
+/// it; otherwise what to tell the operator (the triggers stay, feeding log rows no set reads,
+/// pruned with the log).
+pub fn drop_log_triggers(
+    tx: &mut Transaction,
+    def: &SetDef,
+) -> Result<Option<String>, postgres::Error> {
+    let Some(src) = &def.source else {
+        return Ok(None);
+    };
+    let t = qualified(src);
+    // Only the table's owner may drop triggers (TRIGGER only lets one create them).
+    let owner: Option<bool> = tx
+        .query_one(
+            "SELECT (SELECT pg_has_role(relowner, 'USAGE') FROM pg_class
+                      WHERE oid = to_regclass($1))",
+            &[&t],
+        )?
+        .get(0);
+    match owner {
+        Some(true) => {
+            for name in trigger_names(&def.name) {
+                tx.batch_execute(&format!("DROP TRIGGER IF EXISTS {name} ON {t}"))?;
+            }
+            Ok(None)
+        }
+        Some(false) => Ok(Some(format!(
+            "libmember: set '{}' dropped, but its change-log triggers stay on {} (only the \
+             table's owner may drop them): DROP TRIGGER {n}_ins, {n}_upd, {n}_del ON it",
+            def.name,
+            shown_table(src),
+            n = format_args!("member_{}", def.name)
+        ))),
+        None => Ok(None),
+    }
+}
+
+pub fn shown_table(src: &Source) -> String {
+    format!("{}.{}", shown(&src.schema), shown(&src.table))
+}
+
+/// Attached sets this node knows, for the workers (which see only a set's name): set name →
+/// source and normalization. Written on the main thread when a set is learned or forgotten;
+/// read by workers, which clone the entry and release the lock before any database call.
+static SOURCES: RwLock<Option<HashMap<String, Attached>>> = RwLock::new(None);
+
+/// An attached set's source and normalization, as the workers read them.
+pub type Attached = Arc<(Source, Normalize)>;
+
+/// Records `def` (an attached set) or forgets it (an own set) for the workers.
+pub fn remember(def: &SetDef) {
+    let mut g = SOURCES.write().unwrap_or_else(|e| e.into_inner());
+    let m = g.get_or_insert_with(HashMap::new);
+    match &def.source {
+        Some(s) => {
+            m.insert(def.name.clone(), Arc::new((s.clone(), def.normalize)));
+        }
+        None => {
+            m.remove(&def.name);
+        }
+    }
+}
+
+/// Forgets a dropped set.
+pub fn forget(name: &str) {
+    let mut g = SOURCES.write().unwrap_or_else(|e| e.into_inner());
+    if let Some(m) = g.as_mut() {
+        m.remove(name);
+    }
+}
+
+/// The source of set `name`, if it is an attached set.
+pub fn of(name: &str) -> Option<Attached> {
+    let g = SOURCES.read().unwrap_or_else(|e| e.into_inner());
+    g.as_ref().and_then(|m| m.get(name).cloned())
+}
+
+/// Point lookups in the source table, one indexed query per distinct item (prepared once per
+/// connection). For each item `Some(None)` (present, no expiry: the table has none) or `None`.
+pub fn lookup_many(
+    db: &mut Db,
+    src: &(Source, Normalize),
+    items: &[(&str, &str)],
+) -> Result<Vec<Option<Option<f64>>>, DbErr> {
+    let sql = point_sql(&src.0, src.1);
+    let mut seen: HashMap<(&str, &str), bool> = HashMap::with_capacity(items.len());
+    db.run(|c, st| {
+        let q = prepared(c, st, &sql)?;
+        for &(e, s) in items {
+            if let Entry::Vacant(v) = seen.entry((e, s)) {
+                v.insert(c.query_opt(&q, &[&e, &e, &s, &s])?.is_some());
+            }
+        }
+        Ok(())
+    })?;
+    Ok(items
+        .iter()
+        .map(|k| seen.get(k).copied().unwrap_or(false).then_some(None))
+        .collect())
+}
+
+/// MEMBER.ADD on an attached set: "I have just committed this row" — true for each item whose
+/// row the source holds. Never writes.
+pub fn confirm_many(
+    db: &mut Db,
+    src: &(Source, Normalize),
+    items: &[(&str, &str, Option<f64>)],
+) -> Result<Vec<bool>, DbErr> {
+    let keys: Vec<(&str, &str)> = items.iter().map(|(e, s, _)| (*e, *s)).collect();
+    Ok(lookup_many(db, src, &keys)?
+        .into_iter()
+        .map(|f| f.is_some())
+        .collect())
+}
+
+/// One UPDATED-COLUMN poll (docs/attach.md): the canonical hashes of the rows stamped at or
+/// after `from_us` minus `lookback_ms`, and the time watermark they cover (the database's
+/// `now()` at the poll's start).
+pub fn poll(
+    db: &mut Db,
+    src: &(Source, Normalize),
+    from: i64,
+    lookback_ms: i64,
+) -> Result<(Vec<u128>, i64), DbErr> {
+    let SourceSync::Updated(u) = &src.0.sync else {
+        return Err(DbErr::Failed("not an UPDATED-COLUMN set".into()));
+    };
+    let sql = poll_sql(&src.0, src.1, u);
+    let since = (from - TIME_BASE).max(0) - lookback_ms.saturating_mul(1000);
+    let since = since as f64;
+    db.run(|c, _| {
+        let mut tx = c.transaction()?;
+        let horizon: i64 = tx.query_one(NOW_WATERMARK, &[])?.get(0);
+        let rows = tx.query(sql.as_str(), &[&since])?;
+        tx.commit()?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let (e, s): (&str, &str) = (r.get(0), r.get(1));
+            if let Ok(k) = canon::canonicalize(src.1, e.as_bytes(), s.as_bytes()) {
+                out.push(k.hash);
+            }
+        }
+        Ok((out, horizon))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn src(scope: bool) -> Source {
+        Source {
+            schema: "we\"ird".into(),
+            table: "Users; DROP TABLE x".into(),
+            column: "user name".into(),
+            scope_column: scope.then(|| "Org".into()),
+            sync: SourceSync::Log,
+        }
+    }
+
+    #[test]
+    fn identifiers_are_always_quoted() {
+        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
+        assert_eq!(quote_literal("it's"), "'it''s'");
+        assert_eq!(quote_literal("a\\b'"), "E'a\\\\b'''");
+        let s = src(true);
+        assert_eq!(qualified(&s), "\"we\"\"ird\".\"Users; DROP TABLE x\"");
+        assert_eq!(
+            copy_sql(&s, Normalize::None),
+            "COPY (SELECT \"user name\"::text, \"Org\"::text FROM \"we\"\"ird\".\"Users; DROP \
+             TABLE x\" WHERE \"user name\" IS NOT NULL AND \"Org\" IS NOT NULL) TO STDOUT"
+        );
+        let p = point_sql(&src(false), Normalize::Lower);
+        assert!(p.contains("lower(\"user name\"::text) = $1"), "{p}");
+        assert!(point_sql(&s, Normalize::None).contains("\"Org\" = $3 AND \"Org\"::text = $4"));
+    }
+
+    #[test]
+    fn time_watermarks_are_told_from_transaction_ids() {
+        assert!(!is_time(1_000_000_000));
+        assert!(is_time(TIME_BASE + 1_700_000_000_000_000));
+        assert_eq!(
+            NOW_WATERMARK.rsplit(" + ").next().unwrap(),
+            TIME_BASE.to_string()
+        );
+    }
+}

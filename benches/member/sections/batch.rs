@@ -2,7 +2,7 @@
 //! against 100 pipelined EXISTS / ADDs and against MGET of 100 keys, all by valkey-benchmark
 //! (50 connections; every `__rand_int__` of a command is drawn on its own).
 
-use super::*;
+use crate::*;
 
 /// Items per multi-item call, and the pipeline depth of the single-item side.
 const BATCH: usize = 100;

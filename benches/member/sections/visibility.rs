@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{progress, support, vk_conn, Bench, Rng};
+use crate::{progress, support, vk_conn, Bench, Rng};
 
 /// Outside writes timed per mode.
 const SAMPLES: usize = 60;
@@ -21,7 +21,7 @@ fn pct(sorted: &[f64], q: f64) -> f64 {
 
 impl Bench {
     /// Outside-write visibility delay, p50/p99, interval only vs change notification.
-    pub(super) fn visibility(&mut self) {
+    pub(crate) fn visibility(&mut self) {
         let mut seen = Vec::new();
         for notify in [false, true] {
             let mode = if notify { "yes" } else { "no" };
@@ -129,5 +129,5 @@ fn measure(notify: bool) -> (f64, f64, String) {
 }
 
 fn info(c: &mut redis::Connection, field: &str) -> Option<String> {
-    super::info_stat(c, "member", field)
+    crate::info_stat(c, "member", field)
 }

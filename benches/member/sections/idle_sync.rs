@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{info_stat, pg_connect, progress, support, thousands, vk_conn, Bench};
+use crate::{info_stat, pg_connect, progress, support, thousands, vk_conn, Bench};
 
 /// Set counts measured, and the idle target (commits/s per node) from issue 17.
 const SIZES: [u64; 3] = [10, 300, 3000];
@@ -56,11 +56,11 @@ fn pct(sorted: &[f64], q: f64) -> f64 {
 impl Bench {
     /// Idle database commits/s caused by one node with 10, 300 and 3000 sets; visibility delay
     /// of an outside write at the largest size.
-    pub(super) fn idle_sync(&mut self) {
+    pub(crate) fn idle_sync(&mut self) {
         for n in SIZES {
             progress(&format!("idle node with {} sets", thousands(n)));
             let db = support::fresh_db();
-            let vk = super::support::member::start_loaded(
+            let vk = crate::support::member::start_loaded(
                 &db.url(),
                 &[("member.sync-interval-ms", &INTERVAL_MS.to_string())],
             );
@@ -134,7 +134,7 @@ fn visibility(db: &support::TestDb, c: &mut redis::Connection, n: u64) -> (f64, 
     ));
     let mut pg = db.client();
     let mut delays = Vec::with_capacity(SAMPLES);
-    let mut rng = super::Rng(0x5eed);
+    let mut rng = crate::Rng(0x5eed);
     for i in 0..SAMPLES {
         // At a random point of the pass cycle, not just after the pass that made the
         // previous write visible.

@@ -10,7 +10,11 @@
 //! puts all of a node's probe items in one slot: fine for throughput, the filter check is the
 //! same for every slot.
 
-use super::*;
+use std::collections::HashMap;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::*;
 use support::cluster::{Cluster, Node};
 
 const SECTION_MEMORY: &str = "Cluster: memory, 3 primaries";
@@ -109,7 +113,7 @@ fn concurrent(loads: Vec<Box<dyn FnOnce() -> Stats + Send + '_>>) -> Stats {
 impl Bench {
     /// Memory of the set on 3 primaries; per-node negative path and mixed load against the
     /// standalone node; all three primaries at once.
-    pub(super) fn cluster(&mut self) {
+    pub(crate) fn cluster(&mut self) {
         let n = self.opts.members;
         let mut sc = self.vk.conn();
         // The same workers as the standalone node (the cluster harness defaults to 1).

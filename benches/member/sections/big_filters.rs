@@ -2,7 +2,10 @@
 //! it is created, unlinked and deleted (worst PING of another client next to the idle worst
 //! of the same run). The set's table is empty: the filter's size, not the COPY, is measured.
 
-use super::*;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::*;
 
 const BIG_SET: &str = "bigfilter";
 const BIG_MEMBERS: u64 = 100_000_000;

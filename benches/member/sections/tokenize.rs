@@ -7,7 +7,7 @@ use std::time::Instant;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
-use super::{abba, progress, vb_timed, vk_conn, Bench, ABSENT_KEYSPACE};
+use crate::{abba, progress, vb_timed, vk_conn, Bench, ABSENT_KEYSPACE};
 
 const PLAIN: &str = "tok_plain";
 const TOKENIZED: &str = "tok_hmac";
@@ -41,7 +41,7 @@ fn hmac_ns() -> f64 {
 }
 
 impl Bench {
-    pub(super) fn tokenize(&mut self) {
+    pub(crate) fn tokenize(&mut self) {
         progress("tokenize: one HMAC-SHA-256 per call, alone and on the negative path");
         let ns = hmac_ns();
         self.r.row(
@@ -102,9 +102,9 @@ impl Bench {
                 ),
                 format!(
                     "{}/s ({extra_ns:+.0} ns a call)",
-                    super::thousands(tok.rps() as u64)
+                    crate::thousands(tok.rps() as u64)
                 ),
-                format!("{}/s (plain set)", super::thousands(plain.rps() as u64)),
+                format!("{}/s (plain set)", crate::thousands(plain.rps() as u64)),
                 Some(tok.rps() / plain.rps().max(1e-9)),
                 "(cost of one HMAC a call)",
                 None,

@@ -1,0 +1,15 @@
+//! The sections of a run, one file each, by the name `--only` takes (`SECTIONS` in main.rs).
+//! Each adds `impl Bench` methods that measure libmember against a baseline and add rows.
+
+mod batch;
+mod big_filters;
+mod cluster;
+mod cold;
+mod idle_sync;
+mod memory;
+mod mixed;
+mod negative;
+mod rebuild;
+mod tokenize;
+mod visibility;
+mod writes;

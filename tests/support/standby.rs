@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use std::os::unix::process::CommandExt;
 
-use super::{make_temp_dir, pg_bin, postgres_ids, signal, wait_until, Cluster, Pg};
+use super::pg_cluster::{postgres_ids, Cluster};
+use super::process::{make_temp_dir, signal};
+use super::{pg_bin, wait_until, Pg};
 
 pub struct Standby {
     cluster: Cluster,

@@ -20,7 +20,8 @@
 //! * `opts.rs`: command-line options; `servers.rs`: the release module, PostgreSQL, valkey-server,
 //!   the loaded members and warm caches; `client.rs`: small connection and INFO helpers;
 //! * `stats.rs`: one measured load, A B B A pooling, the item generator;
-//! * `load/`: the load generators (`threads`, `resp`, `valkey_benchmark`, `pgbench`);
+//! * `load/`: the load generators (`threads`, `resp`, `valkey_benchmark`, `pgbench`, `items`);
+//! * `pg_cpu.rs`: the CPU time of the bench's PostgreSQL cluster, from /proc;
 //! * `report/`: the table and notes, `results.rs` (bench/results.md), `svg.rs`
 //!   (bench/latency.svg), `machine.rs` (the host and its other load);
 //! * `sections/`: one file per section.
@@ -31,6 +32,7 @@ mod support;
 mod client;
 mod load;
 mod opts;
+mod pg_cpu;
 mod report;
 mod sections;
 mod servers;
@@ -71,11 +73,12 @@ type Section = fn(&mut Bench);
 
 /// The sections of a run, in order, by the name `--only` takes (a comma-separated list).
 /// `cluster` comes last: it adds items to the standalone set.
-const SECTIONS: [(&str, Section); 12] = [
+const SECTIONS: [(&str, Section); 13] = [
     ("memory", Bench::memory),
     ("negative", Bench::negative_path),
     ("mixed", Bench::mixed),
     ("cold", Bench::cold_path),
+    ("dbcpu", Bench::dbcpu),
     ("rebuild", Bench::rebuild),
     ("writes", Bench::adds),
     ("bigfilter", Bench::big_filters),

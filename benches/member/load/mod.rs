@@ -5,11 +5,13 @@ use std::time::Instant;
 
 use crate::*;
 
+mod items;
 mod pgbench;
 mod resp;
 mod threads;
 mod valkey_benchmark;
 
+pub(crate) use items::*;
 pub(crate) use pgbench::*;
 pub(crate) use resp::*;
 pub(crate) use threads::*;

@@ -103,6 +103,15 @@ impl Bench {
              whole batch).\n\
              - Rebuild: client-side time of MEMBER.REBUILD SYNC vs the same COPY through the postgres crate's \
              `copy_out`, read and discarded; a separate thread PINGs in a loop and keeps its worst latency.\n\
+             - Database load: the PostgreSQL CPU time the kernel counted for the bench's own cluster (the postmaster \
+             and every child of it, from /proc/<pid>/schedstat, processes that exited through the postmaster's \
+             cutime/cstime), read once all 16 client connections are open and again before any closes, minus the idle \
+             cluster's rate (the mean of 3 s before, once two such windows agree within 30 %, and 3 s after the passes) over the same window. Every variant looks up the same list: 200 000 items, 95 % never-seen \
+             absent items and 5 % of the first 20 000 members (warm cache); the cold row 20 000 members never looked up \
+             (read once by point queries first, so both sides find the rows in PostgreSQL's buffers). The seeds' pattern \
+             (`sections/seeds_app.rs`): a 1 % Bloom filter of the members as a Valkey bit string read with one \
+             `BITFIELD_RO` (this Valkey has no Bloom module), the recent-writes set when it says no, the cache key \
+             when it says yes, the prepared point query on a miss, `SET … EX` on a hit.\n\
              - Many items per call: `valkey-benchmark -c 50 -r <pool>` running `MEMBER.MEXISTS bench ITEMS` with 100 \
              `absent:__rand_int__` items (each drawn on its own), items/s = calls/s × 100, vs `MEMBER.EXISTS bench \
              absent:__rand_int__` with `-P 100` and vs `MGET` of 100 such keys; MADD of 100 `madd:__rand_int__` vs \

@@ -111,6 +111,21 @@ pub fn err(c: &mut Connection, args: &[&str]) -> String {
     }
 }
 
+/// Whether `MEMBER.EXPLAIN` answers 0 from the filter now. An `UNAVAILABLE` (the database did
+/// not answer in time while the filter could not answer alone, on a busy machine) is a "not
+/// yet" for a caller that waits, never a wrong answer.
+pub fn bloom_negative_now(c: &mut Connection, set: &str, item: &str) -> bool {
+    match redis::cmd("MEMBER.EXPLAIN")
+        .arg(set)
+        .arg(item)
+        .query::<(i64, String)>(c)
+    {
+        Ok(v) => v == (0, "bloom-negative".to_string()),
+        Err(e) if e.code() == Some("UNAVAILABLE") => false,
+        Err(e) => panic!("EXPLAIN {set} {item}: {e}"),
+    }
+}
+
 /// `MEMBER.EXPLAIN` as (answer, path).
 pub fn explain(c: &mut Connection, set: &str, item: &str) -> (i64, String) {
     let v: (i64, String) = redis::cmd("MEMBER.EXPLAIN")

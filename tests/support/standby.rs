@@ -105,9 +105,16 @@ impl Standby {
     /// Waits until the standby has replayed everything the primary had inserted into its WAL
     /// when this was called (replay must not be paused).
     pub fn wait_caught_up(&self, timeout: Duration) -> bool {
-        let lsn: String = Pg::get()
-            .client("postgres")
-            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+        // The walsender ships flushed WAL only, and without a commit the primary flushes
+        // whole pages only: the records of a transaction still open (the test's "the standby
+        // sees it start") could wait for ever. A transaction that takes an xid and commits
+        // flushes everything written before its commit record.
+        let mut primary = Pg::get().client("postgres");
+        primary
+            .batch_execute("SELECT pg_current_xact_id()")
+            .unwrap();
+        let lsn: String = primary
+            .query_one("SELECT pg_current_wal_flush_lsn()::text", &[])
             .unwrap()
             .get(0);
         let mut c = self.client("postgres");

@@ -22,10 +22,27 @@ use std::time::Instant;
 
 use xorf::{BinaryFuse16, BinaryFuse8, Filter};
 
-/// The module's own filter, as it ships (`Bloom::build` then adds).
+/// The module's own filter, as it ships (`Bloom::build` then adds), and its parts.
 #[allow(dead_code)]
 #[path = "../src/filter.rs"]
 mod filter;
+#[allow(dead_code)]
+#[path = "../src/filter_static.rs"]
+mod filter_static;
+#[allow(dead_code)]
+#[path = "../src/large_array.rs"]
+mod large_array;
+
+use large_array::{LargeArray, HUGE_PAGES};
+use std::sync::atomic::Ordering;
+
+/// Builds with large arrays advised for huge pages (`huge`) or left on 4 KiB pages.
+fn pages<T>(huge: bool, f: impl FnOnce() -> T) -> T {
+    HUGE_PAGES.store(huge, Ordering::Relaxed);
+    let v = f();
+    HUGE_PAGES.store(true, Ordering::Relaxed);
+    v
+}
 
 const PROBES: usize = 1 << 22;
 
@@ -68,7 +85,7 @@ trait Candidate {
 
 /// Today's filter (src/filter.rs at the time of issue 11), probe for probe.
 struct Standard {
-    bits: Vec<u64>,
+    bits: LargeArray<u64>,
     k: u32,
 }
 
@@ -79,7 +96,7 @@ impl Standard {
         let m = m.div_ceil(64) * 64;
         let k = ((m as f64 / n as f64) * ln2).round() as u32;
         Standard {
-            bits: vec![0; (m / 64) as usize],
+            bits: LargeArray::zeroed((m / 64) as usize),
             k,
         }
     }
@@ -281,6 +298,20 @@ impl Candidate for filter::Bloom {
     }
 }
 
+/// The module's filter probed as it was before the probes overlapped (static part first, then
+/// the delta bit by bit).
+struct InTurn(filter::Bloom);
+
+impl Candidate for InTurn {
+    fn bits(&self) -> u64 {
+        self.0.bits()
+    }
+    #[inline]
+    fn contains(&self, h: u128) -> bool {
+        self.0.contains_in_turn(h)
+    }
+}
+
 /// ns per probe, one at a time: a fence after each probe lets the next start only when it has
 /// finished, as one command after another on a server thread (a data dependency on the
 /// answer is not enough: the CPU predicts a branchy probe's answer and runs ahead).
@@ -329,7 +360,8 @@ fn timed<T>(n: usize, f: impl FnOnce() -> T) -> (T, f64) {
     (v, t.elapsed().as_nanos() as f64 / n as f64)
 }
 
-fn run(n: usize) -> Vec<Row> {
+fn run(n: usize, only: &[String]) -> Vec<Row> {
+    let want = |name: &str| only.is_empty() || only.iter().any(|o| name.contains(o.as_str()));
     let members = hashes(1, n);
     let absent = hashes(2, PROBES);
     let mut s = 3u64;
@@ -339,67 +371,113 @@ fn run(n: usize) -> Vec<Row> {
     let today_bits = Standard::new(n as u64, 0.01).bits();
     let mut built: Vec<(String, Box<dyn Candidate>, f64)> = Vec::new();
 
-    let (f, build) = timed(n, || {
-        let mut f = Standard::new(n as u64, 0.01);
-        f.add_many(&members);
-        f
-    });
-    built.push(("standard, 1 % (today)".into(), Box::new(f), build));
+    for (huge, label) in [(false, "4 KiB pages"), (true, "huge pages")] {
+        let name = format!("standard Bloom, 1 % (before), {label}");
+        if want(&name) {
+            let (f, build) = pages(huge, || {
+                timed(n, || {
+                    let mut f = Standard::new(n as u64, 0.01);
+                    f.add_many(&members);
+                    f
+                })
+            });
+            built.push((name, Box::new(f), build));
+        }
+    }
     for (k, bits, label) in [
         (6, today_bits, "today's bits"),
         (7, today_bits, "today's bits"),
         (7, n as u64 * 108 / 10, "10.8 bits"),
     ] {
+        let name = format!("blocked 512, k={k}, {label}");
+        if want(&name) {
+            let (f, build) = timed(n, || {
+                let mut f = Blocked::with_bits(bits, k);
+                f.add_many(&members);
+                f
+            });
+            built.push((name, Box::new(f), build));
+        }
+    }
+    let name = "split block 8×64, today's bits";
+    if want(name) {
         let (f, build) = timed(n, || {
-            let mut f = Blocked::with_bits(bits, k);
+            let mut f = SplitBlock::with_bits(today_bits);
             f.add_many(&members);
             f
         });
-        built.push((format!("blocked 512, k={k}, {label}"), Box::new(f), build));
+        built.push((name.into(), Box::new(f), build));
     }
-    let (f, build) = timed(n, || {
-        let mut f = SplitBlock::with_bits(today_bits);
-        f.add_many(&members);
-        f
-    });
-    built.push(("split block 8×64, today's bits".into(), Box::new(f), build));
 
     let keys: Vec<u64> = members.iter().map(|&h| h as u64).collect();
-    let (f, build) = timed(n, || Fuse8(BinaryFuse8::try_from(&keys).unwrap()));
-    built.push(("binary fuse8 (static)".into(), Box::new(f), build));
-    let (f, build) = timed(n, || Fuse16(BinaryFuse16::try_from(&keys).unwrap()));
-    built.push(("binary fuse16 (static)".into(), Box::new(f), build));
+    let name = "binary fuse8 (xorf, static, 4 KiB pages)";
+    if want(name) {
+        let (f, build) = timed(n, || Fuse8(BinaryFuse8::try_from(&keys).unwrap()));
+        built.push((name.into(), Box::new(f), build));
+    }
+    let name = "binary fuse16 (xorf, static, 4 KiB pages)";
+    if want(name) {
+        let (f, build) = timed(n, || Fuse16(BinaryFuse16::try_from(&keys).unwrap()));
+        built.push((name.into(), Box::new(f), build));
+    }
     // 98 % built into the fuse, 2 % added since into a blocked delta of 16 bits each.
     let cut = n * 98 / 100;
-    let (f, build) = timed(n, || {
-        let fuse = Fuse8(BinaryFuse8::try_from(&keys[..cut]).unwrap());
-        let mut delta = Blocked::with_bits((n - cut) as u64 * 16, 7);
-        delta.add_many(&members[cut..]);
-        FuseDelta { fuse, delta }
-    });
-    built.push((
-        "fuse8 + blocked delta (2 % of members, 16 bits each)".into(),
-        Box::new(f),
-        build,
-    ));
-    let (f, build) = timed(n, || {
-        filter::Bloom::build(n as u64, 0.01, u64::MAX, &members).unwrap()
-    });
-    built.push((
-        format!("libmember ({}), just built", f.design()),
-        Box::new(f),
-        build,
-    ));
-    let (f, build) = timed(n, || {
-        let mut f = filter::Bloom::build(n as u64, 0.01, u64::MAX, &members[..cut]).unwrap();
-        f.add_many(&members[cut..]);
-        f
-    });
-    built.push((
-        format!("libmember ({}), 98 % built + 2 % added", f.design()),
-        Box::new(f),
-        build,
-    ));
+    let name = "fuse8 + blocked delta (2 % of members, 16 bits each)";
+    if want(name) {
+        let (f, build) = timed(n, || {
+            let fuse = Fuse8(BinaryFuse8::try_from(&keys[..cut]).unwrap());
+            let mut delta = Blocked::with_bits((n - cut) as u64 * 16, 7);
+            delta.add_many(&members[cut..]);
+            FuseDelta { fuse, delta }
+        });
+        built.push((name.into(), Box::new(f), build));
+    }
+    for (huge, label) in [(false, "4 KiB pages"), (true, "huge pages")] {
+        let name = format!("libmember, just built, {label}");
+        if want(&name) {
+            let (f, build) = pages(huge, || {
+                timed(n, || {
+                    filter::Bloom::build(n as u64, 0.01, u64::MAX, &members).unwrap()
+                })
+            });
+            built.push((name, Box::new(f), build));
+        }
+        let name = format!("libmember, 98 % built + 2 % added, {label}");
+        if want(&name) {
+            let (f, build) = pages(huge, || {
+                timed(n, || {
+                    let mut f =
+                        filter::Bloom::build(n as u64, 0.01, u64::MAX, &members[..cut]).unwrap();
+                    f.add_many(&members[cut..]);
+                    f
+                })
+            });
+            built.push((name, Box::new(f), build));
+        }
+        let name = format!("libmember, 98 % built + 2 % added, {label}, probed in turn");
+        if want(&name) {
+            let (f, build) = pages(huge, || {
+                timed(n, || {
+                    let mut f =
+                        filter::Bloom::build(n as u64, 0.01, u64::MAX, &members[..cut]).unwrap();
+                    f.add_many(&members[cut..]);
+                    InTurn(f)
+                })
+            });
+            built.push((name, Box::new(f), build));
+        }
+        let name = format!("libmember, Bloom alone, 1 %, {label}");
+        if want(&name) {
+            let (f, build) = pages(huge, || {
+                timed(n, || {
+                    let mut f = filter::Bloom::new(n as u64, 0.01);
+                    f.add_many(&members);
+                    f
+                })
+            });
+            built.push((name, Box::new(f), build));
+        }
+    }
     drop(keys);
     drop(members);
 
@@ -444,6 +522,11 @@ fn main() {
         println!("bench filter: not run under `cargo test`; use `cargo bench --bench filter`");
         return;
     }
+    // `--only standard,libmember`: the candidates whose name contains one of these.
+    let only: Vec<String> = std::env::args()
+        .find_map(|a| a.strip_prefix("--only=").map(str::to_owned))
+        .map(|s| s.split(',').map(str::to_owned).collect())
+        .unwrap_or_default();
     let ns: Vec<usize> = std::env::args()
         .skip(1)
         .filter_map(|a| a.replace('_', "").parse().ok())
@@ -459,7 +542,7 @@ fn main() {
             "| design | bits/member | measured FPR | absent ns, one at a time | absent ns, independent | present ns, one at a time | build ns/member |"
         );
         println!("|---|---|---|---|---|---|---|");
-        for r in run(n) {
+        for r in run(n, &only) {
             println!(
                 "| {} | {:.2} | {:.3} % | {} | {} | {} | {:.1} |",
                 r.name,

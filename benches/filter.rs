@@ -3,19 +3,26 @@
 //! ratios between rows are measured on the same machine in the same minute.
 //!
 //! Candidates, each fed the same 128-bit item hashes (uniform, like `canon::hash_parts`):
-//! * `standard`: today's Bloom (enhanced double hashing over the whole array, k = 7 at 1 %);
+//! * `standard Bloom, 1 % (before)`: the filter as it shipped before issue 11 (enhanced double
+//!   hashing over the whole array, k = 7 at 1 %), on 4 KiB pages and on huge pages;
 //! * `blocked`: every probe inside one 512-bit block (one cache line), k bits of the block;
 //! * `split-block`: one 512-bit block of 8 words, one bit in each word (Parquet/Impala style);
-//! * `fuse8` / `fuse16`: xorf's static binary fuse filters (build once, no adds);
-//! * `fuse8+delta`: a fuse8 over 98 % of the members and a blocked Bloom over the 2 % added
-//!   since the build (what a rebuild followed by live adds leaves);
+//! * `fuse8` / `fuse16`: xorf's static binary fuse filters (build once, no adds), 4 KiB pages;
+//! * `fuse8 + blocked delta`: a fuse8 over 98 % of the members and a blocked Bloom over the
+//!   2 % added since the build (what a rebuild followed by live adds leaves);
 //! * `libmember`: `src/filter.rs` as it ships (a fuse8 static part and a classic Bloom delta),
-//!   right after a build of all members, and built from 98 % with 2 % added since.
+//!   right after a build of all members, built from 98 % with 2 % added since (also probed
+//!   the measured alternative way, `contains_branch_free`), and as a Bloom filter alone; each
+//!   with its large arrays on huge pages (`src/large_array.rs`) and on 4 KiB pages.
 //!
 //! Per row: bits per member, measured FPR over 4 194 304 never-added items, ns per absent and
 //! per present probe one at a time (a fence after each, as one command after another on a
 //! server thread) and, for absent probes, as independent probes (the CPU overlaps their
-//! misses), and build ns per member.
+//! misses) and batched (each probe prefetches the lines of the probe 8 items later, as
+//! MEMBER.MEXISTS does; "–" for candidates without a prefetch), and build ns per member.
+//!
+//! `cargo bench --bench filter -- 100000000 --only=standard,libmember` runs the named
+//! candidates only (substrings of the row names) at the given sizes.
 
 use std::hint::black_box;
 use std::time::Instant;

@@ -7,6 +7,9 @@
 //! passes, slot fills, the rebuild's journal) goes to a classic Bloom filter, the delta, which
 //! the next build folds in. Rates below what the static part can give, and tiny sets, keep a
 //! Bloom filter alone.
+//!
+//! The static part lives in `filter_static.rs`; both parts' arrays are `large_array.rs`
+//! arrays, on huge pages from 8 MiB.
 
 use xxhash_rust::xxh3::xxh3_64;
 

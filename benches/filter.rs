@@ -3,29 +3,53 @@
 //! ratios between rows are measured on the same machine in the same minute.
 //!
 //! Candidates, each fed the same 128-bit item hashes (uniform, like `canon::hash_parts`):
-//! * `standard`: today's Bloom (enhanced double hashing over the whole array, k = 7 at 1 %);
+//! * `standard Bloom, 1 % (before)`: the filter as it shipped before issue 11 (enhanced double
+//!   hashing over the whole array, k = 7 at 1 %), on 4 KiB pages and on huge pages;
 //! * `blocked`: every probe inside one 512-bit block (one cache line), k bits of the block;
 //! * `split-block`: one 512-bit block of 8 words, one bit in each word (Parquet/Impala style);
-//! * `fuse8` / `fuse16`: xorf's static binary fuse filters (build once, no adds);
-//! * `fuse8+delta`: a fuse8 over 98 % of the members and a blocked Bloom over the 2 % added
-//!   since the build (what a rebuild followed by live adds leaves);
+//! * `fuse8` / `fuse16`: xorf's static binary fuse filters (build once, no adds), 4 KiB pages;
+//! * `fuse8 + blocked delta`: a fuse8 over 98 % of the members and a blocked Bloom over the
+//!   2 % added since the build (what a rebuild followed by live adds leaves);
 //! * `libmember`: `src/filter.rs` as it ships (a fuse8 static part and a classic Bloom delta),
-//!   right after a build of all members, and built from 98 % with 2 % added since.
+//!   right after a build of all members, built from 98 % with 2 % added since (also probed
+//!   the measured alternative way, `contains_branch_free`), and as a Bloom filter alone; each
+//!   with its large arrays on huge pages (`src/large_array.rs`) and on 4 KiB pages.
 //!
 //! Per row: bits per member, measured FPR over 4 194 304 never-added items, ns per absent and
 //! per present probe one at a time (a fence after each, as one command after another on a
 //! server thread) and, for absent probes, as independent probes (the CPU overlaps their
-//! misses), and build ns per member.
+//! misses) and batched (each probe prefetches the lines of the probe 8 items later, as
+//! MEMBER.MEXISTS does; "–" for candidates without a prefetch), and build ns per member.
+//!
+//! `cargo bench --bench filter -- 100000000 --only=standard,libmember` runs the named
+//! candidates only (substrings of the row names) at the given sizes.
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use xorf::{BinaryFuse16, BinaryFuse8, Filter};
 
-/// The module's own filter, as it ships (`Bloom::build` then adds).
+/// The module's own filter, as it ships (`Bloom::build` then adds), and its parts.
 #[allow(dead_code)]
 #[path = "../src/filter.rs"]
 mod filter;
+#[allow(dead_code)]
+#[path = "../src/filter_static.rs"]
+mod filter_static;
+#[allow(dead_code)]
+#[path = "../src/large_array.rs"]
+mod large_array;
+
+use large_array::{LargeArray, HUGE_PAGES};
+use std::sync::atomic::Ordering;
+
+/// Builds with large arrays advised for huge pages (`huge`) or left on 4 KiB pages.
+fn pages<T>(huge: bool, f: impl FnOnce() -> T) -> T {
+    HUGE_PAGES.store(huge, Ordering::Relaxed);
+    let v = f();
+    HUGE_PAGES.store(true, Ordering::Relaxed);
+    v
+}
 
 const PROBES: usize = 1 << 22;
 
@@ -64,11 +88,15 @@ fn prefetch<T>(p: &T) {
 trait Candidate {
     fn bits(&self) -> u64;
     fn contains(&self, h: u128) -> bool;
+    /// Brings in what `contains(h)` will read; false when the candidate cannot.
+    fn prefetch(&self, _h: u128) -> bool {
+        false
+    }
 }
 
 /// Today's filter (src/filter.rs at the time of issue 11), probe for probe.
 struct Standard {
-    bits: Vec<u64>,
+    bits: LargeArray<u64>,
     k: u32,
 }
 
@@ -79,7 +107,7 @@ impl Standard {
         let m = m.div_ceil(64) * 64;
         let k = ((m as f64 / n as f64) * ln2).round() as u32;
         Standard {
-            bits: vec![0; (m / 64) as usize],
+            bits: LargeArray::zeroed((m / 64) as usize),
             k,
         }
     }
@@ -117,6 +145,13 @@ impl Candidate for Standard {
     fn contains(&self, h: u128) -> bool {
         self.positions(h)
             .all(|p| self.bits[(p / 64) as usize] & (1u64 << (p % 64)) != 0)
+    }
+    #[inline]
+    fn prefetch(&self, h: u128) -> bool {
+        for p in self.positions(h) {
+            prefetch(&self.bits[(p / 64) as usize]);
+        }
+        true
     }
 }
 
@@ -279,6 +314,25 @@ impl Candidate for filter::Bloom {
     fn contains(&self, h: u128) -> bool {
         filter::Bloom::contains(self, h)
     }
+    #[inline]
+    fn prefetch(&self, h: u128) -> bool {
+        filter::Bloom::prefetch(self, h);
+        true
+    }
+}
+
+/// The module's filter probed the other way (`Bloom::contains_branch_free`): the delta first,
+/// its k bits without branches, then the static part.
+struct BranchFree(filter::Bloom);
+
+impl Candidate for BranchFree {
+    fn bits(&self) -> u64 {
+        self.0.bits()
+    }
+    #[inline]
+    fn contains(&self, h: u128) -> bool {
+        self.0.contains_branch_free(h)
+    }
 }
 
 /// ns per probe, one at a time: a fence after each probe lets the next start only when it has
@@ -309,6 +363,28 @@ fn independent(f: &dyn Candidate, keys: &[u128]) -> (f64, usize) {
     )
 }
 
+/// How many probes ahead `batched` prefetches.
+const AHEAD: usize = 8;
+
+/// ns per probe when the caller holds many items (MEMBER.MEXISTS): each probe prefetches the
+/// lines of the probe `AHEAD` items later first, so up to that many misses are in flight.
+/// None for a candidate that cannot prefetch.
+fn batched(f: &dyn Candidate, keys: &[u128]) -> Option<f64> {
+    if !f.prefetch(keys[0]) {
+        return None;
+    }
+    let t = Instant::now();
+    let mut hits = 0usize;
+    for i in 0..keys.len() {
+        if let Some(&next) = keys.get(i + AHEAD) {
+            f.prefetch(next);
+        }
+        hits += f.contains(keys[i]) as usize;
+    }
+    black_box(hits);
+    Some(t.elapsed().as_nanos() as f64 / keys.len() as f64)
+}
+
 /// Timing rounds: every candidate is measured once per round, in turn, so a burst of load from
 /// other processes hits all of them alike; the table gives the best round and the median.
 const ROUNDS: usize = 5;
@@ -319,6 +395,7 @@ struct Row {
     fpr: f64,
     absent_chain: Vec<f64>,
     absent_indep: Vec<f64>,
+    absent_batched: Vec<f64>,
     present_chain: Vec<f64>,
     build: f64,
 }
@@ -329,7 +406,8 @@ fn timed<T>(n: usize, f: impl FnOnce() -> T) -> (T, f64) {
     (v, t.elapsed().as_nanos() as f64 / n as f64)
 }
 
-fn run(n: usize) -> Vec<Row> {
+fn run(n: usize, only: &[String]) -> Vec<Row> {
+    let want = |name: &str| only.is_empty() || only.iter().any(|o| name.contains(o.as_str()));
     let members = hashes(1, n);
     let absent = hashes(2, PROBES);
     let mut s = 3u64;
@@ -339,67 +417,113 @@ fn run(n: usize) -> Vec<Row> {
     let today_bits = Standard::new(n as u64, 0.01).bits();
     let mut built: Vec<(String, Box<dyn Candidate>, f64)> = Vec::new();
 
-    let (f, build) = timed(n, || {
-        let mut f = Standard::new(n as u64, 0.01);
-        f.add_many(&members);
-        f
-    });
-    built.push(("standard, 1 % (today)".into(), Box::new(f), build));
+    for (huge, label) in [(false, "4 KiB pages"), (true, "huge pages")] {
+        let name = format!("standard Bloom, 1 % (before), {label}");
+        if want(&name) {
+            let (f, build) = pages(huge, || {
+                timed(n, || {
+                    let mut f = Standard::new(n as u64, 0.01);
+                    f.add_many(&members);
+                    f
+                })
+            });
+            built.push((name, Box::new(f), build));
+        }
+    }
     for (k, bits, label) in [
         (6, today_bits, "today's bits"),
         (7, today_bits, "today's bits"),
         (7, n as u64 * 108 / 10, "10.8 bits"),
     ] {
+        let name = format!("blocked 512, k={k}, {label}");
+        if want(&name) {
+            let (f, build) = timed(n, || {
+                let mut f = Blocked::with_bits(bits, k);
+                f.add_many(&members);
+                f
+            });
+            built.push((name, Box::new(f), build));
+        }
+    }
+    let name = "split block 8×64, today's bits";
+    if want(name) {
         let (f, build) = timed(n, || {
-            let mut f = Blocked::with_bits(bits, k);
+            let mut f = SplitBlock::with_bits(today_bits);
             f.add_many(&members);
             f
         });
-        built.push((format!("blocked 512, k={k}, {label}"), Box::new(f), build));
+        built.push((name.into(), Box::new(f), build));
     }
-    let (f, build) = timed(n, || {
-        let mut f = SplitBlock::with_bits(today_bits);
-        f.add_many(&members);
-        f
-    });
-    built.push(("split block 8×64, today's bits".into(), Box::new(f), build));
 
     let keys: Vec<u64> = members.iter().map(|&h| h as u64).collect();
-    let (f, build) = timed(n, || Fuse8(BinaryFuse8::try_from(&keys).unwrap()));
-    built.push(("binary fuse8 (static)".into(), Box::new(f), build));
-    let (f, build) = timed(n, || Fuse16(BinaryFuse16::try_from(&keys).unwrap()));
-    built.push(("binary fuse16 (static)".into(), Box::new(f), build));
+    let name = "binary fuse8 (xorf, static, 4 KiB pages)";
+    if want(name) {
+        let (f, build) = timed(n, || Fuse8(BinaryFuse8::try_from(&keys).unwrap()));
+        built.push((name.into(), Box::new(f), build));
+    }
+    let name = "binary fuse16 (xorf, static, 4 KiB pages)";
+    if want(name) {
+        let (f, build) = timed(n, || Fuse16(BinaryFuse16::try_from(&keys).unwrap()));
+        built.push((name.into(), Box::new(f), build));
+    }
     // 98 % built into the fuse, 2 % added since into a blocked delta of 16 bits each.
     let cut = n * 98 / 100;
-    let (f, build) = timed(n, || {
-        let fuse = Fuse8(BinaryFuse8::try_from(&keys[..cut]).unwrap());
-        let mut delta = Blocked::with_bits((n - cut) as u64 * 16, 7);
-        delta.add_many(&members[cut..]);
-        FuseDelta { fuse, delta }
-    });
-    built.push((
-        "fuse8 + blocked delta (2 % of members, 16 bits each)".into(),
-        Box::new(f),
-        build,
-    ));
-    let (f, build) = timed(n, || {
-        filter::Bloom::build(n as u64, 0.01, u64::MAX, &members).unwrap()
-    });
-    built.push((
-        format!("libmember ({}), just built", f.design()),
-        Box::new(f),
-        build,
-    ));
-    let (f, build) = timed(n, || {
-        let mut f = filter::Bloom::build(n as u64, 0.01, u64::MAX, &members[..cut]).unwrap();
-        f.add_many(&members[cut..]);
-        f
-    });
-    built.push((
-        format!("libmember ({}), 98 % built + 2 % added", f.design()),
-        Box::new(f),
-        build,
-    ));
+    let name = "fuse8 + blocked delta (2 % of members, 16 bits each)";
+    if want(name) {
+        let (f, build) = timed(n, || {
+            let fuse = Fuse8(BinaryFuse8::try_from(&keys[..cut]).unwrap());
+            let mut delta = Blocked::with_bits((n - cut) as u64 * 16, 7);
+            delta.add_many(&members[cut..]);
+            FuseDelta { fuse, delta }
+        });
+        built.push((name.into(), Box::new(f), build));
+    }
+    for (huge, label) in [(false, "4 KiB pages"), (true, "huge pages")] {
+        let name = format!("libmember, just built, {label}");
+        if want(&name) {
+            let (f, build) = pages(huge, || {
+                timed(n, || {
+                    filter::Bloom::build(n as u64, 0.01, u64::MAX, &members).unwrap()
+                })
+            });
+            built.push((name, Box::new(f), build));
+        }
+        let name = format!("libmember, 98 % built + 2 % added, {label}");
+        if want(&name) {
+            let (f, build) = pages(huge, || {
+                timed(n, || {
+                    let mut f =
+                        filter::Bloom::build(n as u64, 0.01, u64::MAX, &members[..cut]).unwrap();
+                    f.add_many(&members[cut..]);
+                    f
+                })
+            });
+            built.push((name, Box::new(f), build));
+        }
+        let name = format!("libmember, 98 % built + 2 % added, {label}, delta first, branch-free");
+        if want(&name) {
+            let (f, build) = pages(huge, || {
+                timed(n, || {
+                    let mut f =
+                        filter::Bloom::build(n as u64, 0.01, u64::MAX, &members[..cut]).unwrap();
+                    f.add_many(&members[cut..]);
+                    BranchFree(f)
+                })
+            });
+            built.push((name, Box::new(f), build));
+        }
+        let name = format!("libmember, Bloom alone, 1 %, {label}");
+        if want(&name) {
+            let (f, build) = pages(huge, || {
+                timed(n, || {
+                    let mut f = filter::Bloom::new(n as u64, 0.01);
+                    f.add_many(&members);
+                    f
+                })
+            });
+            built.push((name, Box::new(f), build));
+        }
+    }
     drop(keys);
     drop(members);
 
@@ -415,6 +539,7 @@ fn run(n: usize) -> Vec<Row> {
                 fpr: fp as f64 / absent.len() as f64,
                 absent_chain: Vec::new(),
                 absent_indep: Vec::new(),
+                absent_batched: Vec::new(),
                 present_chain: Vec::new(),
                 build: *build,
             }
@@ -423,6 +548,7 @@ fn run(n: usize) -> Vec<Row> {
     for _ in 0..ROUNDS {
         for ((_, f, _), row) in built.iter().zip(rows.iter_mut()) {
             row.absent_indep.push(independent(f.as_ref(), &absent).0);
+            row.absent_batched.extend(batched(f.as_ref(), &absent));
             row.absent_chain.push(chain(f.as_ref(), &absent));
             row.present_chain.push(chain(f.as_ref(), &present));
         }
@@ -444,6 +570,11 @@ fn main() {
         println!("bench filter: not run under `cargo test`; use `cargo bench --bench filter`");
         return;
     }
+    // `--only standard,libmember`: the candidates whose name contains one of these.
+    let only: Vec<String> = std::env::args()
+        .find_map(|a| a.strip_prefix("--only=").map(str::to_owned))
+        .map(|s| s.split(',').map(str::to_owned).collect())
+        .unwrap_or_default();
     let ns: Vec<usize> = std::env::args()
         .skip(1)
         .filter_map(|a| a.replace('_', "").parse().ok())
@@ -456,17 +587,22 @@ fn main() {
     for n in ns {
         println!("\n{n} members, {PROBES} absent and {PROBES} present probes\n");
         println!(
-            "| design | bits/member | measured FPR | absent ns, one at a time | absent ns, independent | present ns, one at a time | build ns/member |"
+            "| design | bits/member | measured FPR | absent ns, one at a time | absent ns, independent | absent ns, batched (prefetch 8 ahead) | present ns, one at a time | build ns/member |"
         );
-        println!("|---|---|---|---|---|---|---|");
-        for r in run(n) {
+        println!("|---|---|---|---|---|---|---|---|");
+        for r in run(n, &only) {
             println!(
-                "| {} | {:.2} | {:.3} % | {} | {} | {} | {:.1} |",
+                "| {} | {:.2} | {:.3} % | {} | {} | {} | {} | {:.1} |",
                 r.name,
                 r.bits_per_member,
                 r.fpr * 100.0,
                 best_median(&r.absent_chain),
                 best_median(&r.absent_indep),
+                if r.absent_batched.is_empty() {
+                    "–".into()
+                } else {
+                    best_median(&r.absent_batched)
+                },
                 best_median(&r.present_chain),
                 r.build
             );

@@ -7,9 +7,14 @@
 //! passes, slot fills, the rebuild's journal) goes to a classic Bloom filter, the delta, which
 //! the next build folds in. Rates below what the static part can give, and tiny sets, keep a
 //! Bloom filter alone.
+//!
+//! The static part lives in `filter_static.rs`; both parts' arrays are `large_array.rs`
+//! arrays, on huge pages from 8 MiB.
 
-use xorf::{BinaryFuse8, Descriptor, Filter};
 use xxhash_rust::xxh3::xxh3_64;
+
+use super::filter_static::{Static, STATIC_HEADER_LEN};
+use super::large_array::{prefetch, LargeArray, HUGE_FROM};
 
 /// Magic and version in front of every serialized filter.
 const MAGIC: &[u8; 4] = b"LMBF";
@@ -25,9 +30,6 @@ const FORMAT_V2_BLOOM: u16 = 2;
 const FORMAT_V1_TIMESTAMP: u16 = 1;
 /// Header of versions 1 and 2, and the first part of version 3's.
 const HEADER_LEN: usize = 4 + 2 + 2 + 8 + 8 + 8 + 8 + 8 + 1 + 8 + 8;
-/// Version 3's static header: present flag, items, seed, segment length, its mask, segment
-/// count length, fingerprint bytes.
-const STATIC_HEADER_LEN: usize = 1 + 8 + 8 + 4 + 4 + 4 + 8;
 /// Where the checksum sits (the last 8 bytes of `HEADER_LEN`).
 const SUM_AT: usize = HEADER_LEN - 8;
 
@@ -108,7 +110,8 @@ impl std::fmt::Display for SizeError {
 /// hashing: one hash per item, k positions derived from its two halves.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Bloom {
-    bits: Vec<u64>,
+    /// Huge pages when large (`large_array.rs`).
+    bits: LargeArray<u64>,
     k: u32,
     /// Number of `add` calls that set at least one new bit (an estimate of distinct items).
     items: u64,
@@ -122,119 +125,6 @@ pub struct Bloom {
     frozen: Option<Static>,
 }
 
-/// A binary fuse filter over the low halves of the item hashes of one build: read-only.
-#[derive(Clone, Debug)]
-struct Static {
-    fuse: BinaryFuse8,
-    /// Rows the build put in (duplicates included).
-    items: u64,
-}
-
-impl PartialEq for Static {
-    fn eq(&self, o: &Self) -> bool {
-        self.items == o.items
-            && self.fuse.descriptor == o.fuse.descriptor
-            && self.fuse.fingerprints == o.fuse.fingerprints
-    }
-}
-
-impl Static {
-    /// None when the fuse construction gives up (it retries internally; the caller then
-    /// builds a Bloom filter alone).
-    fn build(hashes: &[u128]) -> Option<Static> {
-        let keys: Vec<u64> = hashes.iter().map(|&h| h as u64).collect();
-        // Release builds of xorf skip duplicate keys while peeling; debug builds assert that
-        // there are none (rows that canonicalize alike are possible), so tests dedupe first.
-        #[cfg(debug_assertions)]
-        let keys = {
-            let mut keys = keys;
-            keys.sort_unstable();
-            keys.dedup();
-            keys
-        };
-        let fuse = BinaryFuse8::try_from(&keys).ok()?;
-        Some(Static {
-            fuse,
-            items: hashes.len() as u64,
-        })
-    }
-
-    #[inline]
-    fn contains(&self, hash: u128) -> bool {
-        self.fuse.contains(&(hash as u64))
-    }
-
-    fn bytes(&self) -> usize {
-        self.fuse.fingerprints.len()
-    }
-
-    fn write_header(s: Option<&Static>, out: &mut Vec<u8>) {
-        let (items, d, len) = match s {
-            Some(s) => (s.items, s.fuse.descriptor.clone(), s.bytes() as u64),
-            None => (
-                0,
-                Descriptor {
-                    seed: 0,
-                    segment_length: 0,
-                    segment_length_mask: 0,
-                    segment_count_length: 0,
-                },
-                0,
-            ),
-        };
-        out.push(s.is_some() as u8);
-        out.extend_from_slice(&items.to_le_bytes());
-        out.extend_from_slice(&d.seed.to_le_bytes());
-        out.extend_from_slice(&d.segment_length.to_le_bytes());
-        out.extend_from_slice(&d.segment_length_mask.to_le_bytes());
-        out.extend_from_slice(&d.segment_count_length.to_le_bytes());
-        out.extend_from_slice(&len.to_le_bytes());
-    }
-
-    /// The static header at the start of `h` (`STATIC_HEADER_LEN` bytes): whether there is a
-    /// static part, its items, descriptor and fingerprint length, each checked so that no
-    /// probe can index outside the fingerprints.
-    fn read_header(h: &[u8]) -> Result<Option<(u64, Descriptor, usize)>, String> {
-        let u32_at = |i: usize| u32::from_le_bytes(h[i..i + 4].try_into().unwrap());
-        let u64_at = |i: usize| u64::from_le_bytes(h[i..i + 8].try_into().unwrap());
-        let present = match h[0] {
-            0 => false,
-            1 => true,
-            x => return Err(format!("filter payload has a bad static flag {x}")),
-        };
-        let (items, seed) = (u64_at(1), u64_at(9));
-        let (len, mask, count_len) = (u32_at(17), u32_at(21), u32_at(25));
-        let fp_len = u64_at(29);
-        if !present {
-            if items != 0 || seed != 0 || len != 0 || mask != 0 || count_len != 0 || fp_len != 0 {
-                return Err("filter payload has a static header without a static part".into());
-            }
-            return Ok(None);
-        }
-        // A probe reads h0 < count_len, h1 < h0 + 2·len and h2 < h0 + 3·len rounded down to
-        // a segment: inside count_len + 2·len when count_len is whole segments.
-        let geometry_ok = len.is_power_of_two()
-            && mask == len - 1
-            && count_len % len == 0
-            && fp_len == count_len as u64 + 2 * len as u64
-            && fp_len <= u32::MAX as u64
-            && items > 0;
-        if !geometry_ok {
-            return Err(format!(
-                "filter payload has a bad static geometry (segment {len}, mask {mask}, count \
-                 {count_len}, {fp_len} bytes, {items} items)"
-            ));
-        }
-        let d = Descriptor {
-            seed,
-            segment_length: len,
-            segment_length_mask: mask,
-            segment_count_length: count_len,
-        };
-        Ok(Some((items, d, fp_len as usize)))
-    }
-}
-
 /// The filter's design, as MEMBER.INFO names it.
 pub const DESIGN_BLOOM: &str = "bloom";
 /// A static part and a delta.
@@ -242,20 +132,6 @@ pub const DESIGN_FUSE: &str = "fuse8+bloom-delta";
 
 /// How many items ahead `add_many` prefetches.
 const PREFETCH_AHEAD: usize = 8;
-
-/// A hint to bring `w`'s cache line in; nothing else (a no-op off x86-64).
-#[inline(always)]
-fn prefetch(w: &u64) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch only hints the cache; `w` is a valid reference.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-            (w as *const u64).cast::<i8>(),
-        )
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = w;
-}
 
 #[inline]
 fn reduce(x: u64, m: u64) -> u64 {
@@ -281,10 +157,8 @@ impl Bloom {
         let needed = bytes_for(capacity, fpr);
         let (m, k) = size_for(capacity, fpr);
         let words = (m / 64) as usize;
-        let mut bits: Vec<u64> = Vec::new();
-        bits.try_reserve_exact(words)
-            .map_err(|_| SizeError::NoMemory { bytes: needed })?;
-        bits.resize(words, 0);
+        let bits =
+            LargeArray::try_zeroed(words).map_err(|_| SizeError::NoMemory { bytes: needed })?;
         Ok(Bloom {
             bits,
             k,
@@ -338,7 +212,7 @@ impl Bloom {
     pub fn new(capacity: u64, fpr: f64) -> Self {
         let (m, k) = size_for(capacity, fpr);
         Bloom {
-            bits: vec![0; (m / 64) as usize],
+            bits: LargeArray::zeroed((m / 64) as usize),
             k,
             items: 0,
             ones: 0,
@@ -399,6 +273,13 @@ impl Bloom {
     }
 
     /// False means the item was never added. True means "possibly".
+    ///
+    /// The static part first, then the delta bit by bit, stopping at the first clear bit: an
+    /// absent item is read from both, but the static part's three reads are independent and
+    /// the delta's first clear bit comes after about two reads. (Reading the delta first and
+    /// without branches, so that the two parts' misses overlap, was measured and lost at
+    /// 100 M members: 7 lines a probe instead of about 2; `contains_branch_free`,
+    /// bench/PROFILE.md "Huge pages and the probe, measured".)
     #[inline]
     pub fn contains(&self, hash: u128) -> bool {
         if self.frozen.as_ref().is_some_and(|s| s.contains(hash)) {
@@ -406,9 +287,47 @@ impl Bloom {
         }
         // An empty delta (right after a build) costs no memory access.
         self.ones != 0
-            && self
-                .positions(hash)
-                .all(|p| self.bits[(p / 64) as usize] & (1u64 << (p % 64)) != 0)
+            && self.positions(hash).all(|p| {
+                // SAFETY: `positions` reduces into [0, 64 · bits.len()).
+                let w = unsafe { *self.bits.get_unchecked((p / 64) as usize) };
+                w & (1u64 << (p % 64)) != 0
+            })
+    }
+
+    /// The alternative `contains` measured against it (bench/PROFILE.md): the delta first,
+    /// its k bits read without a branch between them, then the static part. Kept for
+    /// `benches/filter.rs`.
+    #[doc(hidden)]
+    pub fn contains_branch_free(&self, hash: u128) -> bool {
+        let delta = self.ones != 0 && {
+            let mut all = 1u64;
+            for p in self.positions(hash) {
+                all &= self.bits[(p / 64) as usize] >> (p % 64);
+            }
+            all & 1 != 0
+        };
+        delta || self.frozen.as_ref().is_some_and(|s| s.contains(hash))
+    }
+
+    /// Starts bringing in the lines `contains(hash)` will read, without waiting for them: a
+    /// caller with many items (MEMBER.MEXISTS) prefetches a few items ahead so that their
+    /// misses overlap, as `add_many` does.
+    /// A filter smaller than `HUGE_FROM` mostly sits in the caches, where computing each
+    /// probe's lines twice costs more than it saves (measured at 1 M members): nothing then.
+    #[inline]
+    pub fn prefetch(&self, hash: u128) {
+        if self.bytes() < HUGE_FROM {
+            return;
+        }
+        if self.ones != 0 {
+            for p in self.positions(hash) {
+                // SAFETY: `positions` reduces into [0, 64 · bits.len()).
+                prefetch(unsafe { self.bits.get_unchecked((p / 64) as usize) });
+            }
+        }
+        if let Some(s) = &self.frozen {
+            s.prefetch(hash);
+        }
     }
 
     /// Bits of memory the filter's parts hold (static fingerprints and delta).
@@ -517,11 +436,11 @@ impl Bloom {
         // One resize and fixed-size copies: a per-word extend checked capacity per word and
         // took ~1 ms per 2 MB of filter.
         out.resize(words_at + self.bits.len() * 8, 0);
-        for (dst, w) in out[words_at..].chunks_exact_mut(8).zip(&self.bits) {
+        for (dst, w) in out[words_at..].chunks_exact_mut(8).zip(self.bits.iter()) {
             dst.copy_from_slice(&w.to_le_bytes());
         }
         if let Some(s) = &self.frozen {
-            out.extend_from_slice(&s.fuse.fingerprints);
+            out.extend_from_slice(s.fingerprints());
         }
         let sum = xxh3_64(&out[sum_at + 8..]);
         out[sum_at..sum_at + 8].copy_from_slice(&sum.to_le_bytes());
@@ -595,17 +514,15 @@ impl Bloom {
             ));
         }
         let words_end = words_at + (m / 8) as usize;
-        let frozen = frozen_header.map(|(items, descriptor, _)| Static {
-            fuse: BinaryFuse8 {
-                descriptor,
-                fingerprints: b[words_end..].into(),
-            },
-            items,
-        });
-        let bits: Vec<u64> = b[words_at..words_end]
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-            .collect();
+        let frozen = match frozen_header {
+            Some(h) => Some(Static::load(h, &b[words_end..])?),
+            None => None,
+        };
+        let mut bits = LargeArray::try_zeroed((m / 64) as usize)
+            .map_err(|_| format!("out of memory loading a filter of {} bytes", m / 8))?;
+        for (w, c) in bits.iter_mut().zip(b[words_at..words_end].chunks_exact(8)) {
+            *w = u64::from_le_bytes(c.try_into().unwrap());
+        }
         let real_ones: u64 = bits.iter().map(|w| w.count_ones() as u64).sum();
         if real_ones != ones {
             return Err("filter payload bit count mismatch (corrupt data)".into());
@@ -925,6 +842,43 @@ mod tests {
         assert!(Bloom::from_bytes(&flipped)
             .unwrap_err()
             .contains("checksum"));
+    }
+
+    /// A filter large enough for huge pages (a delta with room for 10 M members, ~13 MB)
+    /// keeps every member, in memory and through its payload, and loads advised again.
+    #[test]
+    fn a_huge_page_filter_keeps_its_members() {
+        use super::super::large_array::{HUGE_FROM, HUGE_PAGE};
+        let hs: Vec<u128> = (0..5_000).map(h).collect();
+        let mut b = Bloom::build(10_005_000, 0.01, u64::MAX, &hs).unwrap();
+        assert_eq!(b.design(), DESIGN_FUSE);
+        assert!(b.delta_bits() / 8 >= (HUGE_FROM + 2 * HUGE_PAGE) as u64);
+        let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .is_ok_and(|s| !s.contains("[never]"));
+        assert_eq!(b.bits.advised(), thp);
+        let added: Vec<u128> = (1_000_000..1_060_000).map(h).collect();
+        b.add_many(&added);
+        for i in 1_060_000..1_061_000 {
+            b.add(h(i));
+        }
+        let all = || {
+            hs.iter()
+                .copied()
+                .chain(added.iter().copied())
+                .chain((1_060_000..1_061_000).map(h))
+        };
+        assert!(all().all(|x| b.contains(x) && b.contains_branch_free(x)));
+        let cov = Coverage {
+            complete: true,
+            watermark: Some(9),
+        };
+        let (c, got) = Bloom::from_bytes(&b.to_bytes(cov)).unwrap();
+        assert_eq!((&c, got), (&b, cov));
+        assert_eq!(c.bits.advised(), thp);
+        assert!(all().all(|x| c.contains(x)));
+        // The branch-free probe answers as `contains`, members or not.
+        assert!((0..50_000u64)
+            .all(|i| c.contains(h(50_000_000 + i)) == c.contains_branch_free(h(50_000_000 + i))));
     }
 
     mod props {

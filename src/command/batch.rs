@@ -123,6 +123,9 @@ fn canonical_all<'a>(
         .collect()
 }
 
+/// How many items ahead MEXISTS prefetches their filter lines (`benches/filter.rs`, batched).
+const PREFETCH_AHEAD: usize = 8;
+
 /// The funnel for every item (main thread, DB 0): answers from memory, and the lookups only
 /// the database can resolve. `None` when the catalog must be asked about the set first.
 fn plan_lookups(
@@ -146,7 +149,16 @@ fn plan_lookups(
         };
         // The filter key is looked up once for the whole call.
         let probe = filter_store::Probe::open(ctx, &set.filter_key);
+        // Each item's filter lines are asked for `PREFETCH_AHEAD` items before its probe, so
+        // the misses of a filter larger than the caches overlap instead of queueing.
+        let hashes: Vec<u128> = canons.iter().map(|c| c.hash).collect();
+        for &h in hashes.iter().take(PREFETCH_AHEAD) {
+            probe.prefetch(h);
+        }
         for (i, canon) in canons.into_iter().enumerate() {
+            if let Some(&h) = hashes.get(i + PREFETCH_AHEAD) {
+                probe.prefetch(h);
+            }
             match decide_item(ctx, set, epoch, Some(&probe), canon, false, None) {
                 Step::Done(present, _) => done.answers.push(present),
                 Step::Db(lookup) => {

@@ -1,13 +1,12 @@
 //! The per-process shared PostgreSQL cluster (started on first use, removed at exit), the test
 //! roles, and `TestDb`: a database of its own for each test.
 
-use std::fs;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use super::pg_cluster::{Cluster, Setup};
-use super::process::{signal, unique, wait_until};
+use super::process::{stop_postmaster_at_exit, unique};
 
 /// The per-process shared PostgreSQL cluster. Use [`fresh_db`] rather than this directly.
 pub struct Pg {
@@ -114,20 +113,7 @@ extern "C" fn shared_pg_atexit() {
     let Some((pid, base)) = SHARED_PG.lock().ok().and_then(|mut g| g.take()) else {
         return;
     };
-    signal(pid, libc::SIGQUIT);
-    let mut status = 0;
-    let reaped = wait_until(Duration::from_secs(5), || {
-        // SAFETY: plain syscall; the child is ours.
-        unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) != 0 }
-    });
-    if !reaped {
-        signal(pid, libc::SIGKILL);
-        // SAFETY: as above.
-        unsafe {
-            libc::waitpid(pid as libc::pid_t, &mut status, 0);
-        }
-    }
-    let _ = fs::remove_dir_all(base);
+    stop_postmaster_at_exit(pid, &base);
 }
 
 /// A database of its own for one test, in the shared cluster.

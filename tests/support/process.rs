@@ -145,6 +145,25 @@ pub(super) fn signal(pid: u32, sig: libc::c_int) {
     }
 }
 
+/// At process exit: a PostgreSQL postmaster of ours is told to quit at once (SIGQUIT), killed
+/// if it has not gone within 5 s, reaped, and its directory removed.
+pub(super) fn stop_postmaster_at_exit(pid: u32, base: &std::path::Path) {
+    signal(pid, libc::SIGQUIT);
+    let mut status = 0;
+    let reaped = wait_until(Duration::from_secs(5), || {
+        // SAFETY: plain syscall; the child is ours.
+        unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) != 0 }
+    });
+    if !reaped {
+        signal(pid, libc::SIGKILL);
+        // SAFETY: as above.
+        unsafe {
+            libc::waitpid(pid as libc::pid_t, &mut status, 0);
+        }
+    }
+    let _ = std::fs::remove_dir_all(base);
+}
+
 /// Waits for `child` to exit for up to `timeout`; true if it did.
 pub(super) fn wait_child(child: &mut Child, timeout: Duration) -> bool {
     wait_until(timeout, || !matches!(child.try_wait(), Ok(None)))

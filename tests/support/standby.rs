@@ -10,7 +10,7 @@ use std::time::Duration;
 use std::os::unix::process::CommandExt;
 
 use super::pg_cluster::{postgres_ids, Cluster};
-use super::process::{make_temp_dir, signal};
+use super::process::{make_temp_dir, stop_postmaster_at_exit};
 use super::{pg_bin, wait_until, Pg};
 
 pub struct Standby {
@@ -24,16 +24,7 @@ extern "C" fn standby_atexit() {
     let Some((pid, base)) = RUNNING.lock().ok().and_then(|mut g| g.take()) else {
         return;
     };
-    signal(pid, libc::SIGQUIT);
-    let mut status = 0;
-    let reaped = wait_until(Duration::from_secs(5), || {
-        // SAFETY: plain syscall; the child is ours.
-        unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) != 0 }
-    });
-    if !reaped {
-        signal(pid, libc::SIGKILL);
-    }
-    let _ = std::fs::remove_dir_all(base);
+    stop_postmaster_at_exit(pid, &base);
 }
 
 impl Standby {

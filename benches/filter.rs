@@ -160,6 +160,37 @@ impl Candidate for Standard {
 #[repr(C, align(64))]
 struct Line([u64; 8]);
 
+/// A filter whose probe reads one line: `mask` names the line and the bits in it.
+trait OneLine {
+    fn lines(&self) -> &[Line];
+    fn lines_mut(&mut self) -> &mut [Line];
+    fn mask(&self, h: u128) -> (usize, [u64; 8]);
+
+    fn add_many(&mut self, hs: &[u128]) {
+        let n = self.lines().len() as u64;
+        for i in 0..hs.len() {
+            if let Some(&next) = hs.get(i + 8) {
+                prefetch(&self.lines()[reduce(next as u64, n) as usize]);
+            }
+            let (b, m) = self.mask(hs[i]);
+            for (w, mw) in self.lines_mut()[b].0.iter_mut().zip(m) {
+                *w |= mw;
+            }
+        }
+    }
+
+    #[inline]
+    fn line_contains(&self, h: u128) -> bool {
+        let (b, m) = self.mask(h);
+        let l = &self.lines()[b].0;
+        let mut miss = 0;
+        for i in 0..8 {
+            miss |= m[i] & !l[i];
+        }
+        miss == 0
+    }
+}
+
 /// k bits anywhere in one 512-bit block: the block from the low half of the hash, each bit
 /// from 9 bits of the high half (k ≤ 7).
 struct Blocked {
@@ -174,6 +205,15 @@ impl Blocked {
             k,
         }
     }
+}
+
+impl OneLine for Blocked {
+    fn lines(&self) -> &[Line] {
+        &self.lines
+    }
+    fn lines_mut(&mut self) -> &mut [Line] {
+        &mut self.lines
+    }
     #[inline]
     fn mask(&self, h: u128) -> (usize, [u64; 8]) {
         let b = reduce(h as u64, self.lines.len() as u64) as usize;
@@ -186,18 +226,6 @@ impl Blocked {
         }
         (b, m)
     }
-    fn add_many(&mut self, hs: &[u128]) {
-        let n = self.lines.len() as u64;
-        for i in 0..hs.len() {
-            if let Some(&next) = hs.get(i + 8) {
-                prefetch(&self.lines[reduce(next as u64, n) as usize]);
-            }
-            let (b, m) = self.mask(hs[i]);
-            for (w, mw) in self.lines[b].0.iter_mut().zip(m) {
-                *w |= mw;
-            }
-        }
-    }
 }
 
 impl Candidate for Blocked {
@@ -206,13 +234,7 @@ impl Candidate for Blocked {
     }
     #[inline]
     fn contains(&self, h: u128) -> bool {
-        let (b, m) = self.mask(h);
-        let l = &self.lines[b].0;
-        let mut miss = 0;
-        for i in 0..8 {
-            miss |= m[i] & !l[i];
-        }
-        miss == 0
+        self.line_contains(h)
     }
 }
 
@@ -227,6 +249,15 @@ impl SplitBlock {
             lines: vec![Line::default(); m.div_ceil(512) as usize],
         }
     }
+}
+
+impl OneLine for SplitBlock {
+    fn lines(&self) -> &[Line] {
+        &self.lines
+    }
+    fn lines_mut(&mut self) -> &mut [Line] {
+        &mut self.lines
+    }
     #[inline]
     fn mask(&self, h: u128) -> (usize, [u64; 8]) {
         let b = reduce(h as u64, self.lines.len() as u64) as usize;
@@ -237,18 +268,6 @@ impl SplitBlock {
         }
         (b, m)
     }
-    fn add_many(&mut self, hs: &[u128]) {
-        let n = self.lines.len() as u64;
-        for i in 0..hs.len() {
-            if let Some(&next) = hs.get(i + 8) {
-                prefetch(&self.lines[reduce(next as u64, n) as usize]);
-            }
-            let (b, m) = self.mask(hs[i]);
-            for (w, mw) in self.lines[b].0.iter_mut().zip(m) {
-                *w |= mw;
-            }
-        }
-    }
 }
 
 impl Candidate for SplitBlock {
@@ -257,13 +276,7 @@ impl Candidate for SplitBlock {
     }
     #[inline]
     fn contains(&self, h: u128) -> bool {
-        let (b, m) = self.mask(h);
-        let l = &self.lines[b].0;
-        let mut miss = 0;
-        for i in 0..8 {
-            miss |= m[i] & !l[i];
-        }
-        miss == 0
+        self.line_contains(h)
     }
 }
 

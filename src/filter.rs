@@ -555,6 +555,12 @@ mod tests {
         xxhash_rust::xxh3::xxh3_128(format!("item-{i}").as_bytes())
     }
 
+    /// The share of `probes` items `h(from..)`, never added, that `b` lets through.
+    fn measured_fpr(b: &Bloom, from: u64, probes: u64) -> f64 {
+        let fp = (0..probes).filter(|i| b.contains(h(from + i))).count();
+        fp as f64 / probes as f64
+    }
+
     #[test]
     fn add_many_is_add_in_order() {
         let hs: Vec<u128> = (0..50_000).map(h).collect();
@@ -630,11 +636,7 @@ mod tests {
             for i in 0..n {
                 b.add(h(seed * 10_000_000 + i));
             }
-            let probes = 200_000u64;
-            let fp = (0..probes)
-                .filter(|i| b.contains(h(seed * 10_000_000 + 5_000_000 + i)))
-                .count() as f64;
-            let measured = fp / probes as f64;
+            let measured = measured_fpr(&b, seed * 10_000_000 + 5_000_000, 200_000);
             assert!(
                 (measured - fpr).abs() < fpr * 0.25,
                 "configured {fpr}, measured {measured}"
@@ -700,11 +702,7 @@ mod tests {
         assert!((9.0..10.3).contains(&per_member), "{per_member}");
         assert!(b.static_bits() > b.delta_bits() * 20);
         assert_eq!(b.estimated_fpr(), STATIC_FPR);
-        let probes = 400_000u64;
-        let fp = (0..probes)
-            .filter(|i| b.contains(h(50_000_000 + i)))
-            .count() as f64;
-        let measured = fp / probes as f64;
+        let measured = measured_fpr(&b, 50_000_000, 400_000);
         assert!(
             (measured - STATIC_FPR).abs() < STATIC_FPR * 0.15,
             "measured {measured}"
@@ -728,11 +726,7 @@ mod tests {
         );
         let est = b.estimated_fpr();
         assert!(est > STATIC_FPR && est < 0.0105, "{est}");
-        let probes = 400_000u64;
-        let fp = (0..probes)
-            .filter(|i| b.contains(h(50_000_000 + i)))
-            .count() as f64;
-        let measured = fp / probes as f64;
+        let measured = measured_fpr(&b, 50_000_000, 400_000);
         assert!(
             (measured - est).abs() < est * 0.15,
             "measured {measured}, est {est}"

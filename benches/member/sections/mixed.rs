@@ -180,18 +180,5 @@ pub(crate) fn app_lookup(
     if cached.is_some() {
         return Ok(true);
     }
-    let found = pg
-        .query_opt(st, &[&item])
-        .map_err(|e| e.to_string())?
-        .is_some();
-    if found {
-        let _: () = redis::cmd("SET")
-            .arg(&key)
-            .arg("1")
-            .arg("EX")
-            .arg(CACHE_TTL_S)
-            .query(vk)
-            .map_err(|e| e.to_string())?;
-    }
-    Ok(found)
+    super::seeds_app::query_and_fill(vk, pg, st, item, &key)
 }

@@ -96,13 +96,25 @@ pub(crate) fn seeds_lookup(
         return Ok(true);
     }
     to_db.fetch_add(1, Ordering::Relaxed);
+    query_and_fill(vk, pg, st, item, &key)
+}
+
+/// The application pattern's last step, after a cache miss: the prepared point query, and a
+/// hit fills the cache key `key` (SET EX).
+pub(crate) fn query_and_fill(
+    vk: &mut redis::Connection,
+    pg: &mut postgres::Client,
+    st: &postgres::Statement,
+    item: &str,
+    key: &str,
+) -> Result<bool, String> {
     let found = pg
         .query_opt(st, &[&item])
         .map_err(|e| e.to_string())?
         .is_some();
     if found {
         let _: () = redis::cmd("SET")
-            .arg(&key)
+            .arg(key)
             .arg("1")
             .arg("EX")
             .arg(CACHE_TTL_S)

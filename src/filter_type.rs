@@ -214,7 +214,7 @@ pub static FILTER_TYPE: RedisType = RedisType::new(
 );
 
 /// Filters at least this large are freed on a thread of their own.
-const FREE_LATER_BYTES: usize = 1 << 20;
+pub const FREE_LATER_BYTES: usize = 1 << 20;
 
 /// Drops `old` here when small, else on a short-lived thread (the allocator is thread-safe).
 pub fn free_later(old: Box<FilterValue>) {

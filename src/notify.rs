@@ -175,7 +175,7 @@ fn connect() -> Result<(Client, u64), String> {
             .keepalives(true)
             .keepalives_idle(Duration::from_secs(10))
             .application_name("libmember-listen")
-            .options(&format!(
+            .options(format!(
                 "-c statement_timeout={} -c lock_timeout={timeout}",
                 timeout.saturating_mul(4).max(1000)
             ));

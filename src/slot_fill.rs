@@ -129,7 +129,7 @@ fn start(ctx: &Context, name: &str, id: u64, missing: SlotSet) {
 
 /// On the fill's thread: the rows of `slots`, hashed.
 fn read(def: &SetDef, slots: &SlotSet) -> Result<Vec<u128>, DbErr> {
-    let lock_timeout = config::db_timeout_ms().saturating_mul(5).max(10_000);
+    let lock_timeout = db::build_lock_timeout_ms();
     let (mut c, _) = db::connect(0, lock_timeout, false)?;
     db::keyslot::ensure_slot_column(&mut c, &def.name, config::db_timeout_ms())
         .map_err(|e| db::classify(&e))?;

@@ -3,7 +3,6 @@
 //! snapshot each, rows hashed through the same canonicalization as the write path.
 
 use std::borrow::Cow;
-use std::io::BufRead;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use postgres::{Client, Transaction};
@@ -14,6 +13,7 @@ use crate::canon::{self, Normalize};
 use crate::cluster::slot::SLOTS;
 use crate::cluster::slotset::SlotSet;
 use crate::filter::Bloom;
+use crate::pg_link::Link;
 use crate::state::{SetDef, SourceSync};
 
 /// Attached sets are refused in cluster mode (docs/attach.md).
@@ -30,6 +30,9 @@ pub struct Built {
     pub watermark: i64,
     /// The COPY was read from the standby `member.pg-rebuild-url`.
     pub from_standby: bool,
+    /// How long the COPY (read and hashed) and the filter's construction after it took.
+    pub copy_time: std::time::Duration,
+    pub construct_time: std::time::Duration,
 }
 
 fn tx_error(e: postgres::Error) -> DbErr {
@@ -60,7 +63,7 @@ pub fn sized_for(capacity: u64, slots: Option<&SlotSet>, rows: u64, grow: bool) 
 /// a standby").
 pub fn build_filter(
     c: &mut Client,
-    standby: Option<&mut Client>,
+    standby: Option<(&mut Client, &Link)>,
     def: &SetDef,
     slots: Option<&SlotSet>,
     grow: bool,
@@ -78,20 +81,26 @@ pub fn build_filter(
     // slot column): those build from the primary.
     let standby = standby.filter(|_| def.source.is_none());
     let from_standby = standby.is_some();
+    let copy_started = std::time::Instant::now();
     let (hashes, watermark) = match standby {
         None => read_hashes(c, def, slots, progress, Some(estimate))?,
-        Some(s) => {
+        Some((s, link)) => {
             install_triggers(c, def)?;
-            let (mut hashes, xmin) =
-                super::standby::read_hashes(s, def, slots, (progress, Some(estimate)), |xmin| {
-                    super::standby::check_floor(c, xmin)
-                })?;
+            let (mut hashes, xmin) = super::standby::read_hashes(
+                s,
+                link,
+                def,
+                slots,
+                (progress, Some(estimate)),
+                |xmin| super::standby::check_floor(c, xmin),
+            )?;
             let (late, horizon) = super::standby::catch_up(c, def, slots, xmin)?;
             hashes.extend(late);
             progress.store(hashes.len() as u64, Ordering::Relaxed);
             (hashes, xmin.max(horizon))
         }
     };
+    let copy_time = copy_started.elapsed();
     let members = sized_for(def.capacity, slots, hashes.len() as u64, grow);
     crate::limits::check_memory(
         crate::filter::bytes_for(members, def.error_rate),
@@ -99,6 +108,7 @@ pub fn build_filter(
     )
     .map_err(DbErr::Invalid)?;
     // The rows read go into the filter's static part, later adds into its delta.
+    let construct_started = std::time::Instant::now();
     let bloom = Bloom::build(members, def.error_rate, max_bytes, &hashes)
         .map_err(|e| DbErr::Invalid(e.to_string()))?;
     Ok(Built {
@@ -106,6 +116,8 @@ pub fn build_filter(
         rows: hashes.len() as u64,
         watermark,
         from_standby,
+        copy_time,
+        construct_time: construct_started.elapsed(),
     })
 }
 
@@ -137,7 +149,10 @@ pub fn read_hashes(
     }
     install_triggers(c, def)?;
     let (mut tx, watermark) = snapshot(c, def)?;
-    let hashes = copy_rows(&mut tx, def, slots, progress, estimate)?;
+    // `c` was opened with the primary's link; were `member.pg-url` changed since, the
+    // snapshot would not be found on the new one and the build fails (and is retried).
+    let link = crate::config::pg_link().0;
+    let hashes = copy_rows(&mut tx, &link, def, slots, progress, estimate)?;
     tx.commit().map_err(tx_error)?;
     Ok((hashes, watermark))
 }
@@ -170,6 +185,7 @@ pub(super) fn snapshot<'a>(
 /// module's own table, or from an attached set's source.
 pub(super) fn copy_rows(
     tx: &mut Transaction,
+    link: &Link,
     def: &SetDef,
     slots: Option<&SlotSet>,
     progress: &AtomicU64,
@@ -198,7 +214,7 @@ pub(super) fn copy_rows(
         Some(src) => source::copy_sql(src, def.normalize),
         None => format!("COPY (SELECT entity_id, scope FROM {t} WHERE {ACTIVE}{filter}) TO STDOUT"),
     };
-    let hashes = stream(tx, &sql, def.normalize, expect, progress)?;
+    let hashes = stream(tx, link, &sql, def.normalize, expect, progress)?;
     progress.store(hashes.len() as u64, Ordering::Relaxed);
     Ok(hashes)
 }
@@ -231,42 +247,22 @@ fn slot_condition(slots: &SlotSet) -> String {
 
 fn stream(
     tx: &mut Transaction,
+    link: &Link,
     sql: &str,
     norm: Normalize,
     expect: usize,
     progress: &AtomicU64,
 ) -> Result<Vec<u128>, DbErr> {
     let mut hashes: Vec<u128> = Vec::with_capacity(expect);
-    let reader = tx.copy_out(sql).map_err(tx_error)?;
-    let mut reader = std::io::BufReader::with_capacity(1 << 16, reader);
-    let mut line = Vec::with_capacity(256);
-    loop {
-        line.clear();
-        let n = reader
-            .read_until(b'\n', &mut line)
-            .map_err(copy_read_error)?;
-        if n == 0 {
-            break;
-        }
-        if line.last() == Some(&b'\n') {
-            line.pop();
-        }
-        if let Some(h) = hash_copy_row(norm, &line) {
+    super::copy_stream::each_row(tx, link, super::build_lock_timeout_ms(), sql, |line| {
+        if let Some(h) = hash_copy_row(norm, line) {
             hashes.push(h);
         }
         if hashes.len().is_multiple_of(4096) {
             progress.store(hashes.len() as u64, Ordering::Relaxed);
         }
-    }
+    })?;
     Ok(hashes)
-}
-/// A read error from a COPY stream carries the driver's error inside; classify that.
-fn copy_read_error(e: std::io::Error) -> DbErr {
-    match e.into_inner().map(|b| b.downcast::<postgres::Error>()) {
-        Some(Ok(pg)) => super::classify(&pg),
-        Some(Err(other)) => DbErr::Unavailable(other.to_string()),
-        None => DbErr::Unavailable("COPY stream failed".into()),
-    }
 }
 
 /// Canonical hash of one COPY text-format row `entity \t scope`; None for rows the write

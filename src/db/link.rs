@@ -7,9 +7,10 @@ use std::sync::{Mutex, OnceLock};
 
 use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
 use openssl::x509::store::X509StoreBuilder;
-use postgres::config::SslMode as DriverSslMode;
-use postgres::{Client, Config, NoTls};
+use postgres::Client;
 use postgres_openssl::MakeTlsConnector;
+use tokio_postgres::config::SslMode as DriverSslMode;
+use tokio_postgres::{Config, NoTls};
 
 use super::DbErr;
 use crate::conninfo::{ConnInfo, SslMode, Tls, TLS_KEYS};
@@ -51,8 +52,54 @@ fn error_slot(link: &Link) -> &'static Mutex<Option<String>> {
 /// settings). Every failure is `Unavailable` (no connection, no answer) with a text that
 /// never holds the password.
 pub fn open(link: &Link, tune: impl FnOnce(&mut Config)) -> Result<Client, DbErr> {
+    connect_with(link, tune, |p| {
+        let cfg = postgres::Config::from(p.cfg);
+        match p.tls {
+            None => cfg.connect(NoTls),
+            Some(c) => cfg.connect(c),
+        }
+    })
+}
+
+/// `open` for the asynchronous driver, on the current thread's runtime `rt`, for a stream
+/// read in one `block_on` (a rebuild's COPY: the blocking driver enters its runtime once per
+/// row). The connection's task is spawned on `rt`.
+pub fn open_async(
+    link: &Link,
+    rt: &tokio::runtime::Runtime,
+    tune: impl FnOnce(&mut Config),
+) -> Result<tokio_postgres::Client, DbErr> {
+    connect_with(link, tune, |p| {
+        rt.block_on(async {
+            match p.tls {
+                None => {
+                    let (client, conn) = p.cfg.connect(NoTls).await?;
+                    tokio::spawn(conn);
+                    Ok(client)
+                }
+                Some(c) => {
+                    let (client, conn) = p.cfg.connect(c).await?;
+                    tokio::spawn(conn);
+                    Ok(client)
+                }
+            }
+        })
+    })
+}
+
+/// A driver configuration ready to connect, and the TLS connector it needs (None: no TLS).
+struct Prepared {
+    cfg: Config,
+    tls: Option<MakeTlsConnector>,
+}
+
+fn connect_with<C>(
+    link: &Link,
+    tune: impl FnOnce(&mut Config),
+    connect: impl FnOnce(Prepared) -> Result<C, tokio_postgres::Error>,
+) -> Result<C, DbErr> {
     let mut password = None;
-    let r = try_open(link, tune, &mut password);
+    let r = try_open(link, tune, &mut password, connect);
     let mut last = error_slot(link).lock().unwrap_or_else(|e| e.into_inner());
     match r {
         Ok(c) => {
@@ -67,11 +114,12 @@ pub fn open(link: &Link, tune: impl FnOnce(&mut Config)) -> Result<Client, DbErr
     }
 }
 
-fn try_open(
+fn try_open<C>(
     link: &Link,
     tune: impl FnOnce(&mut Config),
     password: &mut Option<String>,
-) -> Result<Client, String> {
+    connect: impl FnOnce(Prepared) -> Result<C, tokio_postgres::Error>,
+) -> Result<C, String> {
     let bad = |e: &str| format!("bad {}: {e}", link.name);
     let info = ConnInfo::parse(&link.masked).map_err(bad)?;
     let tls = info.tls().map_err(bad)?;
@@ -81,18 +129,24 @@ fn try_open(
         cfg.password(p);
     }
     tune(&mut cfg);
-    let res = match tls.mode {
-        SslMode::Disable => cfg.ssl_mode(DriverSslMode::Disable).connect(NoTls),
+    let prepared = match tls.mode {
+        SslMode::Disable => {
+            cfg.ssl_mode(DriverSslMode::Disable);
+            Prepared { cfg, tls: None }
+        }
         mode => {
             let connector = connector(&tls).map_err(|e| format!("TLS setup: {e}"))?;
-            let driver_mode = match mode {
+            cfg.ssl_mode(match mode {
                 SslMode::Prefer => DriverSslMode::Prefer,
                 _ => DriverSslMode::Require,
-            };
-            cfg.ssl_mode(driver_mode).connect(connector)
+            });
+            Prepared {
+                cfg,
+                tls: Some(connector),
+            }
         }
     };
-    res.map_err(|e| match e.as_db_error() {
+    connect(prepared).map_err(|e| match e.as_db_error() {
         Some(db) => db.message().to_string(),
         None if tls.mode != SslMode::Disable && is_tls(&e) => {
             format!("{} (sslmode={})", chain(&e), mode_name(tls.mode))

@@ -2,6 +2,7 @@
 //! Nothing here runs on the server's main thread.
 
 pub mod build;
+pub mod copy_stream;
 pub mod keyslot;
 pub mod link;
 pub mod pool;
@@ -101,6 +102,12 @@ pub fn connect(
     Ok((client, generation))
 }
 
+/// The lock timeout of a build's connections: a build streams a whole table, but does not
+/// queue forever behind a lock (ALTER TABLE, VACUUM FULL).
+pub fn build_lock_timeout_ms() -> u64 {
+    config::db_timeout_ms().saturating_mul(5).max(10_000)
+}
+
 /// Opens a connection with `link` (the primary's, or the rebuild source's), the server-side
 /// statement and lock timeouts `(statement, lock)` and `application_name` `app`.
 pub fn open_link(
@@ -110,19 +117,36 @@ pub fn open_link(
     app: &str,
 ) -> Result<Client, DbErr> {
     link::open(link, |cfg| {
-        cfg.connect_timeout(Duration::from_millis(config::db_timeout_ms()))
-            .keepalives(true)
-            .keepalives_idle(Duration::from_secs(10))
-            .application_name(app)
-            .options(&format!(
-                "-c statement_timeout={statement_timeout_ms} -c lock_timeout={lock_timeout_ms}{}",
-                if generic_plans {
-                    " -c plan_cache_mode=force_generic_plan"
-                } else {
-                    ""
-                }
-            ));
+        tune(
+            cfg,
+            (statement_timeout_ms, lock_timeout_ms),
+            generic_plans,
+            app,
+        )
     })
+}
+
+/// The session settings every connection of the module gets: connect bounded by
+/// `member.db-timeout-ms`, keepalives, the server-side timeouts `(statement, lock)` (0 =
+/// none), `application_name` `app`, and generic plans when asked (see `connect`).
+pub(crate) fn tune(
+    cfg: &mut tokio_postgres::Config,
+    (statement_timeout_ms, lock_timeout_ms): (u64, u64),
+    generic_plans: bool,
+    app: &str,
+) {
+    cfg.connect_timeout(Duration::from_millis(config::db_timeout_ms()))
+        .keepalives(true)
+        .keepalives_idle(Duration::from_secs(10))
+        .application_name(app)
+        .options(format!(
+            "-c statement_timeout={statement_timeout_ms} -c lock_timeout={lock_timeout_ms}{}",
+            if generic_plans {
+                " -c plan_cache_mode=force_generic_plan"
+            } else {
+                ""
+            }
+        ));
 }
 
 /// A worker's connection, opened lazily and reopened after a failure or a change of

@@ -82,6 +82,7 @@ fn ready_sql(set: &str) -> String {
 /// `before_copy` gets X_s once the snapshot is ready, and may refuse it.
 pub fn read_hashes(
     c: &mut Client,
+    link: &Link,
     def: &SetDef,
     slots: Option<&SlotSet>,
     (progress, estimate): (&AtomicU64, Option<&AtomicU64>),
@@ -99,7 +100,7 @@ pub fn read_hashes(
             .is_some_and(|r| r.get::<_, bool>(0));
         if ready {
             before_copy(xmin)?;
-            let hashes = copy_rows(&mut tx, def, slots, progress, estimate)?;
+            let hashes = copy_rows(&mut tx, link, def, slots, progress, estimate)?;
             tx.commit().map_err(|e| classify(&e))?;
             return Ok((hashes, xmin));
         }

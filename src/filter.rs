@@ -18,12 +18,16 @@ use super::large_array::{prefetch, LargeArray, HUGE_FROM};
 
 /// Magic and version in front of every serialized filter.
 const MAGIC: &[u8; 4] = b"LMBF";
-/// Version 3: a static part may follow the Bloom header (its own header after the checksum,
-/// its fingerprints after the Bloom's words; the checksum covers both). Version 2 (a Bloom
-/// filter alone, the watermark a transaction id, docs/sync.md) still loads, as a filter
-/// without a static part. Version 1 held a timestamp (µs) that cannot be converted: such a
-/// payload loads as incomplete, with no watermark, so it never answers "absent" and is rebuilt.
-pub const FORMAT_VERSION: u16 = 3;
+/// Version 4: the static part may be split into parts (`filter_static`): after the checksum a
+/// part count and one header per part, the Bloom's words, then each part's fingerprints (the
+/// checksum covers all). Version 3 (at most one part, its header always present) still
+/// loads. Version 2 (a Bloom filter alone, the watermark a transaction id, docs/sync.md) loads
+/// as a filter without a static part. Version 1 held a timestamp (µs) that cannot be
+/// converted: such a payload loads as incomplete, with no watermark, so it never answers
+/// "absent" and is rebuilt.
+pub const FORMAT_VERSION: u16 = 4;
+/// One static part at most, its header always there.
+const FORMAT_V3_ONE_PART: u16 = 3;
 /// The version before the static part: a Bloom filter alone.
 const FORMAT_V2_BLOOM: u16 = 2;
 /// The version whose watermark was a timestamp.
@@ -354,6 +358,10 @@ impl Bloom {
     pub fn static_items(&self) -> u64 {
         self.frozen.as_ref().map_or(0, |s| s.items)
     }
+    /// Fuse filters the static part is split into (0 without one; `filter_static`).
+    pub fn static_parts(&self) -> usize {
+        self.frozen.as_ref().map_or(0, Static::parts)
+    }
     /// Members added to the delta since the build.
     pub fn delta_items(&self) -> u64 {
         self.items
@@ -412,7 +420,7 @@ impl Bloom {
     /// Length of `to_bytes` output.
     pub fn serialized_len(&self) -> usize {
         HEADER_LEN
-            + STATIC_HEADER_LEN
+            + Static::header_len(self.frozen.as_ref())
             + self.bits.len() * 8
             + self.frozen.as_ref().map_or(0, Static::bytes)
     }
@@ -440,7 +448,7 @@ impl Bloom {
             dst.copy_from_slice(&w.to_le_bytes());
         }
         if let Some(s) = &self.frozen {
-            out.extend_from_slice(s.fingerprints());
+            s.write_fingerprints(out);
         }
         let sum = xxh3_64(&out[sum_at + 8..]);
         out[sum_at..sum_at + 8].copy_from_slice(&sum.to_le_bytes());
@@ -457,7 +465,14 @@ impl Bloom {
         let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
         let version = u16_at(4);
-        if ![FORMAT_VERSION, FORMAT_V2_BLOOM, FORMAT_V1_TIMESTAMP].contains(&version) {
+        if ![
+            FORMAT_VERSION,
+            FORMAT_V3_ONE_PART,
+            FORMAT_V2_BLOOM,
+            FORMAT_V1_TIMESTAMP,
+        ]
+        .contains(&version)
+        {
             return Err(format!(
                 "filter payload version {version} is not supported (this build reads {FORMAT_VERSION})"
             ));
@@ -495,17 +510,22 @@ impl Bloom {
         if xxh3_64(&b[HEADER_LEN..]) != sum {
             return Err("filter payload checksum mismatch (corrupt data)".into());
         }
-        // Versions 1 and 2: the bit array follows the header. Version 3: the static header,
-        // the bit array, the fingerprints.
-        let (frozen_header, words_at) = if version == FORMAT_VERSION {
-            let h = b
-                .get(HEADER_LEN..HEADER_LEN + STATIC_HEADER_LEN)
-                .ok_or("filter payload truncated in its static header")?;
-            (Static::read_header(h)?, HEADER_LEN + STATIC_HEADER_LEN)
-        } else {
-            (None, HEADER_LEN)
+        // Versions 1 and 2: the bit array follows the header. Versions 3 and 4: the static
+        // header(s), the bit array, the fingerprints.
+        let (frozen_headers, words_at) = match version {
+            FORMAT_VERSION => {
+                let (h, len) = Static::read_header(&b[HEADER_LEN..])?;
+                (h, HEADER_LEN + len)
+            }
+            FORMAT_V3_ONE_PART => {
+                let h = b
+                    .get(HEADER_LEN..HEADER_LEN + STATIC_HEADER_LEN)
+                    .ok_or("filter payload truncated in its static header")?;
+                (Static::read_header_v3(h)?, HEADER_LEN + STATIC_HEADER_LEN)
+            }
+            _ => (Vec::new(), HEADER_LEN),
         };
-        let fp_len = frozen_header.as_ref().map_or(0, |(_, _, len)| *len);
+        let fp_len = Static::fingerprint_len(&frozen_headers);
         let expected = (m / 8).saturating_add(fp_len as u64);
         let body_len = (b.len() - words_at) as u64;
         if body_len != expected {
@@ -514,10 +534,7 @@ impl Bloom {
             ));
         }
         let words_end = words_at + (m / 8) as usize;
-        let frozen = match frozen_header {
-            Some(h) => Some(Static::load(h, &b[words_end..])?),
-            None => None,
-        };
+        let frozen = Static::load(frozen_headers, &b[words_end..])?;
         let mut bits = LargeArray::try_zeroed((m / 64) as usize)
             .map_err(|_| format!("out of memory loading a filter of {} bytes", m / 8))?;
         for (w, c) in bits.iter_mut().zip(b[words_at..words_end].chunks_exact(8)) {
@@ -806,7 +823,68 @@ mod tests {
         assert_eq!(c, b);
     }
 
-    /// The item hashes of the version 2 fixture.
+    /// A version 3 payload written by the filter of commit 551fcb0 (one static part, its
+    /// header always present): `Bloom::build(25_000, 0.01, …)` of the first 20 000 of
+    /// `fixture_hash`, then the next 100 added, complete, watermark 888.
+    #[test]
+    fn version_3_payloads_load_with_one_static_part() {
+        let v3 = include_bytes!("testdata/filter-v3.bin");
+        assert_eq!(&v3[4..6], &3u16.to_le_bytes());
+        let (b, cov) = Bloom::from_bytes(v3).unwrap();
+        assert_eq!(
+            cov,
+            Coverage {
+                complete: true,
+                watermark: Some(888)
+            }
+        );
+        assert_eq!(b.design(), DESIGN_FUSE);
+        // One of the 100 adds was already a "possibly" of the static part: no delta bits.
+        assert_eq!((b.static_items(), b.delta_items()), (20_000, 99));
+        assert_eq!(b.frozen.as_ref().map(Static::parts), Some(1));
+        assert!((0..20_100).all(|i| b.contains(fixture_hash(i))));
+        let fp = (30_000..130_000)
+            .filter(|&i| b.contains(fixture_hash(i)))
+            .count();
+        assert!(fp < 1_500, "{fp}");
+        // Written back in the current version, unchanged in meaning.
+        let v4 = b.to_bytes(cov);
+        assert_eq!(&v4[4..6], &FORMAT_VERSION.to_le_bytes());
+        let (c, _) = Bloom::from_bytes(&v4).unwrap();
+        assert_eq!(c, b);
+    }
+
+    /// A static part split into any number of parts keeps every member, keeps the rate of
+    /// one, and survives its payload.
+    #[test]
+    fn a_static_part_in_parts_keeps_its_members() {
+        let hs: Vec<u128> = (0..200_000).map(h).collect();
+        for parts in [1usize, 2, 3, 7, super::super::filter_static::MAX_PARTS] {
+            let mut b = Bloom::build(200_000, 0.01, u64::MAX, &hs[..100]).unwrap();
+            b.frozen = Some(Static::build_in(&hs, parts).unwrap());
+            assert_eq!(b.frozen.as_ref().map(Static::parts), Some(parts));
+            assert_eq!(b.static_items(), 200_000);
+            assert!(hs.iter().all(|&x| b.contains(x)), "{parts} parts");
+            let rate = measured_fpr(&b, 10_000_000, 200_000);
+            assert!((0.003..0.0052).contains(&rate), "{parts} parts: {rate}");
+            let cov = Coverage {
+                complete: true,
+                watermark: Some(5),
+            };
+            let bytes = b.to_bytes(cov);
+            assert_eq!(bytes.len(), b.serialized_len());
+            let (c, got) = Bloom::from_bytes(&bytes).unwrap();
+            assert_eq!((&c, got), (&b, cov));
+            // A payload one part short of its count is refused, not misread.
+            let mut short = bytes.clone();
+            short[HEADER_LEN] = parts as u8 + 1;
+            let sum = xxh3_64(&short[HEADER_LEN..]);
+            short[SUM_AT..HEADER_LEN].copy_from_slice(&sum.to_le_bytes());
+            assert!(Bloom::from_bytes(&short).is_err());
+        }
+    }
+
+    /// The item hashes of the version 2 and 3 fixtures.
     fn fixture_hash(i: u64) -> u128 {
         (i as u128 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835)
     }
@@ -820,7 +898,9 @@ mod tests {
         });
         // Each field of the static header, changed, with the checksum made right again: the
         // geometry checks, not only the checksum, refuse it.
-        for (at, v) in [(0usize, 2u8), (0, 0), (17, 0x7f), (21, 0), (25, 1), (29, 3)] {
+        // The part count comes first (this one has 1), then the part's header.
+        let fields = [(0usize, 2u8), (0, 0), (0, 17), (1, 2), (1, 0), (18, 0x7f)];
+        for (at, v) in fields.into_iter().chain([(22, 0), (26, 1), (30, 3)]) {
             let mut bad = good.clone();
             bad[HEADER_LEN + at] = v;
             let sum = xxh3_64(&bad[HEADER_LEN..]);

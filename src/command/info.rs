@@ -116,6 +116,7 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
                 ("filter_design", b.design().to_string()),
                 ("filter_static_items", b.static_items().to_string()),
                 ("filter_static_bits", b.static_bits().to_string()),
+                ("filter_static_parts", b.static_parts().to_string()),
                 ("filter_static_fpr_est", f(b.static_fpr())),
                 ("filter_delta_items", b.delta_items().to_string()),
                 ("filter_delta_bits", b.delta_bits().to_string()),

@@ -101,8 +101,9 @@ impl Bench {
              - Latency: about 1 % of absent probes pass the filter and wait for PostgreSQL, so the p99 of a \
              mostly-absent load sits at the edge of that slow tail (and, pipelined, a false positive holds up its \
              whole batch).\n\
-             - Rebuild: client-side time of MEMBER.REBUILD SYNC vs the same COPY through the postgres crate's \
-             `copy_out`, read and discarded; a separate thread PINGs in a loop and keeps its worst latency.\n\
+             - Rebuild: client-side time of MEMBER.REBUILD SYNC vs the same COPY read by libpq (`psql -c \"COPY … TO \
+             STDOUT\"` into /dev/null; the postgres crate's blocking `copy_out`, 2–3× slower, in parentheses); a \
+             separate thread PINGs in a loop and keeps its worst latency.\n\
              - Database load: the PostgreSQL CPU time the kernel counted for the bench's own cluster (the postmaster \
              and every child of it, from /proc/<pid>/schedstat, processes that exited through the postmaster's \
              cutime/cstime), read once all 16 client connections are open and again before any closes, minus the idle \

@@ -102,8 +102,9 @@ impl Bench {
              mostly-absent load sits at the edge of that slow tail (and, pipelined, a false positive holds up its \
              whole batch).\n\
              - Rebuild: client-side time of MEMBER.REBUILD SYNC vs the same COPY read by libpq (`psql -c \"COPY … TO \
-             STDOUT\"` into /dev/null; the postgres crate's blocking `copy_out`, 2–3× slower, in parentheses); a \
-             separate thread PINGs in a loop and keeps its worst latency.\n\
+             STDOUT\"` into /dev/null; the postgres crate's blocking `copy_out`, 2–3× slower, in parentheses), two \
+             of each in turn with nothing else running; then one more of each while a separate thread PINGs in a \
+             loop and keeps its worst latency.\n\
              - Database load: the PostgreSQL CPU time the kernel counted for the bench's own cluster (the postmaster \
              and every child of it, from /proc/<pid>/schedstat, processes that exited through the postmaster's \
              cutime/cstime), read once all 16 client connections are open and again before any closes, minus the idle \

@@ -9,9 +9,9 @@ use crate::*;
 
 impl Bench {
     /// COPY of the active rows read by libpq, the reference client (`psql -c "COPY … TO
-    /// STDOUT"` into /dev/null): (seconds, PINGs meanwhile).
-    pub(crate) fn copy_baseline(&self) -> (f64, Stats) {
-        let pinger = Pinger::start(self.port);
+    /// STDOUT"` into /dev/null): (seconds, PINGs meanwhile when `ping`).
+    pub(crate) fn copy_baseline(&self, ping: bool) -> (f64, Option<Stats>) {
+        let pinger = ping.then(|| Pinger::start(self.port));
         let t0 = Instant::now();
         let status = std::process::Command::new("psql")
             .args([
@@ -28,7 +28,7 @@ impl Bench {
             .expect("psql");
         assert!(status.success(), "psql COPY failed: {status}");
         let secs = t0.elapsed().as_secs_f64();
-        (secs, pinger.finish())
+        (secs, pinger.map(Pinger::finish))
     }
 
     /// The same COPY through the postgres crate's blocking reader, read and discarded:
@@ -54,9 +54,9 @@ impl Bench {
         progress("rebuild vs COPY");
         const SECTION: &str = "Rebuild";
         let port = self.port;
-        let timed_rebuild = || -> (f64, Stats) {
+        let timed_rebuild = |ping: bool| -> (f64, Option<Stats>) {
             let mut c = vk_conn(port);
-            let pinger = Pinger::start(port);
+            let pinger = ping.then(|| Pinger::start(port));
             let t0 = Instant::now();
             let rows: i64 = redis::cmd("MEMBER.REBUILD")
                 .arg(SET)
@@ -65,15 +65,24 @@ impl Bench {
                 .expect("MEMBER.REBUILD SYNC");
             let secs = t0.elapsed().as_secs_f64();
             assert!(rows > 0, "MEMBER.REBUILD SYNC loaded {rows} rows");
-            (secs, pinger.finish())
+            (secs, pinger.map(Pinger::finish))
         };
-        let (c1, cp1) = self.copy_baseline();
-        let (lib_secs, lib_ping, label) = if self.rebuild_available {
-            let (r1, p1) = timed_rebuild();
-            let (r2, p2) = timed_rebuild();
+        // Times with nothing else running, the two sides in turn; then one run of each with a
+        // client PINGing in a loop, for the latency rows (on two CPUs that client and the
+        // server answering it take most of one, which slows the side that needs more CPU).
+        let (c1, _) = self.copy_baseline(false);
+        let mut pinged = None;
+        let (lib_secs, copy_secs, lib_ping, label) = if self.rebuild_available {
+            let (r1, _) = timed_rebuild(false);
+            let (c2, _) = self.copy_baseline(false);
+            let (r2, _) = timed_rebuild(false);
+            let (cp, copy_ping) = self.copy_baseline(true);
+            let (rp, lib_ping) = timed_rebuild(true);
+            pinged = Some((rp, cp, copy_ping.expect("pinged")));
             (
                 (r1 + r2) / 2.0,
-                Stats::pool(&[p1, p2]),
+                (c1 + c2) / 2.0,
+                lib_ping.expect("pinged"),
                 "MEMBER.REBUILD SYNC".to_string(),
             )
         } else {
@@ -84,20 +93,19 @@ impl Bench {
                  code; time = MEMBER.INFO last_rebuild_s, measured inside the module; PINGs during \
                  it include the start-up)",
             );
+            let (c2, _) = self.copy_baseline(false);
             (
                 s,
+                (c1 + c2) / 2.0,
                 p,
                 "start-up filter build (no MEMBER.REBUILD)".to_string(),
             )
         };
-        let (c2, cp2) = self.copy_baseline();
         let (crate_secs, bytes) = self.copy_blocking_crate();
         // The machine's own noise floor: PINGs with nothing else running.
         let pinger = Pinger::start(self.port);
         thread::sleep(Duration::from_secs_f64(lib_secs.clamp(1.0, 5.0)));
         let idle_ping = pinger.finish();
-        let copy_secs = (c1 + c2) / 2.0;
-        let copy_ping = Stats::pool(&[cp1, cp2]);
         let ratio = lib_secs / copy_secs;
         self.r.row(
             SECTION,
@@ -112,6 +120,21 @@ impl Bench {
             "≤ 1.30×",
             Some(ratio <= 1.3),
         );
+        let copy_ping = match pinged {
+            Some((rp, cp, copy_ping)) => {
+                self.r.row(
+                    SECTION,
+                    format!("{label}: seconds while another client PINGs in a loop"),
+                    format!("{rp:.3} s"),
+                    format!("{cp:.3} s (the same psql COPY, the same PINGs)"),
+                    Some(rp / cp),
+                    "diagnostic",
+                    None,
+                );
+                copy_ping
+            }
+            None => self.copy_baseline(true).1.expect("pinged"),
+        };
         let ms = lib_ping.max_ms;
         self.r.row(
             SECTION,
@@ -145,6 +168,20 @@ impl Bench {
             .filter_map(|l| l.split("held the main thread ").nth(1))
             .filter_map(|rest| rest.trim().trim_end_matches("ms").trim().parse().ok())
             .collect();
+        // Where each rebuild's time went, as the module logs it.
+        let log = self.vk.log();
+        let parts: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("rebuilt set") && l.contains("(manual"))
+            .filter_map(|l| l.split(" members in ").nth(1))
+            .filter_map(|rest| rest.split(", filter of").next())
+            .collect();
+        if !parts.is_empty() {
+            self.r.note(format!(
+                "MEMBER.REBUILDs, from the server log (the last one while PINGed): {}",
+                parts.join("; ")
+            ));
+        }
         if let Some(worst) = swaps.iter().copied().reduce(f64::max) {
             self.r.row(
                 SECTION,

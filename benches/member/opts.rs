@@ -11,6 +11,8 @@ pub(crate) struct Opts {
     pub(crate) fpr_probes: u64,
     /// Sections to run (all when None); a partial run prints its table and writes no files.
     pub(crate) only: Option<Vec<String>>,
+    /// `--hundred-million`: the filter-level rows at 100 M members only, no servers.
+    pub(crate) hundred_million: bool,
 }
 
 impl Opts {
@@ -21,9 +23,11 @@ impl Opts {
     }
 }
 
-pub(crate) const USAGE: &str = "usage: cargo bench --bench member -- [--ten-million] [--members N] \
+pub(crate) const USAGE: &str = "usage: cargo bench --bench member -- [--ten-million | --hundred-million] [--members N] \
      [--seconds S] [--workers N] [--fpr-probes N] [--only SECTIONS]
   --ten-million   load 10 000 000 members instead of 1 000 000
+  --hundred-million  only the filter-level rows at 100 000 000 members (no servers: this
+                  machine cannot load such a table); prints its own table
   --members N     load N members
   --seconds S     seconds of load per side of each comparison (default 4)
   --workers N     member.workers for the module (default: the module's default)
@@ -46,6 +50,7 @@ impl Opts {
             workers: None,
             fpr_probes: 1_000_000,
             only: None,
+            hundred_million: false,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -57,6 +62,7 @@ impl Opts {
                 // `cargo bench` passes --bench to harness = false targets.
                 "--bench" => {}
                 "--ten-million" => o.members = 10_000_000,
+                "--hundred-million" => o.hundred_million = true,
                 "--members" => o.members = parse_num(&value("--members")),
                 "--seconds" => {
                     o.secs = value("--seconds")

@@ -54,9 +54,17 @@ pub fn check_set(ctx: &Context, set: &str, access: Access) -> Result<(), RedisEr
         if name.is_null() {
             return Ok(());
         }
+        let mut len = 0;
+        let p = raw::RedisModule_StringPtrLen.unwrap()(name, &mut len);
+        let user_name = std::slice::from_raw_parts(p.cast::<u8>(), len);
+        let client = raw::RedisModule_GetClientId.map_or(0, |f| f(ctx.ctx));
+        if client != 0 && crate::acl_cache::granted(client, user_name, set, access) {
+            free_str(ctx.ctx, name);
+            return Ok(());
+        }
         let user = from_name(name);
-        free_str(ctx.ctx, name);
         if user.is_null() {
+            free_str(ctx.ctx, name);
             // The user was deleted while its client stayed connected: no permission at all.
             return Err(RedisError::String(refusal(set, access)));
         }
@@ -78,6 +86,10 @@ pub fn check_set(ctx: &Context, set: &str, access: Access) -> Result<(), RedisEr
             check(user, key.inner, flags) == raw::REDISMODULE_OK as c_int
         });
         free_user(user);
+        if ok && client != 0 {
+            crate::acl_cache::remember(client, user_name, set, access);
+        }
+        free_str(ctx.ctx, name);
         if ok {
             Ok(())
         } else {

@@ -1,6 +1,7 @@
-//! The one room of the command filter that takes the passwords of member.pg-url and
+//! The one room of the command filter: it takes the passwords of member.pg-url and
 //! member.pg-rebuild-url out of CONFIG SET's arguments before the server records them
-//! (SLOWLOG, MONITOR, crash reports' argv).
+//! (SLOWLOG, MONITOR, crash reports' argv), and tells `acl_cache` before a command that may
+//! change ACL rules runs.
 //!
 //! The server's own redaction of SENSITIVE configs does not reach module configs (Valkey 8.0,
 //! Redis 7.0: the value shows in SLOWLOG), and a config's setter has no client to redact
@@ -52,6 +53,9 @@ unsafe fn run(fctx: *mut raw::RedisModuleCommandFilterCtx) {
             std::slice::from_raw_parts(p.cast::<u8>(), len)
         }
     };
+    if argc >= 1 && crate::acl_cache::changes_rules(arg(0)) {
+        crate::acl_cache::rules_may_change();
+    }
     if argc < 4 || !arg(0).eq_ignore_ascii_case(b"config") || !arg(1).eq_ignore_ascii_case(b"set") {
         pg_link::stash_clear();
         return;

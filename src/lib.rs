@@ -4,6 +4,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod acl;
+pub mod acl_cache;
 pub mod alloc;
 pub mod block;
 pub mod canon;

@@ -141,3 +141,82 @@ fn commands_join_the_member_category_where_the_server_allows_it() {
         .unwrap_err();
     assert_eq!(e.code(), Some("NOPERM"), "{e}");
 }
+
+/// Grants are remembered per connection (src/acl_cache.rs); none outlives a change of the
+/// rules or of the connection's user, however the change arrives.
+#[test]
+fn a_remembered_grant_never_outlives_a_change_of_rules_or_user() {
+    let env = Env::new();
+    let mut admin = env.conn();
+    assert_eq!(
+        cmd(&mut admin, &["MEMBER.CREATE", "s"]).unwrap(),
+        Value::Okay
+    );
+    assert_eq!(int(&mut admin, &["MEMBER.ADD", "s", "x"]), 1);
+    let mut rules = vec![
+        "reader",
+        "on",
+        ">pw",
+        "%R~member:s",
+        "+eval",
+        "+exec",
+        "+multi",
+    ];
+    rules.extend(COMMANDS.split_whitespace());
+    acl(&mut admin, &rules);
+    let mut rules = vec!["nobody", "on", ">pw", "+auth", "+eval"];
+    rules.extend(COMMANDS.split_whitespace());
+    acl(&mut admin, &rules);
+    let exists = |c: &mut Connection| cmd(c, &["MEMBER.EXISTS", "s", "x"]);
+    let refused = |r: redis::RedisResult<Value>| {
+        r.is_err_and(|e| e.to_string().contains("may not read set 's'"))
+    };
+
+    // Granted (and remembered), then revoked by ACL SETUSER from another connection.
+    let mut reader = login(&env, "reader");
+    for _ in 0..3 {
+        assert_eq!(exists(&mut reader).unwrap(), Value::Int(1));
+    }
+    acl(&mut admin, &["reader", "resetkeys"]);
+    assert!(refused(exists(&mut reader)));
+
+    // Revoked inside MULTI: the grant is remembered again between the queueing and EXEC.
+    acl(&mut admin, &["reader", "%R~member:s"]);
+    assert_eq!(exists(&mut reader).unwrap(), Value::Int(1));
+    let _: () = redis::cmd("MULTI").query(&mut admin).unwrap();
+    let _: Value = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("reader")
+        .arg("resetkeys")
+        .query(&mut admin)
+        .unwrap();
+    assert_eq!(exists(&mut reader).unwrap(), Value::Int(1));
+    let _: Value = redis::cmd("EXEC").query(&mut admin).unwrap();
+    assert!(refused(exists(&mut reader)));
+
+    // The same connection authenticating as another user loses the first user's grants.
+    acl(&mut admin, &["reader", "%R~member:s"]);
+    assert_eq!(exists(&mut reader).unwrap(), Value::Int(1));
+    let _: () = redis::cmd("AUTH")
+        .arg("nobody")
+        .arg("pw")
+        .query(&mut reader)
+        .unwrap();
+    assert!(refused(exists(&mut reader)));
+
+    // A script runs on a client shared by every caller: a grant made for one caller's script
+    // never answers for another's.
+    let script = "return redis.call('MEMBER.EXISTS', 's', 'x')";
+    let mut reader = login(&env, "reader");
+    for _ in 0..3 {
+        let v: Value = redis::cmd("EVAL")
+            .arg(script)
+            .arg(0)
+            .query(&mut reader)
+            .unwrap();
+        assert_eq!(v, Value::Int(1));
+    }
+    let mut nobody = login(&env, "nobody");
+    let r: redis::RedisResult<Value> = redis::cmd("EVAL").arg(script).arg(0).query(&mut nobody);
+    assert!(r.is_err_and(|e| e.to_string().contains("may not read set 's'")));
+}

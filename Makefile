@@ -29,7 +29,8 @@ lint:
 	$(CARGO_ENV) cargo clippy --all-targets -- -D warnings
 
 # Benchmark against its own PostgreSQL and valkey-server. Prints one table and writes
-# bench/results.md and bench/latency.svg. `make bench ARGS=--ten-million` loads 10 M members.
+# bench/results.md and bench/latency.svg. `make bench ARGS=--ten-million` loads 10 M members;
+# `ARGS=--hundred-million` runs only the filter-level rows at 100 M members (no servers).
 # `cargo bench` does not build the cdylib (nothing links it), so build it first: the bench loads
 # target/release/deps/libmember.so (MEMBER_MODULE overrides).
 bench: deps

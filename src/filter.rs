@@ -964,22 +964,24 @@ mod tests {
         #[derive(Clone, Debug)]
         enum Op {
             Add(u128),
-            Rebuild,
+            /// A rebuild whose static part (if any) is split into this many parts.
+            Rebuild(usize),
             Reload,
         }
 
         fn op() -> impl Strategy<Value = Op> {
             prop_oneof![
                 8 => any::<u128>().prop_map(Op::Add),
-                1 => Just(Op::Rebuild),
+                1 => (1..=super::super::super::filter_static::MAX_PARTS).prop_map(Op::Rebuild),
                 1 => Just(Op::Reload),
             ]
         }
 
         proptest! {
             #![proptest_config(ProptestConfig::with_cases(64))]
-            /// Whatever the order of adds, rebuilds (from every member so far) and reloads
-            /// (through the payload), every member added is found: no false negatives.
+            /// Whatever the order of adds, rebuilds (from every member so far, their static
+            /// part in any number of parts) and reloads (through the payload), every member
+            /// added is found: no false negatives.
             #[test]
             fn no_false_negatives(
                 first in proptest::collection::vec(any::<u128>(), 0..300),
@@ -995,8 +997,12 @@ mod tests {
                             b.add(x);
                             members.push(x);
                         }
-                        Op::Rebuild => {
+                        Op::Rebuild(parts) => {
                             b = Bloom::build(members.len() as u64, fpr, u64::MAX, &members).unwrap();
+                            if b.frozen.is_some() {
+                                b.frozen = Static::build_in(&members, parts);
+                                prop_assert_eq!(b.static_parts(), parts);
+                            }
                         }
                         Op::Reload => {
                             let (c, got) = Bloom::from_bytes(&b.to_bytes(cov)).unwrap();

@@ -783,30 +783,26 @@ mod tests {
             b.add(h(1_000_000 + i));
         }
         assert_eq!(b.design(), DESIGN_FUSE);
+        round_trip(&b, 42);
+    }
+
+    /// `b` through its payload (complete, `watermark`) comes back equal; the payload.
+    fn round_trip(b: &Bloom, watermark: i64) -> Vec<u8> {
         let cov = Coverage {
             complete: true,
-            watermark: Some(42),
+            watermark: Some(watermark),
         };
         let bytes = b.to_bytes(cov);
         assert_eq!(bytes.len(), b.serialized_len());
-        let (c, got) = Bloom::from_bytes(&bytes).unwrap();
-        assert_eq!((c, got), (b, cov));
+        assert_eq!(Bloom::from_bytes(&bytes).unwrap(), (b.clone(), cov));
+        bytes
     }
 
     /// A version 2 payload written by the filter of commit 56518fe (before the static part):
     /// `Bloom::new(1000, 0.01)`, the first 300 of `fixture_hash`, complete, watermark 777.
     #[test]
     fn version_2_payloads_load_as_a_bloom_filter() {
-        let v2 = include_bytes!("testdata/filter-v2.bin");
-        assert_eq!(&v2[4..6], &2u16.to_le_bytes());
-        let (b, cov) = Bloom::from_bytes(v2).unwrap();
-        assert_eq!(
-            cov,
-            Coverage {
-                complete: true,
-                watermark: Some(777)
-            }
-        );
+        let b = load_fixture(include_bytes!("testdata/filter-v2.bin"), 2, 777);
         assert_eq!(b.design(), DESIGN_BLOOM);
         assert_eq!(
             (b.capacity(), b.configured_fpr(), b.hashes()),
@@ -818,9 +814,22 @@ mod tests {
             .filter(|&i| b.contains(fixture_hash(i)))
             .count();
         assert!(fp < 1_000, "{fp}");
-        // And it is written back in the current version, unchanged in meaning.
-        let (c, _) = Bloom::from_bytes(&b.to_bytes(cov)).unwrap();
-        assert_eq!(c, b);
+    }
+
+    /// A payload written by an older version (`version`, complete, `watermark`): loaded, and
+    /// written back in the current version unchanged in meaning.
+    fn load_fixture(bytes: &[u8], version: u16, watermark: i64) -> Bloom {
+        assert_eq!(&bytes[4..6], &version.to_le_bytes());
+        let (b, cov) = Bloom::from_bytes(bytes).unwrap();
+        let want = Coverage {
+            complete: true,
+            watermark: Some(watermark),
+        };
+        assert_eq!(cov, want);
+        let again = b.to_bytes(cov);
+        assert_eq!(&again[4..6], &FORMAT_VERSION.to_le_bytes());
+        assert_eq!(Bloom::from_bytes(&again).unwrap(), (b.clone(), want));
+        b
     }
 
     /// A version 3 payload written by the filter of commit 551fcb0 (one static part, its
@@ -828,16 +837,7 @@ mod tests {
     /// `fixture_hash`, then the next 100 added, complete, watermark 888.
     #[test]
     fn version_3_payloads_load_with_one_static_part() {
-        let v3 = include_bytes!("testdata/filter-v3.bin");
-        assert_eq!(&v3[4..6], &3u16.to_le_bytes());
-        let (b, cov) = Bloom::from_bytes(v3).unwrap();
-        assert_eq!(
-            cov,
-            Coverage {
-                complete: true,
-                watermark: Some(888)
-            }
-        );
+        let b = load_fixture(include_bytes!("testdata/filter-v3.bin"), 3, 888);
         assert_eq!(b.design(), DESIGN_FUSE);
         // One of the 100 adds was already a "possibly" of the static part: no delta bits.
         assert_eq!((b.static_items(), b.delta_items()), (20_000, 99));
@@ -847,11 +847,6 @@ mod tests {
             .filter(|&i| b.contains(fixture_hash(i)))
             .count();
         assert!(fp < 1_500, "{fp}");
-        // Written back in the current version, unchanged in meaning.
-        let v4 = b.to_bytes(cov);
-        assert_eq!(&v4[4..6], &FORMAT_VERSION.to_le_bytes());
-        let (c, _) = Bloom::from_bytes(&v4).unwrap();
-        assert_eq!(c, b);
     }
 
     /// A static part split into any number of parts keeps every member, keeps the rate of
@@ -867,14 +862,7 @@ mod tests {
             assert!(hs.iter().all(|&x| b.contains(x)), "{parts} parts");
             let rate = measured_fpr(&b, 10_000_000, 200_000);
             assert!((0.003..0.0052).contains(&rate), "{parts} parts: {rate}");
-            let cov = Coverage {
-                complete: true,
-                watermark: Some(5),
-            };
-            let bytes = b.to_bytes(cov);
-            assert_eq!(bytes.len(), b.serialized_len());
-            let (c, got) = Bloom::from_bytes(&bytes).unwrap();
-            assert_eq!((&c, got), (&b, cov));
+            let bytes = round_trip(&b, 5);
             // A payload one part short of its count is refused, not misread.
             let mut short = bytes.clone();
             short[HEADER_LEN] = parts as u8 + 1;

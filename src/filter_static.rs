@@ -89,7 +89,9 @@ impl Static {
         Static::build_in(hashes, parts)
     }
 
-    /// `build` with `parts` parts (1..=MAX_PARTS), each constructed on a thread of its own.
+    /// `build` with `parts` parts (1..=MAX_PARTS), each constructed on a thread of its own
+    /// (on this one when a thread cannot be started). A build that would leave a part without
+    /// rows (only possible for a few rows in many parts) is one part.
     pub fn build_in(hashes: &[u128], parts: usize) -> Option<Static> {
         let parts = parts.clamp(1, MAX_PARTS);
         let mut keys: Vec<Vec<u64>> = (0..parts)
@@ -98,19 +100,31 @@ impl Static {
         for &h in hashes {
             keys[part_of(h, parts)].push(h as u64);
         }
-        let built: Vec<Option<Fuse>> = match keys.len() {
-            1 => vec![Fuse::build(keys.pop().unwrap_or_default())],
-            _ => std::thread::scope(|scope| {
-                let handles: Vec<_> = keys
-                    .into_iter()
-                    .map(|k| scope.spawn(move || Fuse::build(k)))
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().ok().flatten())
-                    .collect()
-            }),
-        };
+        if parts > 1 && keys.iter().any(Vec::is_empty) {
+            return Static::build_in(hashes, 1);
+        }
+        if parts == 1 {
+            return Static::of(vec![Fuse::build(&keys[0])?]);
+        }
+        let built: Vec<Option<Fuse>> = std::thread::scope(|scope| {
+            let started: Vec<_> = keys
+                .iter()
+                .map(|k| {
+                    std::thread::Builder::new()
+                        .name("member-fuse".into())
+                        .spawn_scoped(scope, move || Fuse::build(k))
+                })
+                .collect();
+            // A part whose thread could not start is built here.
+            started
+                .into_iter()
+                .zip(&keys)
+                .map(|(t, k)| match t {
+                    Ok(t) => t.join().ok().flatten(),
+                    Err(_) => Fuse::build(k),
+                })
+                .collect()
+        });
         Static::of(built.into_iter().collect::<Option<_>>()?)
     }
 
@@ -267,19 +281,18 @@ impl Fuse {
     }
 
     /// None when the construction gives up or the allocator refuses the fingerprints.
-    fn build(keys: Vec<u64>) -> Option<Fuse> {
+    fn build(keys: &[u64]) -> Option<Fuse> {
         let items = keys.len() as u64;
         // Release builds of xorf skip duplicate keys while peeling; debug builds assert that
         // there are none (rows that canonicalize alike are possible), so tests dedupe first.
         #[cfg(debug_assertions)]
-        let keys = {
-            let mut keys = keys;
+        let keys = &{
+            let mut keys = keys.to_vec();
             keys.sort_unstable();
             keys.dedup();
             keys
         };
-        let fuse = BinaryFuse8::try_from(&keys).ok()?;
-        drop(keys);
+        let fuse = BinaryFuse8::try_from(keys).ok()?;
         Fuse::from_parts(fuse.descriptor, &fuse.fingerprints, items)
     }
 
@@ -388,6 +401,21 @@ mod tests {
         (0..n as u64)
             .map(|i| xxhash_rust::xxh3::xxh3_128(&[seed.to_le_bytes(), i.to_le_bytes()].concat()))
             .collect()
+    }
+
+    /// Rows that would leave a part empty (here every hash's high half is 0, so all of them
+    /// fall in part 0) make a one-part filter, which holds them all.
+    #[test]
+    fn a_part_without_rows_makes_one_part() {
+        let hs: Vec<u128> = keys(3, 5_000)
+            .into_iter()
+            .map(|h| h as u64 as u128)
+            .collect();
+        let s = Static::build_in(&hs, 4).unwrap();
+        assert_eq!(s.parts(), 1);
+        assert!(hs.iter().all(|&h| s.contains(h)));
+        let spread = keys(4, 5_000);
+        assert_eq!(Static::build_in(&spread, 4).unwrap().parts(), 4);
     }
 
     #[test]

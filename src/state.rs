@@ -105,6 +105,8 @@ pub struct SetState {
     /// Identity of the catalog row this set was learned from, when known (see
     /// `sql::CatalogRow`): a different one means the set was dropped and created again.
     pub catalog_id: Option<i64>,
+    /// The catalog version of the last MEMBER.ALTER applied here (0: none).
+    pub altered_version: i64,
     marks: IdMap<Mark>,
     /// Bumped by every ADD/DEL effect; a lookup that started under an older generation does
     /// not fill the cache (it may have read a row that a concurrent DEL just removed).
@@ -159,6 +161,7 @@ impl SetState {
             acl_key: RedisString::create(None, crate::acl::acl_key(&def.name)),
             cache_prefix: keys::cache_prefix(&def.name),
             catalog_id: None,
+            altered_version: 0,
             def,
             marks: IdMap::default(),
             generation: 0,

@@ -412,16 +412,29 @@ fn concurrent_alters_all_apply_and_an_alter_racing_a_drop_never_revives_the_set(
     let env = Env::new();
     let mut c = env.conn();
     ok(&mut c, &["MEMBER.CREATE", "k"]);
-    let threads: Vec<_> = [["CACHE-TTL", "50"], ["RECENT-TTL", "5"]]
-        .into_iter()
-        .map(|[o, v]| {
-            let mut c = env.conn();
-            std::thread::spawn(move || ok(&mut c, &["MEMBER.ALTER", "k", o, v]))
-        })
-        .collect();
-    threads.into_iter().for_each(|t| t.join().unwrap());
-    assert_eq!(set_info(&mut c, "k", "cache_ttl").as_deref(), Some("50"));
-    assert_eq!(set_info(&mut c, "k", "recent_ttl").as_deref(), Some("5"));
+    // Two ALTERs of different settings at once, again and again: their answers may reach the
+    // main thread in either order, and the node must end up holding both changes.
+    for round in 0..20 {
+        let (cache, recent) = ((50 + round).to_string(), (5 + round).to_string());
+        let threads: Vec<_> = [["CACHE-TTL", &cache], ["RECENT-TTL", &recent]]
+            .into_iter()
+            .map(|[o, v]| {
+                let (mut c, o, v) = (env.conn(), o.to_string(), v.to_string());
+                std::thread::spawn(move || ok(&mut c, &["MEMBER.ALTER", "k", &o, &v]))
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        assert_eq!(
+            set_info(&mut c, "k", "cache_ttl"),
+            Some(cache),
+            "round {round}"
+        );
+        assert_eq!(
+            set_info(&mut c, "k", "recent_ttl"),
+            Some(recent),
+            "round {round}"
+        );
+    }
 
     for round in 0..10 {
         ok(&mut c, &["MEMBER.CREATE", "d"]);

@@ -165,15 +165,29 @@ fn done(
 /// altered one: row identities are creation times). True when applied.
 fn apply(ctx: &Context, altered: &Altered, removals: u64) -> bool {
     let row = &altered.row;
-    let current = state::with(|r| match r.sets.get(&row.def.name) {
-        Some(s) => s.catalog_id.is_none_or(|held| held <= row.id),
-        None => r.catalog.removals == removals,
+    let version = altered.version.unwrap_or(0);
+    let (current, newer) = state::with(|r| match r.sets.get(&row.def.name) {
+        Some(s) => (
+            s.catalog_id.is_none_or(|held| held <= row.id),
+            s.catalog_id == Some(row.id) && s.altered_version > version,
+        ),
+        None => (r.catalog.removals == removals, false),
     });
     if !current {
         return false;
     }
+    // A later ALTER of this row was applied first (the two answers crossed on their way to
+    // the main thread): its definition already holds this one's change.
+    if newer {
+        return true;
+    }
     // Starts the rebuild when ERROR or CAPACITY changed (`catalog::learn`).
     catalog::learn(ctx, row.def.clone(), Some(row.id));
     internal::replicate_set(ctx, &row.def, Some(row.id));
+    state::with(|r| {
+        if let Some(s) = r.sets.get_mut(&row.def.name) {
+            s.altered_version = s.altered_version.max(version);
+        }
+    });
     true
 }

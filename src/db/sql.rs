@@ -517,6 +517,9 @@ pub fn drop_set(
 pub struct Altered {
     pub row: CatalogRow,
     pub before: SetDef,
+    /// The catalog version this change wrote (None: it changed nothing): of two ALTERs of one
+    /// set whose answers reach the main thread out of order, the later version wins.
+    pub version: Option<i64>,
 }
 
 /// Changes a set's settings in its catalog row, in one transaction that bumps the catalog
@@ -549,6 +552,7 @@ pub fn alter_set(
                 return Ok(Err(why));
             }
         }
+        let mut version = None;
         if def != before.def {
             tx.execute(
                 "UPDATE member_catalog SET error_rate = $2, capacity = $3, cache_ttl = $4,
@@ -562,12 +566,13 @@ pub fn alter_set(
                     &(def.recent_ttl as i32),
                 ],
             )?;
-            tx.execute(BUMP_VERSION, &[])?;
+            version = Some(tx.query_one(BUMP_VERSION, &[])?.get::<_, i64>(0));
             tx.commit()?;
         }
         Ok(Ok(Some(Altered {
             row: CatalogRow { def, id: before.id },
             before: before.def,
+            version,
         })))
     })?;
     done.map_err(DbErr::Invalid)

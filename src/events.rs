@@ -1,6 +1,7 @@
 //! The server's events that can bring an old value back to the module's exact-match keys
 //! (keyspace notifications for COPY, RENAME, MOVE, RESTORE; SWAPDB; loading a snapshot): the
-//! only room that subscribes to them. Filters need none of this: they carry an identity.
+//! only room that subscribes to them. Filters carry an identity; the pointers to them that
+//! sets remember are dropped on every one of these (`filter_store::keys_changed`).
 
 use std::os::raw::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -37,6 +38,7 @@ fn sentinel_event(key: &[u8]) {
 /// FLUSHALL / FLUSHDB remove every key without an event per key.
 #[redis_module_macros::flush_event_handler]
 fn on_flush(_ctx: &Context, _sub: redis_module::server_events::FlushSubevent) {
+    crate::filter_store::keys_changed();
     if crate::cluster::enabled() {
         crate::cluster::owner::sentinels_touched();
     }
@@ -46,6 +48,7 @@ fn on_flush(_ctx: &Context, _sub: redis_module::server_events::FlushSubevent) {
 /// by this process before a DEL.
 #[redis_module_macros::loading_event_handler]
 fn on_loading(_ctx: &Context, sub: LoadingSubevent) {
+    crate::filter_store::keys_changed();
     if sub != LoadingSubevent::Ended && sub != LoadingSubevent::Failed {
         keys::distrust_cache();
         // The filters held in module memory come back with the dataset (its aux field), and
@@ -88,6 +91,7 @@ unsafe extern "C" fn on_swapdb(
     // SAFETY: for this event the server passes a RedisModuleSwapDbInfo (or null).
     let dbs = unsafe { data.cast::<raw::RedisModuleSwapDbInfo>().as_ref() }
         .map(|i| (i.dbnum_first, i.dbnum_second));
+    crate::filter_store::keys_changed();
     let _ = catch_unwind(AssertUnwindSafe(|| {
         if dbs.is_none_or(|(a, b)| a == 0 || b == 0) {
             keys::distrust_cache();

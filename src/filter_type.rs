@@ -203,7 +203,7 @@ pub static FILTER_TYPE: RedisType = RedisType::new(
         aux_save2: None,
         aux_save_triggers: 0,
         free_effort: Some(free_effort),
-        unlink: None,
+        unlink: Some(unlink),
         copy: Some(copy),
         defrag: None,
         copy2: None,
@@ -301,6 +301,12 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
             std::ptr::null_mut()
         }
     }
+}
+
+/// A filter key was deleted, expired, evicted, renamed, moved or overwritten: pointers to
+/// filter values remembered by sets are no longer followed (`filter_store::Remembered`).
+unsafe extern "C" fn unlink(_key: *mut raw::RedisModuleString, _value: *const c_void) {
+    crate::filter_store::keys_changed();
 }
 
 /// # Safety

@@ -99,6 +99,8 @@ pub struct SetState {
     /// created again) is recognised as stale when it ends.
     pub incarnation: u64,
     pub filter_key: RedisString,
+    /// The filter value last found at `filter_key` (see `filter_store::Remembered`).
+    pub filter_ref: crate::filter_store::Remembered,
     /// `member:<set>`, the name ACL key patterns are matched against (see `acl.rs`), made once.
     pub acl_key: RedisString,
     pub cache_prefix: Vec<u8>,
@@ -158,6 +160,7 @@ impl SetState {
         SetState {
             incarnation,
             filter_key: keys::filter_key(&def.name),
+            filter_ref: Default::default(),
             acl_key: RedisString::create(None, crate::acl::acl_key(&def.name)),
             cache_prefix: keys::cache_prefix(&def.name),
             catalog_id: None,

@@ -318,3 +318,78 @@ fn cache_entries_that_come_back_are_not_trusted() {
     assert_eq!(int(&mut c, &["MEMBER.EXISTS", set, "kept"]), 1);
     assert_eq!(explain(&mut c, set, "kept"), (1, "cache-hit".to_string()));
 }
+
+/// A lookup follows the filter value it found last time without opening the key again
+/// (`filter_store::Remembered`). Whatever takes the value off its key, the very next lookup,
+/// sent in the same write, must not answer from it.
+fn not_answered_from_a_gone_filter(set: &str, away: &[&[&str]]) {
+    let mut c = env().conn();
+    create(&mut c, set, &[]);
+    let key = format!("member:{set}:bloom");
+    let other = format!("member:{set}o:bloom");
+    create(&mut c, &format!("{set}o"), &[]);
+    // The filter answers, and is remembered.
+    for _ in 0..3 {
+        assert_eq!(
+            explain(&mut c, set, "never"),
+            (0, "bloom-negative".to_string())
+        );
+    }
+    let dump: Vec<u8> = redis::cmd("DUMP").arg(&other).query(&mut c).unwrap();
+    let mut p = redis::pipe();
+    for args in away {
+        let args: Vec<Vec<u8>> = args
+            .iter()
+            .map(|a| match *a {
+                "KEY" => key.clone().into_bytes(),
+                "OTHER" => other.clone().into_bytes(),
+                "DUMPED" => dump.clone(),
+                a => a.as_bytes().to_vec(),
+            })
+            .collect();
+        p.cmd(std::str::from_utf8(&args[0]).unwrap())
+            .arg(&args[1..]);
+    }
+    p.cmd("MEMBER.EXPLAIN").arg(set).arg("never");
+    let replies: Vec<Value> = p.query(&mut c).unwrap_or_else(|e| panic!("{away:?}: {e}"));
+    let (answer, path): (i64, String) = redis::from_redis_value(replies.last().unwrap()).unwrap();
+    assert_eq!(answer, 0, "{away:?}");
+    assert_ne!(
+        path, "bloom-negative",
+        "{away:?}: answered from the filter that left its key"
+    );
+    assert_eq!(
+        cmd(&mut c, &["PING"]).unwrap(),
+        Value::SimpleString("PONG".into())
+    );
+}
+
+#[test]
+fn a_filter_that_leaves_its_key_is_never_answered_from_again() {
+    let _g = LOCK.read().unwrap_or_else(|e| e.into_inner());
+    for (set, away) in [
+        ("gd", &[&["DEL", "KEY"][..]][..]),
+        ("gu", &[&["UNLINK", "KEY"]]),
+        ("gs", &[&["SET", "KEY", "junk"]]),
+        (
+            "gr",
+            &[&["RENAME", "KEY", "elsewhere"], &["DEL", "elsewhere"]],
+        ),
+        ("gm", &[&["MOVE", "KEY", "1"]]),
+        ("gc", &[&["COPY", "OTHER", "KEY", "REPLACE"]]),
+        ("gx", &[&["RESTORE", "KEY", "0", "DUMPED", "REPLACE"]]),
+    ] {
+        not_answered_from_a_gone_filter(set, away);
+    }
+}
+
+#[test]
+fn a_flushed_or_swapped_filter_is_never_answered_from_again() {
+    let _g = LOCK.write().unwrap_or_else(|e| e.into_inner());
+    not_answered_from_a_gone_filter("gw", &[&["SWAPDB", "0", "1"]]);
+    let mut c = env().conn();
+    ok(&mut c, &["SWAPDB", "0", "1"]);
+    ok(&mut c, &["SELECT", "1"]);
+    ok(&mut c, &["FLUSHDB"]);
+    not_answered_from_a_gone_filter("gf", &[&["FLUSHALL"]]);
+}

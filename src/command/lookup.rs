@@ -193,7 +193,13 @@ pub(super) fn decide_item(
     let (mut view, mut filter_id) = if set.synced_epoch == epoch {
         match probe {
             Some(p) => p.view(canon.hash, set.trusted),
-            None => filter_store::view(ctx, &set.filter_key, canon.hash, set.trusted, slot),
+            None => filter_store::view(
+                ctx,
+                (&set.filter_key, &set.filter_ref),
+                canon.hash,
+                set.trusted,
+                slot,
+            ),
         }
     } else {
         // Promoted and not caught up since: the filter may miss acknowledged ADDs.

@@ -264,12 +264,15 @@ fn signup(schema: &str, set: &str, sync: &[&str]) {
     let mut create = vec!["MEMBER.CREATE", set, "SOURCE", &table, "COLUMN", "username"];
     create.extend_from_slice(sync);
     ok(c, &create);
-    assert_eq!(set_info(c, set, "source").as_deref(), Some(table.as_str()));
-    assert_eq!(
-        set_info(c, set, "source_column").as_deref(),
-        Some("username")
+    assert_fields(
+        c,
+        set,
+        &[
+            ("source", &table),
+            ("source_column", "username"),
+            ("source_scope_column", ""),
+        ],
     );
-    assert_eq!(set_info(c, set, "source_scope_column").as_deref(), Some(""));
     // Built from the rows already there.
     assert_eq!(int(other, &["MEMBER.EXISTS", set, "zoe"]), 1);
     assert_eq!(explain(other, set, "nobody"), (0, "bloom-negative".into()));
@@ -320,13 +323,10 @@ fn signup(schema: &str, set: &str, sync: &[&str]) {
 fn signup_flow_with_the_change_log() {
     signup("slog", "users_log", &["SYNC", "log"]);
     let c = &mut conn();
-    assert_eq!(
-        set_info(c, "users_log", "sync_mode").as_deref(),
-        Some("log")
-    );
-    assert_eq!(
-        set_info(c, "users_log", "sync_horizon").as_deref(),
-        Some("visible")
+    assert_fields(
+        c,
+        "users_log",
+        &[("sync_mode", "log"), ("sync_horizon", "visible")],
     );
 }
 
@@ -334,14 +334,25 @@ fn signup_flow_with_the_change_log() {
 fn signup_flow_with_an_updated_column() {
     signup("supd", "users_upd", &["UPDATED-COLUMN", "updated_at"]);
     let c = &mut conn();
-    assert_eq!(
-        set_info(c, "users_upd", "sync_mode").as_deref(),
-        Some("updated-column")
+    assert_fields(
+        c,
+        "users_upd",
+        &[
+            ("sync_mode", "updated-column"),
+            ("source_updated_column", "updated_at"),
+        ],
     );
-    assert_eq!(
-        set_info(c, "users_upd", "source_updated_column").as_deref(),
-        Some("updated_at")
-    );
+}
+
+/// Each `(field, value)` is what MEMBER.INFO `set` shows.
+fn assert_fields(c: &mut Connection, set: &str, want: &[(&str, &str)]) {
+    for &(field, value) in want {
+        assert_eq!(
+            set_info(c, set, field).as_deref(),
+            Some(value),
+            "MEMBER.INFO {set} {field}"
+        );
+    }
 }
 
 #[test]
@@ -450,13 +461,10 @@ fn hostile_identifiers_are_quoted_everywhere() {
     assert_eq!(int(c, &["MEMBER.ADD", "hostile", "Bo", "SCOPE", "beta"]), 0);
     eventually_member(c, "hostile", "Cy", Some("beta"));
     assert_eq!(int(c, &["MEMBER.REBUILD", "hostile", "SYNC"]), 3);
-    assert_eq!(
-        set_info(c, "hostile", "source_scope_column").as_deref(),
-        Some(scope)
-    );
-    assert_eq!(
-        set_info(c, "hostile", "sync_horizon").as_deref(),
-        Some("visible")
+    assert_fields(
+        c,
+        "hostile",
+        &[("source_scope_column", scope), ("sync_horizon", "visible")],
     );
     // Both decoy tables survived every statement. DROP leaves the source's rows, and (not
     // being its owner) its triggers too, saying so in the log.

@@ -45,6 +45,15 @@ pub(crate) fn pg_connect(url: &str) -> postgres::Client {
     postgres::Client::connect(url, postgres::NoTls).expect("connect to postgres")
 }
 
+/// A PostgreSQL connection with `POINT_QUERY` prepared on it (one per load thread).
+pub(crate) fn pg_point_query(url: &str) -> (postgres::Client, postgres::Statement) {
+    let mut pg = pg_connect(url);
+    let st = pg
+        .prepare(crate::POINT_QUERY)
+        .expect("prepare the point query");
+    (pg, st)
+}
+
 /// A thread that PINGs in a loop on its own connection and keeps the worst latency.
 pub(crate) struct Pinger {
     pub(crate) stop: std::sync::Arc<AtomicBool>,

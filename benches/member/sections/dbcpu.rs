@@ -294,11 +294,7 @@ impl Bench {
         Self::measured(
             cpu,
             items,
-            |_| {
-                let mut pg = pg_connect(&url);
-                let st = pg.prepare(POINT_QUERY).expect("prepare");
-                (pg, st)
-            },
+            |_| pg_point_query(&url),
             |(pg, st), item| {
                 pg.query_opt(&*st, &[&item])
                     .map(|r| r.is_some())
@@ -315,8 +311,7 @@ impl Bench {
             cpu,
             items,
             |_| {
-                let mut pg = pg_connect(&url);
-                let st = pg.prepare(POINT_QUERY).expect("prepare");
+                let (pg, st) = pg_point_query(&url);
                 (vk_conn(port), pg, st)
             },
             |(vk, pg, st), item| seeds_lookup(shape, vk, pg, st, item, &to_db),

@@ -102,8 +102,7 @@ impl Bench {
                 THREADS,
                 half,
                 |_| {
-                    let mut pg = pg_connect(&url);
-                    let st = pg.prepare(POINT_QUERY).unwrap();
+                    let (pg, st) = pg_point_query(&url);
                     (vk_conn(port), pg, st)
                 },
                 |(vk, pg, st), rng| {
@@ -116,11 +115,7 @@ impl Bench {
             thread_load(
                 THREADS,
                 half,
-                |_| {
-                    let mut pg = pg_connect(&url);
-                    let st = pg.prepare(POINT_QUERY).unwrap();
-                    (pg, st)
-                },
+                |_| pg_point_query(&url),
                 |(pg, st), rng| {
                     let (item, present) = mixed_item(rng, warm);
                     let row = pg.query_opt(&*st, &[&item]).map_err(|e| e.to_string())?;

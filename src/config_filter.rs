@@ -53,10 +53,11 @@ unsafe fn run(fctx: *mut raw::RedisModuleCommandFilterCtx) {
             std::slice::from_raw_parts(p.cast::<u8>(), len)
         }
     };
-    if argc >= 1 && crate::acl_cache::changes_rules(arg(0)) {
+    let name = if argc >= 1 { arg(0) } else { &[][..] };
+    if crate::acl_cache::changes_rules(name) {
         crate::acl_cache::rules_may_change();
     }
-    if argc < 4 || !arg(0).eq_ignore_ascii_case(b"config") || !arg(1).eq_ignore_ascii_case(b"set") {
+    if argc < 4 || !name.eq_ignore_ascii_case(b"config") || !arg(1).eq_ignore_ascii_case(b"set") {
         pg_link::stash_clear();
         return;
     }

@@ -111,10 +111,31 @@ pub fn hash_parts(entity: &str, scope: &str) -> u128 {
 }
 
 fn as_text(b: &[u8]) -> Option<&str> {
+    if plain_ascii(b) {
+        // SAFETY: ASCII is UTF-8.
+        return Some(unsafe { std::str::from_utf8_unchecked(b) });
+    }
     if b.contains(&0) {
         return None;
     }
     std::str::from_utf8(b).ok()
+}
+
+/// Whether `b` is ASCII without NUL, eight bytes at a time: the common item, accepted in one
+/// pass (the hot path's general check read it twice, through calls, at ~17 ns per item).
+#[inline]
+fn plain_ascii(b: &[u8]) -> bool {
+    const LOW: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    let mut words = b.chunks_exact(8);
+    for w in words.by_ref() {
+        let w = u64::from_ne_bytes(w.try_into().unwrap());
+        // A byte ≥ 0x80, or a zero byte (exact for "any": a borrow only runs above a zero).
+        if w & HIGH != 0 || w.wrapping_sub(LOW) & !w & HIGH != 0 {
+            return false;
+        }
+    }
+    words.remainder().iter().all(|&c| c != 0 && c < 0x80)
 }
 
 /// Validates and canonicalizes one item and scope under a set's policy. The error is the exact
@@ -162,6 +183,34 @@ mod tests {
             .unwrap()
             .entity
             .into_owned()
+    }
+
+    #[test]
+    fn the_ascii_fast_check_agrees_with_the_general_one() {
+        let slow = |b: &[u8]| b.is_ascii() && !b.contains(&0);
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for len in 0..40 {
+            for round in 0..400 {
+                let mut b: Vec<u8> = (0..len)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        b'a' + (x % 26) as u8
+                    })
+                    .collect();
+                // One odd byte at each place in turn: NUL, a high byte, DEL, 0x01.
+                if len > 0 {
+                    let odd = [0u8, 0x80, 0xff, 0x7f, 0x01, 0xc3][round % 6];
+                    b[(round / 6) % len] = odd;
+                }
+                assert_eq!(plain_ascii(&b), slow(&b), "{b:?}");
+                assert_eq!(
+                    as_text(&b).is_some(),
+                    slow(&b) || (!b.contains(&0) && std::str::from_utf8(&b).is_ok())
+                );
+            }
+        }
     }
 
     #[test]

@@ -30,7 +30,8 @@ unsafe extern "C" fn exists_cmd(
             let mut buf: [&[u8]; MAX_ARGS] = [&[]; MAX_ARGS];
             // SAFETY: argv holds argc live strings for the duration of this call.
             let args = unsafe { std::slice::from_raw_parts(argv, argc) };
-            for (slot, &a) in buf.iter_mut().zip(args) {
+            // The command's name (argument 0) is never read.
+            for (slot, &a) in buf.iter_mut().zip(args).skip(1) {
                 let mut len = 0;
                 let p = unsafe { raw::RedisModule_StringPtrLen.unwrap()(a, &mut len) };
                 *slot = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) };

@@ -163,7 +163,7 @@ fn plan_lookups(
                 Step::Done(present, _) => done.answers.push(present),
                 Step::Db(lookup) => {
                     done.answers.push(false);
-                    done.pending.push((i, lookup));
+                    done.pending.push((i, *lookup));
                 }
                 Step::Unknown | Step::Forward(_) => {
                     unreachable!("decide_item answers from memory or the database")

@@ -98,7 +98,7 @@ pub fn serve(ctx: &Context, req: Request, to: Responder) {
                 }
                 Step::Db(done) => {
                     bus::SERVED.fetch_add(1, Ordering::Relaxed);
-                    pool::submit(Job::Lookup(point_remote(done, to)));
+                    pool::submit(Job::Lookup(point_remote(*done, to)));
                 }
                 Step::Unknown => unknown(ctx, &req.set, to),
                 Step::Forward(_) => to.answer(ctx, Err(RedisError::Str(error::INTERNAL))),

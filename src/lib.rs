@@ -1,6 +1,7 @@
 //! libmember: "is X a member of set S?" in one round trip, never wrong. Registration only:
-//! commands, configs, the filter data type and the INFO section. The funnel lives in
-//! `command/lookup.rs` → `funnel.rs`; the database in `db/`.
+//! commands, the filter data type and the INFO section (the configs: `config_load.rs`, first
+//! thing in `init`). The funnel lives in `command/lookup.rs` → `funnel.rs`; the database in
+//! `db/`.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod acl;
@@ -14,6 +15,7 @@ pub mod command;
 pub mod command_info;
 pub mod config;
 pub mod config_filter;
+pub mod config_load;
 pub mod conninfo;
 pub mod db;
 pub mod effects;
@@ -46,12 +48,10 @@ pub mod sync;
 pub mod token;
 pub mod token_key;
 
-use redis_module::configuration::ConfigurationFlags;
 use redis_module::{redis_module, Context, InfoContext, RedisResult, RedisString, Status};
 
 use command::{create, info, internal, lookup, write};
 use command_info::{Info, Item};
-use config::*;
 use filter_type::FILTER_TYPE;
 use redact::Shape;
 
@@ -138,26 +138,6 @@ fn member_info(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResu
     reply::guard(ctx, "MEMBER.INFO", || info::info(ctx, args))
 }
 
-/// `member.sync-notify` changed: the listener starts or stops (registered here so that
-/// `config` does not depend on `notify`).
-fn on_sync_notify_changed<T>(
-    _: &redis_module::configuration::ConfigurationContext,
-    _: &str,
-    _: &'static T,
-) {
-    notify::ensure();
-}
-
-/// `member.workers` changed: the pool starts or stops workers to match. Registered here, at
-/// the top, so that `config` (read by the pool) does not depend on the pool.
-fn on_workers_changed<T>(
-    _: &redis_module::configuration::ConfigurationContext,
-    _: &str,
-    _: &'static T,
-) {
-    db::pool::resize();
-}
-
 // Unit tests and the fuzz targets (cargo-fuzz compiles with `--cfg fuzzing`) run outside the
 // server, where its allocator does not exist.
 #[cfg(not(any(test, fuzzing)))]
@@ -218,7 +198,12 @@ const COMMAND_INFO: &[Info] = &[
     Info::anywhere("member.madd", -4),
 ];
 
-fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+fn init(ctx: &Context, args: &[RedisString]) -> Status {
+    // First: a refused value must fail the load before anything of ours runs (config_load.rs).
+    if let Err(e) = config_load::register_and_load(ctx, args) {
+        reply::log(ctx, reply::Level::Warning, &e);
+        return Status::Err;
+    }
     cluster::set_enabled(
         ctx.get_flags()
             .contains(redis_module::ContextFlags::CLUSTER),
@@ -233,9 +218,9 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         // Items whose canonical slot another node holds are forwarded to it over the bus.
         cluster::bus::init(ctx, command::forward::serve);
     }
-    // The configs are applied by now (the crate loads them before calling init).
+    // The configs are applied by now.
     token_key::started(ctx);
-    PG_URL.default_if_empty(PG_URL_DEFAULT);
+    config::PG_URL.default_if_empty(config::PG_URL_DEFAULT);
     config_filter::register(ctx);
     // A short read of a filter payload must fail the load cleanly (rdb_load checks for it),
     // not abort the server.
@@ -265,7 +250,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
             "member.madd",
         ],
     );
-    db::pool::resize();
+    db::pool::start();
     mainq::batch_per_iteration(ctx);
     mainq::start(ctx);
     notify::started();
@@ -301,37 +286,4 @@ redis_module! {
         [@GENERIC: events::on_generic],
         [@EXPIRED @EVICTED: events::on_sentinel_gone],
     ],
-    configurations: [
-        i64: [
-            ["workers", &WORKERS, WORKERS_DEFAULT, WORKERS_MIN, WORKERS_MAX, ConfigurationFlags::DEFAULT, Some(Box::new(on_workers_changed))],
-            ["db-timeout-ms", &DB_TIMEOUT_MS, DB_TIMEOUT_MS_DEFAULT, DB_TIMEOUT_MS_MIN, DB_TIMEOUT_MS_MAX, ConfigurationFlags::DEFAULT, None],
-            ["batch-size", &BATCH_SIZE, BATCH_SIZE_DEFAULT, BATCH_SIZE_MIN, BATCH_SIZE_MAX, ConfigurationFlags::DEFAULT, None],
-            ["default-capacity", &DEFAULT_CAPACITY, DEFAULT_CAPACITY_DEFAULT, DEFAULT_CAPACITY_MIN, DEFAULT_CAPACITY_MAX, ConfigurationFlags::DEFAULT, None],
-            ["cache-ttl", &CACHE_TTL, CACHE_TTL_DEFAULT, CACHE_TTL_MIN, CACHE_TTL_MAX, ConfigurationFlags::DEFAULT, None],
-            ["sync-interval-ms", &SYNC_INTERVAL_MS, SYNC_INTERVAL_MS_DEFAULT, SYNC_INTERVAL_MS_MIN, SYNC_INTERVAL_MS_MAX, ConfigurationFlags::DEFAULT, None],
-            ["change-retention-s", &CHANGE_RETENTION_S, CHANGE_RETENTION_S_DEFAULT, CHANGE_RETENTION_S_MIN, CHANGE_RETENTION_S_MAX, ConfigurationFlags::DEFAULT, None],
-            ["source-lookback-ms", &SOURCE_LOOKBACK_MS, SOURCE_LOOKBACK_MS_DEFAULT, SOURCE_LOOKBACK_MS_MIN, SOURCE_LOOKBACK_MS_MAX, ConfigurationFlags::DEFAULT, None],
-            ["rebuild-interval-s", &REBUILD_INTERVAL_S, REBUILD_INTERVAL_S_DEFAULT, REBUILD_INTERVAL_S_MIN, REBUILD_INTERVAL_S_MAX, ConfigurationFlags::DEFAULT, None],
-            ["fp-cache-size", &FP_CACHE_SIZE, FP_CACHE_SIZE_DEFAULT, FP_CACHE_SIZE_MIN, FP_CACHE_SIZE_MAX, ConfigurationFlags::DEFAULT, None],
-            ["max-filter-bytes", &MAX_FILTER_BYTES, MAX_FILTER_BYTES_DEFAULT, MAX_FILTER_BYTES_MIN, MAX_FILTER_BYTES_MAX, ConfigurationFlags::MEMORY, None],
-            ["max-blocked-clients", &MAX_BLOCKED_CLIENTS, MAX_BLOCKED_CLIENTS_DEFAULT, MAX_BLOCKED_CLIENTS_MIN, MAX_BLOCKED_CLIENTS_MAX, ConfigurationFlags::DEFAULT, None],
-            ["max-sets", &MAX_SETS, MAX_SETS_DEFAULT, MAX_SETS_MIN, MAX_SETS_MAX, ConfigurationFlags::DEFAULT, None],
-            ["max-journal", &MAX_JOURNAL, MAX_JOURNAL_DEFAULT, MAX_JOURNAL_MIN, MAX_JOURNAL_MAX, ConfigurationFlags::DEFAULT, None],
-            ["recent-ttl", &RECENT_TTL, RECENT_TTL_DEFAULT, RECENT_TTL_MIN, RECENT_TTL_MAX, ConfigurationFlags::DEFAULT, None],
-        ],
-        string: [
-            ["pg-url", &PG_URL, PG_URL_DEFAULT, ConfigurationFlags::SENSITIVE, Some(Box::new(on_pg_url_changed))],
-            ["pg-rebuild-url", &PG_REBUILD_URL, "", ConfigurationFlags::SENSITIVE, None],
-            ["pg-password-file", &PG_PASSWORD_FILE, "", ConfigurationFlags::DEFAULT, Some(Box::new(on_pg_url_changed))],
-            ["default-error-rate", &DEFAULT_ERROR_RATE, ERROR_RATE_DEFAULT, ConfigurationFlags::DEFAULT, None],
-            ["token-key-file", &TOKEN_KEY_FILE, TOKEN_KEY_FILE_DEFAULT, ConfigurationFlags::DEFAULT, None],
-        ],
-        bool: [
-            ["acl-sets", &ACL_SETS, ACL_SETS_DEFAULT, ConfigurationFlags::DEFAULT, None],
-            ["auto-grow", &AUTO_GROW, AUTO_GROW_DEFAULT, ConfigurationFlags::DEFAULT, None],
-            ["sync-notify", &SYNC_NOTIFY, SYNC_NOTIFY_DEFAULT, ConfigurationFlags::DEFAULT, Some(Box::new(on_sync_notify_changed))],
-        ],
-        enum: [],
-        module_args_as_configuration: true,
-    ]
 }

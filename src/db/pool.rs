@@ -123,8 +123,21 @@ pub fn queued() -> usize {
     pool().queued.load(Ordering::Relaxed) + PENDING.with(|p| p.borrow().len())
 }
 
-/// Starts or stops workers to match `member.workers`.
+/// Set once the module load has succeeded: before, a `member.workers` value being loaded
+/// must not start threads (a load that then fails would unload their code under them).
+static STARTED: AtomicBool = AtomicBool::new(false);
+
+/// Starts the workers, at the end of a successful module load.
+pub fn start() {
+    STARTED.store(true, Ordering::Release);
+    resize();
+}
+
+/// Starts or stops workers to match `member.workers` (nothing before `start`).
 pub fn resize() {
+    if !STARTED.load(Ordering::Acquire) {
+        return;
+    }
     let want = config::WORKERS.load(Ordering::Relaxed).max(1) as usize;
     let mut alive = pool().alive.lock().unwrap_or_else(|e| e.into_inner());
     if alive.len() < want {

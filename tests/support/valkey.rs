@@ -66,6 +66,11 @@ impl Valkey {
         Self::launch(None, &[])
     }
 
+    /// valkey-server without the module, with `configs` passed as `--name value`.
+    pub fn start_plain_with(configs: &[(&str, &str)]) -> Valkey {
+        Self::launch(None, configs)
+    }
+
     fn launch(module: Option<&Path>, configs: &[(&str, &str)]) -> Valkey {
         let mut last_err = String::new();
         for _attempt in 0..3 {

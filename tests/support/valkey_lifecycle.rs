@@ -1,6 +1,7 @@
 //! Valkey lifecycle: stop (SIGKILL or SHUTDOWN), start again on the same dir and port, start
 //! expecting a failure.
 
+use std::ffi::OsString;
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -42,6 +43,20 @@ impl Valkey {
             "valkey-server did not exit after SHUTDOWN {args:?}; log tail:\n{}",
             self.log_tail()
         );
+    }
+
+    /// As [`Valkey::start_expecting_exit`], with the command line changed by `edit` for this
+    /// one start (say, a refused config added); the next restart uses the original again.
+    pub fn start_edited_expecting_exit(
+        &mut self,
+        edit: impl FnOnce(&mut Vec<OsString>),
+        timeout: Duration,
+    ) -> Option<std::process::ExitStatus> {
+        let original = self.argv.clone();
+        edit(&mut self.argv);
+        let status = self.start_expecting_exit(timeout);
+        self.argv = original;
+        status
     }
 
     /// Spawns the same command line (same dir, port, module and configs) again. The old

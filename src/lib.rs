@@ -215,8 +215,6 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
             reply::log(ctx, reply::Level::Warning, &format!("libmember: {e}"));
             return Status::Err;
         }
-        // Items whose canonical slot another node holds are forwarded to it over the bus.
-        cluster::bus::init(ctx, command::forward::serve);
     }
     // The configs are applied by now.
     token_key::started(ctx);
@@ -232,6 +230,12 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     if let Err(e) = events::subscribe(ctx) {
         reply::log(ctx, reply::Level::Warning, e);
         return Status::Err;
+    }
+    // Nothing below fails the load: a failed load cleans up commands, events, configs and the
+    // filter, not a cluster message receiver (its code would be unloaded under it).
+    if cluster::enabled() {
+        // Items whose canonical slot another node holds are forwarded to it over the bus.
+        cluster::bus::init(ctx, command::forward::serve);
     }
     command_info::declare(ctx, COMMAND_INFO);
     acl::declare_category(

@@ -89,7 +89,7 @@ pub fn start(name: &str, reason: Reason) -> bool {
     let spawned = std::thread::Builder::new()
         .name("member-rebuild".into())
         .spawn(move || {
-            yield_to_the_server();
+            mainq::yield_to_the_server();
             // A panic becomes a failed rebuild, never a stuck one.
             let res = catch_unwind(AssertUnwindSafe(|| {
                 let grow = reason == Reason::AutoGrow;
@@ -410,21 +410,5 @@ pub fn wait(name: &str, waiter: Blocked, kind: Reply) {
             Err(crate::error::WORKER_LOST.into()),
             kind,
         )));
-    }
-}
-
-/// The nice value of a rebuild's threads: measured with `make bench ARGS="--only rebuild"`,
-/// PINGs of another client slower than 2 ms during a 1 M rebuild went from 10–13 per rebuild
-/// to 1–8 (the worst one, 4–5 ms, is the machine's own: an idle server shows it too).
-const NICE: i32 = 10;
-
-/// Lowers the calling thread's scheduling priority to [`NICE`] (Linux keeps one per thread,
-/// and the threads it starts inherit it): where the server and a rebuild share a few CPUs, the
-/// server's clients should wait for a rebuild less than the rebuild waits for them. Best
-/// effort.
-fn yield_to_the_server() {
-    // SAFETY: setpriority on the calling thread (who = 0) with a constant value.
-    unsafe {
-        libc::setpriority(libc::PRIO_PROCESS, 0, NICE);
     }
 }

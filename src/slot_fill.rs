@@ -112,6 +112,7 @@ fn start(ctx: &Context, name: &str, id: u64, missing: SlotSet) {
             let def = def.clone();
             let slots = job.missing.clone();
             move || {
+                mainq::yield_to_the_server();
                 let res = catch_unwind(AssertUnwindSafe(|| read(&def, &slots)))
                     .unwrap_or_else(|_| Err(DbErr::Failed("slot fill panicked".into())));
                 mainq::post(Box::new(move |ctx| finish(ctx, job, res)));

@@ -225,8 +225,8 @@ pub(super) fn decide_item(
         Gate::Recent => None,
     };
     if !explain {
-        // The filter's verdict and, when memory decided, the path: one pass over the set's
-        // and the module's counters (the hot path's cost is counted in borrows).
+        // The filter's verdict and, when memory decided, the path and a latency sample: one
+        // pass over the set's counters and one borrow of the module's.
         let counts = |c: &mut metrics::PathCounters| {
             c.exists += 1;
             match view {

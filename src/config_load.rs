@@ -7,9 +7,14 @@
 //! error and keeps running. The `redis_module!` macro's own registration ignores the result
 //! of the server's LoadConfigs: the load then went on, the server found the configs unset and
 //! unloaded a module that exports a data type, and Valkey 8.0 and Redis 7.0 crash on that path
-//! (`moduleUnload` writes its refusal through a null pointer). Hence no thread, timer or
-//! subscription of libmember may start before this has succeeded: the config callbacks below
-//! do nothing until `db::pool::start` and `notify::started` run at the end of the load.
+//! (`moduleUnload` writes its refusal through a null pointer). Hence no thread or timer of
+//! libmember may start before this has succeeded (what the server registered for the module
+//! by then, it removes itself): the config callbacks below do nothing until `db::pool::start`
+//! and `notify::started` run at the end of the load.
+//!
+//! Left to the server: a `MODULE LOADEX … CONFIG` name the module does not have at all
+//! (`member.wokers`) never reaches the module, and Valkey 8.0.1 still crashes on it, on the
+//! same unload path, after a load that succeeded (README "Configuration").
 
 use redis_module::configuration::{
     get_i64_default_config_value, get_string_default_config_value, register_bool_configuration,

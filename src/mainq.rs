@@ -119,6 +119,8 @@ const NICE: i32 = 10;
 /// server's clients should wait for a rebuild less than the rebuild waits for them. Best
 /// effort.
 pub fn yield_to_the_server() {
+    // Elsewhere the same call would renice the whole server, for good.
+    #[cfg(target_os = "linux")]
     // SAFETY: setpriority on the calling thread (who = 0) with a constant value.
     unsafe {
         libc::setpriority(libc::PRIO_PROCESS, 0, NICE);

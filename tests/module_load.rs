@@ -1,7 +1,8 @@
 //! A `member.*` value the server refuses fails the module load cleanly: at start-up the server
 //! exits with the reason in its log, and a MODULE LOADEX answers an error while the server
 //! keeps running. (Before, the load went on with the configs unset and the server crashed in
-//! its own unload path: one typo in a config took the whole server down.)
+//! its own unload path: one out-of-range value took the whole server down. A LOADEX name the
+//! module does not have still does, in the server alone: README "Configuration".)
 mod support;
 
 use std::time::Duration;

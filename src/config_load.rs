@@ -6,11 +6,11 @@
 //! server either refuses to start with the reason in its log, or answers MODULE LOAD with an
 //! error and keeps running. The `redis_module!` macro's own registration ignores the result
 //! of the server's LoadConfigs: the load then went on, the server found the configs unset and
-//! unloaded a module that exports a data type, and Valkey 8.0 and Redis 7.0 crash on that path
-//! (`moduleUnload` writes its refusal through a null pointer). Hence no thread or timer of
-//! libmember may start before this has succeeded (what the server registered for the module
-//! by then, it removes itself): the config callbacks below do nothing until `db::pool::start`
-//! and `notify::started` run at the end of the load.
+//! tried to unload a module that exports a data type, and Valkey 8.0.1 crashes on that path
+//! (`moduleUnload` writes its refusal through a null pointer; Redis 7.0.15 survives it).
+//! Hence no thread or timer of libmember may start before this has succeeded (what the
+//! server registered for the module by then, it removes itself): the config callbacks below
+//! do nothing until `db::pool::start` and `notify::started` run at the end of the load.
 //!
 //! Left to the server: a `MODULE LOADEX … CONFIG` name the module does not have at all
 //! (`member.wokers`) never reaches the module, and Valkey 8.0.1 still crashes on it, on the

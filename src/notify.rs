@@ -171,14 +171,12 @@ fn connect() -> Result<(Client, u64), String> {
     let (link_settings, generation) = config::pg_link();
     let timeout = config::db_timeout_ms();
     let client = link::open(&link_settings, |cfg| {
-        cfg.connect_timeout(Duration::from_millis(timeout))
-            .keepalives(true)
-            .keepalives_idle(Duration::from_secs(10))
-            .application_name("libmember-listen")
-            .options(format!(
-                "-c statement_timeout={} -c lock_timeout={timeout}",
-                timeout.saturating_mul(4).max(1000)
-            ));
+        crate::db::tune(
+            cfg,
+            (timeout.saturating_mul(4).max(1000), timeout),
+            false,
+            "libmember-listen",
+        )
     })
     .map_err(|e| match e {
         crate::db::DbErr::Unavailable(m) | crate::db::DbErr::Failed(m) => m,

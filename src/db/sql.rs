@@ -764,10 +764,7 @@ pub fn changes_since(
     );
     let in_cluster = crate::cluster::enabled();
     let mut out = db.run(|c, _| {
-        let mut tx = c.transaction()?;
-        tx.batch_execute(INDEX_ONLY)?;
-        let rows = tx.query(sql.as_str(), &[])?;
-        tx.commit()?;
+        let rows = by_index(c, |tx| tx.query(sql.as_str(), &[]))?;
         let mut out = Changes {
             statements: 1,
             ..Changes::default()
@@ -821,14 +818,9 @@ pub fn prune(db: &mut Db, after_s: u64) -> Result<u64, DbErr> {
          RETURNING (SELECT count(*) FROM d)"
     );
     db.run_once(|c, _| {
-        let mut tx = c.transaction()?;
-        tx.batch_execute(INDEX_ONLY)?;
-        let n = tx
-            .query_opt(sql.as_str(), &[])?
+        Ok(by_index(c, |tx| tx.query_opt(sql.as_str(), &[]))?
             .map(|r| r.get::<_, i64>(0) as u64)
-            .unwrap_or(0);
-        tx.commit()?;
-        Ok(n)
+            .unwrap_or(0))
     })
 }
 
@@ -840,3 +832,15 @@ pub fn prune(db: &mut Db, after_s: u64) -> Result<u64, DbErr> {
 /// a sequential scan (of the tiny tables the same statement reads) lifts the plan's cost over
 /// `jit_above_cost`, and JIT compiling it took 100 ms a pass: JIT is off for these too.
 const INDEX_ONLY: &str = "SET LOCAL enable_seqscan = off; SET LOCAL jit = off";
+
+/// Runs `f` in a transaction of its own under [`INDEX_ONLY`] (the sync pass and the prune).
+fn by_index<T>(
+    c: &mut postgres::Client,
+    f: impl FnOnce(&mut postgres::Transaction) -> Result<T, postgres::Error>,
+) -> Result<T, postgres::Error> {
+    let mut tx = c.transaction()?;
+    tx.batch_execute(INDEX_ONLY)?;
+    let out = f(&mut tx)?;
+    tx.commit()?;
+    Ok(out)
+}

@@ -54,7 +54,7 @@ const BACKOFF_FIRST: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 pub fn state() -> State {
-    match STATE.load(Ordering::Relaxed) {
+    match STATE.load(Ordering::Acquire) {
         1 => State::Connecting,
         2 => State::Listening,
         3 => State::Reconnecting,
@@ -63,7 +63,7 @@ pub fn state() -> State {
 }
 
 fn set_state(s: State) {
-    STATE.store(s as u8, Ordering::Relaxed);
+    STATE.store(s as u8, Ordering::Release);
 }
 
 /// The listener's last failure, if any since it last connected.
@@ -216,8 +216,9 @@ fn session(ever: &mut bool, backoff: &mut Duration) -> Result<(), String> {
         log(reply::Level::Warning, format!("libmember: {msg}"));
         set_error(Some(msg));
     }
-    set_state(State::Listening);
+    // Counted first: whoever sees `listening` also sees this connection counted.
     CONNECTS.fetch_add(1, Ordering::Relaxed);
+    set_state(State::Listening);
     *backoff = BACKOFF_FIRST;
     if *ever {
         log(

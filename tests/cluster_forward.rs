@@ -32,6 +32,18 @@ fn node_of<'a>(cl: &'a Cluster, item: &str) -> &'a Node {
     cl.owner(cl.keyslot(item))
 }
 
+/// Waits (up to 10 s) until the node behind `probe` leaves a PING unanswered for 100 ms: its
+/// main thread is busy, such as in DEBUG SLEEP. `probe` is connected beforehand (a new
+/// connection's handshake would itself wait for the node) and is of no use afterwards.
+fn wait_asleep(mut probe: Connection) -> bool {
+    probe
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    wait_until(Duration::from_secs(10), || {
+        redis::cmd("PING").query::<String>(&mut probe).is_err()
+    })
+}
+
 fn counter(n: &Node, name: &str) -> i64 {
     info_field(&mut n.conn(), name)
         .unwrap_or_else(|| panic!("no {name} on {}", n.addr()))
@@ -265,14 +277,16 @@ fn a_holder_too_slow_to_answer_gives_unavailable_and_nothing_wrong_after() {
     let e = {
         let _short = Config::set(na, "member.db-timeout-ms", "200");
         let mut oc = owner.conn();
+        let probe = owner.conn();
         let sleeper = std::thread::spawn(move || {
             let _: redis::Value = redis::cmd("DEBUG")
                 .arg("SLEEP")
-                .arg("0.8")
+                .arg("1.5")
                 .query(&mut oc)
                 .unwrap();
         });
-        std::thread::sleep(Duration::from_millis(100));
+        // The ADD goes out only once the owner is asleep, however late the thread runs.
+        assert!(wait_asleep(probe), "the owner never went to sleep");
         let mut c: Connection = na.conn();
         let e = err(&mut c, &["MEMBER.ADD", set, &a]);
         sleeper.join().unwrap();

@@ -1,0 +1,353 @@
+//! The change log every set table feeds (docs/sync.md): its table, triggers and retention,
+//! the notification trigger `member.sync-notify` listens for, and the sync pass's one
+//! statement.
+
+use std::collections::HashMap;
+
+use super::{table, ADVISORY_KEY};
+use crate::canon::{self, Normalize};
+use crate::db::{Db, DbErr};
+
+/// The change log every set table feeds (docs/sync.md): one row per row inserted, updated or
+/// deleted (`alive` when it was left with `status = 1`), stamped with its writer's transaction
+/// id and a sequence number that orders the changes of one key (writers of the same row
+/// serialize on its lock, so the later writer draws the larger number). The trigger function is
+/// `SECURITY DEFINER` (owned by the module's role, with the log's schema written into its body
+/// and a fixed `search_path`), so outside writer roles need no grant on the log. The one-row
+/// floor table records what pruning removed (see `prune`). Idempotent; run under the advisory
+/// lock with the catalog's DDL.
+pub(super) const CHANGE_LOG_DDL: &str = r#"CREATE TABLE IF NOT EXISTS member_changes (
+    set_name text NOT NULL,
+    entity_id text NOT NULL,
+    scope text NOT NULL,
+    alive boolean NOT NULL,
+    xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    seq bigint GENERATED ALWAYS AS IDENTITY,
+    at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS member_changes_xid ON member_changes (xid);
+CREATE TABLE IF NOT EXISTS member_changes_floor (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    floor xid8 NOT NULL,
+    candidate xid8 NOT NULL,
+    candidate_at timestamptz NOT NULL
+);
+INSERT INTO member_changes_floor (floor, candidate, candidate_at)
+    SELECT '0', pg_snapshot_xmin(pg_current_snapshot()), now()
+    ON CONFLICT DO NOTHING;
+DO $do$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_proc WHERE proname = 'member_log_change'
+                   AND pronamespace = current_schema()::regnamespace
+                   AND prosrc LIKE '%member_changes v1%') THEN
+    EXECUTE format($f$CREATE OR REPLACE FUNCTION member_log_change() RETURNS trigger
+      LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $b$
+      BEGIN -- member_changes v1: every row written or deleted, alive when status = 1
+        IF TG_OP = 'DELETE' THEN
+          INSERT INTO %1$I.member_changes (set_name, entity_id, scope, alive)
+            SELECT TG_ARGV[0], entity_id, scope, false FROM old_rows;
+        ELSE
+          INSERT INTO %1$I.member_changes (set_name, entity_id, scope, alive)
+            SELECT TG_ARGV[0], entity_id, scope, status = 1 FROM new_rows;
+        END IF;
+        RETURN NULL;
+      END $b$$f$, current_schema());
+  END IF;
+END $do$"#;
+
+/// Names of the three statement triggers that feed the change log from a set table.
+pub(in crate::db) const LOG_TRIGGERS: [&str; 3] =
+    ["member_log_ins", "member_log_upd", "member_log_del"];
+
+/// The channel `member.sync-notify` listens on (docs/sync.md, "Change notification").
+pub const NOTIFY_CHANNEL: &str = "member_changes";
+/// The statement trigger that sends it, installed only where a node asked for notification.
+const NOTIFY_TRIGGER: &str = "member_notify";
+
+/// The function behind `member_notify`: one notification per statement written outside the
+/// module (PostgreSQL folds the identical ones of a transaction into one, sent at commit).
+/// The module's own writes (application_name `libmember`) already reach the filters of the
+/// node that made them. Not SECURITY DEFINER: NOTIFY needs no privilege. Idempotent; run under
+/// the advisory lock.
+pub(super) const NOTIFY_FN_DDL: &str = r#"DO $do$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_proc WHERE proname = 'member_notify_change'
+                   AND pronamespace = current_schema()::regnamespace
+                   AND prosrc LIKE '%member_notify v1%') THEN
+    CREATE OR REPLACE FUNCTION member_notify_change() RETURNS trigger LANGUAGE plpgsql AS $b$
+      BEGIN -- member_notify v1: wakes the listening nodes, for writes made outside the module
+        IF pg_catalog.current_setting('application_name') <> 'libmember' THEN
+          PERFORM pg_catalog.pg_notify('member_changes', '');
+        END IF;
+        RETURN NULL;
+      END $b$;
+  END IF;
+END $do$"#;
+
+/// Statements (for a DO block) that install `member_notify` on `t` where missing.
+fn notify_trigger_stmt(t: &str) -> String {
+    format!(
+        "IF to_regproc('member_notify_change') IS NOT NULL AND NOT EXISTS (SELECT FROM pg_trigger
+               WHERE tgrelid = '{t}'::regclass AND tgname = '{NOTIFY_TRIGGER}') THEN
+           CREATE TRIGGER {NOTIFY_TRIGGER} AFTER INSERT OR UPDATE OR DELETE ON {t}
+             FOR EACH STATEMENT EXECUTE FUNCTION member_notify_change();
+         END IF;"
+    )
+}
+
+/// Installs what the listener needs (docs/sync.md): the notify function, and `member_notify`
+/// on every set table of the catalog that lacks it. Returns the tables where that failed, with
+/// the database's reason (the table's owner is another role, a lock not granted in time);
+/// their outside writes still arrive within the sync interval.
+pub fn install_notify(c: &mut postgres::Client) -> Result<Vec<(String, String)>, postgres::Error> {
+    let mut tx = c.transaction()?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
+    tx.batch_execute(NOTIFY_FN_DDL)?;
+    tx.commit()?;
+    let missing = c.query(
+        "SELECT c.name FROM member_catalog c
+          WHERE to_regclass(quote_ident('member_' || c.name)) IS NOT NULL
+            AND NOT EXISTS (SELECT FROM pg_trigger g
+                             WHERE g.tgrelid = to_regclass(quote_ident('member_' || c.name))
+                               AND g.tgname = $1)",
+        &[&NOTIFY_TRIGGER],
+    );
+    let missing = match missing {
+        Ok(rows) => rows,
+        // No catalog yet: the sets created later get the trigger at their CREATE.
+        Err(e) if e.code() == Some(&postgres::error::SqlState::UNDEFINED_TABLE) => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    let mut failed = Vec::new();
+    for row in missing {
+        let name: String = row.get(0);
+        let t = table(&name);
+        let ddl = format!("DO $do$ BEGIN {} END $do$", notify_trigger_stmt(&t));
+        if let Err(e) = c.batch_execute(&ddl) {
+            let why = e
+                .as_db_error()
+                .map_or_else(|| e.to_string(), |d| d.message().to_string());
+            if c.is_closed() {
+                return Err(e);
+            }
+            // Another node's listener installed it at the same moment.
+            if e.code() != Some(&postgres::error::SqlState::DUPLICATE_OBJECT) {
+                failed.push((t, why));
+            }
+        }
+    }
+    Ok(failed)
+}
+
+/// Installs the change-log triggers (INSERT, UPDATE, DELETE) on a set's table where missing, and enables them where
+/// disabled (no lock, no privilege needed when they are there and enabled). When the module's
+/// role may not, fails with SQLSTATE 42501 and the `blind_reason` text, which names what to grant.
+pub(in crate::db) fn log_triggers_ddl(set: &str) -> String {
+    guarded_ddl(set, "")
+}
+
+/// `log_triggers_ddl` after the statements `before` (the set table's own DDL), all refused
+/// with the same text when the module's role lacks the privilege.
+pub(super) fn guarded_ddl(set: &str, before: &str) -> String {
+    let t = table(set);
+    let ensure = |name: &str, event: &str| {
+        let rows = if event == "DELETE" {
+            "OLD TABLE AS old_rows"
+        } else {
+            "NEW TABLE AS new_rows"
+        };
+        format!(
+            "IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = '{t}'::regclass AND tgname = '{name}') THEN
+               CREATE TRIGGER {name} AFTER {event} ON {t} REFERENCING {rows}
+                 FOR EACH STATEMENT EXECUTE FUNCTION member_log_change('{set}');
+             ELSIF EXISTS (SELECT FROM pg_trigger WHERE tgrelid = '{t}'::regclass AND tgname = '{name}'
+                             AND tgenabled = 'D') THEN
+               ALTER TABLE {t} ENABLE TRIGGER {name};
+             END IF;"
+        )
+    };
+    // A node with `member.sync-notify yes` also wants the notification trigger.
+    let notify = if crate::config::sync_notify() {
+        notify_trigger_stmt(&t)
+    } else {
+        String::new()
+    };
+    format!(
+        "DO $do$ BEGIN
+           {before}
+           {ins}
+           {upd}
+           {del}
+           {notify}
+         EXCEPTION WHEN insufficient_privilege THEN
+           RAISE EXCEPTION '{msg}', SQLERRM USING ERRCODE = 'insufficient_privilege';
+         END $do$",
+        ins = ensure(LOG_TRIGGERS[0], "INSERT"),
+        upd = ensure(LOG_TRIGGERS[1], "UPDATE"),
+        del = ensure(LOG_TRIGGERS[2], "DELETE"),
+        msg = blind_reason(set, "%").replace('\'', "''"),
+    )
+}
+
+/// Why a set is blind to outside writes, naming what to grant; `why` is the database's word.
+pub fn blind_reason(set: &str, why: &str) -> String {
+    format!(
+        "cannot install the change-log triggers on {t} ({why}): the module's database role \
+         must own {t} (or hold TRIGGER on it); until then rows written outside the module \
+         cannot be seen and the set's filter never answers absent",
+        t = table(set)
+    )
+}
+
+/// The xmin of the statement's snapshot, as an integer: every transaction with a smaller id
+/// had ended when the snapshot was taken.
+pub(in crate::db) const XMIN: &str = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8";
+
+/// What one sync pass read (docs/sync.md), all in one snapshot.
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// The snapshot's xmin: the filters read from their watermark now cover everything below.
+    pub horizon: i64,
+    /// Rows with a transaction id below this may have been pruned from the log.
+    pub floor: i64,
+    /// Set tables that do not feed the change log (triggers missing or disabled).
+    pub blind: Vec<String>,
+    /// Canonical hashes of the rows logged since the pass's start, per set.
+    pub rows: HashMap<String, Vec<u128>>,
+    /// Cluster mode: the hash slot of each of those rows, in the same order.
+    pub slots: HashMap<String, Vec<u16>>,
+    /// Statements this pass sent.
+    pub statements: u64,
+    /// Attached sets synced by UPDATED-COLUMN: the time each one's poll covers up to
+    /// (docs/attach.md), and why a poll failed.
+    pub time_horizons: HashMap<String, i64>,
+    pub poll_errors: HashMap<String, String>,
+}
+
+/// The sync loop's one statement for every set: the horizon, the prune floor, the set tables
+/// that are blind, and every key whose latest change logged by transactions with id ≥ `from`
+/// left it active, in one snapshot (a key added and deleted since is not applied again). Rows of sets not in `sets` (unknown here) are skipped; `sets` gives each known
+/// set's normalization. If `prune_after_s` is given, also prunes the log (`prune`).
+pub fn changes_since(
+    db: &mut Db,
+    from: i64,
+    sets: &HashMap<String, Normalize>,
+    prune_after_s: Option<u64>,
+) -> Result<Changes, DbErr> {
+    // `from` is written into the text (it is an integer), not bound: the workers' connections
+    // keep generic plans, and a generic plan for "xid >= $1" cannot know that the range is the
+    // last second of a large log. Planned once per pass instead.
+    let sql = format!(
+        r"SELECT h.horizon, h.floor, h.blind, c.set_name, c.entity_id, c.scope
+            FROM (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8 AS horizon,
+                         (SELECT floor::text::int8 FROM member_changes_floor) AS floor,
+                         (SELECT coalesce(array_agg(b.name), '{{}}') FROM (
+                           SELECT t.relname::text AS name FROM pg_class t
+                           WHERE t.relkind = 'r' AND t.relname LIKE 'member\_%'
+                             AND t.relname NOT IN ('member_catalog', 'member_changes',
+                                                   'member_changes_floor')
+                             AND t.relnamespace = current_schema()::regnamespace
+                             AND (SELECT count(*) FROM pg_trigger g
+                                   WHERE g.tgrelid = t.oid AND g.tgenabled <> 'D'
+                                     AND g.tgname IN ('{ins}', '{upd}', '{del}')) < 3
+                           UNION ALL
+                           -- Attached sets synced by the log (docs/attach.md), by set name.
+                           SELECT 'member_' || a.name FROM member_catalog a
+                            WHERE a.source_sync = 'log'
+                              AND (SELECT count(*) FROM pg_trigger g
+                                    WHERE g.tgrelid = to_regclass(format('%I.%I', a.source_schema,
+                                                                         a.source_table))
+                                      AND g.tgenabled <> 'D'
+                                      AND g.tgname IN ('member_' || a.name || '_ins',
+                                                       'member_' || a.name || '_upd',
+                                                       'member_' || a.name || '_del')) < 3
+                         ) b) AS blind) h
+            LEFT JOIN (SELECT DISTINCT ON (set_name, entity_id, scope) set_name, entity_id,
+                              scope, alive
+                         FROM member_changes WHERE xid >= '{from}'::xid8
+                        ORDER BY set_name, entity_id, scope, seq DESC) c ON c.alive",
+        ins = LOG_TRIGGERS[0],
+        upd = LOG_TRIGGERS[1],
+        del = LOG_TRIGGERS[2],
+        from = from.max(0)
+    );
+    let in_cluster = crate::cluster::enabled();
+    let mut out = db.run(|c, _| {
+        let rows = by_index(c, |tx| tx.query(sql.as_str(), &[]))?;
+        let mut out = Changes {
+            statements: 1,
+            ..Changes::default()
+        };
+        for (i, r) in rows.iter().enumerate() {
+            if i == 0 {
+                out.horizon = r.get(0);
+                out.floor = r.get::<_, Option<i64>>(1).unwrap_or(0);
+                out.blind = r.get(2);
+            }
+            let Some(set) = r.get::<_, Option<&str>>(3) else {
+                continue;
+            };
+            let Some(&norm) = sets.get(set) else {
+                continue;
+            };
+            let entity: &str = r.get(4);
+            let scope: &str = r.get(5);
+            if let Ok(k) = canon::canonicalize(norm, entity.as_bytes(), scope.as_bytes()) {
+                out.rows.entry(set.to_string()).or_default().push(k.hash);
+                if in_cluster {
+                    let slot = crate::cluster::slot::keyslot(k.entity.as_bytes());
+                    out.slots.entry(set.to_string()).or_default().push(slot);
+                }
+            }
+        }
+        Ok(out)
+    })?;
+    if let Some(after) = prune_after_s {
+        // A failed prune costs nothing but disk; the pass's reading stands.
+        if prune(db, after).is_ok() {
+            out.statements += 1;
+        }
+    }
+    Ok(out)
+}
+
+/// Drops the change log's old rows, by transaction id (docs/sync.md, "Retention"): once the
+/// xmin `candidate` recorded in `member_changes_floor` is older than `after_s`, every row
+/// below it is deleted (all those transactions had ended when it was recorded, so no late
+/// commit can land there), `floor` becomes it, and the current xmin is the next candidate.
+/// One statement; concurrent callers serialize on the floor row and only one prunes.
+pub fn prune(db: &mut Db, after_s: u64) -> Result<u64, DbErr> {
+    let sql = format!(
+        "WITH f AS (SELECT candidate FROM member_changes_floor
+                     WHERE candidate_at < now() - interval '{after_s} seconds' FOR UPDATE),
+              d AS (DELETE FROM member_changes WHERE xid < (SELECT candidate FROM f) RETURNING 1)
+         UPDATE member_changes_floor SET floor = greatest(floor, f.candidate),
+                candidate = pg_snapshot_xmin(pg_current_snapshot()), candidate_at = now()
+           FROM f
+         RETURNING (SELECT count(*) FROM d)"
+    );
+    db.run_once(|c, _| {
+        Ok(by_index(c, |tx| tx.query_opt(sql.as_str(), &[]))?
+            .map(|r| r.get::<_, i64>(0) as u64)
+            .unwrap_or(0))
+    })
+}
+
+/// The change log is read and pruned by ranges of its xid index whatever the planner
+/// believes. Right after a bulk load the log is large and not analyzed yet, and the default
+/// estimate for `xid >= …` (a third of the rows) made every sync pass a sequential scan and
+/// sort of the whole log: half a CPU of PostgreSQL at 10 M logged rows, until autovacuum
+/// came by (measured in `make bench ARGS="--ten-million"`). The penalty that setting puts on
+/// a sequential scan (of the tiny tables the same statement reads) lifts the plan's cost over
+/// `jit_above_cost`, and JIT compiling it took 100 ms a pass: JIT is off for these too.
+const INDEX_ONLY: &str = "SET LOCAL enable_seqscan = off; SET LOCAL jit = off";
+
+/// Runs `f` in a transaction of its own under [`INDEX_ONLY`] (the sync pass and the prune).
+fn by_index<T>(
+    c: &mut postgres::Client,
+    f: impl FnOnce(&mut postgres::Transaction) -> Result<T, postgres::Error>,
+) -> Result<T, postgres::Error> {
+    let mut tx = c.transaction()?;
+    tx.batch_execute(INDEX_ONLY)?;
+    let out = f(&mut tx)?;
+    tx.commit()?;
+    Ok(out)
+}

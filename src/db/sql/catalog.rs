@@ -138,16 +138,25 @@ fn source_at(row: &postgres::Row, at: usize) -> Option<Option<Source>> {
     }))
 }
 
+/// A transaction holding the catalog's advisory lock, in which the module's tables and
+/// functions (catalog, change log, notify function, slot function) exist: idempotent DDL.
+fn schema_transaction(
+    c: &mut postgres::Client,
+) -> Result<postgres::Transaction<'_>, postgres::Error> {
+    let mut tx = c.transaction()?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
+    tx.batch_execute(CATALOG_DDL)?;
+    tx.batch_execute(CHANGE_LOG_DDL)?;
+    tx.batch_execute(NOTIFY_FN_DDL)?;
+    crate::db::keyslot::install_function(&mut tx)?;
+    Ok(tx)
+}
+
 /// The catalog version and every set definition, read in one snapshot. Creates the catalog
 /// tables on a fresh database (or one from before the version table existed).
 pub fn load_catalog(db: &mut Db) -> Result<(i64, Vec<CatalogRow>), DbErr> {
     db.run(|c, _| {
-        let mut tx = c.transaction()?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
-        tx.batch_execute(CATALOG_DDL)?;
-        tx.batch_execute(CHANGE_LOG_DDL)?;
-        tx.batch_execute(NOTIFY_FN_DDL)?;
-        crate::db::keyslot::install_function(&mut tx)?;
+        let tx = schema_transaction(c)?;
         tx.commit()
     })?;
     // Versions start at 0: -1 is never current, so this reads everything.
@@ -201,12 +210,7 @@ pub fn find_set(db: &mut Db, name: &str) -> Result<Option<CatalogRow>, DbErr> {
 /// row (the filter is built by the rebuild path).
 pub fn create_set(db: &mut Db, wanted: &SetDef, explicit: &[bool; 6]) -> Result<CatalogRow, DbErr> {
     let row = db.run(|c, _| {
-        let mut tx = c.transaction()?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
-        tx.batch_execute(CATALOG_DDL)?;
-        tx.batch_execute(CHANGE_LOG_DDL)?;
-        tx.batch_execute(NOTIFY_FN_DDL)?;
-        crate::db::keyslot::install_function(&mut tx)?;
+        let mut tx = schema_transaction(c)?;
         let existing = tx.query_opt(
             &format!(
                 "SELECT {} FROM member_catalog a WHERE name = $1",

@@ -14,7 +14,8 @@
 //! Files: `process.rs` (waiting, ports, temp dirs, the spawner), `pg_cluster.rs` (one PostgreSQL
 //! cluster process), `pg.rs` (the shared cluster, test roles, `TestDb`), `own_pg.rs` (`OwnPg`),
 //! `valkey.rs` (`Valkey`, starting it), `valkey_lifecycle.rs` (kill, shutdown, restart),
-//! `member.rs` (`Env` and libmember client helpers), `cluster.rs` / `cluster_ops.rs` (a Valkey
+//! `member.rs` (`Env` and libmember client helpers), `lifecycle.rs` (the filter-lifecycle
+//! tests' servers and assertions), `cluster.rs` / `cluster_ops.rs` (a Valkey
 //! Cluster), `proxy.rs` (a TCP proxy that injects link faults), `tls.rs` (PostgreSQL over TLS).
 #![allow(dead_code)]
 
@@ -27,6 +28,7 @@ mod valkey_lifecycle;
 
 pub mod cluster;
 pub mod cluster_ops;
+pub mod lifecycle;
 pub mod member;
 pub mod proxy;
 pub mod source;

@@ -1,6 +1,7 @@
 //! The sync loop (docs/sync.md): one pass per node for every set reads the change log by
 //! transaction id, so outside writes reach the filters within about `member.sync-interval-ms`,
 //! late commits included, and a filter loaded from a snapshot catches up before it says "absent".
+//! Here: when passes start and what they read; what a finished one does is `sync/apply.rs`.
 
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
@@ -11,11 +12,12 @@ use redis_module::{Context, RedisString};
 use crate::canon::Normalize;
 use crate::db::sql::{self, Changes};
 use crate::db::{pool, source, DbErr};
-use crate::filter_type::FilterValue;
 use crate::state::{Source, SourceSync};
 
 use crate::state;
-use crate::{config, filter_store, mainq, reply};
+use crate::{config, filter_store, mainq};
+
+mod apply;
 
 /// Per-set sync progress, shown by MEMBER.INFO.
 #[derive(Debug, Default)]
@@ -271,245 +273,9 @@ impl Drop for Pass {
             .take()
             .unwrap_or(Err(DbErr::Unavailable("sync lost".into())));
         mainq::post(Box::new(move |ctx| {
-            apply(ctx, started, epoch, members, res)
+            apply::apply(ctx, started, epoch, members, res)
         }));
     }
-}
-
-/// How a pass left one filter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CatchUp {
-    /// Covers everything below the pass's horizon now; the value's identity when it is
-    /// complete (for the set to trust it, whatever its history: loaded, moved back, copied).
-    CaughtUp(Option<u64>),
-    /// A filter swapped in meanwhile covers less than the pass read from: its watermark
-    /// stays, the next pass reads from it.
-    Kept,
-    /// Rows it needs may have been pruned from the log: now incomplete (it gets rebuilt).
-    /// Reported once, when a complete filter turns incomplete.
-    Pruned,
-    /// Its table does not feed the change log: not trusted, incomplete (rebuilt, which
-    /// retries installing the triggers).
-    Blind,
-    /// Built from another set's rows (restored or copied across sets): incomplete for this
-    /// set, never trusted (rebuilt).
-    Foreign,
-}
-
-/// The per-set step of a pass: adds `hashes` (its set's rows logged since `from`, the
-/// watermark the filter had when the pass started) and advances the watermark to `horizon`,
-/// if the pass covered everything the filter lacks. `floor` is the log's prune floor.
-pub fn catch_up(
-    set: &str,
-    f: &mut FilterValue,
-    hashes: &[u128],
-    from: i64,
-    horizon: i64,
-    floor: i64,
-    blind: bool,
-) -> CatchUp {
-    for h in hashes {
-        f.add(*h);
-    }
-    if !f.belongs_to(set) {
-        f.cov.complete = false;
-        return CatchUp::Foreign;
-    }
-    let Some(covered) = f.cov.watermark else {
-        return CatchUp::Kept;
-    };
-    // The pass read everything from `from`: that covers this filter only if it did not need
-    // anything older (a rebuild may have swapped in a newer one, never mind an older one).
-    if covered < from {
-        return CatchUp::Kept;
-    }
-    if blind || covered < floor {
-        let was_complete = std::mem::replace(&mut f.cov.complete, false);
-        return match (blind, was_complete) {
-            (true, _) => CatchUp::Blind,
-            (false, true) => CatchUp::Pruned,
-            // Already waiting for its rebuild: said once.
-            (false, false) => CatchUp::Kept,
-        };
-    }
-    f.cov.watermark = Some(covered.max(horizon));
-    CatchUp::CaughtUp(f.cov.complete.then_some(f.id))
-}
-
-fn apply(
-    ctx: &Context,
-    started: Instant,
-    epoch: u64,
-    members: Vec<Member>,
-    res: Result<Changes, DbErr>,
-) {
-    let again = LOOP.with(|l| {
-        let mut l = l.borrow_mut();
-        l.in_flight = false;
-        std::mem::take(&mut l.again)
-    });
-    if again {
-        // Promoted while the pass ran: the next sweep starts one in the new epoch.
-        LOOP.with(|l| l.borrow_mut().next = None);
-    }
-    let mut ch = match res {
-        Ok(ch) => ch,
-        Err(e) => {
-            let text = e.reply_text();
-            state::with(|r| {
-                for m in &members {
-                    if let Some(s) = r.sets.get_mut(&m.name) {
-                        s.sync.last_error = Some(text.clone());
-                    }
-                }
-            });
-            return;
-        }
-    };
-    let blind_tables: BTreeSet<&str> = ch.blind.iter().map(String::as_str).collect();
-    let mut rows = 0u64;
-    let mut newly_blind = Vec::new();
-    for m in &members {
-        let mut hashes = ch.rows.remove(&m.name).unwrap_or_default();
-        if let Some(slots) = ch.slots.remove(&m.name) {
-            hashes = covered_rows(ctx, &m.name, hashes, &slots);
-        }
-        let blind = blind_tables.contains(sql::table(&m.name).as_str());
-        // A polled set covers up to its own poll's time; the log's horizon and floor are not
-        // its business.
-        let (horizon, floor, blind) = match ch.time_horizons.get(&m.name) {
-            Some(&h) => (h, 0, false),
-            None if m.time => {
-                let e = ch.poll_errors.remove(&m.name);
-                state::with(|r| {
-                    if let Some(s) = r.sets.get_mut(&m.name) {
-                        s.sync.last_error = e;
-                    }
-                });
-                continue;
-            }
-            None => (ch.horizon, ch.floor, blind),
-        };
-        rows += hashes.len() as u64;
-        let key = state::with(|r| {
-            let s = r.sets.get_mut(&m.name)?;
-            if s.incarnation != m.incarnation {
-                return None;
-            }
-            for h in &hashes {
-                s.journal(*h);
-            }
-            s.sync.rows_applied += hashes.len() as u64;
-            s.sync.last_ok = Some(Instant::now());
-            s.sync.last_error = blind.then(|| sql::blind_reason(&m.name, "triggers missing"));
-            Some(s.filter_key.clone())
-        });
-        let Some(key) = key else {
-            continue;
-        };
-        let outcome = filter_store::with_mut(ctx, &key, |f| {
-            catch_up(&m.name, f, &hashes, m.from, horizon, floor, blind)
-        });
-        // Trust follows the value the pass caught up; rows it added to any other value at
-        // the key mean the trusted one (elsewhere, if anywhere) missed them.
-        let caught = match outcome {
-            Some(CatchUp::CaughtUp(id)) => id,
-            _ => None,
-        };
-        state::with(|r| {
-            if let Some(s) = r.sets.get_mut(&m.name) {
-                s.filter_synced(caught, !hashes.is_empty(), started);
-            }
-        });
-        match outcome {
-            Some(CatchUp::CaughtUp(_)) => {
-                state::with(|r| state::synced(r, &m.name, epoch, started))
-            }
-            Some(CatchUp::Pruned) => reply::log(
-                ctx,
-                reply::Level::Warning,
-                &format!(
-                    "libmember: set '{}': the change log was pruned past its filter's \
-                     watermark (member.change-retention-s): rebuilding",
-                    m.name
-                ),
-            ),
-            _ => {}
-        }
-        let was_blind = LOOP.with(|l| l.borrow().blind.contains(&m.name));
-        if blind && !was_blind {
-            newly_blind.push(m.name.clone());
-        }
-        if !blind && was_blind {
-            reply::log(
-                ctx,
-                reply::Level::Notice,
-                &format!(
-                    "libmember: set '{}' feeds the change log again: sync horizon visible",
-                    m.name
-                ),
-            );
-        }
-    }
-    for name in &newly_blind {
-        reply::log(
-            ctx,
-            reply::Level::Warning,
-            &format!(
-                "libmember: set '{name}' is blind to outside writes (sync_horizon blind): {}",
-                sql::blind_reason(name, "triggers missing")
-            ),
-        );
-    }
-    let first = LOOP.with(|l| {
-        let mut l = l.borrow_mut();
-        for m in &members {
-            if blind_tables.contains(sql::table(&m.name).as_str()) {
-                l.blind.insert(m.name.clone());
-            } else {
-                l.blind.remove(&m.name);
-            }
-        }
-        l.passes += 1;
-        l.statements += ch.statements;
-        l.rows += rows;
-        l.last_statements = ch.statements;
-        l.last_rows = rows;
-        !std::mem::replace(&mut l.announced, true)
-    });
-    if first && newly_blind.is_empty() {
-        reply::log(
-            ctx,
-            reply::Level::Notice,
-            &format!(
-                "libmember: sync horizon visible: {} set(s) follow the change log by transaction \
-             id, whatever the database role",
-                members.len()
-            ),
-        );
-    }
-}
-
-/// Cluster mode: the rows of a pass that belong to slots the set's filter covers, or will
-/// (a slot fill or a rebuild in flight). Rows of other slots are another node's to apply:
-/// leaving them out is what keeps each node's filter the size of its own slots.
-fn covered_rows(ctx: &Context, set: &str, hashes: Vec<u128>, slots: &[u16]) -> Vec<u128> {
-    let Some((key, extra)) = state::with(|r| {
-        r.sets
-            .get(set)
-            .map(|s| (s.filter_key.clone(), s.cover_extra.clone()))
-    }) else {
-        return hashes;
-    };
-    filter_store::with(ctx, &key, |f| {
-        hashes
-            .iter()
-            .zip(slots)
-            .filter(|(_, s)| f.covers(**s) || extra.as_ref().is_some_and(|e| e.contains(**s)))
-            .map(|(h, _)| *h)
-            .collect()
-    })
-    .unwrap_or(hashes)
 }
 
 /// A filter value was just installed at some set's key: the next sweep looks at once.
@@ -532,79 +298,5 @@ pub fn horizon(set: Option<&str>) -> &'static str {
         "blind"
     } else {
         "visible"
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::filter::Bloom;
-
-    fn filter(watermark: i64) -> FilterValue {
-        FilterValue::built(Bloom::new(100, 0.01), watermark, "s")
-    }
-
-    #[test]
-    fn a_pass_advances_a_filter_it_covers() {
-        let mut f = filter(100);
-        let id = f.id;
-        assert_eq!(
-            catch_up("s", &mut f, &[7], 100, 150, 0, false),
-            CatchUp::CaughtUp(Some(id))
-        );
-        assert_eq!(f.cov.watermark, Some(150));
-        assert!(f.trusted(Some(id)) && f.bloom.contains(7));
-        // A newer filter swapped in meanwhile keeps what it covers, or more.
-        let mut newer = filter(200);
-        let id = newer.id;
-        assert_eq!(
-            catch_up("s", &mut newer, &[], 100, 150, 0, false),
-            CatchUp::CaughtUp(Some(id))
-        );
-        assert_eq!(newer.cov.watermark, Some(200));
-    }
-
-    #[test]
-    fn a_pass_does_not_advance_an_older_filter() {
-        let mut f = filter(50);
-        assert_eq!(
-            catch_up("s", &mut f, &[7], 100, 150, 0, false),
-            CatchUp::Kept
-        );
-        assert_eq!(f.cov.watermark, Some(50));
-    }
-
-    #[test]
-    fn pruned_or_blind_filters_become_incomplete() {
-        let mut f = filter(100);
-        let id = f.id;
-        assert_eq!(
-            catch_up("s", &mut f, &[], 100, 150, 120, false),
-            CatchUp::Pruned
-        );
-        assert!(!f.cov.complete && !f.trusted(Some(id)));
-        assert_eq!(
-            catch_up("s", &mut f, &[], 100, 150, 120, false),
-            CatchUp::Kept
-        );
-        assert_eq!(f.cov.watermark, Some(100));
-        let mut f = filter(100);
-        let id = f.id;
-        assert_eq!(
-            catch_up("s", &mut f, &[], 100, 150, 0, true),
-            CatchUp::Blind
-        );
-        assert!(!f.cov.complete && !f.trusted(Some(id)));
-    }
-
-    #[test]
-    fn another_sets_filter_is_never_caught_up() {
-        let mut f = filter(100);
-        assert_eq!(
-            catch_up("t", &mut f, &[], 100, 150, 0, false),
-            CatchUp::Foreign
-        );
-        assert!(!f.cov.complete);
-        assert_eq!(f.cov.watermark, Some(100));
     }
 }

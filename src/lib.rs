@@ -28,6 +28,7 @@ pub mod filter_store;
 pub mod filter_type;
 pub mod funnel;
 pub mod grow;
+pub mod housekeeping;
 pub mod keys;
 pub mod known_absent;
 pub mod large_array;

@@ -59,7 +59,7 @@ fn tick(ctx: &Context, _: ()) {
             crate::effects::flush_replication(ctx);
             // A change notification starts its pass within this tick, not the next sweep.
             crate::sync::poke(ctx);
-            crate::state::housekeeping(ctx);
+            crate::housekeeping::run(ctx);
         }));
         if upkeep.is_err() {
             crate::reply::log(

@@ -101,6 +101,7 @@ pub fn names_item(err: &str) -> bool {
         ITEM_TOO_LONG,
         ITEM_NOT_TEXT,
         ITEM_EMPTY_AFTER_NORMALIZE,
+        ITEM_TOO_LONG_AFTER_NORMALIZE,
     ]
     .contains(&err)
 }

@@ -283,6 +283,16 @@ fn limits_and_bad_items_fail_the_whole_call_and_change_nothing() {
         many_err(&mut c, "MADD", "s", &[], &long),
         "ERR item 2: item is longer than 1024 bytes"
     );
+    // 512 × `İ` is 1024 bytes, 1536 once lowercased (`i̇`): too long as stored.
+    ok(&mut c, &["MEMBER.CREATE", "low", "NORMALIZE", "lower"]);
+    let grows = vec!["ok".to_string(), "ok2".into(), "İ".repeat(512)];
+    for cmd in ["MADD", "MEXISTS"] {
+        assert_eq!(
+            many_err(&mut c, cmd, "low", &[], &grows),
+            "ERR item 3: item is longer than 1024 bytes after normalization"
+        );
+    }
+    assert_eq!(rows(&env, "low"), 0);
     let scope = "z".repeat(257);
     assert_eq!(
         many_err(&mut c, "MADD", "s", &["SCOPE", &scope], &bad[..1]),

@@ -19,12 +19,7 @@ pub fn drop(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let delete_data = match args.get(2) {
         None => false,
         Some(a) if a.as_slice().eq_ignore_ascii_case(b"DELETE-DATA") => true,
-        Some(a) => {
-            return Err(RedisError::String(format!(
-                "ERR unknown option '{}'",
-                String::from_utf8_lossy(a.as_slice())
-            )))
-        }
+        Some(a) => return Err(super::unknown_option(a.as_slice())),
     };
     may_block(ctx)?;
     let fallback = DropDone {

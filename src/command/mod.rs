@@ -28,6 +28,14 @@ fn err(msg: &'static str) -> RedisError {
     RedisError::Str(msg)
 }
 
+/// `ERR unknown option '…'`, the option escaped and bounded as every echoed argument is.
+pub fn unknown_option(given: &[u8]) -> RedisError {
+    RedisError::String(format!(
+        "ERR unknown option '{}'",
+        crate::reply::escape(given)
+    ))
+}
+
 /// True for a valid set name: `[a-z0-9_]{1,40}`.
 pub fn valid_set_name(b: &[u8]) -> bool {
     (1..=40).contains(&b.len())
@@ -69,10 +77,7 @@ impl<A: Arg> Options<A> {
                 .chain(more)
                 .find(|a| a.as_bytes().eq_ignore_ascii_case(given))
             else {
-                return Err(RedisError::String(format!(
-                    "ERR unknown option '{}'",
-                    crate::reply::escape(given)
-                )));
+                return Err(unknown_option(given));
             };
             let value = rest
                 .next()

@@ -21,12 +21,7 @@ pub fn rebuild(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let sync = match args.get(2) {
         None => false,
         Some(a) if a.as_slice().eq_ignore_ascii_case(b"SYNC") => true,
-        Some(a) => {
-            return Err(RedisError::String(format!(
-                "ERR unknown option '{}'",
-                crate::reply::escape(a.as_slice())
-            )))
-        }
+        Some(a) => return Err(super::unknown_option(a.as_slice())),
     };
     if state::with(|r| r.serving(&name, false).is_none()) {
         // A set this node does not know: ask the catalog first (only this client waits; with

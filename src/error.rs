@@ -46,6 +46,11 @@ pub const MANY_IN_CLUSTER: &str = "ERR MEMBER.MEXISTS and MEMBER.MADD are refuse
      (their items may belong to other nodes' slots): send one MEMBER.EXISTS or MEMBER.ADD per item, \
      each is routed by its item";
 pub const DUPLICATE_OPTION: &str = "ERR option given more than once";
+/// A new set whose table `member_<set>` would take the name of one of the module's own
+/// tables or of another set's index (README "Commands", MEMBER.CREATE).
+pub const RESERVED_SET_NAME: &str = "ERR set name is reserved: catalog, changes, names \
+     starting with catalog_ or changes_ and names ending in _updated_at, _slot or _pkey name \
+     the module's own tables and indexes";
 pub const SET_EXISTS_DIFFERENT: &str =
     "ERR set already exists with different settings (see MEMBER.INFO)";
 /// MEMBER.ALTER without a setting to change.

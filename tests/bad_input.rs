@@ -29,6 +29,9 @@ const BAD_CACHE_TTL: &str = "ERR CACHE-TTL must be an integer between 1 and 3153
 const BAD_RECENT_TTL: &str = "ERR RECENT-TTL must be an integer between 1 and 86400 seconds";
 const BAD_NORMALIZE: &str = "ERR NORMALIZE must be one of none, lower, username";
 const DUPLICATE_OPTION: &str = "ERR option given more than once";
+const RESERVED_SET_NAME: &str = "ERR set name is reserved: catalog, changes, names starting \
+     with catalog_ or changes_ and names ending in _updated_at, _slot or _pkey name the \
+     module's own tables and indexes";
 const SET_EXISTS_DIFFERENT: &str =
     "ERR set already exists with different settings (see MEMBER.INFO)";
 
@@ -339,6 +342,41 @@ fn unknown_and_invalid_set_names() {
     ok(&mut c, &["MEMBER.CREATE", &forty]);
     assert_eq!(int(&mut c, &["MEMBER.ADD", &forty, "x"]), 1);
     assert_eq!(rows(&env, &forty), 1);
+}
+
+/// A set's table `member_<set>` shares PostgreSQL's namespace with the module's own tables
+/// and with every set's indexes: a new set whose table would take one of those names is
+/// refused (it failed with a database error, or quietly left another set without its index).
+#[test]
+fn names_whose_table_would_collide_are_refused() {
+    let (env, mut c) = setup();
+    let before = snap(&env, &mut c);
+    for name in [
+        "catalog",
+        "catalog_version",
+        "changes",
+        "changes_floor",
+        "changes_seq_seq",
+        "s_updated_at",
+        "s_pkey",
+        "s_slot",
+        "later_updated_at",
+    ] {
+        refused(&mut c, &["MEMBER.CREATE", name], RESERVED_SET_NAME);
+    }
+    assert_eq!(snap(&env, &mut c), before);
+    // So a set created later gets its own indexes, whatever was tried before.
+    ok(&mut c, &["MEMBER.CREATE", "later"]);
+    let n: i64 = env
+        .pg()
+        .query_one(
+            "SELECT count(*) FROM pg_indexes WHERE tablename = 'member_later'
+                AND indexname IN ('member_later_updated_at', 'member_later_pkey')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 2);
 }
 
 #[test]

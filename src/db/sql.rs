@@ -25,6 +25,19 @@ pub fn table(set: &str) -> String {
     format!("member_{set}")
 }
 
+/// Whether a new set may not take `set` as its name: its table `member_<set>` would be one of
+/// the module's own relations (`member_catalog`, `member_changes_floor`, the log's sequence
+/// `member_changes_seq_seq`, …) or one of another set's indexes (`member_<x>_updated_at`,
+/// `member_<x>_slot`, `member_<x>_pkey`): PostgreSQL keeps tables, indexes and sequences in
+/// one namespace.
+pub fn reserved_set_name(set: &str) -> bool {
+    ["catalog", "changes"].contains(&set)
+        || ["catalog_", "changes_"].iter().any(|p| set.starts_with(p))
+        || ["_updated_at", "_slot", "_pkey"]
+            .iter()
+            .any(|s| set.ends_with(s))
+}
+
 pub(super) const ACTIVE: &str = "status = 1 AND (expires_at IS NULL OR expires_at > now())";
 /// `ACTIVE` for a table aliased `m` (prefix the first column with `m.`).
 const ACTIVE_M: &str = "status = 1 AND (m.expires_at IS NULL OR m.expires_at > now())";
@@ -139,4 +152,38 @@ pub fn del(db: &mut Db, set: &str, entity: &str, scope: &str) -> Result<bool, Db
             .map(|r| r.get::<_, bool>(0))
             .unwrap_or(false))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_that_would_collide_with_the_modules_relations_are_reserved() {
+        for name in [
+            "catalog",
+            "catalog_version",
+            "changes",
+            "changes_floor",
+            "changes_seq_seq",
+            "a_updated_at",
+            "users_slot",
+            "_slot",
+            "users_pkey",
+        ] {
+            assert!(reserved_set_name(name), "{name}");
+        }
+        for name in [
+            "catalogs",
+            "changes2",
+            "slot",
+            "updated_at",
+            "slots",
+            "a_slot_1",
+            "users",
+            "pkey",
+        ] {
+            assert!(!reserved_set_name(name), "{name}");
+        }
+    }
 }

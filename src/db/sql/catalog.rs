@@ -225,6 +225,9 @@ pub fn create_set(db: &mut Db, wanted: &SetDef, explicit: &[bool; 6]) -> Result<
                 }
                 have
             }
+            None if super::reserved_set_name(&wanted.name) => {
+                return Ok(Err(DbErr::Refused(error::RESERVED_SET_NAME)));
+            }
             None => {
                 // An attached set's source is checked first: a refusal rolls back, so nothing
                 // is created.

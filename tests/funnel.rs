@@ -488,6 +488,40 @@ fn a_lost_filter_falls_through_and_rebuilds_itself() {
     assert_ne!(explain(&mut c, "s", "m5").1, "bloom-negative");
 }
 
+/// With no filter at all (flushed, its rebuild held up by a lock on the table), MEMBER.INFO
+/// still carries the fields operators alert on, saying the set serves no "absent".
+#[test]
+fn info_without_a_filter_says_it_serves_no_absent() {
+    let env = Env::new();
+    let mut c = env.conn();
+    ok(&mut c, &["MEMBER.CREATE", "s"]);
+    int(&mut c, &["MEMBER.ADD", "s", "m"]);
+    assert!(wait_until(Duration::from_secs(10), || {
+        set_info(&mut c, "s", "filter_serves_absent").as_deref() == Some("1")
+    }));
+    let mut locker = env.pg();
+    locker
+        .batch_execute("BEGIN; LOCK TABLE member_s IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
+    redis::cmd("FLUSHALL").query::<()>(&mut c).unwrap();
+    for (field, want) in [
+        ("filter_present", "0"),
+        ("filter_complete", "0"),
+        ("filter_caught_up", "0"),
+        ("filter_serves_absent", "0"),
+    ] {
+        assert_eq!(
+            set_info(&mut c, "s", field).as_deref(),
+            Some(want),
+            "{field}"
+        );
+    }
+    locker.batch_execute("COMMIT").unwrap();
+    assert!(wait_until(Duration::from_secs(10), || {
+        set_info(&mut c, "s", "filter_serves_absent").as_deref() == Some("1")
+    }));
+}
+
 #[test]
 fn info_reports_paths_and_rates() {
     let env = Env::new();

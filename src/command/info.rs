@@ -131,9 +131,13 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
             ]
         })
         .unwrap_or_else(|| {
+            // No filter: every lookup goes to the database. The fields operators alert on
+            // say so rather than disappear.
             vec![
                 ("filter_present", "0".to_string()),
                 ("filter_complete", "0".to_string()),
+                ("filter_caught_up", "0".to_string()),
+                ("filter_serves_absent", "0".to_string()),
             ]
         });
         out.extend(filter);

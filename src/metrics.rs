@@ -18,6 +18,9 @@ pub struct PathCounters {
     pub fp_cache: u64,
     pub db_hit: u64,
     pub db_miss: u64,
+    /// Database misses of items a complete, trusted filter let through (an incomplete or
+    /// missing filter lets everything through: those misses are not the filter's).
+    pub false_positives: u64,
     pub db_errors: u64,
     pub adds: u64,
     pub adds_new: u64,
@@ -53,9 +56,10 @@ impl PathCounters {
         Self::ratio(self.db_hit + self.db_miss + self.recent, self.exists)
     }
     /// Share of absent items the filter wrongly let through: filter hits the database
-    /// answered "absent" (now or moments ago, `fp_cache`), over all items found absent.
+    /// answered "absent" (now or moments ago, `fp_cache`), over the absent items the filter
+    /// judged. Lookups past an incomplete or missing filter are not its false positives.
     pub fn false_positive_rate_est(&self) -> f64 {
-        let fp = self.db_miss + self.fp_cache;
+        let fp = self.false_positives + self.fp_cache;
         Self::ratio(fp, fp + self.bloom_negative)
     }
 }
@@ -203,8 +207,9 @@ mod tests {
             ..Default::default()
         };
         c.bloom_negative = 90;
-        c.db_miss = 1;
-        c.db_hit = 4;
+        c.db_miss = 3;
+        c.false_positives = 1;
+        c.db_hit = 2;
         c.cache_hit = 5;
         assert_eq!(c.bloom_exists_true_rate(), 0.1);
         assert_eq!(c.db_fallback_rate(), 0.05);

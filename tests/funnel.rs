@@ -522,6 +522,43 @@ fn info_without_a_filter_says_it_serves_no_absent() {
     }));
 }
 
+/// Lookups past a missing filter all go to the database; their misses are not the filter's
+/// false positives, so false_positive_rate_est does not count them (it read 1.0 after every
+/// FLUSHALL, restart or promotion, a false alarm).
+#[test]
+fn misses_past_a_missing_filter_are_not_false_positives() {
+    let env = Env::new();
+    let mut c = env.conn();
+    ok(&mut c, &["MEMBER.CREATE", "s", "CAPACITY", "1000000"]);
+    int(&mut c, &["MEMBER.ADD", "s", "m"]);
+    // The filter cannot come back: its rebuild is refused under the new ceiling.
+    ok(&mut c, &["CONFIG", "SET", "member.max-filter-bytes", "1mb"]);
+    redis::cmd("FLUSHALL").query::<()>(&mut c).unwrap();
+    for i in 0..10 {
+        assert_eq!(
+            int(&mut c, &["MEMBER.EXISTS", "s", &format!("absent{i}")]),
+            0
+        );
+    }
+    assert_eq!(
+        set_info(&mut c, "s", "filter_present").as_deref(),
+        Some("0")
+    );
+    assert_eq!(set_info(&mut c, "s", "path_db_miss").as_deref(), Some("10"));
+    for (field, want) in [("false_positive_rate_est", "0.000000")] {
+        assert_eq!(
+            set_info(&mut c, "s", field).as_deref(),
+            Some(want),
+            "{field}"
+        );
+        assert_eq!(
+            info_field(&mut c, field).as_deref(),
+            Some(want),
+            "INFO {field}"
+        );
+    }
+}
+
 #[test]
 fn info_reports_paths_and_rates() {
     let env = Env::new();

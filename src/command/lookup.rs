@@ -338,12 +338,19 @@ impl Completion for LookupDone {
             if set.incarnation != self.incarnation {
                 return;
             }
+            // EXPLAIN is diagnostic: not counted, whatever its outcome.
+            let false_positive = self.remember.is_some() && matches!(self.result, Ok(None));
             match path {
                 Some(p) => record(set, self.explain, p, self.started),
+                None if self.explain => {}
                 None => {
                     set.stats.db_errors += 1;
                     metrics::global(|m| m.paths.db_errors += 1);
                 }
+            }
+            if false_positive && !self.explain {
+                set.stats.false_positives += 1;
+                metrics::global(|m| m.paths.false_positives += 1);
             }
             // A false positive confirmed by the database: remember it, unless the item was
             // added since the lookup was asked (it may have read the table before an ADD or

@@ -110,6 +110,14 @@ fn a_filter_that_would_pass_maxmemory_is_refused_before_anything_is_written() {
         cmd(&mut c, &["MEMBER.CREATE", "small", "CAPACITY", "1000"]).unwrap(),
         Value::Okay
     );
+    // Repeating the CREATE of a set that exists (an application's start-up) allocates
+    // nothing, so it is not refused, even when the defaults it does not override would not
+    // fit; a new set with those defaults is.
+    config_set(&mut c, "member.default-capacity", "100000000");
+    let again = cmd(&mut c, &["MEMBER.CREATE", "small"]).unwrap();
+    assert_eq!(again, Value::Okay);
+    let e = err(&mut c, &["MEMBER.CREATE", "other"]);
+    assert!(e.contains("left under maxmemory"), "{e}");
 }
 
 #[test]

@@ -53,10 +53,6 @@ fn parse(args: Vec<RedisString>) -> Result<(SetDef, [bool; 6]), RedisError> {
     if def.source.is_some() {
         super::attach::check(def.normalize, &def.tokenize)?;
     }
-    // Checked before anything is allocated or written: the filter these settings need must
-    // fit under the ceiling (a smaller one would break the promised rate).
-    settings::check_filter_size(def.capacity, def.error_rate)
-        .map_err(|e| RedisError::String(format!("ERR {e}")))?;
     Ok((def, explicit))
 }
 
@@ -80,18 +76,23 @@ pub fn create(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let (def, explicit) = parse(args)?;
     crate::acl::check_set(ctx, &def.name, crate::acl::Access::Write)?;
     may_block(ctx)?;
-    // A set new to this node counts against member.max-sets, and its filter must fit under
-    // maxmemory: both refused before anything is written.
+    // A set new to this node counts against member.max-sets, and the filter its settings need
+    // must fit under the ceiling (a smaller one would break the promised rate) and under
+    // maxmemory: all refused before anything is written. A set this node knows already has
+    // its filter: repeating its CREATE (an application's start-up) allocates nothing, and
+    // differing settings are refused by the catalog step.
     let (is_new, known) = state::with(|r| (!r.sets.contains_key(&def.name), r.sets.len()));
     if is_new {
         crate::limits::admit_set(known)?;
+        settings::check_filter_size(def.capacity, def.error_rate)
+            .map_err(|e| RedisError::String(format!("ERR {e}")))?;
+        let budget = crate::limits::refresh_memory_budget(ctx);
+        crate::limits::check_memory(
+            crate::filter::bytes_for(def.capacity, def.error_rate),
+            budget,
+        )
+        .map_err(|e| RedisError::String(format!("ERR {e}")))?;
     }
-    let budget = crate::limits::refresh_memory_budget(ctx);
-    crate::limits::check_memory(
-        crate::filter::bytes_for(def.capacity, def.error_rate),
-        budget,
-    )
-    .map_err(|e| RedisError::String(format!("ERR {e}")))?;
     let id = NEXT_ID.with(|n| {
         n.set(n.get() + 1);
         n.get()

@@ -80,3 +80,42 @@ fn item_is_not_an_acl_key() {
         assert!(e.starts_with("NOPERM"), "{user}: GET -> {e}");
     }
 }
+
+/// A CREATE without options takes the module's defaults (README "Configuration"), read when
+/// the set is created: `member.default-capacity`, `member.default-error-rate`,
+/// `member.cache-ttl`, `member.recent-ttl`.
+#[test]
+fn create_takes_the_configured_defaults() {
+    let env = Env::new();
+    let mut c = env.conn();
+    for (name, value) in [
+        ("member.default-capacity", "5000"),
+        ("member.default-error-rate", "0.02"),
+        ("member.cache-ttl", "77"),
+        ("member.recent-ttl", "9"),
+    ] {
+        ok(&mut c, &["CONFIG", "SET", name, value]);
+    }
+    ok(&mut c, &["MEMBER.CREATE", "d"]);
+    for (field, want) in [
+        ("capacity", "5000"),
+        ("error_rate", "0.02"),
+        ("cache_ttl", "77"),
+        ("recent_ttl", "9"),
+        ("filter_capacity", "5000"),
+    ] {
+        assert_eq!(
+            set_info(&mut c, "d", field).as_deref(),
+            Some(want),
+            "{field}"
+        );
+    }
+    // Given options win over the defaults.
+    ok(
+        &mut c,
+        &["MEMBER.CREATE", "e", "CAPACITY", "700", "CACHE-TTL", "5"],
+    );
+    assert_eq!(set_info(&mut c, "e", "capacity").as_deref(), Some("700"));
+    assert_eq!(set_info(&mut c, "e", "cache_ttl").as_deref(), Some("5"));
+    assert_eq!(set_info(&mut c, "e", "recent_ttl").as_deref(), Some("9"));
+}

@@ -663,3 +663,59 @@ fn quiet_postgres_restart_then_every_call_answers() {
     let mut pgc = pg.client();
     every_call_answers(&vk, &mut c, &mut pgc, "s6");
 }
+
+/// `CLIENT UNBLOCK <id> TIMEOUT` on a client waiting for the database (README "Limitations"):
+/// it gets `UNAVAILABLE` at once and nothing more when the database answers later; the write
+/// it asked for still lands.
+#[test]
+fn client_unblock_timeout_answers_unavailable_once() {
+    let pg = OwnPg::start_new();
+    // A long timeout of the module's own: only the UNBLOCK ends the wait.
+    let vk = start_loaded(&pg.url(), &[("member.db-timeout-ms", "20000")]);
+    let mut c = vk.conn();
+    ok(&mut c, &["MEMBER.CREATE", "u"]);
+    let mut locker = pg.client();
+    locker
+        .batch_execute("BEGIN; LOCK TABLE member_u IN EXCLUSIVE MODE")
+        .unwrap();
+    let mut waiter = vk.conn();
+    let id: i64 = redis::cmd("CLIENT").arg("ID").query(&mut waiter).unwrap();
+    let add = thread::spawn(move || {
+        let res = cmd(&mut waiter, &["MEMBER.ADD", "u", "late"]).map_err(|e| error_text(&e));
+        (res, waiter)
+    });
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let line: String = redis::cmd("CLIENT")
+                .arg("LIST")
+                .arg("ID")
+                .arg(id)
+                .query(&mut c)
+                .unwrap();
+            line.contains("flags=b")
+        }),
+        "the ADD never blocked"
+    );
+    let n: i64 = redis::cmd("CLIENT")
+        .arg("UNBLOCK")
+        .arg(id)
+        .arg("TIMEOUT")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(n, 1, "CLIENT UNBLOCK refused the client");
+    let (res, mut waiter) = add.join().unwrap();
+    let text = res.expect_err("the unblocked ADD answered");
+    assert!(text.starts_with("UNAVAILABLE"), "{text}");
+    locker.batch_execute("COMMIT").unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || int(
+            &mut c,
+            &["MEMBER.EXISTS", "u", "late"]
+        ) == 1),
+        "the write never landed\n{}",
+        vk.log()
+    );
+    // Nothing more reached the unblocked client: its next reply is its PING's.
+    let pong: String = redis::cmd("PING").query(&mut waiter).unwrap();
+    assert_eq!(pong, "PONG");
+}

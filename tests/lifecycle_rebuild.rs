@@ -475,3 +475,25 @@ fn outside_writes_reach_the_filter() {
         "sync_rows_applied did not grow"
     );
 }
+
+/// `member.rebuild-interval-s` rebuilds every set that often, by itself (README "Filter
+/// lifecycle"), keeping every member.
+#[test]
+fn rebuild_interval_rebuilds_every_set_by_itself() {
+    let env = env(&[("member.rebuild-interval-s", "1")]);
+    let mut c = env.conn();
+    create(&mut c, "p", &[]);
+    let items = names("p", 50);
+    add_all(&env.vk, &mut c, "p", &items);
+    assert!(
+        wait_until(SETTLE, || set_info(&mut c, "p", "last_rebuild_reason")
+            .as_deref()
+            == Some("periodic")),
+        "no periodic rebuild: {:?}\n{}",
+        set_info(&mut c, "p", "last_rebuild_reason"),
+        log_tail(&env.vk)
+    );
+    thread::sleep(PAST_RECENT);
+    wait_info(&env.vk, &mut c, "p", "filter_caught_up", "1", SETTLE);
+    assert_in_filter(&env.vk, &mut c, "p", &items, "after a periodic rebuild");
+}

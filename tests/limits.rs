@@ -118,6 +118,21 @@ fn a_filter_that_would_pass_maxmemory_is_refused_before_anything_is_written() {
     assert_eq!(again, Value::Okay);
     let e = err(&mut c, &["MEMBER.CREATE", "other"]);
     assert!(e.contains("left under maxmemory"), "{e}");
+    // A set this node still knows but the catalog no longer has (dropped elsewhere, not yet
+    // re-read here) is a new row: checked like any new set, nothing written.
+    let mut pg = env.pg();
+    pg.execute("DELETE FROM member_catalog WHERE name = 'small'", &[])
+        .unwrap();
+    let e = err(&mut c, &["MEMBER.CREATE", "small"]);
+    assert!(e.contains("left under maxmemory"), "{e}");
+    let rows: i64 = pg
+        .query_one(
+            "SELECT count(*) FROM member_catalog WHERE name = 'small'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0);
 }
 
 #[test]

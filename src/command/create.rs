@@ -81,17 +81,13 @@ pub fn create(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     // maxmemory: all refused before anything is written. A set this node knows already has
     // its filter: repeating its CREATE (an application's start-up) allocates nothing, and
     // differing settings are refused by the catalog step.
+    // The catalog step checks the same for any row it inserts (this node may still know a
+    // set that was dropped elsewhere).
     let (is_new, known) = state::with(|r| (!r.sets.contains_key(&def.name), r.sets.len()));
+    let budget = crate::limits::refresh_memory_budget(ctx);
     if is_new {
         crate::limits::admit_set(known)?;
-        settings::check_filter_size(def.capacity, def.error_rate)
-            .map_err(|e| RedisError::String(format!("ERR {e}")))?;
-        let budget = crate::limits::refresh_memory_budget(ctx);
-        crate::limits::check_memory(
-            crate::filter::bytes_for(def.capacity, def.error_rate),
-            budget,
-        )
-        .map_err(|e| RedisError::String(format!("ERR {e}")))?;
+        fits(&def, budget).map_err(|e| RedisError::String(format!("ERR {e}")))?;
     }
     let id = NEXT_ID.with(|n| {
         n.set(n.get() + 1);
@@ -112,9 +108,19 @@ pub fn create(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     };
     pool::run(move |db| {
         let mut step = step;
-        step.result = Some(sql::create_set(db, &def, &explicit));
+        step.result = Some(sql::create_set(db, &def, &explicit, &|d| fits(d, budget)));
     });
     Ok(RedisValue::NoReply)
+}
+
+/// Whether the filter `def` needs fits under `member.max-filter-bytes` (a smaller one would
+/// break the promised rate) and in `budget`, the bytes left under maxmemory.
+fn fits(def: &SetDef, budget: u64) -> Result<(), String> {
+    settings::check_filter_size(def.capacity, def.error_rate)?;
+    crate::limits::check_memory(
+        crate::filter::bytes_for(def.capacity, def.error_rate),
+        budget,
+    )
 }
 
 fn catalog_timeout(_ctx: &Context, id: u64) {

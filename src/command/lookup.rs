@@ -338,11 +338,11 @@ impl Completion for LookupDone {
             if set.incarnation != self.incarnation {
                 return;
             }
-            // EXPLAIN is diagnostic: not counted, whatever its outcome.
+            // EXPLAIN's call and path are not counted; a database error it met is (that
+            // counter describes the database, like db_timeouts).
             let false_positive = self.remember.is_some() && matches!(self.result, Ok(None));
             match path {
                 Some(p) => record(set, self.explain, p, self.started),
-                None if self.explain => {}
                 None => {
                     set.stats.db_errors += 1;
                     metrics::global(|m| m.paths.db_errors += 1);

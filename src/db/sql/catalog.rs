@@ -206,9 +206,15 @@ pub fn find_set(db: &mut Db, name: &str) -> Result<Option<CatalogRow>, DbErr> {
 }
 
 /// Creates (or confirms) a set: catalog row and table. `explicit` says which settings the
-/// caller gave; an existing set whose given settings differ is refused. Returns the stored
-/// row (the filter is built by the rebuild path).
-pub fn create_set(db: &mut Db, wanted: &SetDef, explicit: &[bool; 6]) -> Result<CatalogRow, DbErr> {
+/// caller gave; an existing set whose given settings differ is refused. `check` sees a set
+/// about to be inserted and may refuse it with a reason (`ERR <reason>`; nothing is written
+/// then). Returns the stored row (the filter is built by the rebuild path).
+pub fn create_set(
+    db: &mut Db,
+    wanted: &SetDef,
+    explicit: &[bool; 6],
+    check: &dyn Fn(&SetDef) -> Result<(), String>,
+) -> Result<CatalogRow, DbErr> {
     let row = db.run(|c, _| {
         let mut tx = schema_transaction(c)?;
         let existing = tx.query_opt(
@@ -229,6 +235,9 @@ pub fn create_set(db: &mut Db, wanted: &SetDef, explicit: &[bool; 6]) -> Result<
                 return Ok(Err(DbErr::Refused(error::RESERVED_SET_NAME)));
             }
             None => {
+                if let Err(why) = check(wanted) {
+                    return Ok(Err(DbErr::Invalid(why)));
+                }
                 // An attached set's source is checked first: a refusal rolls back, so nothing
                 // is created.
                 if let Err(e) = crate::db::source_check::validate(&mut tx, wanted) {

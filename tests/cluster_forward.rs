@@ -278,18 +278,17 @@ fn a_holder_too_slow_to_answer_gives_unavailable_and_nothing_wrong_after() {
         let _short = Config::set(na, "member.db-timeout-ms", "200");
         let mut oc = owner.conn();
         let probe = owner.conn();
-        let sleeper = std::thread::spawn(move || {
-            let _: redis::Value = redis::cmd("DEBUG")
-                .arg("SLEEP")
-                .arg("1.5")
-                .query(&mut oc)
-                .unwrap();
-        });
-        // The ADD goes out only once the owner is asleep, however late the thread runs.
+        // Sent, its reply read later: the ADD goes out once the DEBUG SLEEP is on its way and
+        // the owner leaves a PING sent after it unanswered.
+        let sleep = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("1.5")
+            .get_packed_command();
+        oc.send_packed_command(&sleep).unwrap();
         assert!(wait_asleep(probe), "the owner never went to sleep");
         let mut c: Connection = na.conn();
         let e = err(&mut c, &["MEMBER.ADD", set, &a]);
-        sleeper.join().unwrap();
+        let _: redis::Value = oc.recv_response().unwrap();
         e
     };
     assert!(

@@ -715,7 +715,15 @@ fn client_unblock_timeout_answers_unavailable_once() {
         "the write never landed\n{}",
         vk.log()
     );
-    // Nothing more reached the unblocked client: its next reply is its PING's.
+    // The ADD's completion has reached the main thread (it counts the add there): nothing
+    // more reached the unblocked client, whose next reply is its PING's.
+    assert!(
+        wait_until(Duration::from_secs(10), || set_info(&mut c, "u", "adds")
+            .as_deref()
+            == Some("1")),
+        "the ADD's completion was never applied: adds {:?}",
+        set_info(&mut c, "u", "adds")
+    );
     let pong: String = redis::cmd("PING").query(&mut waiter).unwrap();
     assert_eq!(pong, "PONG");
 }

@@ -81,6 +81,31 @@ fn info_num(c: &mut Connection, set: &str, field: &str) -> u64 {
         .unwrap()
 }
 
+/// A false positive of a trusted filter that the database resolves counts in
+/// false_positive_rate_est (the misses of a missing filter do not: below).
+#[test]
+fn a_false_positive_resolved_by_the_database_counts_in_the_estimate() {
+    let env = Env::new();
+    let mut c = env.conn();
+    lossy_set_and_false_positive(&mut c, "fq");
+    assert!(wait_until(Duration::from_secs(10), || {
+        set_info(&mut c, "fq", "filter_serves_absent").as_deref() == Some("1")
+    }));
+    let reached_db = (0..1000).any(|i| {
+        int(&mut c, &["MEMBER.EXISTS", "fq", &format!("other-{i}")]);
+        info_num(&mut c, "fq", "path_db_miss") > 0
+    });
+    assert!(
+        reached_db,
+        "no false positive in 1000 lookups of a 50% filter"
+    );
+    let rate: f64 = set_info(&mut c, "fq", "false_positive_rate_est")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(rate > 0.0, "false_positive_rate_est {rate}");
+}
+
 #[test]
 fn filter_false_positive_is_resolved_by_the_database_then_remembered() {
     let env = Env::new();

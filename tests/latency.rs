@@ -66,7 +66,8 @@ fn slow_lookup(env: &Env, set: &str, item: &str, hold: Duration) -> i64 {
 
 #[test]
 fn slow_resolutions_feed_the_latency_monitor() {
-    let env = Env::new();
+    // A long database timeout: the held lookups must end in an answer, however late.
+    let env = Env::with(&[("member.db-timeout-ms", "10000")]);
     let mut c = env.conn();
     ok(&mut c, &["MEMBER.CREATE", "lat"]);
     for item in ["a", "b", "c"] {

@@ -607,10 +607,28 @@ fn info_reports_paths_and_rates() {
         "bloom_exists_true_rate",
         "db_fallback_rate",
         "false_positive_rate_est",
-        "exists_p99_us",
     ] {
         assert!(info_field(&mut c, f).is_some(), "INFO member lacks {f}");
     }
+    // The latency percentiles of EXISTS answered from memory, in order.
+    let p: Vec<u64> = [
+        "exists_p50_us",
+        "exists_p95_us",
+        "exists_p99_us",
+        "exists_p999_us",
+    ]
+    .iter()
+    .map(|f| {
+        info_field(&mut c, f)
+            .unwrap_or_else(|| panic!("INFO member lacks {f}"))
+            .parse()
+            .unwrap()
+    })
+    .collect();
+    assert!(
+        p.windows(2).all(|w| w[0] <= w[1]),
+        "percentiles out of order: {p:?}"
+    );
 }
 
 #[test]

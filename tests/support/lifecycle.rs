@@ -184,9 +184,7 @@ pub fn reply(c: &mut Connection, args: &[&str]) -> Option<i64> {
 
 /// The exact-match cache key of an unscoped item.
 pub fn hit_key(set: &str, item: &str) -> Vec<u8> {
-    let mut k = format!("member:{set}:hit:{item}").into_bytes();
-    k.push(0);
-    k
+    cache_key(set, item, "")
 }
 
 /// Sends `cmds` in one write on a raw connection (so the server runs them back to back) and

@@ -163,3 +163,11 @@ pub fn start_loaded(pg_url: &str, extra: &[(&str, &str)]) -> Valkey {
     );
     vk
 }
+
+/// The exact-match cache key of `item` (scope `scope`) in `set`, as the module writes it.
+pub fn cache_key(set: &str, item: &str, scope: &str) -> Vec<u8> {
+    let mut k = format!("member:{set}:hit:{item}").into_bytes();
+    k.push(0);
+    k.extend_from_slice(scope.as_bytes());
+    k
+}

@@ -15,8 +15,9 @@
 //! cluster process), `pg.rs` (the shared cluster, test roles, `TestDb`), `own_pg.rs` (`OwnPg`),
 //! `valkey.rs` (`Valkey`, starting it), `valkey_lifecycle.rs` (kill, shutdown, restart),
 //! `member.rs` (`Env` and libmember client helpers), `lifecycle.rs` (the filter-lifecycle
-//! tests' servers and assertions), `cluster.rs` / `cluster_ops.rs` (a Valkey
-//! Cluster), `proxy.rs` (a TCP proxy that injects link faults), `tls.rs` (PostgreSQL over TLS).
+//! tests' servers and assertions), `faults.rs` (the fault-injection tests' calls and
+//! probes), `cluster.rs` / `cluster_ops.rs` (a Valkey Cluster), `proxy.rs` (a TCP proxy that
+//! injects link faults), `tls.rs` (PostgreSQL over TLS).
 #![allow(dead_code)]
 
 mod own_pg;
@@ -28,6 +29,7 @@ mod valkey_lifecycle;
 
 pub mod cluster;
 pub mod cluster_ops;
+pub mod faults;
 pub mod lifecycle;
 pub mod member;
 pub mod proxy;

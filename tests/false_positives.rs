@@ -76,6 +76,8 @@ fn a_false_positive_resolved_by_the_database_counts_in_the_estimate() {
         reached_db,
         "no false positive in 1000 lookups of a 50% filter"
     );
+    assert_eq!(info_num(&mut c, "fq", "false_positives"), 1);
+    assert!(info_field(&mut c, "false_positives").is_some_and(|n| n == "1"));
     let rate: f64 = set_info(&mut c, "fq", "false_positive_rate_est")
         .unwrap()
         .parse()
@@ -229,6 +231,10 @@ fn misses_past_a_missing_filter_are_not_false_positives() {
         Some("0")
     );
     assert_eq!(set_info(&mut c, "s", "path_db_miss").as_deref(), Some("10"));
+    assert_eq!(
+        set_info(&mut c, "s", "false_positives").as_deref(),
+        Some("0")
+    );
     let field = "false_positive_rate_est";
     assert_eq!(set_info(&mut c, "s", field).as_deref(), Some("0.000000"));
     assert_eq!(info_field(&mut c, field).as_deref(), Some("0.000000"));

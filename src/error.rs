@@ -91,6 +91,10 @@ pub const SET_BEING_LEARNED: &str =
 /// not be reached or answered too slowly, `ERR <detail>` when it answered with an error.
 pub fn db_error(unavailable: bool, detail: &str) -> String {
     let detail = detail.replace(['\r', '\n'], " ");
+    // A complete reply of its own (`WORKER_LOST`), not a detail to wrap.
+    if unavailable && detail.starts_with(UNAVAILABLE) {
+        return detail;
+    }
     if unavailable {
         format!("{UNAVAILABLE} source of truth unavailable: {detail}")
     } else {

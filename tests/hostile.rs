@@ -572,3 +572,37 @@ fn a_create_whose_client_timed_out_completes_into_a_usable_set_or_frees_everythi
     );
     assert_eq!(int(&mut c, &["MEMBER.EXISTS", "big", "nobody"]), 0);
 }
+
+/// PRODUCT/README: a worker that panics produces an error reply, never a hung client. Debug
+/// builds (the ones tested) panic on an ADD of a failpoint item (`sql::PANIC_ITEM`): its client
+/// gets one error, the single worker goes on serving, nothing is written for it, and the
+/// server lives.
+#[test]
+fn a_panicking_worker_job_answers_its_client_once_and_the_worker_goes_on() {
+    const PANIC_ITEM: &str = "libmember-test-failpoint-panic-in-worker";
+    let env = Env::with(&[("member.workers", "1")]);
+    let mut c = env.conn();
+    assert_eq!(cmd(&mut c, &["MEMBER.CREATE", "p"]).unwrap(), Value::Okay);
+    for _ in 0..3 {
+        let e = err(&mut c, &["MEMBER.ADD", "p", PANIC_ITEM]);
+        assert_eq!(e, "UNAVAILABLE database worker failed before answering");
+        // One reply: the next one on this connection is the PING's.
+        assert_eq!(redis::cmd("PING").query::<String>(&mut c).unwrap(), "PONG");
+    }
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "p", "after"]), 1);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "p", "after"]), 1);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "p", PANIC_ITEM]), 0);
+    let rows: i64 = env
+        .pg()
+        .query_one("SELECT count(*) FROM member_p", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 1);
+    assert!(
+        env.vk
+            .log()
+            .contains("a database job panicked (contained; its clients got UNAVAILABLE): libmember test failpoint"),
+        "the failpoint did not fire:\n{}",
+        tail(&env.vk.log())
+    );
+}

@@ -189,8 +189,24 @@ fn worker(id: usize) {
 /// Runs `f` on the worker's connection, containing a panic (the jobs it owned are dropped
 /// and answer their clients with their fallback).
 fn contained(db: &mut Db, f: impl FnOnce(&mut Db)) {
-    if catch_unwind(AssertUnwindSafe(|| f(db))).is_err() {
+    if let Err(panic) = catch_unwind(AssertUnwindSafe(|| f(db))) {
         db.reset();
+        let what = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("no message")
+            .to_string();
+        crate::mainq::post(Box::new(move |ctx| {
+            crate::reply::log(
+                ctx,
+                crate::reply::Level::Warning,
+                &format!(
+                    "libmember: a database job panicked (contained; its clients got \
+                     UNAVAILABLE): {what}"
+                ),
+            )
+        }));
     }
 }
 

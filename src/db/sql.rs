@@ -42,6 +42,12 @@ pub(super) const ACTIVE: &str = "status = 1 AND (expires_at IS NULL OR expires_a
 /// `ACTIVE` for a table aliased `m` (prefix the first column with `m.`).
 const ACTIVE_M: &str = "status = 1 AND (m.expires_at IS NULL OR m.expires_at > now())";
 
+/// Debug builds only: an ADD of this item panics on its worker, so that the tests can show a
+/// panicking job still answers its client once and the worker goes on (README "The
+/// correctness contract"). Release builds have no such item.
+#[cfg(debug_assertions)]
+pub const PANIC_ITEM: &str = "libmember-test-failpoint-panic-in-worker";
+
 /// Inserts memberships with one multi-row statement. For each item, true when the call made
 /// it a member (a new row, or a deleted or expired one revived); false when it already was an
 /// active member. PostgreSQL's primary key decides between concurrent callers: exactly one
@@ -52,6 +58,11 @@ pub fn add_many(
     set: &str,
     items: &[(&str, &str, Option<f64>)],
 ) -> Result<Vec<bool>, DbErr> {
+    // Debug builds only (the integration tests'): a failpoint that panics the worker.
+    #[cfg(debug_assertions)]
+    if items.iter().any(|(e, _, _)| *e == PANIC_ITEM) {
+        panic!("libmember test failpoint: an ADD of {PANIC_ITEM}");
+    }
     let sql = format!(
         "INSERT INTO {t} AS m (entity_id, scope, status, expires_at)
          SELECT e, s, 1, to_timestamp(x) FROM unnest($1::text[], $2::text[], $3::float8[]) AS u(e, s, x)

@@ -409,3 +409,67 @@ fn a_tokenized_set_is_served_by_the_holder_of_each_tokens_slot() {
     assert_eq!(raw, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A slot migrating away: the server sends its own commands (the canonical spelling's ADD
+/// among them) to the importing node with ASK, while another spelling whose raw slot stays
+/// on the old owner is still decided there. The old owner must not believe its filter's
+/// negative for that slot then (its filter lacks what the importing node took): it asks the
+/// database. Found by reading the readiness rule against the migration flow.
+#[test]
+fn a_migrating_slots_items_are_not_answered_absent_by_its_old_owner() {
+    let _stall = STALL.write().unwrap_or_else(|e| e.into_inner());
+    let cl = Cluster::shared();
+    let set = "fwd_mig";
+    create(cl, set, "lower");
+    // An item whose canonical and raw slots differ but have the same owner A.
+    let (raw, canon) = (0..2000)
+        .map(|i| (format!("MIG-{i}"), format!("mig-{i}")))
+        .find(|(r, c)| {
+            cl.keyslot(r) != cl.keyslot(c) && node_of(cl, r).port() == node_of(cl, c).port()
+        })
+        .expect("no spelling with both slots on one primary");
+    let slot = cl.keyslot(&canon);
+    let a = node_of(cl, &canon);
+    let b = cl
+        .primaries()
+        .find(|n| n.port() != a.port())
+        .expect("a second primary");
+    let id = |n: &Node| -> String {
+        redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut n.conn())
+            .unwrap()
+    };
+    let (a_id, b_id) = (id(a), id(b));
+    let mut ac = a.conn();
+    // A's negative is trusted before the migration (the filter decides, no database).
+    assert!(wait_until(Duration::from_secs(20), || {
+        explain(&mut ac, set, &raw).1 == "bloom-negative"
+    }));
+    let setslot = |n: &Node, state: &str, node: &str| {
+        let mut q = redis::cmd("CLUSTER");
+        q.arg("SETSLOT").arg(slot).arg(state);
+        if !node.is_empty() {
+            q.arg(node);
+        }
+        q.query::<()>(&mut n.conn()).unwrap();
+    };
+    setslot(b, "IMPORTING", &a_id);
+    setslot(a, "MIGRATING", &b_id);
+    // The module polls slot states every 100 ms.
+    std::thread::sleep(Duration::from_millis(500));
+    // The ADD of the canonical spelling, as a cluster client sends it after A's ASK.
+    let mut bc = b.conn();
+    let asked: redis::Value = redis::cmd("ASKING").query(&mut bc).unwrap();
+    assert_eq!(asked, redis::Value::Okay);
+    let added = int(&mut bc, &["MEMBER.ADD", set, &canon]);
+    // At once, the other spelling on the old owner: never 0.
+    let answer = int(&mut ac, &["MEMBER.EXISTS", set, &raw]);
+    setslot(a, "STABLE", "");
+    setslot(b, "STABLE", "");
+    assert_eq!(added, 1);
+    assert_eq!(
+        answer, 1,
+        "{raw} answered 0 by the old owner of slot {slot} while it migrated"
+    );
+}

@@ -124,11 +124,18 @@ pub fn write_sentinel(ctx: &Context, name: &RedisString) -> Option<u64> {
 }
 
 /// True when a filter negative for an item of `slot` may be believed, for a set whose filter
-/// was last brought current by work started at `covered_since`.
+/// was last brought current by work started at `covered_since`. Never while `slot` migrates
+/// away (as last polled): the server then sends the slot's own commands (an ADD of the
+/// canonical spelling included) to the importing node with ASK, so the ADDs that node takes
+/// are not in this node's filter, while other spellings of the same items, whose raw slots
+/// stay here, are still decided here.
 #[inline]
 pub fn ready(ctx: &Context, slot: u16, covered_since: Option<Instant>) -> bool {
     OWN.with(|o| {
         let mut o = o.borrow_mut();
+        if o.migrating[slot as usize] {
+            return false;
+        }
         let Some(a) = o.accepted[slot as usize] else {
             return false;
         };

@@ -129,6 +129,8 @@ fn build(
     let lock_timeout = db::build_lock_timeout_ms();
     // The standby first: a rebuild that cannot use it fails before it touches the primary.
     let mut standby = match config::pg_rebuild_link() {
+        // An attached set always builds from the primary (`source_of`): no standby is opened.
+        Some(_) if def.source.is_some() => None,
         Some(link) => Some((db::standby::connect(&link, lock_timeout)?, link)),
         None => {
             db::link::set_rebuild_error(None);
@@ -151,11 +153,22 @@ fn build(
 }
 
 /// Where rebuilds read their COPY now: `standby` when `member.pg-rebuild-url` is set, else
-/// `primary` (MEMBER.INFO and INFO's `rebuild_source`).
+/// `primary` (INFO's `rebuild_source`).
 pub fn source() -> &'static str {
     match crate::config::PG_REBUILD_URL.shown().trim().is_empty() {
         true => "primary",
         false => "standby",
+    }
+}
+
+/// Where the rebuilds of the set `def` read their COPY (MEMBER.INFO's `rebuild_source`): an
+/// attached set's table is not one the standby path can check (its own triggers, no slot
+/// column), so it always builds from the primary.
+pub fn source_of(def: &crate::state::SetDef) -> &'static str {
+    if def.source.is_some() {
+        "primary"
+    } else {
+        source()
     }
 }
 

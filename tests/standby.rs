@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use postgres::Client;
 use redis::Connection;
 use support::member::*;
+use support::source::{app_sql, users};
 use support::standby::Standby;
 use support::{free_port, wait_until};
 
@@ -326,8 +327,34 @@ fn an_unreachable_rebuild_url_is_a_clear_error_and_the_old_filter_serves() {
     let set = "u";
     let items = serving_set(&env, set);
     let mut c = env.conn();
+    // An attached set (its table the application's) never builds from the standby.
+    users(&env.db, "app", true);
+    app_sql(
+        &env.db,
+        "INSERT INTO app.users (username) VALUES ('zoe'), ('yann')",
+    );
+    let attach = [
+        "MEMBER.CREATE",
+        "att",
+        "SOURCE",
+        "app.users",
+        "COLUMN",
+        "username",
+        "SYNC",
+        "log",
+    ];
+    ok(&mut c, &attach);
     let url = format!("host=127.0.0.1 port={} user=postgres dbname=x", free_port());
     ok(&mut c, &["CONFIG", "SET", "member.pg-rebuild-url", &url]);
+    assert_eq!(int(&mut c, &["MEMBER.REBUILD", "att", "SYNC"]), 2);
+    assert_eq!(
+        set_info(&mut c, "att", "rebuild_source").as_deref(),
+        Some("primary")
+    );
+    assert_eq!(
+        set_info(&mut c, set, "rebuild_source").as_deref(),
+        Some("standby")
+    );
     let e = err(&mut c, &["MEMBER.REBUILD", set, "SYNC"]);
     assert!(e.starts_with("UNAVAILABLE"), "{e}");
     assert!(e.contains("member.pg-rebuild-url"), "{e}");

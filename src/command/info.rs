@@ -182,7 +182,7 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
                     out.push(("last_rebuild_error", e.clone()));
                 }
             }
-            out.push(("rebuild_source", crate::rebuild::source().into()));
+            out.push(("rebuild_source", crate::rebuild::source_of(&s.def).into()));
             out.push((
                 "last_rebuild_reason",
                 s.last_rebuild_reason.map_or("none", |r| r.name()).into(),

@@ -244,13 +244,19 @@ pub fn drop_log_triggers(
             }
             Ok(None)
         }
-        Some(false) => Ok(Some(format!(
-            "libmember: set '{}' dropped, but its change-log triggers stay on {} (only the \
-             table's owner may drop them): DROP TRIGGER {n}_ins, {n}_upd, {n}_del ON it",
-            def.name,
-            shown_table(src),
-            n = format_args!("member_{}", def.name)
-        ))),
+        Some(false) => {
+            let t = shown_table(src);
+            let drops: Vec<String> = trigger_names(&def.name)
+                .iter()
+                .map(|n| format!("DROP TRIGGER {n} ON {t};"))
+                .collect();
+            Ok(Some(format!(
+                "libmember: set '{}' dropped, but its change-log triggers stay on {t} (only \
+                 the table's owner may drop them): {}",
+                def.name,
+                drops.join(" ")
+            )))
+        }
         None => Ok(None),
     }
 }

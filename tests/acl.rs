@@ -6,7 +6,8 @@ use redis::{Connection, Value};
 use support::member::*;
 
 const COMMANDS: &str = "+member.create +member.add +member.exists +member.del +member.explain \
-                        +member.info +member.rebuild +member.drop";
+                        +member.info +member.rebuild +member.drop +member.alter \
+                        +member.mexists +member.madd";
 
 fn acl(c: &mut Connection, rules: &[&str]) {
     let mut cmd = redis::cmd("ACL");
@@ -57,6 +58,9 @@ fn a_user_reaches_the_sets_its_key_patterns_allow_and_no_other() {
         (&["MEMBER.REBUILD", "cards"], "write"),
         (&["MEMBER.DROP", "cards"], "write"),
         (&["MEMBER.CREATE", "cards"], "write"),
+        (&["MEMBER.ALTER", "cards", "CACHE-TTL", "10"], "write"),
+        (&["MEMBER.MEXISTS", "cards", "ITEMS", "4111"], "read"),
+        (&["MEMBER.MADD", "cards", "ITEMS", "4222"], "write"),
         // An unknown set is refused the same way: a user cannot probe which sets exist.
         (&["MEMBER.EXISTS", "secret", "x"], "read"),
     ] {
@@ -73,6 +77,17 @@ fn a_user_reaches_the_sets_its_key_patterns_allow_and_no_other() {
     let mut auditor = login(&env, "auditor");
     assert_eq!(int(&mut auditor, &["MEMBER.EXISTS", "cards", "4111"]), 1);
     assert!(err(&mut auditor, &["MEMBER.ADD", "cards", "4333"]).starts_with("NOPERM"));
+    let found: Vec<i64> = redis::cmd("MEMBER.MEXISTS")
+        .arg("cards")
+        .arg("ITEMS")
+        .arg("4111")
+        .query(&mut auditor)
+        .unwrap();
+    assert_eq!(found, vec![1]);
+    let e = err(&mut auditor, &["MEMBER.MADD", "cards", "ITEMS", "4333"]);
+    assert!(e.starts_with("NOPERM"), "{e}");
+    let e = err(&mut auditor, &["MEMBER.ALTER", "cards", "CACHE-TTL", "10"]);
+    assert!(e.starts_with("NOPERM"), "{e}");
     assert!(err(&mut auditor, &["MEMBER.EXISTS", "usernames", "alice"]).starts_with("NOPERM"));
     // Nothing the refused calls asked for happened.
     assert_eq!(int(&mut admin, &["MEMBER.EXISTS", "cards", "4222"]), 0);

@@ -1,7 +1,7 @@
 //! The one room of the command filter: it takes the passwords of member.pg-url and
 //! member.pg-rebuild-url out of CONFIG SET's arguments before the server records them
-//! (SLOWLOG, MONITOR, crash reports' argv), and tells `acl_cache` before a command that may
-//! change ACL rules runs.
+//! (SLOWLOG, MONITOR, crash reports' argv), tells `acl_cache` before a command that may
+//! change ACL rules runs, and tells `cluster::owner` before a `CLUSTER SETSLOT` runs.
 //!
 //! The server's own redaction of SENSITIVE configs does not reach module configs (Valkey 8.0,
 //! Redis 7.0: the value shows in SLOWLOG), and a config's setter has no client to redact
@@ -56,6 +56,15 @@ unsafe fn run(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     let name = if argc >= 1 { arg(0) } else { &[][..] };
     if crate::acl_cache::changes_rules(name) {
         crate::acl_cache::rules_may_change();
+    }
+    if argc >= 3 && name.eq_ignore_ascii_case(b"cluster") && arg(1).eq_ignore_ascii_case(b"setslot")
+    {
+        if let Some(slot) = std::str::from_utf8(arg(2))
+            .ok()
+            .and_then(|s| s.parse::<u16>().ok())
+        {
+            crate::cluster::owner::slot_state_changing(slot);
+        }
     }
     if argc < 4 || !name.eq_ignore_ascii_case(b"config") || !arg(1).eq_ignore_ascii_case(b"set") {
         pg_link::stash_clear();

@@ -456,9 +456,9 @@ fn a_migrating_slots_items_are_not_answered_absent_by_its_old_owner() {
     };
     setslot(b, "IMPORTING", &a_id);
     setslot(a, "MIGRATING", &b_id);
-    // The module polls slot states every 100 ms.
-    std::thread::sleep(Duration::from_millis(500));
-    // The ADD of the canonical spelling, as a cluster client sends it after A's ASK.
+    // At once, not after the module's next 100 ms poll of slot states: A learns of the
+    // migration from the SETSLOT itself. The ADD of the canonical spelling, as a cluster client
+    // sends it after A's ASK.
     let mut bc = b.conn();
     let asked: redis::Value = redis::cmd("ASKING").query(&mut bc).unwrap();
     assert_eq!(asked, redis::Value::Okay);

@@ -159,6 +159,17 @@ fn sentinel_is(ctx: &Context, o: &mut Own, slot: u16, id: u64) -> bool {
     here
 }
 
+/// `CLUSTER SETSLOT <slot> …` is about to run here (seen by the command filter): until the
+/// next poll reads the slot's new state, this node believes no filter negative for it and
+/// serves no forwarded call for it. A migration's first ASK can only follow its `SETSLOT
+/// MIGRATING` on this node, so no ADD reaches the importing node before this node stops
+/// believing its own negatives for the slot (the 100 ms poll alone left that window open).
+pub fn slot_state_changing(slot: u16) {
+    if (slot as usize) < SLOTS {
+        OWN.with(|o| o.borrow_mut().migrating[slot as usize] = true);
+    }
+}
+
 /// A keyspace event touched the sentinel key of `slot` (it may be gone or another value).
 pub fn sentinel_touched(slot: u16) {
     OWN.with(|o| o.borrow_mut().verified[slot as usize] = false);

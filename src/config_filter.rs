@@ -57,13 +57,20 @@ unsafe fn run(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     if crate::acl_cache::changes_rules(name) {
         crate::acl_cache::rules_may_change();
     }
-    if argc >= 3 && name.eq_ignore_ascii_case(b"cluster") && arg(1).eq_ignore_ascii_case(b"setslot")
+    // `CLUSTER SETSLOT <slot> MIGRATING <40-hex node id>`: the node must stop believing its
+    // filter for the slot before the migration's first ASK (cluster::owner).
+    if argc >= 5
+        && name.eq_ignore_ascii_case(b"cluster")
+        && arg(1).eq_ignore_ascii_case(b"setslot")
+        && arg(3).eq_ignore_ascii_case(b"migrating")
+        && arg(4).len() == 40
+        && arg(4).iter().all(u8::is_ascii_hexdigit)
     {
         if let Some(slot) = std::str::from_utf8(arg(2))
             .ok()
             .and_then(|s| s.parse::<u16>().ok())
         {
-            crate::cluster::owner::slot_state_changing(slot);
+            crate::cluster::owner::setslot_migrating(slot);
         }
     }
     if argc < 4 || !name.eq_ignore_ascii_case(b"config") || !arg(1).eq_ignore_ascii_case(b"set") {

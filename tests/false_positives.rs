@@ -137,7 +137,17 @@ fn a_remembered_false_positive_is_forgotten_when_added() {
     assert_eq!(explain(&mut c, "fp", &fp), (0, "db-miss".into()));
     assert_eq!(explain(&mut c, "fp", &fp), (0, "db-miss".into()));
     thread::sleep(Duration::from_millis(1200));
-    assert_eq!(explain(&mut c, "fp", &fp), (0, "fp-cache".into()));
+    // (An answer is remembered only if the filter is still the trusted one when it arrives;
+    // on a loaded machine CI once saw the first lookup after the mark still go to the
+    // database, and the next one answered from memory.)
+    let mut last = (1, String::new());
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            last = explain(&mut c, "fp", &fp);
+            last == (0, "fp-cache".to_string())
+        }),
+        "the absence was never remembered again: {last:?}"
+    );
     // An ADD that finds it already a member (0) forgets it too: another writer put it back.
     insert_outside(&env, "fp", &fp);
     assert_eq!(int(&mut c, &["MEMBER.ADD", "fp", &fp]), 0);

@@ -58,7 +58,10 @@ pub fn parse(text: &str) -> Option<Mine> {
     Some(Mine {
         primary,
         ranges: holder[8..].iter().filter_map(|s| range(s)).collect(),
-        migrating: holder[8..].iter().filter_map(|s| migrating(s)).collect(),
+        // Markers are printed on the `myself` line only: a replica's own line shows them when
+        // its server tracks its primary's migrations (Valkey 8 replicates SETSLOT), never its
+        // primary's line.
+        migrating: me[8..].iter().filter_map(|s| migrating(s)).collect(),
         owners,
     })
 }
@@ -120,6 +123,20 @@ e7d1 127.0.0.1:30001@40001 myself,master - 0 0 1 connected 0-5459 5460 [5460->-6
         assert!(!m.primary);
         assert_eq!(m.ranges, vec![(5461, 10922)]);
         assert!(m.migrating.is_empty(), "importing is not migrating");
+    }
+
+    /// Valkey 8 replicates SETSLOT: a replica of the migrating primary shows the marker on its
+    /// own `myself` line (the primary's line, as any other node's, never carries it).
+    #[test]
+    fn a_replica_sees_its_primarys_migration_on_its_own_line() {
+        let text = NODES.replace("myself,master", "master").replace(
+            "07c3 127.0.0.1:30004@40004 slave e7d1 0 1426238317239 4 connected",
+            "07c3 127.0.0.1:30004@40004 myself,slave e7d1 0 1426238317239 4 connected [5460->-67ed]",
+        );
+        let m = parse(&text).unwrap();
+        assert!(!m.primary);
+        assert_eq!(m.ranges, vec![(0, 5459), (5460, 5460)]);
+        assert_eq!(m.migrating, vec![5460]);
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! Main thread only.
 
 use std::cell::RefCell;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use std::os::raw::c_int;
 
@@ -37,6 +37,10 @@ struct Own {
     owned: Vec<bool>,
     /// Owned slots being migrated away: no key of ours is written there any more.
     migrating: Vec<bool>,
+    /// `CLUSTER SETSLOT <slot> MIGRATING` seen by the command filter and not yet shown by a
+    /// poll (a primary waiting for its replicas' acknowledgement runs it later, unfiltered):
+    /// until when it counts as migrating anyway.
+    marked: Vec<Option<Instant>>,
     accepted: Vec<Option<Accepted>>,
     /// The accepted sentinel was seen at its key, and no keyspace event has touched that key
     /// since (`sentinel_touched`): the hot path then skips the key lookup. Every way a key can
@@ -55,6 +59,7 @@ impl Default for Own {
             primary: false,
             owned: vec![false; SLOTS],
             migrating: vec![false; SLOTS],
+            marked: vec![None; SLOTS],
             accepted: vec![None; SLOTS],
             verified: vec![false; SLOTS],
             names: (0..SLOTS).map(|_| None).collect(),
@@ -159,14 +164,23 @@ fn sentinel_is(ctx: &Context, o: &mut Own, slot: u16, id: u64) -> bool {
     here
 }
 
-/// `CLUSTER SETSLOT <slot> …` is about to run here (seen by the command filter): until the
-/// next poll reads the slot's new state, this node believes no filter negative for it and
-/// serves no forwarded call for it. A migration's first ASK can only follow its `SETSLOT
-/// MIGRATING` on this node, so no ADD reaches the importing node before this node stops
-/// believing its own negatives for the slot (the 100 ms poll alone left that window open).
-pub fn slot_state_changing(slot: u16) {
+/// How long a `SETSLOT … MIGRATING` seen by the filter counts without a poll showing it: past
+/// the server's wait for its replicas' acknowledgement (`SETSLOT … TIMEOUT`, 2 s by default).
+const MARK_HOLDS: Duration = Duration::from_secs(5);
+
+/// `CLUSTER SETSLOT <slot> MIGRATING <node>` is about to run here (seen by the command
+/// filter): from now until a poll shows the slot migrating (or `MARK_HOLDS` passes), this node
+/// believes no filter negative for it and serves no forwarded call for it. A migration's
+/// first ASK can only follow that SETSLOT on this node, so no ADD reaches the importing node
+/// before this node stops believing its own negatives for the slot (the 100 ms poll alone
+/// left that window open).
+pub fn setslot_migrating(slot: u16) {
     if (slot as usize) < SLOTS {
-        OWN.with(|o| o.borrow_mut().migrating[slot as usize] = true);
+        OWN.with(|o| {
+            let mut o = o.borrow_mut();
+            o.migrating[slot as usize] = true;
+            o.marked[slot as usize] = Some(Instant::now() + MARK_HOLDS);
+        });
     }
 }
 
@@ -277,8 +291,21 @@ pub fn poll(ctx: &Context) -> Option<Instant> {
             o.primary = mine.primary;
             o.accepted.iter_mut().for_each(|a| *a = None);
         }
+        // A mark counts until a poll shows the migration (which then speaks for itself).
+        let mut migrating = now_migrating.clone();
+        for (s, m) in migrating.iter_mut().enumerate() {
+            match o.marked[s] {
+                _ if now_migrating[s] => o.marked[s] = None,
+                Some(until) if now < until => *m = true,
+                Some(_) => o.marked[s] = None,
+                None => {}
+            }
+        }
         for (s, &owned) in now_owned.iter().enumerate() {
-            if !owned || !o.owned[s] {
+            // Out of the slot, or back from a migration called off (SETSLOT STABLE): ADDs the
+            // importing node took meanwhile may be missing here, so the slot is accepted
+            // afresh and waits out a new grace before its negatives count.
+            if !owned || !o.owned[s] || (o.migrating[s] && !migrating[s]) {
                 o.accepted[s] = None;
             }
             if !owned {
@@ -316,7 +343,7 @@ pub fn poll(ctx: &Context) -> Option<Instant> {
         }
         o.owned_count = now_owned.iter().filter(|x| **x).count();
         o.owned = now_owned;
-        o.migrating = now_migrating;
+        o.migrating = migrating;
     });
     for slot in created {
         effects::replicate(ctx, "MEMBER._OWN", &[sentinel_name(slot).as_bytes()]);

@@ -24,13 +24,6 @@ fn log_tail(vk: &Valkey) -> String {
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
-fn info_section(c: &mut Connection, section: &str, field: &str) -> Option<String> {
-    let text: String = redis::cmd("INFO").arg(section).query(c).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .map(|v| v.trim().to_string())
-}
-
 fn reply(c: &mut Connection, args: &[&str]) -> Result<i64, String> {
     match cmd(c, args) {
         Ok(Value::Int(n)) => Ok(n),
@@ -262,12 +255,6 @@ fn key_exists(c: &mut Connection, key: &[u8]) -> bool {
     redis::cmd("EXISTS").arg(key).query::<i64>(c).unwrap() == 1
 }
 
-fn hit_key(set: &str, item: &str) -> Vec<u8> {
-    let mut k = format!("member:{set}:hit:{item}").into_bytes();
-    k.push(0);
-    k
-}
-
 fn table_exists(pg: &mut postgres::Client, set: &str) -> bool {
     pg.query_one(
         "SELECT to_regclass($1) IS NOT NULL",
@@ -329,7 +316,7 @@ fn drop_reaches_replicas_and_other_nodes_and_a_new_create_starts_clean() {
             last == Some((1, "cache-hit".to_string()))
         });
         assert!(cached, "x never cached: {last:?}");
-        assert!(key_exists(c, &hit_key("d", "x")));
+        assert!(key_exists(c, &cache_key("d", "x", "")));
     }
     wait_reply(
         &replica,

@@ -240,12 +240,6 @@ fn another_sets_filter_restored_at_a_key_is_never_trusted_there() {
     serves_again(&mut c, "xs");
 }
 
-fn hit_key(set: &str, item: &str) -> Vec<u8> {
-    let mut k = format!("member:{set}:hit:{item}").into_bytes();
-    k.push(0);
-    k
-}
-
 fn run(c: &mut Connection, args: &[&[u8]]) -> redis::RedisResult<Value> {
     let mut k = redis::cmd(std::str::from_utf8(args[0]).unwrap());
     for a in &args[1..] {
@@ -271,7 +265,7 @@ fn cache_entries_that_come_back_are_not_trusted() {
         // A confirmed membership, cached.
         assert_eq!(int(&mut c, &["MEMBER.EXISTS", set, item]), 1);
         assert_eq!(explain(&mut c, set, item), (1, "cache-hit".to_string()));
-        let key = hit_key(set, item);
+        let key = cache_key(set, item, "");
         let k = key.as_slice();
         // The entry is set aside, the member deleted, the entry brought back.
         let steps: Vec<Vec<&[u8]>> = match item {

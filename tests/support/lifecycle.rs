@@ -230,13 +230,6 @@ pub fn start_quiet_replica(env: &Env) -> (Valkey, Connection) {
     (replica, r)
 }
 
-pub fn info_section(c: &mut Connection, section: &str, field: &str) -> Option<String> {
-    let text: String = redis::cmd("INFO").arg(section).query(c).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .map(|v| v.trim().to_string())
-}
-
 /// The filter came from disk (RDB/AOF) rather than from a rebuild in this process.
 pub fn assert_not_rebuilt(vk: &Valkey, c: &mut Connection, set: &str, when: &str) {
     assert_eq!(

@@ -58,11 +58,15 @@ impl Env {
 
 /// One field of `INFO member` (fields are printed as `member_<name>`).
 pub fn info_field(c: &mut Connection, name: &str) -> Option<String> {
-    let info: String = redis::cmd("INFO").arg("member").query(c).ok()?;
-    info.lines().find_map(|l| {
-        l.strip_prefix(&format!("member_{name}:"))
-            .map(|v| v.trim().to_string())
-    })
+    info_section(c, "member", &format!("member_{name}"))
+}
+
+/// `field` of INFO `section`, if the server shows it.
+pub fn info_section(c: &mut Connection, section: &str, field: &str) -> Option<String> {
+    let text: String = redis::cmd("INFO").arg(section).query(c).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .map(|v| v.trim().to_string())
 }
 
 /// A numeric field of any `INFO <section>` (panics, naming it, when it is missing).

@@ -129,10 +129,14 @@ e7d1 127.0.0.1:30001@40001 myself,master - 0 0 1 connected 0-5459 5460 [5460->-6
     /// own `myself` line (the primary's line, as any other node's, never carries it).
     #[test]
     fn a_replica_sees_its_primarys_migration_on_its_own_line() {
-        let text = NODES.replace("myself,master", "master").replace(
-            "07c3 127.0.0.1:30004@40004 slave e7d1 0 1426238317239 4 connected",
-            "07c3 127.0.0.1:30004@40004 myself,slave e7d1 0 1426238317239 4 connected [5460->-67ed]",
-        );
+        // As the replica prints it: the marker on its own line, none on its primary's.
+        let text = NODES
+            .replace("myself,master", "master")
+            .replace(" 5460 [5460->-67ed]", " 5460")
+            .replace(
+                "07c3 127.0.0.1:30004@40004 slave e7d1 0 1426238317239 4 connected",
+                "07c3 127.0.0.1:30004@40004 myself,slave e7d1 0 1426238317239 4 connected [5460->-67ed]",
+            );
         let m = parse(&text).unwrap();
         assert!(!m.primary);
         assert_eq!(m.ranges, vec![(0, 5459), (5460, 5460)]);

@@ -43,8 +43,10 @@ const ITEM_CMDS: [&str; 4] = [
     "MEMBER.EXPLAIN",
 ];
 
-fn unknown(opt: &str) -> String {
-    format!("ERR unknown option '{opt}'")
+/// What the commands that carry items answer for an unknown option: its position, never
+/// its text (it may be a misplaced item of a TOKENIZE set).
+fn unknown_at(position: usize) -> String {
+    format!("ERR unknown option at argument {position}")
 }
 
 fn now() -> i64 {
@@ -176,7 +178,11 @@ fn arity_unknown_and_duplicate_options() {
         ("MEMBER.INFO s SCOPE x", arity),
         ("MEMBER.ADD s x TTL", arity),
         ("MEMBER.ADD s x SCOPE a EXPIREAT", arity),
-        ("MEMBER.ADD s x NX 1", "ERR unknown option 'NX'"),
+        ("MEMBER.ADD s x NX 1", "ERR unknown option at argument 3"),
+        (
+            "MEMBER.ADD s x SCOPE a NX 1",
+            "ERR unknown option at argument 5",
+        ),
         ("MEMBER.ADD s x TTL 10 ttl 10", dup),
         ("MEMBER.ADD s x EXPIREAT 1 EXPIREAT 1", dup),
     ];
@@ -187,11 +193,11 @@ fn arity_unknown_and_duplicate_options() {
         refused(&mut c, &[cmd], WRONG_ARITY);
         bad(&mut c, &format!("{cmd} s"), WRONG_ARITY);
         bad(&mut c, &format!("{cmd} s x SCOPE"), WRONG_ARITY);
-        bad(&mut c, &format!("{cmd} s x bogus 1"), &unknown("bogus"));
+        bad(&mut c, &format!("{cmd} s x bogus 1"), &unknown_at(3));
         bad(&mut c, &format!("{cmd} s x SCOPE a scope b"), dup);
         if cmd != "MEMBER.ADD" {
             for opt in ["TTL", "EXPIREAT"] {
-                bad(&mut c, &format!("{cmd} s keep {opt} 10"), &unknown(opt));
+                bad(&mut c, &format!("{cmd} s keep {opt} 10"), &unknown_at(3));
             }
         }
     }

@@ -291,6 +291,71 @@ fn no_key_is_an_error_not_an_answer() {
     assert_eq!(int(&mut c, &["MEMBER.EXISTS", "t", "alice"]), 1);
 }
 
+/// A misplaced item lands where an option name goes: the error names its position, never its
+/// text (issue 24: `MEMBER.ADD u SECRETCARD4111 MERCHANTXYZ` echoed the merchant).
+#[test]
+fn a_misplaced_item_is_never_echoed() {
+    let key = KeyFile::new(KEY1);
+    let env = env_with_key(&key);
+    let mut c = env.conn();
+    ok(&mut c, &["MEMBER.CREATE", "u", "TOKENIZE", "hmac-sha256"]);
+    let calls: [&[&str]; 6] = [
+        &[
+            "MEMBER.ADD",
+            "u",
+            "SECRETCARD4111",
+            "MERCHANTXYZ",
+            "SECRETCARD4112",
+        ],
+        &["MEMBER.ADD", "u", "SECRETCARD4111", "MERCHANTXYZ"],
+        &[
+            "MEMBER.EXISTS",
+            "u",
+            "SECRETCARD4111",
+            "SCOPE",
+            "m",
+            "MERCHANTXYZ",
+            "x",
+        ],
+        &[
+            "MEMBER.DEL",
+            "u",
+            "SECRETCARD4111",
+            "MERCHANTXYZ",
+            "SECRETCARD4112",
+        ],
+        &[
+            "MEMBER.EXPLAIN",
+            "u",
+            "SECRETCARD4111",
+            "MERCHANTXYZ",
+            "SECRETCARD4112",
+        ],
+        &[
+            "MEMBER.MEXISTS",
+            "u",
+            "MERCHANTXYZ",
+            "SECRETCARD4112",
+            "ITEMS",
+            "SECRETCARD4111",
+        ],
+    ];
+    for call in calls {
+        let e = err(&mut c, call);
+        assert!(
+            !e.contains("SECRET") && !e.contains("MERCHANT"),
+            "{call:?} echoed an item: {e}"
+        );
+    }
+    assert_eq!(err(&mut c, calls[0]), "ERR unknown option at argument 3");
+    assert_eq!(err(&mut c, calls[5]), "ERR unknown option at argument 2");
+    let log = env.vk.log();
+    assert!(
+        !log.contains("SECRET") && !log.contains("MERCHANT"),
+        "an item reached the log"
+    );
+}
+
 #[test]
 fn a_changed_key_is_an_error_not_absent() {
     let key1 = KeyFile::new(KEY1);

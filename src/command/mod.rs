@@ -29,11 +29,30 @@ fn err(msg: &'static str) -> RedisError {
 }
 
 /// `ERR unknown option '…'`, the option escaped and bounded as every echoed argument is.
+/// Only for commands that carry no item: see [`Shown`].
 pub fn unknown_option(given: &[u8]) -> RedisError {
     RedisError::String(format!(
         "ERR unknown option '{}'",
         crate::reply::escape(given)
     ))
+}
+
+/// `ERR unknown option at argument N`: what the commands that carry items answer. A word in
+/// an option's place there is as likely a misplaced item (`MEMBER.ADD s card merchant`), and
+/// on a TOKENIZE set no item may come back in a reply, whatever the set: the parser runs
+/// before the set is known, so these commands never echo it.
+pub fn unknown_option_at(position: usize) -> RedisError {
+    RedisError::String(format!("ERR unknown option at argument {position}"))
+}
+
+/// How an unknown option name is shown in its error.
+#[derive(Clone, Copy)]
+pub enum Shown {
+    /// Escaped and bounded (set-wide commands: nothing there is an item).
+    Text,
+    /// By its position in the call only; the option pairs start at this argument (commands
+    /// that carry items).
+    Position(usize),
 }
 
 /// True for a valid set name: `[a-z0-9_]{1,40}`.
@@ -63,23 +82,37 @@ pub struct Options<A: Arg = RedisString> {
 }
 
 impl<A: Arg> Options<A> {
-    /// Parses pairs whose names are `first` or one of `more` (case-insensitive).
+    /// Parses pairs whose names are `first` or one of `more` (case-insensitive); an unknown
+    /// name is echoed (set-wide commands).
     pub fn parse(
         rest: impl Iterator<Item = A>,
         first: &'static str,
         more: &[&'static str],
     ) -> Result<Options<A>, RedisError> {
-        let mut rest = rest.peekable();
+        Self::parse_shown(rest, first, more, Shown::Text)
+    }
+
+    /// `parse`, with an unknown name shown as `shown` says.
+    pub fn parse_shown(
+        rest: impl Iterator<Item = A>,
+        first: &'static str,
+        more: &[&'static str],
+        shown: Shown,
+    ) -> Result<Options<A>, RedisError> {
         let mut pairs: Vec<(&'static str, A)> = Vec::new();
-        while let Some(name) = rest.next() {
+        let mut rest = rest.enumerate();
+        while let Some((at, name)) = rest.next() {
             let given: &[u8] = &name;
             let Some(opt) = std::iter::once(&first)
                 .chain(more)
                 .find(|a| a.as_bytes().eq_ignore_ascii_case(given))
             else {
-                return Err(unknown_option(given));
+                return Err(match shown {
+                    Shown::Text => unknown_option(given),
+                    Shown::Position(start) => unknown_option_at(start + at),
+                });
             };
-            let value = rest
+            let (_, value) = rest
                 .next()
                 .ok_or_else(|| RedisError::String(format!("ERR option {opt} needs a value")))?;
             if pairs.iter().any(|(n, _)| n == opt) {
@@ -130,7 +163,7 @@ impl<A: Arg> ItemArgs<A> {
         let mut it = args.into_iter().skip(1);
         let set = set_name(&it.next().unwrap())?;
         let item = it.next().unwrap();
-        let opts = Options::parse(it, "SCOPE", extra)?;
+        let opts = Options::parse_shown(it, "SCOPE", extra, Shown::Position(3))?;
         Ok(ItemArgs { set, item, opts })
     }
 
@@ -163,7 +196,8 @@ impl<A: Arg> ManyArgs<A> {
         }
         let mut it = args.into_iter();
         let set = set_name(&it.nth(1).unwrap())?;
-        let opts = Options::parse(it.by_ref().take(at - 2), "SCOPE", extra)?;
+        let opts =
+            Options::parse_shown(it.by_ref().take(at - 2), "SCOPE", extra, Shown::Position(2))?;
         let items: Vec<A> = it.skip(1).collect();
         Ok(ManyArgs { set, opts, items })
     }

@@ -87,6 +87,7 @@ pub fn register_and_load(ctx: &Context, args: &[RedisString]) -> Result<(), Stri
         ["pg-password-file", &PG_PASSWORD_FILE, "", F::DEFAULT, Some(Box::new(on_pg_url_changed))],
         ["default-error-rate", &DEFAULT_ERROR_RATE, ERROR_RATE_DEFAULT, F::DEFAULT, None],
         ["token-key-file", &TOKEN_KEY_FILE, TOKEN_KEY_FILE_DEFAULT, F::DEFAULT, None],
+        ["attach-allow", &crate::attach_allow::ATTACH_ALLOW, "", F::DEFAULT, None],
     );
     macro_rules! flags {
         ($([$name:expr, $var:expr, $def:expr, $flags:expr, $cb:expr]),* $(,)?) => {$(

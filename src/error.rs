@@ -150,6 +150,12 @@ pub const SOURCE_TOKENIZE: &str = "ERR TOKENIZE cannot be used with SOURCE: the 
 pub const SOURCE_IN_CLUSTER: &str = "ERR attached sets (SOURCE) are not supported in cluster \
      mode yet: a node's filter holds the rows of its slots, and the source table has no slot \
      column";
+/// MEMBER.CREATE … SOURCE of a table `member.attach-allow` does not list (docs/attach.md).
+pub const SOURCE_NOT_ALLOWED: &str = "ERR SOURCE table is not allowed by member.attach-allow: \
+     attaching a table is an operator's decision (see docs/attach.md)";
+/// MEMBER.CREATE … SOURCE of one of the module's own relations, whatever the allow list says.
+pub const SOURCE_MODULE_OWN: &str = "ERR SOURCE is one of the module's own relations (its \
+     catalog, its change log or a set's table): it can never be attached";
 /// MEMBER.ADD / MADD with TTL or EXPIREAT on an attached set.
 pub const SOURCE_NO_EXPIRY: &str = "ERR TTL and EXPIREAT cannot be used on an attached set: \
      its members are the rows of its table, which has no expiry";

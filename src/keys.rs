@@ -13,7 +13,12 @@ use crate::cluster::slot;
 
 /// Name of a set's filter key.
 pub fn filter_key(set: &str) -> RedisString {
-    RedisString::create(None, format!("member:{set}:bloom"))
+    RedisString::create(None, filter_key_name(set))
+}
+
+/// The text of [`filter_key`]: `member:<set>:bloom`.
+pub fn filter_key_name(set: &str) -> String {
+    format!("member:{set}:bloom")
 }
 
 /// Every key libmember owns starts with this.

@@ -7,6 +7,7 @@
 pub mod acl;
 pub mod acl_cache;
 pub mod alloc;
+pub mod attach_allow;
 pub mod block;
 pub mod canon;
 pub mod catalog;

@@ -17,7 +17,8 @@ const SYNCED: Duration = Duration::from_secs(20);
 
 fn env() -> &'static Env {
     static ENV: OnceLock<Env> = OnceLock::new();
-    ENV.get_or_init(|| Env::least_privilege(&[]))
+    // The operator allows every table (docs/attach.md): these tests are about the checks.
+    ENV.get_or_init(|| Env::least_privilege(&[("member.attach-allow", "*.*")]))
 }
 
 fn conn() -> Connection {
@@ -555,7 +556,7 @@ fn a_catalog_from_before_attached_sets_keeps_working() {
              INSERT INTO public.names (name) VALUES ('ann')",
         )
         .unwrap();
-    let vk = start_loaded(&db.url(), &[]);
+    let vk = start_loaded(&db.url(), &[("member.attach-allow", "public.names")]);
     let c = &mut vk.conn();
     assert_eq!(set_info(c, "old", "table").as_deref(), Some("member_old"));
     assert_eq!(set_info(c, "old", "sync_mode").as_deref(), Some("log"));

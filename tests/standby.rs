@@ -323,7 +323,10 @@ fn a_rebuild_url_that_points_at_a_primary_is_refused_and_never_shown_with_its_pa
 
 #[test]
 fn an_unreachable_rebuild_url_is_a_clear_error_and_the_old_filter_serves() {
-    let env = Env::with(&[("member.db-timeout-ms", "500")]);
+    let env = Env::with(&[
+        ("member.db-timeout-ms", "500"),
+        ("member.attach-allow", "app.users"),
+    ]);
     let set = "u";
     let items = serving_set(&env, set);
     let mut c = env.conn();

@@ -1,7 +1,8 @@
 //! The options of MEMBER.CREATE that attach a set to a table the module does not own
 //! (docs/attach.md): `SOURCE <schema>.<table> COLUMN <col> [SCOPE-COLUMN <col>]
 //! [UPDATED-COLUMN <col> | SYNC log]`, parsed and checked as far as the arguments alone allow.
-//! The table itself is checked against the database's catalog by `db::source::validate`.
+//! The table itself is checked against the database's catalog by `db::source_check`; the
+//! operator's allow list (`member.attach-allow`) by `allowed`.
 
 use redis_module::{RedisError, RedisString};
 
@@ -85,6 +86,16 @@ pub fn check(normalize: Normalize, tokenize: &Tokenize) -> Result<(), RedisError
         return Err(RedisError::Str(error::SOURCE_IN_CLUSTER));
     }
     Ok(())
+}
+
+/// The operator's `member.attach-allow` must list the source (checked at every CREATE that
+/// gives SOURCE, before the database is asked: a refusal changes nothing).
+pub fn allowed(src: &Source) -> Result<(), RedisError> {
+    if crate::attach_allow::allowed(&src.schema, &src.table) {
+        Ok(())
+    } else {
+        Err(RedisError::Str(error::SOURCE_NOT_ALLOWED))
+    }
 }
 
 /// A PostgreSQL name as the catalog holds it: 1 to 63 bytes (NAMEDATALEN - 1), no NUL.

@@ -50,8 +50,9 @@ fn parse(args: Vec<RedisString>) -> Result<(SetDef, [bool; 6]), RedisError> {
         tokenize: given.tokenize.unwrap_or(Tokenize::None),
         source,
     };
-    if def.source.is_some() {
+    if let Some(src) = &def.source {
         super::attach::check(def.normalize, &def.tokenize)?;
+        super::attach::allowed(src)?;
     }
     Ok((def, explicit))
 }

@@ -126,9 +126,10 @@ pub fn build_filter(
 /// On the primary.
 pub fn install_triggers(c: &mut Client, def: &SetDef) -> Result<(), DbErr> {
     match &def.source {
-        // An attached table gets the triggers only when its set asked (SYNC log).
+        // An attached table gets the triggers only when its set asked (SYNC log); none is
+        // ever one of the module's own relations (an earlier version let a set attach one).
         Some(src) if src.sync == SourceSync::Log => source::install_log_triggers(c, def),
-        Some(_) => Ok(()),
+        Some(src) => source::refuse_module_relation(c, src),
         None => c
             .batch_execute(&log_triggers_ddl(&def.name))
             .map_err(tx_error),

@@ -5,9 +5,12 @@ pub mod build;
 pub mod copy_stream;
 pub mod keyslot;
 pub mod link;
+#[cfg(test)]
+mod names_tests;
 pub mod pool;
 pub mod source;
 pub mod source_check;
+pub mod source_triggers;
 pub mod sql;
 pub mod standby;
 

@@ -2,13 +2,11 @@
 //! checks MEMBER.CREATE runs on it are in `source_check`). Every name the caller gave is
 //! looked up in the catalog with bound parameters, and quoted (`quote_ident`, always) wherever
 //! it appears in generated SQL; the module never writes to the table, and alters it only when
-//! asked (`SYNC log`: triggers).
+//! asked (`SYNC log`: triggers, in `source_triggers`).
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
-
-use postgres::{GenericClient, Transaction};
 
 use super::{prepared, Db, DbErr};
 use crate::canon::{self, Normalize};
@@ -119,147 +117,9 @@ pub fn poll_sql(src: &Source, norm: Normalize, updated: &str) -> String {
 pub const NOW_WATERMARK: &str =
     "SELECT (EXTRACT(EPOCH FROM now()) * 1000000)::int8 + 4611686018427387904";
 
-/// Names of the change-log triggers an attached set puts on its source table: one set of three
-/// per set, so several sets may attach to one table.
-pub fn trigger_names(set: &str) -> [String; 3] {
-    ["ins", "upd", "del"].map(|op| format!("member_{set}_{op}"))
-}
-
-/// The trigger function that feeds the change log from a source table (docs/sync.md). Its
-/// arguments (set name, column, scope column or '', normalize) are quoted into SQL here, inside
-/// the database, with `format('%I')`. SECURITY DEFINER with a fixed search path, like
-/// `member_log_change`, so writers need no grant on the log.
-pub const LOG_FN_DDL: &str = r#"DO $do$ BEGIN
-  IF NOT EXISTS (SELECT FROM pg_proc WHERE proname = 'member_log_source'
-                   AND pronamespace = current_schema()::regnamespace
-                   AND prosrc LIKE '%member_log_source v1%') THEN
-    EXECUTE replace($f$CREATE OR REPLACE FUNCTION member_log_source() RETURNS trigger
-      LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $b$
-      BEGIN -- member_log_source v1: args set, column, scope column or '', normalize
-        EXECUTE format('INSERT INTO @S@.member_changes (set_name, entity_id, scope, alive)
-                          SELECT $1, %s, %s, $2 FROM %I WHERE %I IS NOT NULL%s',
-          CASE WHEN TG_ARGV[3] = 'lower' THEN format('lower(%I::text)', TG_ARGV[1])
-               ELSE format('%I::text', TG_ARGV[1]) END,
-          CASE WHEN TG_ARGV[2] = '' THEN '''''' ELSE format('%I::text', TG_ARGV[2]) END,
-          CASE WHEN TG_OP = 'DELETE' THEN 'old_rows' ELSE 'new_rows' END,
-          TG_ARGV[1],
-          CASE WHEN TG_ARGV[2] = '' THEN '' ELSE format(' AND %I IS NOT NULL', TG_ARGV[2]) END)
-        USING TG_ARGV[0], TG_OP <> 'DELETE';
-        RETURN NULL;
-      END $b$$f$, '@S@', quote_ident(current_schema()));
-  END IF;
-END $do$"#;
-
-/// Installs (or enables) the set's change-log triggers on its source table. Refused with the
-/// reason when the module's role may not (owner, or TRIGGER on the table).
-pub fn install_log_triggers<C: GenericClient>(c: &mut C, def: &SetDef) -> Result<(), DbErr> {
-    let Some(src) = &def.source else {
-        return Ok(());
-    };
-    let t = qualified(src);
-    let names = trigger_names(&def.name);
-    let have = c
-        .query(
-            "SELECT tgname::text, tgenabled = 'D', tgargs FROM pg_trigger
-              WHERE tgrelid = to_regclass($1) AND tgname::text = ANY($2::text[])",
-            &[&t, &names.to_vec()],
-        )
-        .map_err(|e| super::classify(&e))?;
-    let raw = [
-        def.name.as_str(),
-        src.column.as_str(),
-        src.scope_column.as_deref().unwrap_or(""),
-        def.normalize.name(),
-    ];
-    let args = raw.map(quote_literal).join(", ");
-    // pg_trigger.tgargs: each argument followed by a NUL byte.
-    let want: Vec<u8> = raw.iter().flat_map(|a| a.bytes().chain([0])).collect();
-    for (name, op) in names.iter().zip(["INSERT", "UPDATE", "DELETE"]) {
-        let found = have.iter().find(|r| r.get::<_, &str>(0) == name);
-        let ddl = match found {
-            // Left by an earlier set of this name on other columns (its DROP could not remove
-            // it): replaced, which takes the owner.
-            Some(r) if r.get::<_, &[u8]>(2) != want.as_slice() => {
-                c.batch_execute(&format!("DROP TRIGGER {name} ON {t}"))
-                    .map_err(|e| privilege(e, src))?;
-                create_trigger(name, op, &t, &args)
-            }
-            Some(r) if r.get::<_, bool>(1) => format!("ALTER TABLE {t} ENABLE TRIGGER {name}"),
-            Some(_) => continue,
-            None => create_trigger(name, op, &t, &args),
-        };
-        c.batch_execute(&ddl).map_err(|e| privilege(e, src))?;
-    }
-    Ok(())
-}
-
-fn create_trigger(name: &str, op: &str, t: &str, args: &str) -> String {
-    let rows = if op == "DELETE" {
-        "OLD TABLE AS old_rows"
-    } else {
-        "NEW TABLE AS new_rows"
-    };
-    format!(
-        "CREATE TRIGGER {name} AFTER {op} ON {t} REFERENCING {rows}
-           FOR EACH STATEMENT EXECUTE FUNCTION member_log_source({args})"
-    )
-}
-
-/// A refusal for want of privilege, naming what to grant; other errors as they are.
-fn privilege(e: postgres::Error, src: &Source) -> DbErr {
-    match e.code() {
-        Some(&postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => DbErr::Invalid(format!(
-            "SYNC log cannot install the change-log triggers on {}: the module's database \
-             role must own it or hold TRIGGER on it ({})",
-            shown_table(src),
-            crate::reply::escape(e.as_db_error().map_or("", |d| d.message()).as_bytes())
-        )),
-        _ => super::classify(&e),
-    }
-}
-
-/// Removes the set's triggers from its source table (MEMBER.DROP), if the module's role owns
-/// it; otherwise what to tell the operator (the triggers stay, feeding log rows no set reads,
-/// pruned with the log).
-pub fn drop_log_triggers(
-    tx: &mut Transaction,
-    def: &SetDef,
-) -> Result<Option<String>, postgres::Error> {
-    let Some(src) = &def.source else {
-        return Ok(None);
-    };
-    let t = qualified(src);
-    // Only the table's owner may drop triggers (TRIGGER only lets one create them).
-    let owner: Option<bool> = tx
-        .query_one(
-            "SELECT (SELECT pg_has_role(relowner, 'USAGE') FROM pg_class
-                      WHERE oid = to_regclass($1))",
-            &[&t],
-        )?
-        .get(0);
-    match owner {
-        Some(true) => {
-            for name in trigger_names(&def.name) {
-                tx.batch_execute(&format!("DROP TRIGGER IF EXISTS {name} ON {t}"))?;
-            }
-            Ok(None)
-        }
-        Some(false) => {
-            let t = shown_table(src);
-            let drops: Vec<String> = trigger_names(&def.name)
-                .iter()
-                .map(|n| format!("DROP TRIGGER {n} ON {t};"))
-                .collect();
-            Ok(Some(format!(
-                "libmember: set '{}' dropped, but its change-log triggers stay on {t} (only \
-                 the table's owner may drop them): {}",
-                def.name,
-                drops.join(" ")
-            )))
-        }
-        None => Ok(None),
-    }
-}
+pub use super::source_triggers::{
+    drop_log_triggers, install_log_triggers, refuse_module_relation, trigger_names, LOG_FN_DDL,
+};
 
 pub fn shown_table(src: &Source) -> String {
     format!("{}.{}", shown(&src.schema), shown(&src.table))

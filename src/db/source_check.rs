@@ -1,6 +1,7 @@
 //! The checks MEMBER.CREATE runs on an attached set's source table (docs/attach.md), all
 //! against the database's catalog with bound parameters, inside CREATE's transaction: a
-//! refusal rolls it back, so nothing is created.
+//! refusal rolls it back, so nothing is created. (The operator's `member.attach-allow` is
+//! checked before, on the arguments: `command::attach::allowed`.)
 
 use postgres::Transaction;
 
@@ -37,6 +38,8 @@ pub fn validate(tx: &mut Transaction, def: &SetDef) -> Result<(), DbErr> {
             shown_table(src)
         ));
     }
+    // Whatever `member.attach-allow` says (docs/attach.md).
+    super::source::refuse_module_relation(tx, src)?;
     let column = |tx: &mut Transaction, what: &str, name: &str| {
         tx.query_opt(
             "SELECT a.attnum, t.typname::text, format_type(a.atttypid, a.atttypmod)

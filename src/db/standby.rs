@@ -60,6 +60,7 @@ fn ready_sql(set: &str) -> String {
     format!(
         "SELECT (SELECT count(*) FROM pg_trigger g
                   WHERE g.tgrelid = t.oid AND g.tgenabled <> 'D'
+                    AND g.tgfoid = to_regproc('member_log_change')
                     AND g.tgname IN ('{}', '{}', '{}')) = 3
                 AND (NOT $1 OR EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = t.oid
                                           AND a.attname = 'slot' AND NOT a.attisdropped))
@@ -160,6 +161,7 @@ pub fn catch_up(
                          (SELECT floor::text::int8 FROM member_changes_floor) AS floor,
                          (SELECT count(*) FROM pg_trigger g
                            WHERE g.tgrelid = to_regclass($1) AND g.tgenabled <> 'D'
+                             AND g.tgfoid = to_regproc('member_log_change')
                              AND g.tgname IN ('{ins}', '{upd}', '{del}')) AS triggers) h
             LEFT JOIN (SELECT DISTINCT ON (entity_id, scope) entity_id, scope, alive
                          FROM member_changes WHERE set_name = $2 AND xid >= '{from}'::xid8

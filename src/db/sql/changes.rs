@@ -154,8 +154,15 @@ pub(super) fn guarded_ddl(set: &str, before: &str) -> String {
         } else {
             "NEW TABLE AS new_rows"
         };
+        // A trigger of the name that runs another function is not this set's change-log
+        // trigger, whoever put it there (an earlier version let an attached set `log` take
+        // these names on another set's table): replaced, else the set would look fed.
         format!(
-            "IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = '{t}'::regclass AND tgname = '{name}') THEN
+            "IF EXISTS (SELECT FROM pg_trigger WHERE tgrelid = '{t}'::regclass AND tgname = '{name}'
+                          AND tgfoid <> 'member_log_change'::regproc) THEN
+               DROP TRIGGER {name} ON {t};
+             END IF;
+             IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = '{t}'::regclass AND tgname = '{name}') THEN
                CREATE TRIGGER {name} AFTER {event} ON {t} REFERENCING {rows}
                  FOR EACH STATEMENT EXECUTE FUNCTION member_log_change('{set}');
              ELSIF EXISTS (SELECT FROM pg_trigger WHERE tgrelid = '{t}'::regclass AND tgname = '{name}'
@@ -247,18 +254,21 @@ pub fn changes_since(
                              AND t.relnamespace = current_schema()::regnamespace
                              AND (SELECT count(*) FROM pg_trigger g
                                    WHERE g.tgrelid = t.oid AND g.tgenabled <> 'D'
+                                     AND g.tgfoid = to_regproc('member_log_change')
                                      AND g.tgname IN ('{ins}', '{upd}', '{del}')) < 3
                            UNION ALL
-                           -- Attached sets synced by the log (docs/attach.md), by set name.
+                           -- Attached sets synced by the log (docs/attach.md), by set name
+                           -- (their triggers' names: source_triggers::trigger_names).
                            SELECT 'member_' || a.name FROM member_catalog a
                             WHERE a.source_sync = 'log'
                               AND (SELECT count(*) FROM pg_trigger g
                                     WHERE g.tgrelid = to_regclass(format('%I.%I', a.source_schema,
                                                                          a.source_table))
                                       AND g.tgenabled <> 'D'
-                                      AND g.tgname IN ('member_' || a.name || '_ins',
-                                                       'member_' || a.name || '_upd',
-                                                       'member_' || a.name || '_del')) < 3
+                                      AND g.tgfoid = to_regproc('member_log_source')
+                                      AND g.tgname IN ('member_' || a.name || '$ins',
+                                                       'member_' || a.name || '$upd',
+                                                       'member_' || a.name || '$del')) < 3
                          ) b) AS blind) h
             LEFT JOIN (SELECT DISTINCT ON (set_name, entity_id, scope) set_name, entity_id,
                               scope, alive

@@ -17,9 +17,8 @@
 //! same unload path, after a load that succeeded (README "Configuration").
 
 use redis_module::configuration::{
-    get_i64_default_config_value, get_string_default_config_value, register_bool_configuration,
-    register_i64_configuration, register_string_configuration, ConfigurationContext,
-    ConfigurationFlags,
+    register_bool_configuration, register_i64_configuration, register_string_configuration,
+    ConfigurationContext, ConfigurationFlags,
 };
 use redis_module::{raw, Context, RedisString};
 
@@ -40,12 +39,25 @@ fn on_sync_notify_changed<T>(_: &ConfigurationContext, _: &str, _: &'static T) {
 /// the load must fail (the server has logged which config it refused, and why).
 #[rustfmt::skip::macros(numbers, strings, flags)]
 pub fn register_and_load(ctx: &Context, args: &[RedisString]) -> Result<(), String> {
-    let bad_arg =
-        |name: &str, e: redis_module::RedisError| format!("libmember: module argument {name}: {e}");
+    let raw: Vec<&[u8]> = args.iter().map(RedisString::as_slice).collect();
+    let given = crate::module_args::ModuleArgs::parse(&raw)?;
+    // Text fit for a string config (no NUL: the framework makes a C string of a default).
+    let text = |name: &str, v: &[u8]| {
+        crate::config_text::check(name, v)
+            .map(str::to_string)
+            .map_err(|e| format!("libmember: module argument {e}"))
+    };
+    let mut known: Vec<&str> = Vec::new();
     macro_rules! numbers {
         ($([$name:expr, $var:expr, $def:expr, $min:expr, $max:expr, $flags:expr, $cb:expr]),* $(,)?) => {$(
-            let default = get_i64_default_config_value(args, $name, $def)
-                .map_err(|e| bad_arg($name, e))?;
+            known.push($name);
+            let default = match given.value($name) {
+                None => $def,
+                Some(v) => text($name, v)?.trim().parse::<i64>().map_err(|_| format!(
+                    "libmember: module argument {}: {:?} is not an integer",
+                    $name, crate::reply::escape(v)
+                ))?,
+            };
             // The server checks the range of a value it loads, not of a default.
             if !($min..=$max).contains(&default) {
                 return Err(format!(
@@ -76,9 +88,12 @@ pub fn register_and_load(ctx: &Context, args: &[RedisString]) -> Result<(), Stri
     );
     macro_rules! strings {
         ($([$name:expr, $var:expr, $def:expr, $flags:expr, $cb:expr]),* $(,)?) => {$(
-            let default = get_string_default_config_value(args, $name, $def)
-                .map_err(|e| bad_arg($name, e))?;
-            register_string_configuration(ctx, $name, $var, default, $flags, $cb);
+            known.push($name);
+            let default = match given.value($name) {
+                None => $def.to_string(),
+                Some(v) => text($name, v)?,
+            };
+            register_string_configuration(ctx, $name, $var, &default, $flags, $cb);
         )*};
     }
     strings!(
@@ -90,13 +105,13 @@ pub fn register_and_load(ctx: &Context, args: &[RedisString]) -> Result<(), Stri
     );
     macro_rules! flags {
         ($([$name:expr, $var:expr, $def:expr, $flags:expr, $cb:expr]),* $(,)?) => {$(
-            let default = match get_string_default_config_value(args, $name, "") {
-                Ok("") => $def,
-                Ok(v) if v.eq_ignore_ascii_case("yes") => true,
-                Ok(v) if v.eq_ignore_ascii_case("no") => false,
+            known.push($name);
+            let default = match given.value($name).map(|v| text($name, v)).transpose()?.as_deref() {
+                None | Some("") => $def,
+                Some(v) if v.eq_ignore_ascii_case("yes") => true,
+                Some(v) if v.eq_ignore_ascii_case("no") => false,
                 // Anything else was read as "no" by the crate's own parser.
-                Ok(v) => return Err(format!("libmember: module argument {}: {v:?} is not yes or no", $name)),
-                Err(e) => return Err(bad_arg($name, e)),
+                Some(v) => return Err(format!("libmember: module argument {}: {v:?} is not yes or no", $name)),
             };
             register_bool_configuration(ctx, $name, $var, default, $flags, $cb);
         )*};
@@ -106,6 +121,8 @@ pub fn register_and_load(ctx: &Context, args: &[RedisString]) -> Result<(), Stri
         ["auto-grow", &AUTO_GROW, AUTO_GROW_DEFAULT, F::DEFAULT, None],
         ["sync-notify", &SYNC_NOTIFY, SYNC_NOTIFY_DEFAULT, F::DEFAULT, Some(Box::new(on_sync_notify_changed))],
     );
+    // A name no config has (`wokers 3`) was ignored before: now the load fails on it.
+    given.only(&known)?;
     // SAFETY: OnLoad, main thread, the module's own context.
     let loaded = unsafe { raw::RedisModule_LoadConfigs.map(|load| load(ctx.ctx)) };
     match loaded {

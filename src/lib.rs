@@ -37,6 +37,7 @@ pub mod latency;
 pub mod limits;
 pub mod mainq;
 pub mod metrics;
+pub mod module_args;
 pub mod notify;
 pub mod pg_link;
 pub mod rebuild;

@@ -12,9 +12,17 @@
 //! server registered for the module by then, it removes itself): the config callbacks below
 //! do nothing until `db::pool::start` and `notify::started` run at the end of the load.
 //!
+//! The module's own arguments are checked here too (`module_args`): an unknown name, a name
+//! without its value or given twice fails the load, and a string value is checked as text
+//! (`config_text`) before it becomes a default (the framework makes a C string of it).
+//!
 //! Left to the server: a `MODULE LOADEX … CONFIG` name the module does not have at all
-//! (`member.wokers`) never reaches the module, and Valkey 8.0.1 still crashes on it, on the
-//! same unload path, after a load that succeeded (README "Configuration").
+//! (`member.wokers`) never reaches the module (the server queues LOADEX pairs and
+//! `RedisModule_LoadConfigs` takes only registered names). After a load that succeeded the
+//! server finds it unused and unloads the module: Valkey 8.0.1 crashes on that path; Redis
+//! 7.0.15's `moduleUnload` refuses a module that exports a data type (`EBUSY`), ignores its
+//! own refusal, answers an error and leaves libmember loaded and serving (README
+//! "Configuration").
 
 use redis_module::configuration::{
     register_bool_configuration, register_i64_configuration, register_string_configuration,

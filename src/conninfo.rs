@@ -30,17 +30,13 @@ pub struct ConnInfo {
 /// Why a connection string holding a control character is refused.
 pub const CONTROL: &str = "the connection string holds a control character (NUL, tab, line \
      break, ...), as written, quoted or percent-encoded: refused";
-/// Why a connection string longer than `config_text::MAX_TEXT` is refused.
-pub const TOO_LONG: &str = "the connection string is longer than 4096 bytes";
-
 impl ConnInfo {
-    /// Reads a connection string. Refused: one longer than `config_text::MAX_TEXT` bytes, one
-    /// holding a control character anywhere, as written or once unquoted or percent-decoded
-    /// (no NUL byte can reach the driver, a C string or a reply), and one the grammar refuses.
+    /// Reads a connection string. Refused: one holding a control character anywhere, as
+    /// written or once unquoted or percent-decoded (no NUL byte can reach the driver, a C
+    /// string or a reply), and one the grammar refuses. (The length of a config's value is
+    /// bounded where it is set, `config_text`: its masked form, read here again at every
+    /// connection, may be a few bytes longer.)
     pub fn parse(text: &str) -> Result<ConnInfo, &'static str> {
-        if text.len() > crate::config_text::MAX_TEXT {
-            return Err(TOO_LONG);
-        }
         if crate::config_text::has_control(text) {
             return Err(CONTROL);
         }

@@ -131,6 +131,14 @@ fn a_nul_or_control_byte_in_any_string_config_is_refused_and_changes_nothing() {
     assert!(e.contains("control character"), "{e}");
     let e = set_raw(&mut c, "member.pg-url", &vec![b'a'; 5000]).unwrap();
     assert!(e.contains("longer than 4096 bytes"), "{e}");
+    // A huge password is refused too, though the value without it would fit.
+    for name in ["member.pg-url", "member.pg-rebuild-url"] {
+        let long_pw = format!("{url} password={}", "p".repeat(1 << 20));
+        let e = set_raw(&mut c, name, long_pw.as_bytes()).unwrap();
+        assert!(e.contains("longer than 4096 bytes"), "{e}");
+        assert!(!e.contains("ppp"), "{e}");
+    }
+    assert_eq!(&get(&mut c, "member.pg-url"), &held[0].1);
     // And the module still serves.
     ok(&mut c, &["MEMBER.CREATE", "s"]);
     assert_eq!(int(&mut c, &["MEMBER.ADD", "s", "alice"]), 1);

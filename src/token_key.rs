@@ -33,8 +33,9 @@ fn load_file(path: &str) -> Result<(), String> {
 }
 
 /// `load_file` for the config: refused at CONFIG SET; at start-up the path is kept without a
-/// key (the servers cannot refuse a module config at load without aborting), tokenized sets
-/// answer "no key is loaded", and `started` logs why.
+/// key (the sets that are not tokenized keep serving), tokenized sets answer "no key is
+/// loaded", and `started` logs why. (A path that is not printable text never gets here: the
+/// config refuses it even at start-up, `config::KeyFile`.)
 pub fn set_file(path: &str) -> Result<(), String> {
     match load_file(path) {
         Err(e) if !STARTED.load(Ordering::Acquire) => {

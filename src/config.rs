@@ -21,8 +21,70 @@ pub static PG_REBUILD_URL: crate::pg_link::PgUrl =
     crate::pg_link::PgUrl::named("member.pg-rebuild-url");
 
 /// A file holding the database password (read at every connection, so a rotated file is
-/// picked up on reconnect); empty = the password in `member.pg-url`, if any.
-pub static PG_PASSWORD_FILE: Mutex<String> = Mutex::new(String::new());
+/// picked up on reconnect); empty = the password in `member.pg-url`, if any. Once the module
+/// is loaded, CONFIG SET reads the file at once and refuses one that could not be used.
+pub static PG_PASSWORD_FILE: PasswordFile = PasswordFile(Mutex::new(String::new()));
+
+/// Set once the module's configs are loaded (`started`): from then on CONFIG SET checks the
+/// password file it names.
+static STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Text handed to the server as a config's value (CONFIG GET, CONFIG REWRITE): its bytes as
+/// they are, never through a C string (a NUL byte would abort the server there; none can be
+/// stored, `config_text`, and this keeps it so).
+fn shown(s: &str) -> RedisString {
+    RedisString::create_from_slice(std::ptr::null_mut(), s.as_bytes())
+}
+
+/// A setter's refusal as the server will quote it: printable ASCII only (the framework turns
+/// it into a C string, where a NUL byte would abort the server).
+pub fn refusal(msg: String) -> RedisError {
+    RedisError::String(crate::reply::printable(&msg))
+}
+
+/// The `member.pg-password-file` config: the path, checked as text always and, once the
+/// module is loaded, by reading the file (`pg_link::read_password_file`).
+pub struct PasswordFile(Mutex<String>);
+
+impl PasswordFile {
+    /// The path set (empty: none).
+    pub fn path(&self) -> String {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl ConfigurationValue<RedisString> for PasswordFile {
+    fn get(&self, _: &ConfigurationContext) -> RedisString {
+        shown(&self.path())
+    }
+    fn set(&self, _: &ConfigurationContext, val: RedisString) -> Result<(), RedisError> {
+        let path = crate::config_text::check("member.pg-password-file", val.as_slice())
+            .map_err(refusal)?;
+        if !path.is_empty() && STARTED.load(Ordering::Acquire) {
+            crate::pg_link::read_password_file(path).map_err(refusal)?;
+        }
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = path.to_string();
+        Ok(())
+    }
+}
+
+/// Called from module load once the configs are applied: from now on CONFIG SET checks the
+/// password file; one named at start-up that cannot be used is logged (connections fail
+/// with the reason in `db_link_error` until it can).
+pub fn started(ctx: &redis_module::Context) {
+    STARTED.store(true, Ordering::Release);
+    let path = PG_PASSWORD_FILE.path();
+    if path.is_empty() {
+        return;
+    }
+    if let Err(e) = crate::pg_link::read_password_file(&path) {
+        crate::reply::log(
+            ctx,
+            crate::reply::Level::Warning,
+            &format!("libmember: {e}; connections fail until it can be read"),
+        );
+    }
+}
 
 pub const WORKERS_DEFAULT: i64 = 4;
 pub const WORKERS_MIN: i64 = 1;
@@ -177,7 +239,7 @@ pub fn parse_error_rate(s: &str) -> Option<f64> {
 
 impl ConfigurationValue<RedisString> for ErrorRate {
     fn get(&self, _: &ConfigurationContext) -> RedisString {
-        RedisString::create(None, self.get().to_string())
+        shown(&self.get().to_string())
     }
     fn set(&self, _: &ConfigurationContext, val: RedisString) -> Result<(), RedisError> {
         let v = parse_error_rate(&val.to_string_lossy()).ok_or(RedisError::Str(
@@ -201,15 +263,14 @@ pub struct KeyFile(Mutex<String>);
 
 impl ConfigurationValue<RedisString> for KeyFile {
     fn get(&self, _: &ConfigurationContext) -> RedisString {
-        RedisString::create(
-            None,
-            self.0.lock().unwrap_or_else(|e| e.into_inner()).as_str(),
-        )
+        shown(self.0.lock().unwrap_or_else(|e| e.into_inner()).as_str())
     }
     fn set(&self, _: &ConfigurationContext, val: RedisString) -> Result<(), RedisError> {
-        let path = val.to_string_lossy();
-        crate::token_key::set_file(&path).map_err(RedisError::String)?;
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = path;
+        // Refused even at start-up: such a path could not be shown or opened.
+        let path =
+            crate::config_text::check("member.token-key-file", val.as_slice()).map_err(refusal)?;
+        crate::token_key::set_file(path).map_err(refusal)?;
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = path.to_string();
         Ok(())
     }
 }
@@ -249,11 +310,7 @@ pub fn handover_grace() -> std::time::Duration {
 /// file, and the generation they belong to.
 pub fn pg_link() -> (crate::pg_link::Link, u64) {
     let gen = PG_URL_GEN.load(Ordering::Acquire);
-    let file = PG_PASSWORD_FILE
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    (PG_URL.link(file), gen)
+    (PG_URL.link(PG_PASSWORD_FILE.path()), gen)
 }
 
 /// The standby rebuilds read from (same password file as the primary: a physical standby has
@@ -262,11 +319,7 @@ pub fn pg_rebuild_link() -> Option<crate::pg_link::Link> {
     if PG_REBUILD_URL.shown().trim().is_empty() {
         return None;
     }
-    let file = PG_PASSWORD_FILE
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    Some(PG_REBUILD_URL.link(file))
+    Some(PG_REBUILD_URL.link(PG_PASSWORD_FILE.path()))
 }
 
 /// The generation of the link settings; a connection made under another one is stale.

@@ -85,7 +85,16 @@ unsafe fn run(fctx: *mut raw::RedisModuleCommandFilterCtx) {
         else {
             continue;
         };
-        let shown = match std::str::from_utf8(arg(i + 1)).map(ConnInfo::parse) {
+        // A value too long for the config is not read: the setter refuses it (had its password
+        // been taken out, the rest might have fit, and the password been kept at any size).
+        let value = arg(i + 1);
+        if value.len() > crate::config_text::MAX_TEXT {
+            stash.push((name, Err(crate::config_text::TOO_LONG)));
+            // SAFETY: fctx is live; i + 1 < argc.
+            unsafe { replace(fctx, i + 1, UNREADABLE) };
+            continue;
+        }
+        let shown = match std::str::from_utf8(value).map(ConnInfo::parse) {
             Ok(Ok(info)) => match info.password() {
                 None | Some(MASK) => continue,
                 Some(p) => {
@@ -102,15 +111,24 @@ unsafe fn run(fctx: *mut raw::RedisModuleCommandFilterCtx) {
                 UNREADABLE.to_string()
             }
         };
-        // SAFETY: a new string without a context, owned by the server from here on.
-        unsafe {
-            let s = raw::RedisModule_CreateString.unwrap()(
-                std::ptr::null_mut(),
-                shown.as_ptr().cast(),
-                shown.len(),
-            );
-            raw::RedisModule_CommandFilterArgReplace.unwrap()(fctx, i + 1, s);
-        }
+        // SAFETY: fctx is live; i + 1 < argc.
+        unsafe { replace(fctx, i + 1, &shown) };
     }
     pg_link::stash(stash);
+}
+
+/// Replaces argument `i` of the filtered command with `text`.
+///
+/// # Safety
+/// As [`filter`]; `i` is below the argument count.
+unsafe fn replace(fctx: *mut raw::RedisModuleCommandFilterCtx, i: c_int, text: &str) {
+    // SAFETY: a new string without a context, owned by the server from here on.
+    unsafe {
+        let s = raw::RedisModule_CreateString.unwrap()(
+            std::ptr::null_mut(),
+            text.as_ptr().cast(),
+            text.len(),
+        );
+        raw::RedisModule_CommandFilterArgReplace.unwrap()(fctx, i, s);
+    }
 }

@@ -12,14 +12,21 @@
 //! server registered for the module by then, it removes itself): the config callbacks below
 //! do nothing until `db::pool::start` and `notify::started` run at the end of the load.
 //!
+//! The module's own arguments are checked here too (`module_args`): an unknown name, a name
+//! without its value or given twice fails the load, and a string value is checked as text
+//! (`config_text`) before it becomes a default (the framework makes a C string of it).
+//!
 //! Left to the server: a `MODULE LOADEX … CONFIG` name the module does not have at all
-//! (`member.wokers`) never reaches the module, and Valkey 8.0.1 still crashes on it, on the
-//! same unload path, after a load that succeeded (README "Configuration").
+//! (`member.wokers`) never reaches the module (the server queues LOADEX pairs and
+//! `RedisModule_LoadConfigs` takes only registered names). After a load that succeeded the
+//! server finds it unused and unloads the module: Valkey 8.0.1 crashes on that path; Redis
+//! 7.0.15's `moduleUnload` refuses a module that exports a data type (`EBUSY`), ignores its
+//! own refusal, answers an error and leaves libmember loaded and serving (README
+//! "Configuration").
 
 use redis_module::configuration::{
-    get_i64_default_config_value, get_string_default_config_value, register_bool_configuration,
-    register_i64_configuration, register_string_configuration, ConfigurationContext,
-    ConfigurationFlags,
+    register_bool_configuration, register_i64_configuration, register_string_configuration,
+    ConfigurationContext, ConfigurationFlags,
 };
 use redis_module::{raw, Context, RedisString};
 
@@ -40,12 +47,25 @@ fn on_sync_notify_changed<T>(_: &ConfigurationContext, _: &str, _: &'static T) {
 /// the load must fail (the server has logged which config it refused, and why).
 #[rustfmt::skip::macros(numbers, strings, flags)]
 pub fn register_and_load(ctx: &Context, args: &[RedisString]) -> Result<(), String> {
-    let bad_arg =
-        |name: &str, e: redis_module::RedisError| format!("libmember: module argument {name}: {e}");
+    let raw: Vec<&[u8]> = args.iter().map(RedisString::as_slice).collect();
+    let given = crate::module_args::ModuleArgs::parse(&raw)?;
+    // Text fit for a string config (no NUL: the framework makes a C string of a default).
+    let text = |name: &str, v: &[u8]| {
+        crate::config_text::check(name, v)
+            .map(str::to_string)
+            .map_err(|e| format!("libmember: module argument {e}"))
+    };
+    let mut known: Vec<&str> = Vec::new();
     macro_rules! numbers {
         ($([$name:expr, $var:expr, $def:expr, $min:expr, $max:expr, $flags:expr, $cb:expr]),* $(,)?) => {$(
-            let default = get_i64_default_config_value(args, $name, $def)
-                .map_err(|e| bad_arg($name, e))?;
+            known.push($name);
+            let default = match given.value($name) {
+                None => $def,
+                Some(v) => text($name, v)?.trim().parse::<i64>().map_err(|_| format!(
+                    "libmember: module argument {}: {:?} is not an integer",
+                    $name, crate::reply::escape(v)
+                ))?,
+            };
             // The server checks the range of a value it loads, not of a default.
             if !($min..=$max).contains(&default) {
                 return Err(format!(
@@ -76,9 +96,12 @@ pub fn register_and_load(ctx: &Context, args: &[RedisString]) -> Result<(), Stri
     );
     macro_rules! strings {
         ($([$name:expr, $var:expr, $def:expr, $flags:expr, $cb:expr]),* $(,)?) => {$(
-            let default = get_string_default_config_value(args, $name, $def)
-                .map_err(|e| bad_arg($name, e))?;
-            register_string_configuration(ctx, $name, $var, default, $flags, $cb);
+            known.push($name);
+            let default = match given.value($name) {
+                None => $def.to_string(),
+                Some(v) => text($name, v)?,
+            };
+            register_string_configuration(ctx, $name, $var, &default, $flags, $cb);
         )*};
     }
     strings!(
@@ -91,13 +114,13 @@ pub fn register_and_load(ctx: &Context, args: &[RedisString]) -> Result<(), Stri
     );
     macro_rules! flags {
         ($([$name:expr, $var:expr, $def:expr, $flags:expr, $cb:expr]),* $(,)?) => {$(
-            let default = match get_string_default_config_value(args, $name, "") {
-                Ok("") => $def,
-                Ok(v) if v.eq_ignore_ascii_case("yes") => true,
-                Ok(v) if v.eq_ignore_ascii_case("no") => false,
+            known.push($name);
+            let default = match given.value($name).map(|v| text($name, v)).transpose()?.as_deref() {
+                None | Some("") => $def,
+                Some(v) if v.eq_ignore_ascii_case("yes") => true,
+                Some(v) if v.eq_ignore_ascii_case("no") => false,
                 // Anything else was read as "no" by the crate's own parser.
-                Ok(v) => return Err(format!("libmember: module argument {}: {v:?} is not yes or no", $name)),
-                Err(e) => return Err(bad_arg($name, e)),
+                Some(v) => return Err(format!("libmember: module argument {}: {v:?} is not yes or no", $name)),
             };
             register_bool_configuration(ctx, $name, $var, default, $flags, $cb);
         )*};
@@ -107,6 +130,8 @@ pub fn register_and_load(ctx: &Context, args: &[RedisString]) -> Result<(), Stri
         ["auto-grow", &AUTO_GROW, AUTO_GROW_DEFAULT, F::DEFAULT, None],
         ["sync-notify", &SYNC_NOTIFY, SYNC_NOTIFY_DEFAULT, F::DEFAULT, Some(Box::new(on_sync_notify_changed))],
     );
+    // A name no config has (`wokers 3`) was ignored before: now the load fails on it.
+    given.only(&known)?;
     // SAFETY: OnLoad, main thread, the module's own context.
     let loaded = unsafe { raw::RedisModule_LoadConfigs.map(|load| load(ctx.ctx)) };
     match loaded {

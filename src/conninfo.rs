@@ -27,12 +27,36 @@ pub struct ConnInfo {
     params: Vec<Param>,
 }
 
+/// Why a connection string holding a control character is refused.
+pub const CONTROL: &str = "the connection string holds a control character (NUL, tab, line \
+     break, ...), as written, quoted or percent-encoded: refused";
 impl ConnInfo {
+    /// Reads a connection string. Refused: one holding a control character anywhere, as
+    /// written or once unquoted or percent-decoded (no NUL byte can reach the driver, a C
+    /// string or a reply), and one the grammar refuses. (The length of a config's value is
+    /// bounded where it is set, `config_text`: its masked form, read here again at every
+    /// connection, may be a few bytes longer.)
     pub fn parse(text: &str) -> Result<ConnInfo, &'static str> {
+        if crate::config_text::has_control(text) {
+            return Err(CONTROL);
+        }
         let params = match url_rest(text) {
-            Some(at) => url_params(text, at)?,
+            Some(at) => {
+                // Every part of a URL is percent-decoded by the driver, not only the ones
+                // read here (host, user, database name).
+                let all = String::from_utf8_lossy(&percent_decode_bytes(text)).into_owned();
+                if crate::config_text::has_control(&all) {
+                    return Err(CONTROL);
+                }
+                url_params(text, at)?
+            }
             None => kv_params(text)?,
         };
+        if params.iter().any(|p| {
+            crate::config_text::has_control(&p.key) || crate::config_text::has_control(&p.value)
+        }) {
+            return Err(CONTROL);
+        }
         Ok(ConnInfo {
             text: text.to_string(),
             url: url_rest(text).is_some(),
@@ -164,6 +188,12 @@ fn url_params(text: &str, at: usize) -> Result<Vec<Param>, &'static str> {
 }
 
 fn percent_decode(s: &str) -> Result<String, &'static str> {
+    String::from_utf8(percent_decode_bytes(s))
+        .map_err(|_| "a percent-encoded URL part is not UTF-8")
+}
+
+/// `%XX` turned into its byte, everything else kept.
+fn percent_decode_bytes(s: &str) -> Vec<u8> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -184,7 +214,7 @@ fn percent_decode(s: &str) -> Result<String, &'static str> {
             }
         }
     }
-    String::from_utf8(out).map_err(|_| "a percent-encoded URL part is not UTF-8")
+    out
 }
 
 /// key=value pairs separated by whitespace; a value is bare (backslash escapes) or quoted

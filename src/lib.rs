@@ -17,6 +17,7 @@ pub mod command_info;
 pub mod config;
 pub mod config_filter;
 pub mod config_load;
+pub mod config_text;
 pub mod conninfo;
 pub mod db;
 pub mod effects;
@@ -37,12 +38,14 @@ pub mod latency;
 pub mod limits;
 pub mod mainq;
 pub mod metrics;
+pub mod module_args;
 pub mod notify;
 pub mod pg_link;
 pub mod rebuild;
 pub mod redact;
 pub mod replica_load;
 pub mod reply;
+pub mod secret_file;
 pub mod set_def;
 pub mod slot_fill;
 pub mod state;
@@ -220,6 +223,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     }
     // The configs are applied by now.
     token_key::started(ctx);
+    config::started(ctx);
     config::PG_URL.default_if_empty(config::PG_URL_DEFAULT);
     config_filter::register(ctx);
     // A short read of a filter payload must fail the load cleanly (rdb_load checks for it),

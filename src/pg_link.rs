@@ -99,7 +99,8 @@ impl PgUrl {
     }
 
     /// Stores a connection string. The text is rejected, without being quoted, when it cannot
-    /// be read (its password could not be told apart) or asks for an unknown `sslmode`.
+    /// be read (its password could not be told apart), holds a control character (as written,
+    /// or once unquoted or percent-decoded: `ConnInfo::parse`) or asks for an unknown `sslmode`.
     ///
     /// A text whose password is the mask keeps the password set before, unless the command
     /// filter took a new one out of this CONFIG SET's argument (then that one counts).
@@ -154,13 +155,14 @@ impl PgUrl {
 
 impl ConfigurationValue<RedisString> for PgUrl {
     fn get(&self, _: &ConfigurationContext) -> RedisString {
-        RedisString::create(None, self.shown())
+        // The bytes as they are, not through a C string (`config::refusal` says why).
+        RedisString::create_from_slice(std::ptr::null_mut(), self.shown().as_bytes())
     }
 
     fn set(&self, _: &ConfigurationContext, val: RedisString) -> Result<(), RedisError> {
-        let text = std::str::from_utf8(val.as_slice())
-            .map_err(|_| RedisError::String(format!("{} must be UTF-8", self.name)))?;
-        self.store(text).map_err(RedisError::String)
+        let text =
+            crate::config_text::check(self.name, val.as_slice()).map_err(crate::config::refusal)?;
+        self.store(text).map_err(crate::config::refusal)
     }
 }
 
@@ -183,15 +185,26 @@ impl Link {
     }
 }
 
-/// The file's content without its trailing line break(s).
+/// Largest password file read, in bytes.
+pub const MAX_PASSWORD_FILE: usize = 4096;
+
+/// The file's content without its trailing line break(s): a regular file of at most
+/// `MAX_PASSWORD_FILE` bytes, opened without blocking (`secret_file`), UTF-8 text without
+/// control characters. Errors name the path, never the content.
 pub fn read_password_file(path: &str) -> Result<String, String> {
-    let bytes = std::fs::read(path)
+    let bytes = crate::secret_file::read(path, MAX_PASSWORD_FILE)
         .map_err(|e| format!("cannot read member.pg-password-file {path}: {e}"))?;
     let text = String::from_utf8(bytes)
         .map_err(|_| format!("member.pg-password-file {path} is not UTF-8 text"))?;
     let password = text.trim_end_matches(['\r', '\n']);
     if password.is_empty() {
         return Err(format!("member.pg-password-file {path} is empty"));
+    }
+    if crate::config_text::has_control(password) {
+        return Err(format!(
+            "member.pg-password-file {path} holds a control character (only a trailing line \
+             break is allowed)"
+        ));
     }
     Ok(password.to_string())
 }
@@ -317,6 +330,47 @@ mod tests {
         std::fs::remove_file(&f).unwrap();
         let e = link.password(&info).unwrap_err();
         assert!(e.starts_with("cannot read member.pg-password-file"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_text_with_a_control_character_changes_nothing() {
+        let _serial = serial();
+        let u = PgUrl::new();
+        u.store("host=h password=keep").unwrap();
+        for bad in [
+            "dbname='ac\0l' password=x",
+            "postgres://u:x@h/db?sslrootcert=a%00b",
+        ] {
+            let e = u.store(bad).unwrap_err();
+            assert!(
+                e.starts_with("member.pg-url: the connection string holds"),
+                "{e}"
+            );
+        }
+        assert_eq!(u.shown(), "host=h password=***");
+        assert_eq!(u.lock().password.as_deref(), Some("keep"));
+    }
+
+    #[test]
+    fn a_password_file_is_bounded_and_plain_text() {
+        let dir = std::env::temp_dir().join(format!("member-pwbound-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("pw");
+        let p = f.to_str().unwrap();
+        std::fs::write(&f, "a\0b\n").unwrap();
+        let e = read_password_file(p).unwrap_err();
+        assert!(e.contains("holds a control character"), "{e}");
+        std::fs::write(&f, "x".repeat(MAX_PASSWORD_FILE + 1)).unwrap();
+        let e = read_password_file(p).unwrap_err();
+        assert!(e.contains("larger than 4096 bytes"), "{e}");
+        std::fs::write(&f, "x".repeat(MAX_PASSWORD_FILE)).unwrap();
+        assert_eq!(read_password_file(p).unwrap().len(), MAX_PASSWORD_FILE);
+        let e = read_password_file("/dev/zero").unwrap_err();
+        assert!(
+            e.starts_with("cannot read member.pg-password-file /dev/zero: it is a device"),
+            "{e}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -60,6 +60,13 @@ fn escape_str_into(out: &mut String, s: &str) {
 /// and non-ASCII characters are escaped as in `escape` (backslashes kept as they are, so text
 /// already escaped is unchanged).
 pub fn line(s: &str) -> CString {
+    // No NUL can be left: every control character was escaped by `printable`.
+    CString::new(printable(s)).unwrap_or_default()
+}
+
+/// `line` as a `String`: printable ASCII only, never a NUL, CR or LF (for text the server
+/// turns into a C string itself: INFO fields, a config setter's refusal).
+pub fn printable(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -73,8 +80,7 @@ pub fn line(s: &str) -> CString {
             }
         }
     }
-    // No NUL can be left: every control character was escaped above.
-    CString::new(out).unwrap_or_default()
+    out
 }
 
 /// Sends `result` to the client, with every text escaped by `line`. Values the crate writes

@@ -1,7 +1,6 @@
 //! The tokenization key this node holds (read from the file `member.token-key-file` names,
 //! never shown anywhere) and the gate every client item passes: canonicalize, then tokenize.
 
-use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, RwLock};
 
@@ -19,7 +18,7 @@ static STARTED: AtomicBool = AtomicBool::new(false);
 static START_ERROR: Mutex<Option<String>> = Mutex::new(None);
 
 /// Largest key file read: the longest key in hex with room for white space around it.
-const MAX_FILE_BYTES: u64 = (MAX_KEY_BYTES * 2 + 64) as u64;
+const MAX_FILE_BYTES: usize = MAX_KEY_BYTES * 2 + 64;
 
 /// Reads and installs the key from `path` (an empty path unloads it). On any error the key
 /// held before stays, and the error is the text CONFIG SET reports; it never quotes the file.
@@ -34,8 +33,9 @@ fn load_file(path: &str) -> Result<(), String> {
 }
 
 /// `load_file` for the config: refused at CONFIG SET; at start-up the path is kept without a
-/// key (the servers cannot refuse a module config at load without aborting), tokenized sets
-/// answer "no key is loaded", and `started` logs why.
+/// key (the sets that are not tokenized keep serving), tokenized sets answer "no key is
+/// loaded", and `started` logs why. (A path that is not printable text never gets here: the
+/// config refuses it even at start-up, `config::KeyFile`.)
 pub fn set_file(path: &str) -> Result<(), String> {
     match load_file(path) {
         Err(e) if !STARTED.load(Ordering::Acquire) => {
@@ -61,16 +61,14 @@ pub fn started(ctx: &redis_module::Context) {
 }
 
 fn read(path: &str) -> Result<Key, String> {
-    let f = std::fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
-    let mut text = Vec::with_capacity(MAX_FILE_BYTES as usize);
-    f.take(MAX_FILE_BYTES + 1)
-        .read_to_end(&mut text)
-        .map_err(|e| format!("cannot read: {e}"))?;
-    if text.len() as u64 > MAX_FILE_BYTES {
-        return Err(format!(
-            "the file is larger than {MAX_FILE_BYTES} bytes: it must hold only the key in hex"
-        ));
-    }
+    // A FIFO, a device or a directory is refused before it is read (`secret_file`).
+    let mut text = crate::secret_file::read(path, MAX_FILE_BYTES).map_err(|e| {
+        if e.starts_with("the file is larger") {
+            format!("{e}: it must hold only the key in hex")
+        } else {
+            e
+        }
+    })?;
     let key = Key::from_file_text(&text).map_err(|e| e.text().to_string());
     // The key's text is not kept beyond this call.
     text.fill(0);

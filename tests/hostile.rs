@@ -611,3 +611,128 @@ fn a_panicking_worker_job_answers_its_client_once_and_the_worker_goes_on() {
         tail(&env.vk.log())
     );
 }
+
+/// Every string config, and a few others, for the random config run.
+const CONFIGS: [&str; 8] = [
+    "member.pg-url",
+    "member.pg-rebuild-url",
+    "member.pg-password-file",
+    "member.token-key-file",
+    "member.default-error-rate",
+    "member.workers",
+    "member.max-filter-bytes",
+    "member.acl-sets",
+];
+
+/// A hostile value for a config: control bytes spliced into plausible connection strings
+/// (quoted, backslash-escaped, percent-encoded), random bytes, huge values, and paths of
+/// files that must never be read (a FIFO nobody writes to, a directory, a device, a sparse
+/// file of 1 GiB, a file with a NUL inside).
+fn random_config_value(r: &mut Rng, files: &[String]) -> Vec<u8> {
+    const CONTROL: [&str; 7] = ["\0", "\t", "\n", "\r", "\x1b", "\x7f", "\u{85}"];
+    const ENCODED: [&str; 5] = ["%00", "%0a", "%7f", "%c2%85", "%ff"];
+    let c = *r.pick(&CONTROL);
+    let e = *r.pick(&ENCODED);
+    match r.below(12) {
+        0 => format!("dbname='ac{c}l'").into_bytes(),
+        1 => format!("host='127.0.0.1{c}' user=postgres").into_bytes(),
+        2 => format!("host=127.0.0.1 sslrootcert=a\\{c}b sslmode=verify-ca").into_bytes(),
+        3 => format!("postgres://postgres@127.0.0.1/postgres?sslrootcert=a{e}b").into_bytes(),
+        4 => format!("postgres://u:p{e}w@h{e}/d{e}b?application_name={e}").into_bytes(),
+        5 => format!("/tmp/{c}/key").into_bytes(),
+        6 | 7 => r.pick(files).as_bytes().to_vec(),
+        8 => random_bytes(r, 40),
+        9 => match r.below(3) {
+            0 => vec![b'a'; 1 << 20],
+            1 => vec![0u8; 5000],
+            _ => format!("host={}", "h".repeat(4100)).into_bytes(),
+        },
+        10 => r.pick(&NUMBERS).as_bytes().to_vec(),
+        _ => {
+            let mut v = random_arg(r);
+            v.insert(r.below(v.len() + 1), 0);
+            v
+        }
+    }
+}
+
+#[test]
+fn random_config_values_never_crash_hang_or_exhaust_the_server() {
+    let env = Env::new();
+    let mut c = env.conn();
+    // Far longer than any refusal takes; a FIFO opened for reading blocked forever.
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let dir = std::env::temp_dir().join(format!("member-hostile-cfg-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("fifo");
+    let cpath = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(cpath.as_ptr(), 0o600) }, 0);
+    let sparse = dir.join("sparse");
+    std::fs::File::create(&sparse)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    let nul = dir.join("nul");
+    std::fs::write(&nul, "pass\0word\n").unwrap();
+    let files: Vec<String> = [fifo.as_path(), &sparse, &nul, &dir]
+        .iter()
+        .map(|p| p.to_str().unwrap().to_string())
+        .chain(["/dev/zero", "/dev/urandom", "/proc/self/mem"].map(String::from))
+        .collect();
+    let mut r = Rng::seeded();
+    for _ in 0..300 {
+        let name = *r.pick(&CONFIGS);
+        let value = random_config_value(&mut r, &files);
+        let args = vec![b"CONFIG".to_vec(), b"SET".to_vec(), name.into(), value];
+        call(&mut c, &args, &env.vk);
+        let pong: Result<String, _> = redis::cmd("PING").query(&mut c);
+        assert_eq!(
+            pong.as_deref().ok(),
+            Some("PONG"),
+            "{} -> the server is gone\n{}",
+            show(&args),
+            tail(&env.vk.log())
+        );
+        let all: Vec<String> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("member.*")
+            .query(&mut c)
+            .unwrap();
+        assert!(
+            all.iter().all(|v| !v.chars().any(char::is_control)),
+            "{} -> a control character stored",
+            show(&args)
+        );
+        let info: String = redis::cmd("INFO").arg("member").query(&mut c).unwrap();
+        assert!(info.contains("member_sets"), "{}", show(&args));
+    }
+    // Whatever the run left set, good values make the module serve again.
+    for (name, value) in [
+        ("member.pg-url", env.db.url()),
+        ("member.pg-rebuild-url", String::new()),
+        ("member.pg-password-file", String::new()),
+        ("member.workers", "2".into()),
+        ("member.acl-sets", "yes".into()),
+    ] {
+        let _ = cmd(&mut c, &["CONFIG", "SET", name, &value]);
+    }
+    assert!(wait_until(Duration::from_secs(30), || cmd(
+        &mut c,
+        &["MEMBER.CREATE", "after"]
+    )
+    .is_ok()));
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "after", "alive"]), 1);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "after", "alive"]), 1);
+    assert_clean_log(&env.vk);
+    // The 1 GiB sparse file and /dev/zero were never read.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", env.vk.pid())).unwrap();
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    assert!(peak_kib < 512 * 1024, "peak RSS {peak_kib} KiB");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -151,3 +151,91 @@ fn a_refused_value_at_module_load_leaves_the_server_running() {
     assert_eq!(int(&mut c, &["MEMBER.EXISTS", "loaded", "alice"]), 1);
     assert_eq!(threads(&vk, "member-db-"), 3);
 }
+
+/// A module argument no config has (`wokers 3`), a name left without its value, or one given
+/// twice was ignored: the server ran with the setting silently lost. Now the load fails with
+/// the reason, at start-up and in MODULE LOADEX … ARGS alike.
+#[test]
+fn an_unknown_or_incomplete_module_argument_fails_the_load() {
+    let db = fresh_db();
+    let mut vk = start_with(&db.url(), &[]);
+    vk.shutdown(&["NOSAVE"]);
+    let cases: &[(&[&str], &str)] = &[
+        (&["wokers", "3"], "unknown module argument wokers"),
+        (&["workers"], "module argument workers: no value given"),
+        (
+            &["workers", "3", "batch-size"],
+            "module argument batch-size: no value given",
+        ),
+        (
+            &["workers", "3", "workers", "4"],
+            "module argument workers: given twice",
+        ),
+        (
+            &["member.workers", "3"],
+            "unknown module argument member.workers",
+        ),
+        (&["token-key-file", "a\u{1b}b"], "control character"),
+    ];
+    for (args, says) in cases {
+        let before = vk.log().len();
+        let status =
+            vk.start_edited_expecting_exit(|argv| module_args(argv, args), Duration::from_secs(20));
+        let log = vk.log()[before..].to_string();
+        assert_eq!(
+            status.and_then(|s| s.code()),
+            Some(1),
+            "{args:?}: the server must refuse to start (exit 1, not a signal)\n{log}"
+        );
+        assert!(
+            log.contains(says),
+            "{args:?}: the log must say {says:?}\n{log}"
+        );
+        assert!(!log.contains(CRASHED), "{args:?}: crashed\n{log}");
+    }
+    // Good arguments still load, and count.
+    let status =
+        vk.start_edited_expecting_exit(|argv| module_args(argv, &["workers", "2"]), Duration::ZERO);
+    assert_eq!(status, None, "the server exited:\n{}", vk.log());
+    assert!(
+        support::wait_until(Duration::from_secs(20), || redis::Client::open(vk.url())
+            .and_then(|cl| cl.get_connection_with_timeout(Duration::from_secs(1)))
+            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+            .is_ok()),
+        "the server never answered:\n{}",
+        vk.log()
+    );
+    let mut c = vk.conn();
+    let workers: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("member.workers")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(workers, ["member.workers", "2"]);
+
+    // MODULE LOADEX … ARGS: an error, the server keeps running, nothing of the module stays.
+    let plain = Valkey::start_plain_with(&[("enable-module-command", "yes")]);
+    let mut c = plain.conn();
+    let module = module_path();
+    for args in [&["wokers", "3"][..], &["workers"]] {
+        let e = redis::cmd("MODULE")
+            .arg("LOADEX")
+            .arg(module.to_str().unwrap())
+            .arg("ARGS")
+            .arg(args)
+            .query::<()>(&mut c)
+            .expect_err("a bad module argument");
+        assert!(e.to_string().contains("Error loading"), "{args:?}: {e}");
+        let pong: String = redis::cmd("PING").query(&mut c).unwrap();
+        assert_eq!(pong, "PONG");
+        let unknown = redis::cmd("MEMBER.INFO").arg("x").query::<()>(&mut c);
+        assert!(
+            unknown.is_err_and(|e| e.to_string().contains("unknown command")),
+            "{args:?}: the module stayed loaded"
+        );
+    }
+    let log = plain.log();
+    assert!(log.contains("unknown module argument wokers"), "{log}");
+    assert!(!log.contains(CRASHED), "{log}");
+    assert_eq!(threads(&plain, "member-"), 0, "threads left\n{log}");
+}

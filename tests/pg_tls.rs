@@ -372,3 +372,72 @@ fn a_masked_password_alone_is_refused_clearly() {
         "{e}"
     );
 }
+
+/// `sslrootcert` naming a FIFO, a device or a huge file: each connection attempt fails with
+/// the reason, at once, without reading it (a FIFO blocked the worker that opened it forever,
+/// `/dev/zero` was read without end); the right CA file then serves again.
+#[test]
+fn an_sslrootcert_that_is_not_a_small_regular_file_is_refused_unread() {
+    let d = db();
+    let ca = tls::ca();
+    let vk = loaded(&kv(
+        "localhost",
+        "postgres",
+        &d,
+        &format!("sslmode=verify-full sslrootcert={ca}"),
+    ));
+    let mut c = vk.conn();
+    serves(&mut c, "s");
+    let dir = std::env::temp_dir().join(format!("member-rootcert-{}-{d}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("fifo");
+    let cpath = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(cpath.as_ptr(), 0o600) }, 0);
+    let huge = dir.join("huge.pem");
+    std::fs::File::create(&huge)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    for (file, why) in [
+        (fifo.to_str().unwrap(), "it is a FIFO"),
+        ("/dev/zero", "it is a device"),
+        (huge.to_str().unwrap(), "larger than 1048576 bytes"),
+    ] {
+        let url = kv(
+            "localhost",
+            "postgres",
+            &d,
+            &format!("sslmode=verify-full sslrootcert={file}"),
+        );
+        ok(&mut c, &["CONFIG", "SET", "member.pg-url", &url]);
+        let mut last = None;
+        let said = wait_until(Duration::from_secs(30), || {
+            let _ = cmd(&mut c, &["MEMBER.EXPLAIN", "s", "alice"]);
+            last = info_field(&mut c, "db_link_error");
+            last.as_deref().is_some_and(|e| e.contains(why))
+        });
+        assert!(said, "{file}: db_link_error {last:?}");
+        let pong: String = redis::cmd("PING").query(&mut c).unwrap();
+        assert_eq!(pong, "PONG");
+    }
+    let good = kv(
+        "localhost",
+        "postgres",
+        &d,
+        &format!("sslmode=verify-full sslrootcert={ca}"),
+    );
+    ok(&mut c, &["CONFIG", "SET", "member.pg-url", &good]);
+    assert!(wait_until(Duration::from_secs(30), || cmd(
+        &mut c,
+        &["MEMBER.EXISTS", "s", "alice"]
+    )
+    .is_ok()));
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s", "alice"]), 1);
+    let log = vk.log();
+    assert!(
+        !log.contains("panicked") && !log.contains("crashed by signal"),
+        "{log}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

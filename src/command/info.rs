@@ -405,7 +405,9 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
     }
     let mut b = ctx.builder().add_section("");
     for (k, v) in fields {
-        b = match b.field(k, v) {
+        // Printable ASCII only: the framework makes a C string of each value (a NUL byte
+        // there aborts the server), and some carry config or driver text.
+        b = match b.field(k, crate::reply::printable(&v)) {
             Ok(b) => b,
             Err(_) => return,
         };

@@ -7,6 +7,7 @@ use std::sync::{Mutex, OnceLock};
 
 use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
 use openssl::x509::store::X509StoreBuilder;
+use openssl::x509::X509;
 use postgres::Client;
 use postgres_openssl::MakeTlsConnector;
 use tokio_postgres::config::SslMode as DriverSslMode;
@@ -15,6 +16,9 @@ use tokio_postgres::{Config, NoTls};
 use super::DbErr;
 use crate::conninfo::{ConnInfo, SslMode, Tls, TLS_KEYS};
 use crate::pg_link::{scrub, Link};
+
+/// Largest `sslrootcert` file read, in bytes (a bundle of a few hundred certificates).
+const MAX_ROOT_CERT_FILE: usize = 1 << 20;
 
 /// Why the last connection attempt failed (None once one succeeded): INFO's `db_link_error`.
 static LAST_ERROR: Mutex<Option<String>> = Mutex::new(None);
@@ -179,12 +183,21 @@ fn build(tls: &Tls) -> Result<MakeTlsConnector, String> {
             b.set_default_verify_paths().map_err(|e| e.to_string())?;
         }
         (SslMode::VerifyCa | SslMode::VerifyFull, Some(file)) => {
-            std::fs::metadata(file).map_err(|e| format!("cannot read sslrootcert {file}: {e}"))?;
+            // A regular file of bounded size, opened without blocking: a FIFO or a device
+            // named here would hang or exhaust the worker that reads it.
+            let pem = crate::secret_file::read(file, MAX_ROOT_CERT_FILE)
+                .map_err(|e| format!("cannot read sslrootcert {file}: {e}"))?;
+            let load = |e: &dyn std::fmt::Display| format!("cannot load sslrootcert {file}: {e}");
+            let certs = X509::stack_from_pem(&pem).map_err(|e| load(&e))?;
+            if certs.is_empty() {
+                return Err(load(&"no PEM certificate in it"));
+            }
             // Only this file is trusted, not the system's store the builder starts with.
-            let empty = X509StoreBuilder::new().map_err(|e| e.to_string())?.build();
-            b.set_cert_store(empty);
-            b.set_ca_file(file)
-                .map_err(|e| format!("cannot load sslrootcert {file}: {e}"))?;
+            let mut store = X509StoreBuilder::new().map_err(|e| e.to_string())?;
+            for cert in certs {
+                store.add_cert(cert).map_err(|e| load(&e))?;
+            }
+            b.set_cert_store(store.build());
         }
         _ => b.set_verify(SslVerifyMode::NONE),
     }

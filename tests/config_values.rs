@@ -76,6 +76,7 @@ fn a_nul_or_control_byte_in_any_string_config_is_refused_and_changes_nothing() {
         "member.pg-rebuild-url",
         "member.pg-password-file",
         "member.token-key-file",
+        "member.attach-allow",
         "member.default-error-rate",
     ]
     .into_iter()
@@ -104,6 +105,14 @@ fn a_nul_or_control_byte_in_any_string_config_is_refused_and_changes_nothing() {
     }
     for name in ["member.pg-password-file", "member.token-key-file"] {
         cases.extend(paths.iter().map(|v| (name, v.clone())));
+    }
+    for v in [
+        &b"app.us\0ers"[..],
+        b"app.users\n",
+        b"app.*\tbilling.*",
+        b"\x1b.x",
+    ] {
+        cases.push(("member.attach-allow", v.to_vec()));
     }
     cases.push(("member.default-error-rate", b"0.01\0".to_vec()));
     // Huge values: refused by their length, not scanned or stored.

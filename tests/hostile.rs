@@ -613,8 +613,9 @@ fn a_panicking_worker_job_answers_its_client_once_and_the_worker_goes_on() {
 }
 
 /// Every string config, and a few others, for the random config run.
-const CONFIGS: [&str; 8] = [
+const CONFIGS: [&str; 9] = [
     "member.pg-url",
+    "member.attach-allow",
     "member.pg-rebuild-url",
     "member.pg-password-file",
     "member.token-key-file",

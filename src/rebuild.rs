@@ -14,6 +14,7 @@ use crate::cluster::slotset::SlotSet;
 use crate::command::internal;
 use crate::db::build::Built;
 use crate::db::{self, DbErr};
+use crate::filter_origin::Origin;
 use crate::filter_store;
 use crate::filter_type::FilterValue;
 use crate::state::{self, Rebuild, SetDef};
@@ -79,9 +80,15 @@ pub fn start(name: &str, reason: Reason) -> bool {
             waiters: Vec::new(),
             overflowed: false,
         };
-        Some((s.def.clone(), s.incarnation, rows, estimate, slots))
+        Some((
+            s.def.clone(),
+            (s.incarnation, s.catalog_id),
+            rows,
+            estimate,
+            slots,
+        ))
     });
-    let Some((def, incarnation, rows, estimate, slots)) = started else {
+    let Some((def, (incarnation, set_id), rows, estimate, slots)) = started else {
         return false;
     };
     let name = name.to_string();
@@ -94,7 +101,7 @@ pub fn start(name: &str, reason: Reason) -> bool {
             let res = catch_unwind(AssertUnwindSafe(|| {
                 let grow = reason == Reason::AutoGrow;
                 build(&def, slots.as_ref(), grow, (&*rows, &*estimate))
-                    .map(|b| Ready::new(b, &def.name, slots))
+                    .map(|b| Ready::new(b, &def.name, set_id, slots))
             }))
             .unwrap_or_else(|_| Err(DbErr::Failed("rebuild panicked".into())));
             mainq::post(Box::new(move |ctx| {
@@ -218,11 +225,19 @@ impl Payload {
 }
 
 impl Ready {
-    /// On the rebuild thread.
-    fn new(built: Built, set: &str, slots: Option<crate::cluster::slotset::SlotSet>) -> Ready {
+    /// On the rebuild thread. The filter is stamped with the database this node serves and
+    /// the set's catalog row `set_id` (`filter_origin`), which a node loading it later checks
+    /// before it trusts it; a node that could not read its database's identity stamps none.
+    fn new(
+        built: Built,
+        set: &str,
+        set_id: Option<i64>,
+        slots: Option<crate::cluster::slotset::SlotSet>,
+    ) -> Ready {
         let serialize = Instant::now();
         let mut filter = FilterValue::built(built.bloom, built.watermark, set);
         filter.slots = slots;
+        filter.origin = crate::db::identity::known().map(|db| Origin { db, set_id });
         let bytes = filter.to_bytes();
         let payload = Payload(RedisString::create_from_slice(std::ptr::null_mut(), &bytes));
         Ready {

@@ -1,13 +1,15 @@
 //! A filter value is trusted only where it was made: a DUMP of a set's filter from a node of
 //! another database (of the same PostgreSQL cluster, so of the same transaction-id counter),
 //! RESTOREd over the same set's filter key, never answers "absent" there; it is replaced by a
-//! rebuild from this node's own database.
+//! rebuild from this node's own database. A filter saved by the previous version, which
+//! cannot say where it was made, still loads and is rebuilt, never trusted.
 mod support;
 
 use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::{Connection, Value};
+use support::lifecycle::{add_all, assert_members, names, reconnect_loaded};
 use support::member::*;
 use support::wait_until;
 
@@ -143,4 +145,106 @@ fn a_filter_dumped_from_another_database_is_never_trusted() {
     );
     // B's own filter is untouched by all this.
     assert_eq!(int(&mut cb, &["MEMBER.EXISTS", "s", "only_in_b"]), 1);
+}
+
+/// The payload of the `MEMBER._LOAD` in a RESP-encoded AOF, with its origin envelope cut off:
+/// what the previous version wrote (set name, slots, Bloom payload).
+fn strip_envelope(aof: &[u8]) -> Vec<u8> {
+    let at = aof
+        .windows(12)
+        .position(|w| w == b"MEMBER._LOAD")
+        .expect("the rewritten base AOF carries the filter as MEMBER._LOAD");
+    // MEMBER._LOAD\r\n $<key len>\r\n <key>\r\n $<payload len>\r\n <payload>\r\n
+    let line_end = |from: usize| from + aof[from..].windows(2).position(|w| w == b"\r\n").unwrap();
+    let key_hdr = line_end(at) + 2;
+    let key_len: usize = std::str::from_utf8(&aof[key_hdr + 1..line_end(key_hdr)])
+        .unwrap()
+        .parse()
+        .unwrap();
+    let payload_hdr = line_end(key_hdr) + 2 + key_len + 2;
+    let hdr_end = line_end(payload_hdr);
+    let len: usize = std::str::from_utf8(&aof[payload_hdr + 1..hdr_end])
+        .unwrap()
+        .parse()
+        .unwrap();
+    let payload = &aof[hdr_end + 2..hdr_end + 2 + len];
+    assert_eq!(
+        &payload[..4],
+        b"LMFV",
+        "this version writes the envelope first"
+    );
+    // Tag, version (2 bytes), flags; the database identity and the catalog row when flagged.
+    let flags = payload[6];
+    assert_eq!(
+        flags, 3,
+        "a filter built here names its database and catalog row"
+    );
+    let old = &payload[7 + 16 + 8..];
+    let mut out = aof[..payload_hdr].to_vec();
+    out.extend_from_slice(format!("${}\r\n", old.len()).as_bytes());
+    out.extend_from_slice(old);
+    out.extend_from_slice(&aof[hdr_end + 2 + len..]);
+    out
+}
+
+#[test]
+fn a_filter_saved_by_the_previous_version_is_rebuilt_not_trusted() {
+    let mut env = Env::with(&[("appendonly", "yes"), ("aof-use-rdb-preamble", "no")]);
+    let mut c = env.conn();
+    ok(&mut c, &["MEMBER.CREATE", "s", "RECENT-TTL", "1"]);
+    let items = names("kept", 20);
+    add_all(&env.vk, &mut c, "s", &items);
+    let _: Value = redis::cmd("BGREWRITEAOF").query(&mut c).unwrap();
+    assert!(
+        wait_until(SETTLE, || {
+            info_section(&mut c, "persistence", "aof_rewrite_in_progress").as_deref() == Some("0")
+                && info_section(&mut c, "persistence", "aof_rewrite_scheduled").as_deref()
+                    == Some("0")
+        }),
+        "AOF rewrite never finished\n{}",
+        env.vk.log()
+    );
+    env.vk.shutdown(&["NOSAVE"]);
+    let base = std::fs::read_dir(env.vk.dir().join("appendonlydir"))
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().ends_with(".base.aof"))
+        .expect("no base AOF file after the rewrite")
+        .path();
+    let old = strip_envelope(&std::fs::read(&base).unwrap());
+    std::fs::write(&base, old).unwrap();
+
+    env.vk.restart();
+    let mut c = reconnect_loaded(&env.vk);
+    // The old payload loaded (the server started from it), but is never trusted: every
+    // member answers 1 (no recent-writes mark survives a restart) until a rebuild replaces it.
+    assert_eq!(
+        set_info(&mut c, "s", "filter_present").as_deref(),
+        Some("1")
+    );
+    let until = Instant::now() + WATCH;
+    while Instant::now() < until {
+        assert_members(&env.vk, &mut c, "s", &items, "loaded from the old payload");
+        let info = info_pairs(&cmd(&mut c, &["MEMBER.INFO", "s"]).unwrap());
+        if field(&info, "filter_origin") != "here" {
+            assert_eq!(field(&info, "filter_caught_up"), "0", "{info:?}");
+            assert_eq!(field(&info, "last_rebuild"), "none", "{info:?}");
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    // Rebuilt from the database (not caught up from the old watermark), then it serves.
+    wait_info(&env, "s", "filter_origin", |v| v == "here");
+    wait_info(&env, "s", "last_rebuild", |v| v == "ok");
+    assert_eq!(
+        set_info(&mut c, "s", "last_rebuild_reason").as_deref(),
+        Some("incomplete"),
+        "the old payload was not the reason for the rebuild"
+    );
+    wait_info(&env, "s", "filter_caught_up", |v| v == "1");
+    assert_members(&env.vk, &mut c, "s", &items, "after the rebuild");
+    assert!(
+        wait_until(SETTLE, || bloom_negative_now(&mut c, "s", "never_added")),
+        "{:?}",
+        cmd(&mut c, &["MEMBER.INFO", "s"])
+    );
 }

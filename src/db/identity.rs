@@ -1,6 +1,6 @@
-//! The identity of the database this node serves (`filter_origin::NodeDb`): read by a worker
-//! each time it opens its connection, kept for the main thread, which stamps it on the filters
-//! it builds and compares it with the origin of the filters it loads.
+//! The identity of a database (`filter_origin`): read by each worker when it opens its
+//! connection and kept as this node's (`NodeDb`), against which the main thread judges the
+//! filters it loads; read by each rebuild on its own connection, and stamped on the filter.
 
 use std::sync::Mutex;
 
@@ -23,12 +23,14 @@ pub fn node() -> NodeDb {
     *NODE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The identity `node` knows, if any.
-pub fn known() -> Option<u128> {
-    match node() {
-        NodeDb::Known(id) => Some(id),
-        _ => None,
-    }
+/// The identity of the database `c` is connected to (one round trip; not on the main
+/// thread).
+pub fn read(c: &mut Client) -> Result<u128, postgres::Error> {
+    c.query_one(IDENTITY, &[]).map(|row| {
+        let sysid: String = row.get(0);
+        let oid: i64 = row.get(1);
+        xxhash_rust::xxh3::xxh3_128(format!("postgresql:{sysid}:{oid}").as_bytes())
+    })
 }
 
 /// Worker thread, on a connection just opened to `member.pg-url`: reads the database's
@@ -37,11 +39,7 @@ pub fn known() -> Option<u128> {
 /// recorded as unreadable unless an identity is already known; a lost connection changes
 /// nothing.
 pub(super) fn learn(c: &mut Client) {
-    let read = c.query_one(IDENTITY, &[]).map(|row| {
-        let sysid: String = row.get(0);
-        let oid: i64 = row.get(1);
-        xxhash_rust::xxh3::xxh3_128(format!("postgresql:{sysid}:{oid}").as_bytes())
-    });
+    let read = read(c);
     let mut node = NODE.lock().unwrap_or_else(|e| e.into_inner());
     match read {
         Ok(id) => *node = NodeDb::Known(id),

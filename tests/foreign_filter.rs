@@ -2,14 +2,15 @@
 //! another database (of the same PostgreSQL cluster, so of the same transaction-id counter),
 //! RESTOREd over the same set's filter key, never answers "absent" there; it is replaced by a
 //! rebuild from this node's own database. A filter saved by the previous version, which
-//! cannot say where it was made, still loads and is rebuilt, never trusted.
+//! cannot say where it was made, still loads and is rebuilt, never trusted; a replica's filter,
+//! made by its primary from the same database, stays trusted.
 mod support;
 
 use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::{Connection, Value};
-use support::lifecycle::{add_all, assert_members, names, reconnect_loaded};
+use support::lifecycle::{add_all, assert_members, names, reconnect_loaded, SYNC_OFF};
 use support::member::*;
 use support::wait_until;
 
@@ -24,7 +25,11 @@ const SETTLE: Duration = Duration::from_secs(30);
 const WATCH: Duration = Duration::from_secs(4);
 
 fn wait_info(env: &Env, set: &str, field: &str, ok: impl Fn(&str) -> bool) {
-    let mut c = env.conn();
+    wait_on(&env.vk, set, field, ok)
+}
+
+fn wait_on(vk: &support::Valkey, set: &str, field: &str, ok: impl Fn(&str) -> bool) {
+    let mut c = vk.conn();
     let mut last = None;
     let reached = wait_until(SETTLE, || {
         last = set_info(&mut c, set, field);
@@ -33,7 +38,7 @@ fn wait_info(env: &Env, set: &str, field: &str, ok: impl Fn(&str) -> bool) {
     assert!(
         reached,
         "MEMBER.INFO {set}: {field} stuck at {last:?}\n{}",
-        env.vk.log()
+        vk.log()
     );
 }
 
@@ -247,4 +252,63 @@ fn a_filter_saved_by_the_previous_version_is_rebuilt_not_trusted() {
         "{:?}",
         cmd(&mut c, &["MEMBER.INFO", "s"])
     );
+}
+
+/// The filter a replica holds was made by its primary from the same database: it stays
+/// trusted through a live MEMBER._LOAD and a reload of the replica's own snapshot, and the
+/// replica never rebuilds it.
+#[test]
+fn a_replicas_filter_from_its_primary_stays_trusted() {
+    let env = Env::new();
+    let mut c = env.conn();
+    ok(&mut c, &["MEMBER.CREATE", "s", "RECENT-TTL", "1"]);
+    let items = names("kept", 20);
+    add_all(&env.vk, &mut c, "s", &items);
+    let primary = format!("127.0.0.1 {}", env.vk.port());
+    let replica = start_loaded(
+        &env.db.url(),
+        &[
+            SYNC_OFF,
+            ("replicaof", primary.as_str()),
+            ("enable-debug-command", "yes"),
+        ],
+    );
+    let mut r = replica.conn();
+    assert!(
+        wait_until(SETTLE, || info_section(
+            &mut r,
+            "replication",
+            "master_link_status"
+        )
+        .as_deref()
+            == Some("up")),
+        "replica never linked\n{}",
+        replica.log()
+    );
+    wait_on(&replica, "s", "filter_origin", |v| v == "here");
+    wait_on(&replica, "s", "filter_caught_up", |v| v == "1");
+    wait_on(&replica, "s", "rebuild_state", |v| v == "idle");
+    let rebuilds = |r: &mut Connection| info_number(r, "member", "member_rebuilds_done");
+    let before = rebuilds(&mut r);
+
+    // A rebuild on the primary reaches the replica as MEMBER._LOAD, trusted at once there.
+    assert_eq!(int(&mut c, &["MEMBER.REBUILD", "s", "SYNC"]), 20);
+    thread::sleep(PAST_RECENT);
+    for round in [
+        "after the primary's rebuild",
+        "after DEBUG RELOAD on the replica",
+    ] {
+        wait_on(&replica, "s", "filter_origin", |v| v == "here");
+        wait_on(&replica, "s", "filter_caught_up", |v| v == "1");
+        assert_members(&replica, &mut r, "s", &items, round);
+        assert!(
+            wait_until(SETTLE, || bloom_negative_now(&mut r, "s", "never_added")),
+            "{round}: {:?}",
+            cmd(&mut r, &["MEMBER.INFO", "s"])
+        );
+        assert_eq!(rebuilds(&mut r), before, "{round}: the replica rebuilt");
+        if round.starts_with("after the primary") {
+            ok(&mut r, &["DEBUG", "RELOAD"]);
+        }
+    }
 }

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::cluster::slotset::SlotSet;
 use crate::filter::{Bloom, Coverage};
+use crate::filter_origin::{self, NodeDb, Origin, Verdict};
 use crate::known_absent::KnownAbsent;
 
 /// A set's filter and what it covers. Whether it may answer "absent" is not stored here: the
@@ -35,6 +36,10 @@ pub struct FilterValue {
     /// for an item of any other slot is not definitive. `None`: every slot (standalone, or a
     /// filter built from the whole table).
     pub slots: Option<SlotSet>,
+    /// The database and catalog row it was built from (persisted with it, in the envelope of
+    /// `filter_origin`): a value made elsewhere is never caught up and trusted here. `None`
+    /// for payloads written before the envelope, or by a node that did not know its database.
+    pub origin: Option<Origin>,
 }
 
 /// Envelope in front of a payload that names its set: tag, name length (1 byte), name.
@@ -52,6 +57,7 @@ impl Clone for FilterValue {
         let mut v = FilterValue::new(self.bloom.clone(), self.cov);
         v.set = self.set.clone();
         v.slots = self.slots.clone();
+        v.origin = self.origin;
         v
     }
 }
@@ -65,6 +71,7 @@ impl FilterValue {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             set: None,
             slots: None,
+            origin: None,
         }
     }
 
@@ -83,6 +90,15 @@ impl FilterValue {
     /// a payload older than the set name in it).
     pub fn belongs_to(&self, set: &str) -> bool {
         self.set.as_deref().is_none_or(|s| s == set)
+    }
+
+    /// Whether this value may be caught up and trusted at the key of `set`, whose catalog
+    /// row is `set_id`, on a node whose database is `node` (`filter_origin::judge`).
+    pub fn verdict(&self, set: &str, node: NodeDb, set_id: Option<i64>) -> Verdict {
+        if !self.belongs_to(set) {
+            return Verdict::Foreign;
+        }
+        filter_origin::judge(self.origin.as_ref(), node, set_id)
     }
 
     /// A filter that was never built from the whole table (only older payloads hold one now).
@@ -127,12 +143,20 @@ impl FilterValue {
         self.cov.complete.then_some(self.id)
     }
 
-    /// The persisted form: the set-name envelope (when the set is known), then the filter's
-    /// own versioned payload (`Bloom::to_bytes`).
+    /// The persisted form: the versioned origin envelope (`filter_origin::write`), the
+    /// set-name envelope (when the set is known), then the filter's own versioned payload
+    /// (`Bloom::to_bytes`).
     pub fn to_bytes(&self) -> Vec<u8> {
         let name = self.set.as_deref().unwrap_or("");
-        let mut out =
-            Vec::with_capacity(SET_TAG.len() + 1 + name.len() + self.bloom.serialized_len());
+        let origin = self.origin.as_ref();
+        let mut out = Vec::with_capacity(
+            filter_origin::len(origin)
+                + SET_TAG.len()
+                + 1
+                + name.len()
+                + self.bloom.serialized_len(),
+        );
+        filter_origin::write(origin, &mut out);
         if !name.is_empty() {
             out.extend_from_slice(SET_TAG);
             out.push(name.len() as u8);
@@ -153,8 +177,10 @@ impl FilterValue {
     }
 
     /// Parses a serialized filter into a new value (a new identity: not trusted until the
-    /// set is told to trust it).
+    /// set is told to trust it). A payload of an envelope version this build does not read is
+    /// refused; one from before the envelope loads with no origin.
     pub fn from_bytes(b: &[u8]) -> Result<Self, String> {
+        let (origin, b) = filter_origin::read(b)?;
         let (set, payload) = match b.strip_prefix(SET_TAG.as_slice()) {
             Some(rest) => {
                 let (&len, rest) = rest
@@ -180,6 +206,7 @@ impl FilterValue {
         let mut v = FilterValue::new(bloom, cov);
         v.set = set;
         v.slots = slots;
+        v.origin = origin;
         Ok(v)
     }
 }
@@ -366,7 +393,7 @@ mod tests {
         assert!(legacy.set.is_none() && legacy.belongs_to("t"));
         // A mangled name is refused, not guessed.
         let mut bad = v.to_bytes();
-        bad[5] = b'A';
+        bad[crate::filter_origin::len(None) + 5] = b'A';
         assert!(FilterValue::from_bytes(&bad).is_err());
         assert!(FilterValue::from_bytes(b"LMSN").is_err());
         assert!(FilterValue::from_bytes(b"LMSN\x05ab").is_err());

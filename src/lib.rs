@@ -25,6 +25,7 @@ pub mod error;
 pub mod events;
 pub mod fast_exists;
 pub mod filter;
+pub mod filter_origin;
 pub mod filter_static;
 pub mod filter_store;
 pub mod filter_type;

@@ -14,6 +14,7 @@ use crate::cluster::slotset::SlotSet;
 use crate::command::internal;
 use crate::db::build::Built;
 use crate::db::{self, DbErr};
+use crate::filter_origin::Origin;
 use crate::filter_store;
 use crate::filter_type::FilterValue;
 use crate::state::{self, Rebuild, SetDef};
@@ -79,9 +80,15 @@ pub fn start(name: &str, reason: Reason) -> bool {
             waiters: Vec::new(),
             overflowed: false,
         };
-        Some((s.def.clone(), s.incarnation, rows, estimate, slots))
+        Some((
+            s.def.clone(),
+            (s.incarnation, s.catalog_id),
+            rows,
+            estimate,
+            slots,
+        ))
     });
-    let Some((def, incarnation, rows, estimate, slots)) = started else {
+    let Some((def, (incarnation, set_id), rows, estimate, slots)) = started else {
         return false;
     };
     let name = name.to_string();
@@ -94,7 +101,7 @@ pub fn start(name: &str, reason: Reason) -> bool {
             let res = catch_unwind(AssertUnwindSafe(|| {
                 let grow = reason == Reason::AutoGrow;
                 build(&def, slots.as_ref(), grow, (&*rows, &*estimate))
-                    .map(|b| Ready::new(b, &def.name, slots))
+                    .map(|(b, db)| Ready::new(b, &def.name, db, set_id, slots))
             }))
             .unwrap_or_else(|_| Err(DbErr::Failed("rebuild panicked".into())));
             mainq::post(Box::new(move |ctx| {
@@ -119,13 +126,14 @@ pub fn start(name: &str, reason: Reason) -> bool {
 ///
 /// A rebuild has no statement timeout (it streams the whole table), but it does not queue
 /// forever behind a lock (ALTER TABLE, VACUUM FULL): it fails, says why in MEMBER.INFO, and is
-/// retried.
+/// retried. Also returns the identity of the primary's database, whose transaction ids the
+/// watermark counts (`None` when it cannot be read).
 fn build(
     def: &SetDef,
     slots: Option<&SlotSet>,
     grow: bool,
     progress: (&AtomicU64, &AtomicU64),
-) -> Result<Built, DbErr> {
+) -> Result<(Built, Option<u128>), DbErr> {
     let lock_timeout = db::build_lock_timeout_ms();
     // The standby first: a rebuild that cannot use it fails before it touches the primary.
     let mut standby = match config::pg_rebuild_link() {
@@ -138,6 +146,7 @@ fn build(
         }
     };
     let (mut c, _) = db::connect(0, lock_timeout, false)?;
+    let here = db::identity::read(&mut c).ok();
     // Where every node meets every set table: older tables get their slot column here,
     // waiting at most a database timeout for the lock.
     db::keyslot::ensure_slot_column(&mut c, &def.name, config::db_timeout_ms())
@@ -150,6 +159,7 @@ fn build(
         grow,
         progress,
     )
+    .map(|b| (b, here))
 }
 
 /// Where rebuilds read their COPY now: `standby` when `member.pg-rebuild-url` is set, else
@@ -218,11 +228,21 @@ impl Payload {
 }
 
 impl Ready {
-    /// On the rebuild thread.
-    fn new(built: Built, set: &str, slots: Option<crate::cluster::slotset::SlotSet>) -> Ready {
+    /// On the rebuild thread. The filter is stamped with the database it was built from
+    /// (`db`, the primary's, whose transaction ids its watermark counts) and the set's catalog
+    /// row `set_id` (`filter_origin`), which a node loading it later checks before it trusts
+    /// it; a build that could not read its database's identity stamps none.
+    fn new(
+        built: Built,
+        set: &str,
+        db: Option<u128>,
+        set_id: Option<i64>,
+        slots: Option<crate::cluster::slotset::SlotSet>,
+    ) -> Ready {
         let serialize = Instant::now();
         let mut filter = FilterValue::built(built.bloom, built.watermark, set);
         filter.slots = slots;
+        filter.origin = db.map(|db| Origin { db, set_id });
         let bytes = filter.to_bytes();
         let payload = Payload(RedisString::create_from_slice(std::ptr::null_mut(), &bytes));
         Ready {

@@ -11,6 +11,7 @@ use crossbeam_channel::{unbounded, Sender};
 
 use redis_module::{raw, Context, RedisString};
 
+use crate::filter_origin::Verdict;
 use crate::filter_store;
 use crate::filter_type::{self, FilterValue};
 use crate::state::{self, PendingLoad};
@@ -158,9 +159,11 @@ fn finish(
 }
 
 /// Stores a filter that arrived whole (`MEMBER._LOAD` from a primary or the AOF, decoded here
-/// or inline) at `key`, the filter key of `set` if it is one. A filter of another set never
-/// serves there (made incomplete, so the set rebuilds its own); the set trusts the value at
-/// once only if `live` (as current as the primary's) and complete.
+/// or inline) at `key`, the filter key of `set` if it is one. A filter of another set, of
+/// another database or of unknown origin never serves there (made incomplete, so the set
+/// rebuilds its own); the set trusts the value at once only if `live` (as current as the
+/// primary's), complete, and made from this node's database for this set (a node that does
+/// not know its database yet leaves it to the sync loop to judge).
 pub fn install_loaded(
     ctx: &Context,
     key: &RedisString,
@@ -168,10 +171,14 @@ pub fn install_loaded(
     mut v: FilterValue,
     live: bool,
 ) {
-    if set.is_some_and(|s| !v.belongs_to(s)) {
+    let verdict = set.map(|s| {
+        let set_id = state::with(|r| r.sets.get(s).and_then(|s| s.catalog_id));
+        v.verdict(s, crate::db::identity::node(), set_id)
+    });
+    if verdict == Some(Verdict::Foreign) {
         v.cov.complete = false;
     }
-    let trust = live && v.cov.complete;
+    let trust = live && v.cov.complete && verdict == Some(Verdict::Here);
     let id = filter_store::install(ctx, key, v);
     if let Some(set) = set {
         state::with(|r| state::installed(r, set, id, trust));

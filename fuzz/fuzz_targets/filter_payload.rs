@@ -1,12 +1,14 @@
-//! The filter payload decoder (`FilterValue::from_bytes`, `Bloom::from_bytes`): what an RDB
-//! load, `MEMBER._LOAD` (AOF and replication) and the cluster RDB aux field hand it. Any bytes
-//! must be refused cleanly or decoded into a filter that re-encodes to the same bytes.
+//! The filter payload decoder (`FilterValue::from_bytes`: its origin envelope, then
+//! `Bloom::from_bytes`): what an RDB load, `MEMBER._LOAD` (AOF and replication) and the cluster
+//! RDB aux field hand it. Any bytes must be refused cleanly or decoded into a filter that
+//! re-encodes to the same bytes (a payload of the previous version gains the envelope).
 #![no_main]
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use member::cluster::slotset::SlotSet;
 use member::filter::{Bloom, Coverage, FORMAT_VERSION};
+use member::filter_origin::Origin;
 use member::filter_type::FilterValue;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -27,6 +29,7 @@ enum Input {
         hashes: Vec<u128>,
         set: Option<u8>,
         slots: Option<Vec<u16>>,
+        origin: Option<(u128, Option<i64>)>,
         complete: bool,
         watermark: Option<i64>,
         edits: Vec<(u16, u8)>,
@@ -43,6 +46,7 @@ fn written(input: Input) -> Vec<u8> {
         hashes,
         set,
         slots,
+        origin,
         complete,
         watermark,
         edits,
@@ -66,6 +70,7 @@ fn written(input: Input) -> Vec<u8> {
     };
     v.set = set.map(|n| "abcdefghij_0123456789"[..(n % 20 + 1) as usize].to_string());
     v.slots = slots.map(|s| s.into_iter().collect::<SlotSet>());
+    v.origin = origin.map(|(db, set_id)| Origin { db, set_id });
     let mut b = v.to_bytes();
     // Where the Bloom payload starts, behind the envelopes.
     let at = b.len() - v.bloom.serialized_len();
@@ -104,6 +109,7 @@ fuzz_target!(|input: Input| {
     assert_eq!(w.cov, v.cov);
     assert_eq!(w.set, v.set);
     assert_eq!(w.slots, v.slots);
+    assert_eq!(w.origin, v.origin);
     let version = b.len() >= again.len() && {
         let at = b.len() - v.bloom.serialized_len();
         u16::from_le_bytes([b[at + 4], b[at + 5]]) == FORMAT_VERSION

@@ -80,9 +80,10 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
             out.push(("capacity", d.capacity.to_string()));
             out.push(("cache_ttl", d.cache_ttl.to_string()));
             out.push(("recent_ttl", d.recent_ttl.to_string()));
-            Ok((s.filter_key.clone(), s.trusted, current))
+            Ok((s.filter_key.clone(), s.trusted, current, s.catalog_id))
         })?;
-        let (key, trusted, current) = key;
+        let (key, trusted, current, set_id) = key;
+        let node = crate::db::identity::node();
         let filter = filter_store::with(ctx, &key, |v| {
             let b = &v.bloom;
             vec![
@@ -97,6 +98,13 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
                 (
                     "filter_serves_absent",
                     ((v.trusted(trusted) && current) as u8).to_string(),
+                ),
+                // Where the value was made (`filter_origin`): `here`, or `foreign` (another
+                // database or set, or an older payload: rebuilt, never trusted), or
+                // `unverified` (this node has not learned its database yet).
+                (
+                    "filter_origin",
+                    v.verdict(name, node, set_id).name().to_string(),
                 ),
                 (
                     "sync_watermark_xid",

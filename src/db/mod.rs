@@ -3,6 +3,7 @@
 
 pub mod build;
 pub mod copy_stream;
+pub mod identity;
 pub mod keyslot;
 pub mod link;
 #[cfg(test)]
@@ -193,7 +194,9 @@ impl Db {
         if stale || dead {
             self.conn = None;
             self.stmts.clear();
-            self.conn = Some(connect(Self::statement_timeout_ms(), 0, true)?);
+            let (mut c, generation) = connect(Self::statement_timeout_ms(), 0, true)?;
+            identity::learn(&mut c);
+            self.conn = Some((c, generation));
         }
         self.last_used = Some(Instant::now());
         Ok(&mut self.conn.as_mut().unwrap().0)

@@ -10,6 +10,7 @@ use redis_module::Context;
 use super::{Member, LOOP};
 use crate::db::sql::{self, Changes};
 use crate::db::DbErr;
+use crate::filter_origin::{NodeDb, Verdict};
 use crate::filter_type::FilterValue;
 use crate::{filter_store, reply, state};
 
@@ -28,14 +29,22 @@ pub enum CatchUp {
     /// Its table does not feed the change log: not trusted, incomplete (rebuilt, which
     /// retries installing the triggers).
     Blind,
-    /// Built from another set's rows (restored or copied across sets): incomplete for this
-    /// set, never trusted (rebuilt).
+    /// Built from another set's rows (restored or copied across sets), from another
+    /// database, or of unknown origin (an older payload): incomplete for this set, never
+    /// trusted (rebuilt).
     Foreign,
+    /// This node does not know its database yet: its rows are added, its watermark stays,
+    /// and it is not trusted; a later pass judges it again.
+    Unverified,
 }
 
 /// The per-set step of a pass: adds `hashes` (its set's rows logged since `from`, the
 /// watermark the filter had when the pass started) and advances the watermark to `horizon`,
 /// if the pass covered everything the filter lacks. `floor` is the log's prune floor.
+/// `(node, set_id)`: this node's database and the set's catalog row, which a value must
+/// have been made from to be caught up (`FilterValue::verdict`); a transaction id means
+/// nothing in another database, even one of the same cluster.
+#[allow(clippy::too_many_arguments)]
 pub fn catch_up(
     set: &str,
     f: &mut FilterValue,
@@ -44,13 +53,18 @@ pub fn catch_up(
     horizon: i64,
     floor: i64,
     blind: bool,
+    (node, set_id): (NodeDb, Option<i64>),
 ) -> CatchUp {
     for h in hashes {
         f.add(*h);
     }
-    if !f.belongs_to(set) {
-        f.cov.complete = false;
-        return CatchUp::Foreign;
+    match f.verdict(set, node, set_id) {
+        Verdict::Here => {}
+        Verdict::Foreign => {
+            f.cov.complete = false;
+            return CatchUp::Foreign;
+        }
+        Verdict::Unverified => return CatchUp::Unverified,
     }
     let Some(covered) = f.cov.watermark else {
         return CatchUp::Kept;
@@ -139,13 +153,14 @@ pub(super) fn apply(
             s.sync.rows_applied += hashes.len() as u64;
             s.sync.last_ok = Some(Instant::now());
             s.sync.last_error = blind.then(|| sql::blind_reason(&m.name, "triggers missing"));
-            Some(s.filter_key.clone())
+            Some((s.filter_key.clone(), s.catalog_id))
         });
-        let Some(key) = key else {
+        let Some((key, set_id)) = key else {
             continue;
         };
+        let here = (crate::db::identity::node(), set_id);
         let outcome = filter_store::with_mut(ctx, &key, |f| {
-            catch_up(&m.name, f, &hashes, m.from, horizon, floor, blind)
+            catch_up(&m.name, f, &hashes, m.from, horizon, floor, blind, here)
         });
         // Trust follows the value the pass caught up; rows it added to any other value at
         // the key mean the trusted one (elsewhere, if anywhere) missed them.
@@ -253,9 +268,18 @@ fn covered_rows(ctx: &Context, set: &str, hashes: Vec<u128>, slots: &[u16]) -> V
 mod tests {
     use super::*;
     use crate::filter::Bloom;
+    use crate::filter_origin::Origin;
+
+    const DB: u128 = 42;
+    const HERE: (NodeDb, Option<i64>) = (NodeDb::Known(DB), Some(1));
 
     fn filter(watermark: i64) -> FilterValue {
-        FilterValue::built(Bloom::new(100, 0.01), watermark, "s")
+        let mut f = FilterValue::built(Bloom::new(100, 0.01), watermark, "s");
+        f.origin = Some(Origin {
+            db: DB,
+            set_id: Some(1),
+        });
+        f
     }
 
     #[test]
@@ -263,7 +287,7 @@ mod tests {
         let mut f = filter(100);
         let id = f.id;
         assert_eq!(
-            catch_up("s", &mut f, &[7], 100, 150, 0, false),
+            catch_up("s", &mut f, &[7], 100, 150, 0, false, HERE),
             CatchUp::CaughtUp(Some(id))
         );
         assert_eq!(f.cov.watermark, Some(150));
@@ -272,7 +296,7 @@ mod tests {
         let mut newer = filter(200);
         let id = newer.id;
         assert_eq!(
-            catch_up("s", &mut newer, &[], 100, 150, 0, false),
+            catch_up("s", &mut newer, &[], 100, 150, 0, false, HERE),
             CatchUp::CaughtUp(Some(id))
         );
         assert_eq!(newer.cov.watermark, Some(200));
@@ -282,7 +306,7 @@ mod tests {
     fn a_pass_does_not_advance_an_older_filter() {
         let mut f = filter(50);
         assert_eq!(
-            catch_up("s", &mut f, &[7], 100, 150, 0, false),
+            catch_up("s", &mut f, &[7], 100, 150, 0, false, HERE),
             CatchUp::Kept
         );
         assert_eq!(f.cov.watermark, Some(50));
@@ -293,19 +317,19 @@ mod tests {
         let mut f = filter(100);
         let id = f.id;
         assert_eq!(
-            catch_up("s", &mut f, &[], 100, 150, 120, false),
+            catch_up("s", &mut f, &[], 100, 150, 120, false, HERE),
             CatchUp::Pruned
         );
         assert!(!f.cov.complete && !f.trusted(Some(id)));
         assert_eq!(
-            catch_up("s", &mut f, &[], 100, 150, 120, false),
+            catch_up("s", &mut f, &[], 100, 150, 120, false, HERE),
             CatchUp::Kept
         );
         assert_eq!(f.cov.watermark, Some(100));
         let mut f = filter(100);
         let id = f.id;
         assert_eq!(
-            catch_up("s", &mut f, &[], 100, 150, 0, true),
+            catch_up("s", &mut f, &[], 100, 150, 0, true, HERE),
             CatchUp::Blind
         );
         assert!(!f.cov.complete && !f.trusted(Some(id)));
@@ -315,10 +339,54 @@ mod tests {
     fn another_sets_filter_is_never_caught_up() {
         let mut f = filter(100);
         assert_eq!(
-            catch_up("t", &mut f, &[], 100, 150, 0, false),
+            catch_up("t", &mut f, &[], 100, 150, 0, false, HERE),
             CatchUp::Foreign
         );
         assert!(!f.cov.complete);
         assert_eq!(f.cov.watermark, Some(100));
+    }
+
+    #[test]
+    fn another_databases_filter_is_never_caught_up() {
+        // Same set name, a watermark of the same shared transaction-id counter: still not
+        // this database's rows.
+        let mut f = filter(100);
+        let elsewhere = (NodeDb::Known(DB + 1), Some(1));
+        assert_eq!(
+            catch_up("s", &mut f, &[7], 100, 150, 0, false, elsewhere),
+            CatchUp::Foreign
+        );
+        assert!(!f.cov.complete && f.bloom.contains(7));
+        // Another incarnation of the set (dropped and created again) in this database.
+        let mut f = filter(100);
+        let recreated = (NodeDb::Known(DB), Some(2));
+        assert_eq!(
+            catch_up("s", &mut f, &[], 100, 150, 0, false, recreated),
+            CatchUp::Foreign
+        );
+        // A payload of the previous version, without origin: rebuilt, never caught up.
+        let mut f = filter(100);
+        f.origin = None;
+        assert_eq!(
+            catch_up("s", &mut f, &[], 100, 150, 0, false, HERE),
+            CatchUp::Foreign
+        );
+        assert!(!f.cov.complete);
+    }
+
+    #[test]
+    fn a_node_that_does_not_know_its_database_holds_the_filter_back() {
+        let mut f = filter(100);
+        let unknown = (NodeDb::NotYet, Some(1));
+        assert_eq!(
+            catch_up("s", &mut f, &[7], 100, 150, 0, false, unknown),
+            CatchUp::Unverified
+        );
+        assert!(
+            f.cov.complete,
+            "not condemned: judged again at the next pass"
+        );
+        assert_eq!(f.cov.watermark, Some(100));
+        assert!(f.bloom.contains(7));
     }
 }

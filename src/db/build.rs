@@ -95,7 +95,7 @@ pub fn build_filter(
                 |xmin| super::standby::check_floor(c, xmin),
             )?;
             let (late, horizon) = super::standby::catch_up(c, def, slots, xmin)?;
-            hashes.extend(late);
+            add_late(&mut hashes, late);
             progress.store(hashes.len() as u64, Ordering::Relaxed);
             (hashes, xmin.max(horizon))
         }
@@ -119,6 +119,24 @@ pub fn build_filter(
         copy_time,
         construct_time: construct_started.elapsed(),
     })
+}
+
+/// Adds the rows the primary's change log holds beyond a standby's snapshot to the rows that
+/// snapshot gave, each once: a row the standby had already replayed is not counted again, so
+/// REBUILD SYNC's count is the number of members whichever server the rows came from. The
+/// late rows are few (what the standby lagged by), so only they are held in a set.
+fn add_late(hashes: &mut Vec<u128>, late: Vec<u128>) {
+    if late.is_empty() {
+        return;
+    }
+    let mut late: std::collections::HashSet<u128> = late.into_iter().collect();
+    for h in hashes.iter() {
+        late.remove(h);
+        if late.is_empty() {
+            return;
+        }
+    }
+    hashes.extend(late);
 }
 
 /// Rows written from now on must reach the change log, or a filter built now could never be
@@ -369,5 +387,16 @@ mod tests {
             .hash;
         assert_eq!(hash_copy_row(Normalize::None, b"a\\tb\tm1"), Some(scoped));
         assert_eq!(hash_copy_row(Normalize::None, b"no-tab"), None);
+    }
+
+    #[test]
+    fn late_rows_the_standby_already_had_are_not_counted_twice() {
+        let mut hashes = vec![1u128, 2, 3];
+        add_late(&mut hashes, vec![3, 4, 4, 5]);
+        hashes.sort_unstable();
+        assert_eq!(hashes, vec![1, 2, 3, 4, 5]);
+        let mut none = vec![7u128];
+        add_late(&mut none, Vec::new());
+        assert_eq!(none, vec![7]);
     }
 }

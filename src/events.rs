@@ -1,7 +1,8 @@
-//! The server's events that can bring an old value back to the module's exact-match keys
-//! (keyspace notifications for COPY, RENAME, MOVE, RESTORE; SWAPDB; loading a snapshot): the
-//! only room that subscribes to them. Filters carry an identity; the pointers to them that
-//! sets remember are dropped on every one of these (`filter_store::keys_changed`).
+//! The server's events that can put a value the module did not write onto its keys: keyspace
+//! notifications for every write of another command (SET, APPEND, HSET, COPY, RENAME, MOVE,
+//! RESTORE, EXPIRE, PERSIST …), SWAPDB, loading a snapshot. The only room that subscribes to
+//! them. Filters carry an identity; the pointers to them that sets remember are dropped on
+//! every one of these (`filter_store::keys_changed`).
 
 use std::os::raw::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -11,12 +12,25 @@ use redis_module::{raw, Context, NotifyEvent};
 
 use crate::keys;
 
-/// Generic keyspace events (`event_handlers` in lib.rs): a value written onto an
-/// exact-match key by the server's own commands may be an entry the module wrote before a
-/// DEL removed it.
-pub fn on_generic(_ctx: &Context, _kind: NotifyEvent, event: &str, key: &[u8]) {
-    if matches!(event, "copy_to" | "rename_to" | "move_to" | "restore") && keys::is_cache_key(key) {
-        keys::distrust_cache();
+/// Generic keyspace events (`event_handlers` in lib.rs). A value put onto an exact-match key
+/// by another command (COPY, RENAME, MOVE, RESTORE: maybe an entry the module wrote before a
+/// DEL removed it) or a TTL changed there (EXPIRE, PERSIST: an entry must not outlive its
+/// membership) is not believed (`foreign_writes`); a key that only went away is harmless.
+pub fn on_generic(ctx: &Context, _kind: NotifyEvent, event: &str, key: &[u8]) {
+    let gone = matches!(event, "del" | "rename_from" | "move_from");
+    if !gone && keys::is_cache_key(key) {
+        crate::foreign_writes::written(ctx, key);
+    }
+    sentinel_event(key);
+}
+
+/// Every event of the string, list, set, hash, sorted set and stream classes is a write by a
+/// command: onto an exact-match key (SET with a copied value, APPEND, SETRANGE, GETSET, MSET,
+/// HSET …), never one of the module's own (`foreign_writes`); onto a slot sentinel, a value
+/// that is no longer the sentinel (a SET replaces it).
+pub fn on_write(ctx: &Context, _kind: NotifyEvent, _event: &str, key: &[u8]) {
+    if keys::is_cache_key(key) {
+        crate::foreign_writes::written(ctx, key);
     }
     sentinel_event(key);
 }

@@ -26,6 +26,7 @@ pub mod filter;
 pub mod filter_static;
 pub mod filter_store;
 pub mod filter_type;
+pub mod foreign_writes;
 pub mod funnel;
 pub mod grow;
 pub mod housekeeping;
@@ -289,6 +290,7 @@ redis_module! {
     ],
     event_handlers: [
         [@GENERIC: events::on_generic],
+        [@STRING @LIST @SET @HASH @ZSET @STREAM: events::on_write],
         [@EXPIRED @EVICTED: events::on_sentinel_gone],
     ],
 }

@@ -274,3 +274,49 @@ fn a_primarys_own_fills_stay_believed_with_a_replica() {
     assert_eq!(explain(&mut p, set, "a"), (1, "cache-hit".to_string()));
     assert_eq!(explain(&mut p, set, "b"), (1, "cache-hit".to_string()));
 }
+
+/// A filter key is a value of the module's own type: a write of another type onto it fails
+/// (WRONGTYPE), and a SET replaces it. The set then has no filter: nothing answers "absent"
+/// from what the SET left, and the rebuild that starts by itself puts a filter back.
+#[test]
+fn a_set_over_a_filter_key_leaves_no_filter_to_answer_absent_until_rebuilt() {
+    let env = Env::new();
+    let mut c = env.conn();
+    let set = "fk";
+    create(&mut c, set);
+    assert_eq!(int(&mut c, &["MEMBER.ADD", set, "a"]), 1);
+    let key = format!("member:{set}:bloom");
+    let e = err(&mut c, &["HSET", &key, "f", "v"]);
+    assert!(e.starts_with("WRONGTYPE"), "{e}");
+    assert_eq!(
+        explain(&mut c, set, "never"),
+        (0, "bloom-negative".to_string())
+    );
+    let replies: Vec<Value> = redis::pipe()
+        .cmd("SET")
+        .arg(&key)
+        .arg("junk")
+        .cmd("MEMBER.EXPLAIN")
+        .arg(set)
+        .arg("never")
+        .cmd("MEMBER.EXPLAIN")
+        .arg(set)
+        .arg("a")
+        .query(&mut c)
+        .unwrap();
+    let never: redis::RedisResult<(i64, String)> = redis::from_redis_value(&replies[1]);
+    assert!(
+        !matches!(&never, Ok((_, p)) if p == "bloom-negative"),
+        "answered from a string at the filter key: {never:?}"
+    );
+    let a: redis::RedisResult<(i64, String)> = redis::from_redis_value(&replies[2]);
+    assert!(!matches!(a, Ok((0, _))), "a member answered {a:?}");
+    assert!(
+        wait_until(WITHIN, || bloom_negative_now(&mut c, set, "never")),
+        "the set never got a filter back\n{}",
+        log_tail(&env.vk)
+    );
+    let t: String = redis::cmd("TYPE").arg(&key).query(&mut c).unwrap();
+    assert_eq!(t, "member-bf");
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", set, "a"]), 1);
+}

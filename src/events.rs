@@ -1,6 +1,6 @@
 //! The server's events that can put a value the module did not write onto its keys: keyspace
-//! notifications for every write of another command (SET, APPEND, HSET, COPY, RENAME, MOVE,
-//! RESTORE, EXPIRE, PERSIST …), SWAPDB, loading a snapshot. The only room that subscribes to
+//! notifications for the writes of other commands (SET, APPEND, COPY, RENAME, MOVE, RESTORE,
+//! EXPIRE, PERSIST …), SWAPDB, loading a snapshot. The only room that subscribes to
 //! them. Filters carry an identity; the pointers to them that sets remember are dropped on
 //! every one of these (`filter_store::keys_changed`).
 
@@ -24,10 +24,12 @@ pub fn on_generic(ctx: &Context, _kind: NotifyEvent, event: &str, key: &[u8]) {
     sentinel_event(key);
 }
 
-/// Every event of the string, list, set, hash, sorted set and stream classes is a write by a
-/// command: onto an exact-match key (SET with a copied value, APPEND, SETRANGE, GETSET, MSET,
-/// HSET …), never one of the module's own (`foreign_writes`); onto a slot sentinel, a value
-/// that is no longer the sentinel (a SET replaces it).
+/// String-class events (SET, SETRANGE, APPEND, GETSET, MSET, INCR, BITOP …): the only
+/// commands that can put a string onto a key, and only a string equal to the module's own can
+/// be believed as an exact-match entry (`foreign_writes`); a value of another type there never
+/// reads as one, and the next fill replaces it. The list, set, hash, sorted set and stream
+/// classes are not subscribed to: their writes cost the module nothing. Onto a slot sentinel,
+/// a SET replaces it: the slot looks at its key again.
 pub fn on_write(ctx: &Context, _kind: NotifyEvent, _event: &str, key: &[u8]) {
     if keys::is_cache_key(key) {
         crate::foreign_writes::written(ctx, key);

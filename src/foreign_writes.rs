@@ -1,5 +1,5 @@
 //! Exact-match keys written by a command other than the module's own (SET, APPEND, COPY,
-//! RESTORE, HSET … onto `member:…:hit:…`): not believed from that write's notification on, and
+//! RESTORE, EXPIRE … onto `member:…:hit:…`): not believed from that write's notification on, and
 //! deleted by the main thread within a tick. The module's own fills and deletes (RM_StringSet,
 //! RM_SetExpire, RM_DeleteKey) fire no notification but `new`, which nothing here listens to.
 

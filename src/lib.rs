@@ -290,7 +290,7 @@ redis_module! {
     ],
     event_handlers: [
         [@GENERIC: events::on_generic],
-        [@STRING @LIST @SET @HASH @ZSET @STREAM: events::on_write],
+        [@STRING: events::on_write],
         [@EXPIRED @EVICTED: events::on_sentinel_gone],
     ],
 }

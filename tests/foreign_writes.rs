@@ -1,6 +1,6 @@
 //! Only the module writes its keys (issue 24, item 5): a value another command puts onto an
 //! exact-match key — even the very bytes the module wrote there, copied with GET before a DEL
-//! removed the member — never answers "present", and the module deletes it. Entries the
+//! removed the member — never answers "present", and the module deletes a string put there. Entries the
 //! module filled itself stay believed, on a primary with a replica too.
 mod support;
 
@@ -96,6 +96,7 @@ fn a_write_of_another_command_onto_a_cache_key_never_makes_an_item_present() {
     let mut c = env.conn();
     let set = "s3";
     create(&mut c, set);
+    // Ten writes of a string, then five of other types.
     let variants = [
         "set", "multi", "setrange", "append", "setex", "psetex", "getset", "mset", "msetnx",
         "setnx", "hset", "lpush", "sadd", "zadd", "xadd",
@@ -134,10 +135,12 @@ fn a_write_of_another_command_onto_a_cache_key_never_makes_an_item_present() {
         wrong.is_empty(),
         "a value another command wrote made a deleted member present: {wrong:#?}"
     );
-    // The module deletes what other commands wrote there.
+    // The module deletes the strings other commands wrote there. A value of another type is
+    // never read as an entry (the module does not watch those writes) and the next fill
+    // replaces it.
     let mut left = Vec::new();
     let gone = wait_until(WITHIN, || {
-        left = variants
+        left = variants[..10]
             .iter()
             .filter(|i| {
                 int(

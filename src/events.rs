@@ -1,7 +1,8 @@
-//! The server's events that can bring an old value back to the module's exact-match keys
-//! (keyspace notifications for COPY, RENAME, MOVE, RESTORE; SWAPDB; loading a snapshot): the
-//! only room that subscribes to them. Filters carry an identity; the pointers to them that
-//! sets remember are dropped on every one of these (`filter_store::keys_changed`).
+//! The server's events that can put a value the module did not write onto its keys: keyspace
+//! notifications for the writes of other commands (SET, APPEND, COPY, RENAME, MOVE, RESTORE,
+//! EXPIRE, PERSIST …), SWAPDB, loading a snapshot. The only room that subscribes to
+//! them. Filters carry an identity; the pointers to them that sets remember are dropped on
+//! every one of these (`filter_store::keys_changed`).
 
 use std::os::raw::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -11,12 +12,27 @@ use redis_module::{raw, Context, NotifyEvent};
 
 use crate::keys;
 
-/// Generic keyspace events (`event_handlers` in lib.rs): a value written onto an
-/// exact-match key by the server's own commands may be an entry the module wrote before a
-/// DEL removed it.
-pub fn on_generic(_ctx: &Context, _kind: NotifyEvent, event: &str, key: &[u8]) {
-    if matches!(event, "copy_to" | "rename_to" | "move_to" | "restore") && keys::is_cache_key(key) {
-        keys::distrust_cache();
+/// Generic keyspace events (`event_handlers` in lib.rs). A value put onto an exact-match key
+/// by another command (COPY, RENAME, MOVE, RESTORE: maybe an entry the module wrote before a
+/// DEL removed it) or a TTL changed there (EXPIRE, PERSIST: an entry must not outlive its
+/// membership) is not believed (`foreign_writes`); a key that only went away is harmless.
+pub fn on_generic(ctx: &Context, _kind: NotifyEvent, event: &str, key: &[u8]) {
+    let gone = matches!(event, "del" | "rename_from" | "move_from");
+    if !gone && keys::is_cache_key(key) {
+        crate::foreign_writes::written(ctx, key);
+    }
+    sentinel_event(key);
+}
+
+/// String-class events (SET, SETRANGE, APPEND, GETSET, MSET, INCR, BITOP …): the only
+/// commands that can put a string onto a key, and only a string equal to the module's own can
+/// be believed as an exact-match entry (`foreign_writes`); a value of another type there never
+/// reads as one, and the next fill replaces it. The list, set, hash, sorted set and stream
+/// classes are not subscribed to: their writes cost the module nothing. Onto a slot sentinel,
+/// a SET replaces it: the slot looks at its key again.
+pub fn on_write(ctx: &Context, _kind: NotifyEvent, _event: &str, key: &[u8]) {
+    if keys::is_cache_key(key) {
+        crate::foreign_writes::written(ctx, key);
     }
     sentinel_event(key);
 }

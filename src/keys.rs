@@ -98,10 +98,11 @@ fn nonce() -> Nonce {
 }
 
 /// Every exact-match entry written so far is believed no more; they are refilled from the
-/// database as lookups need them. For the server's own commands that may have brought an
-/// entry back after a DEL removed it (COPY, RENAME, MOVE or RESTORE onto an exact-match key,
-/// SWAPDB, loading a snapshot): its bytes are the same as when the module wrote it, so only
-/// the event can tell, and the events are rare.
+/// database as lookups need them. For the events that may bring back, all at once, entries
+/// a DEL removed (SWAPDB, loading a snapshot), and for a write of another command onto an
+/// exact-match key where the module cannot delete it (a replica, loading) or past
+/// `foreign_writes`' bound: the bytes are the same as when the module wrote them, so only
+/// the event can tell.
 pub fn distrust_cache() {
     CACHE_EPOCH.fetch_add(1, Ordering::Relaxed);
 }
@@ -146,10 +147,11 @@ fn tag(incarnation: u64) -> Tag {
 }
 
 /// True when this process cached a confirmed membership there for this incarnation of the set
-/// since the cache was last distrusted (an expired entry, or one written by an earlier
-/// process or incarnation, counts as absent).
+/// since the cache was last distrusted (an expired entry, one written by an earlier process or
+/// incarnation, or one another command wrote since, counts as absent).
 pub fn cache_hit(ctx: &Context, key: &RedisString, incarnation: u64) -> bool {
     matches!(ctx.open_key(key).read(), Ok(Some(v)) if v == tag(incarnation).as_slice())
+        && !crate::foreign_writes::untrusted(key.as_slice())
 }
 
 /// Caches a confirmed membership for `ttl`, for this incarnation of the set.
@@ -162,6 +164,7 @@ pub fn cache_fill(ctx: &Context, key: &RedisString, incarnation: u64, ttl: Durat
     if k.write(value).is_ok() {
         let _ = k.set_expire(ttl);
     }
+    crate::foreign_writes::rewritten(key.as_slice());
 }
 
 /// Drops a cached membership (after any ADD or DEL of it).
@@ -170,6 +173,7 @@ pub fn cache_invalidate(ctx: &Context, key: &RedisString) {
     if !k.is_empty() {
         let _ = k.delete();
     }
+    crate::foreign_writes::rewritten(key.as_slice());
 }
 
 /// Runs `f` with DB 0 selected, restoring the caller's DB afterwards: libmember's keys live in

@@ -29,6 +29,7 @@ pub mod filter_origin;
 pub mod filter_static;
 pub mod filter_store;
 pub mod filter_type;
+pub mod foreign_writes;
 pub mod funnel;
 pub mod grow;
 pub mod housekeeping;
@@ -295,6 +296,7 @@ redis_module! {
     ],
     event_handlers: [
         [@GENERIC: events::on_generic],
+        [@STRING: events::on_write],
         [@EXPIRED @EVICTED: events::on_sentinel_gone],
     ],
 }

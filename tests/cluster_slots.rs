@@ -203,6 +203,65 @@ fn a_sentinel_that_went_away_and_came_back_is_not_believed() {
     assert_eq!(int(&mut c, &["PTTL", &key]), -1);
 }
 
+/// Only the module writes its keys, in cluster form too: the bytes of a cache entry set again
+/// by a plain SET after a DEL are not believed, and a SET over a slot sentinel (which replaces
+/// it) makes the slot wait as a deleted one does.
+#[test]
+fn a_foreign_set_onto_the_modules_keys_is_not_believed() {
+    let _layout = layout();
+    let cl = Cluster::shared();
+    let set = "forged";
+    ok(
+        &mut cl.nodes[0].conn(),
+        &["MEMBER.CREATE", set, "CACHE-TTL", "300", "RECENT-TTL", "1"],
+    );
+    cl.wait_ready(set);
+    let item = "erin";
+    let slot = cl.keyslot(item);
+    let owner = cl.owner(slot);
+    let mut c = owner.conn();
+    assert_eq!(int(&mut c, &["MEMBER.ADD", set, item]), 1);
+    // Past RECENT-TTL: the filter's hit goes to the cache.
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", set, item]), 1);
+    assert_eq!(explain(&mut c, set, item), (1, "cache-hit".into()));
+    let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+        .arg(format!("member:*:{set}:hit:*"))
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let value: Vec<u8> = redis::cmd("GET").arg(&keys[0]).query(&mut c).unwrap();
+    assert_eq!(int(&mut c, &["MEMBER.DEL", set, item]), 1);
+    let _: () = redis::cmd("SET")
+        .arg(&keys[0])
+        .arg(&value)
+        .arg("EX")
+        .arg(300)
+        .query(&mut c)
+        .unwrap();
+    match redis::cmd("MEMBER.EXPLAIN")
+        .arg(set)
+        .arg(item)
+        .query::<(i64, String)>(&mut c)
+    {
+        Ok(v) => assert_eq!(v.0, 0, "a deleted member answered {v:?}"),
+        Err(e) => assert_eq!(e.code(), Some("UNAVAILABLE"), "{e}"),
+    }
+    // The sentinel: an absent item of the slot answers from the filter, until a SET replaces
+    // the sentinel; then the database answers until the owner has written a fresh one.
+    let absent = format!("{{{item}}}-absent");
+    assert_eq!(cl.keyslot(&absent), slot);
+    assert!(wait_until(Duration::from_secs(30), || {
+        bloom_negative_now(&mut c, set, &absent)
+    }));
+    let key = sentinel_of(owner, slot);
+    let _: () = redis::cmd("SET").arg(&key).arg("x").query(&mut c).unwrap();
+    asked_the_database(&mut c, set, &absent);
+    assert!(wait_until(Duration::from_secs(30), || {
+        bloom_negative_now(&mut c, set, &absent)
+    }));
+}
+
 /// A client routes by the bytes it sends; only the holder of the canonical form's slot changes
 /// what its filter and cache hold. Another node forwards such a write there over the cluster
 /// bus (step 5; tests/cluster_forward.rs has the rest).

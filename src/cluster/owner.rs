@@ -119,10 +119,14 @@ fn sentinel_at(ctx: &Context, name: &RedisString) -> Option<u64> {
     }
 }
 
-/// Writes a new sentinel at `name` (replacing whatever is there) and returns its identity.
-/// The caller clears the slot's `verified` (a module write fires no keyspace event).
+/// Writes a new sentinel at `name` (replacing whatever is there, a value of another type that
+/// another command wrote included: the name is the module's) and returns its identity. The
+/// caller clears the slot's `verified` (a module write fires no keyspace event).
 pub fn write_sentinel(ctx: &Context, name: &RedisString) -> Option<u64> {
     let k = ctx.open_key_writable(name);
+    if !k.is_empty() && k.get_value::<Sentinel>(&SENTINEL_TYPE).is_err() {
+        let _ = k.delete();
+    }
     let s = Sentinel::new();
     let id = s.id;
     k.set_value(&SENTINEL_TYPE, s).ok().map(|_| id)

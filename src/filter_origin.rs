@@ -18,9 +18,12 @@ pub struct Origin {
 pub enum NodeDb {
     /// No worker has connected yet.
     NotYet,
-    /// A worker connected but could not read the identity (a role refused
-    /// `pg_control_system()`): no loaded filter can be shown to be this database's.
-    Unreadable,
+    /// A worker connected but may not read the identity (a role refused
+    /// `pg_control_system()`): no loaded filter can be shown to be this database's, so the
+    /// node stands in a random identity of this process's own (`db::identity::local`), which
+    /// the filters it builds carry. They are trusted here, and nowhere else, nor after a
+    /// restart (which rebuilds every set once).
+    Unreadable(u128),
     Known(u128),
 }
 
@@ -58,9 +61,8 @@ pub fn judge(origin: Option<&Origin>, node: NodeDb, set_id: Option<i64>) -> Verd
     };
     match node {
         NodeDb::NotYet => Verdict::Unverified,
-        NodeDb::Unreadable => Verdict::Foreign,
-        NodeDb::Known(db) if db != o.db => Verdict::Foreign,
-        NodeDb::Known(_) => match (o.set_id, set_id) {
+        NodeDb::Known(db) | NodeDb::Unreadable(db) if db != o.db => Verdict::Foreign,
+        NodeDb::Known(_) | NodeDb::Unreadable(_) => match (o.set_id, set_id) {
             (Some(a), Some(b)) if a != b => Verdict::Foreign,
             _ => Verdict::Here,
         },
@@ -217,10 +219,21 @@ mod tests {
             judge(Some(&HERE), NodeDb::NotYet, HERE.set_id),
             Verdict::Unverified
         );
+        // A node that may not read its database's identity trusts what this process built
+        // (stamped with its own stand-in), nothing else.
         assert_eq!(
-            judge(Some(&HERE), NodeDb::Unreadable, HERE.set_id),
+            judge(Some(&HERE), NodeDb::Unreadable(HERE.db ^ 1), HERE.set_id),
             Verdict::Foreign
         );
+        let local = Origin {
+            db: HERE.db ^ 1,
+            ..HERE
+        };
+        assert_eq!(
+            judge(Some(&local), NodeDb::Unreadable(HERE.db ^ 1), HERE.set_id),
+            Verdict::Here
+        );
+        assert_eq!(judge(Some(&local), node, HERE.set_id), Verdict::Foreign);
     }
 
     fn value(origin: Option<Origin>) -> FilterValue {

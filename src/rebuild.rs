@@ -146,7 +146,7 @@ fn build(
         }
     };
     let (mut c, _) = db::connect(0, lock_timeout, false)?;
-    let here = db::identity::read(&mut c).ok();
+    let here = db::identity::stamp(&mut c);
     // Where every node meets every set table: older tables get their slot column here,
     // waiting at most a database timeout for the lock.
     db::keyslot::ensure_slot_column(&mut c, &def.name, config::db_timeout_ms())

@@ -230,6 +230,7 @@ pub fn run(ctx: &Context, now_all: bool) {
     let lookback = config::source_lookback_ms();
     pool::run(move |db| {
         let mut pass = pass;
+        crate::db::identity::learn_if_unknown(db);
         let mut res = match from {
             Some(from) => sql::changes_since(db, from, &norms, prune),
             None => Ok(Changes::default()),

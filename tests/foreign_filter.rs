@@ -237,7 +237,8 @@ fn a_filter_saved_by_the_previous_version_is_rebuilt_not_trusted() {
         let info = info_pairs(&cmd(&mut c, &["MEMBER.INFO", "s"]).unwrap());
         if field(&info, "filter_origin") != "here" {
             assert_eq!(field(&info, "filter_caught_up"), "0", "{info:?}");
-            assert_eq!(field(&info, "last_rebuild"), "none", "{info:?}");
+            // No rebuild has finished yet (a failed one, on a busy machine, is retried).
+            assert_ne!(field(&info, "last_rebuild"), "ok", "{info:?}");
         }
         thread::sleep(Duration::from_millis(200));
     }
@@ -315,4 +316,47 @@ fn a_replicas_filter_from_its_primary_stays_trusted() {
             ok(&mut r, &["DEBUG", "RELOAD"]);
         }
     }
+}
+
+/// A role refused `pg_control_system()` cannot show where a loaded filter was made, but the
+/// filters its own process builds serve: once built, a set's filter is caught up and answers
+/// "absent" from memory, and is not rebuilt again at every sync pass (an earlier cut stamped
+/// such filters with no origin and judged them foreign at the next pass, for ever). After a
+/// restart the loaded filter is foreign: rebuilt once, then it serves.
+#[test]
+fn a_role_that_may_not_read_the_identity_still_serves_its_own_filters() {
+    let mut env = Env::least_privilege(&[]);
+    env.pg()
+        .batch_execute("REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC")
+        .unwrap();
+    // A new process, whose workers first connect after the revocation.
+    env.vk.kill9_and_restart();
+    let mut c = reconnect_loaded(&env.vk);
+    ok(&mut c, &["MEMBER.CREATE", "s", "RECENT-TTL", "1"]);
+    let items = members();
+    for i in &items {
+        assert_eq!(int(&mut c, &["MEMBER.ADD", "s", i]), 1);
+    }
+    wait_info(&env, "s", "filter_caught_up", |v| v == "1");
+    assert!(
+        wait_until(SETTLE, || bloom_negative_now(&mut c, "s", "never_added")),
+        "{:?}",
+        cmd(&mut c, &["MEMBER.INFO", "s"])
+    );
+    let rebuilds = info_field(&mut c, "rebuilds_done");
+    // Several sync passes (one a second) judge the filter; none condemns it.
+    thread::sleep(WATCH);
+    assert_eq!(info_field(&mut c, "rebuilds_done"), rebuilds);
+    assert_eq!(
+        set_info(&mut c, "s", "filter_origin").as_deref(),
+        Some("here")
+    );
+    assert!(bloom_negative_now(&mut c, "s", "never_added"));
+    // Saved and loaded by a new process: not this process's, rebuilt once, then it serves.
+    ok(&mut c, &["SAVE"]);
+    env.vk.kill9_and_restart();
+    let mut c = reconnect_loaded(&env.vk);
+    wait_info(&env, "s", "filter_origin", |v| v == "here");
+    wait_info(&env, "s", "filter_caught_up", |v| v == "1");
+    assert_members(&env.vk, &mut c, "s", &items, "after the restart");
 }

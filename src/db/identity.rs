@@ -35,19 +35,64 @@ pub fn read(c: &mut Client) -> Result<u128, postgres::Error> {
 
 /// Worker thread, on a connection just opened to `member.pg-url`: reads the database's
 /// identity and keeps it. A connection to another database (`member.pg-url` changed) replaces
-/// it, so filters made from the old one are no longer trusted. A refusal by the server is
-/// recorded as unreadable unless an identity is already known; a lost connection changes
-/// nothing.
+/// it, so filters made from the old one are no longer trusted. A refusal to read it (the
+/// function revoked or missing) makes the node stand in this process's own identity
+/// ([`local`]) unless one is already known; any other failure (a timeout, a lost connection)
+/// changes nothing, and the next connection or rebuild tries again.
 pub(super) fn learn(c: &mut Client) {
     let read = read(c);
     let mut node = NODE.lock().unwrap_or_else(|e| e.into_inner());
     match read {
         Ok(id) => *node = NodeDb::Known(id),
-        // The server answered with a refusal (a revoked function, not PostgreSQL): it will
-        // answer the same next time.
-        Err(e) if e.as_db_error().is_some() && *node == NodeDb::NotYet => {
-            *node = NodeDb::Unreadable
+        Err(e) if refused(&e) && !matches!(*node, NodeDb::Known(_)) => {
+            *node = NodeDb::Unreadable(local())
         }
         Err(_) => {}
+    }
+}
+
+/// The server refused the statement itself (it will answer the same next time), rather than
+/// failing to run it.
+fn refused(e: &postgres::Error) -> bool {
+    use postgres::error::SqlState;
+    e.code().is_some_and(|c| {
+        *c == SqlState::INSUFFICIENT_PRIVILEGE || *c == SqlState::UNDEFINED_FUNCTION
+    })
+}
+
+/// This process's stand-in identity for a database whose own it may not read: random per
+/// process, so a filter stamped with it is trusted only by the process that built it.
+pub fn local() -> u128 {
+    static LOCAL: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
+    *LOCAL.get_or_init(|| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let seed = format!("local:{t}:{}:{:p}", std::process::id(), &NODE);
+        xxhash_rust::xxh3::xxh3_128(seed.as_bytes())
+    })
+}
+
+/// On a connection about to build a filter (a rebuild's, not the main thread): learns the
+/// database's identity there, and returns what the filter it builds carries: the database's
+/// identity, this process's stand-in where the role may not read it, or nothing when it
+/// could not be read now (the filter is then rebuilt, never trusted).
+pub fn stamp(c: &mut Client) -> Option<u128> {
+    learn(c);
+    match node() {
+        NodeDb::Known(id) | NodeDb::Unreadable(id) => Some(id),
+        NodeDb::NotYet => None,
+    }
+}
+
+/// Learns the identity on a worker's connection if no connection has yet (the first one
+/// failed to read it): the sync loop calls it each pass, so a node never stays unsure.
+pub fn learn_if_unknown(db: &mut super::Db) {
+    if node() == NodeDb::NotYet {
+        let _ = db.run(|c, _| {
+            learn(c);
+            Ok(())
+        });
     }
 }

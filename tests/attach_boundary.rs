@@ -181,6 +181,50 @@ fn the_modules_own_relations_are_never_attached() {
             assert_nothing_created(&env, c, set);
         }
     }
+    // A set's table stays the module's by its catalog row, even without its triggers.
+    env.pg()
+        .batch_execute("ALTER TABLE member_b DISABLE TRIGGER USER")
+        .unwrap();
+    let source = format!("{schema}.member_b");
+    let e = err(
+        c,
+        &[
+            "MEMBER.CREATE",
+            "log",
+            "SOURCE",
+            &source,
+            "COLUMN",
+            "entity_id",
+            "SYNC",
+            "log",
+        ],
+    );
+    assert!(e.contains(MODULE_OWN), "{e}");
+    assert_nothing_created(&env, c, "log");
+    // An application's own table named `member_…` beside the module's is not reserved by its
+    // name: the operator allowed it, it attaches.
+    env.pg()
+        .batch_execute(&format!(
+            "CREATE TABLE {schema}.member_accounts (login text PRIMARY KEY);
+             GRANT SELECT, TRIGGER ON {schema}.member_accounts TO member_mod;
+             INSERT INTO {schema}.member_accounts VALUES ('ann')"
+        ))
+        .unwrap();
+    let source = format!("{schema}.member_accounts");
+    ok(
+        c,
+        &[
+            "MEMBER.CREATE",
+            "accounts_app",
+            "SOURCE",
+            &source,
+            "COLUMN",
+            "login",
+            "SYNC",
+            "log",
+        ],
+    );
+    eventually_member(c, "accounts_app", "ann");
 }
 
 /// Issue 24, item 1: a set named like the set tables' own triggers (`member_log_*`) once took

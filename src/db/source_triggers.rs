@@ -56,14 +56,21 @@ pub const LOG_FN_DDL: &str = r#"DO $do$ BEGIN
 END $do$"#;
 
 /// True when `schema.table` is one of the module's own relations: in the module's schema
-/// (its connection's `current_schema()`) every name beginning with `member_` is reserved for
-/// it (the catalog, the change log and its floor, every set's table, present or future), and
-/// anywhere, a table carrying the module's own-set triggers (`member_log_change`) or its
-/// notify trigger. False for a table that does not exist.
+/// (its connection's `current_schema()`), the catalog's and the change log's families
+/// (`member_catalog…`, `member_changes…`: no set's table can take those names) and the table
+/// `member_<set>` of every set the catalog holds that is not attached; anywhere, a table
+/// carrying the module's own-set triggers (`member_log_change`) or its notify trigger. An
+/// application's own `member_…` table is not reserved by its name alone (an earlier version
+/// may have attached one). False for a table that does not exist.
 fn module_relation<C: GenericClient>(c: &mut C, src: &Source) -> Result<bool, DbErr> {
     let row = c
         .query_opt(
-            "SELECT (n.nspname = current_schema() AND c.relname::text LIKE 'member\\_%')
+            "SELECT (n.nspname = current_schema()
+                     AND (c.relname::text LIKE 'member\\_catalog%'
+                          OR c.relname::text LIKE 'member\\_changes%'
+                          OR EXISTS (SELECT FROM member_catalog m
+                                      WHERE m.source_table IS NULL
+                                        AND 'member_' || m.name = c.relname::text)))
                     OR EXISTS (SELECT FROM pg_trigger g JOIN pg_proc p ON p.oid = g.tgfoid
                                 WHERE g.tgrelid = c.oid
                                   AND p.proname IN ('member_log_change', 'member_notify_change'))
@@ -242,7 +249,7 @@ pub fn drop_log_triggers(
     let (have, owner) = found(tx, &t, &all)?;
     let mine: Vec<&str> = have
         .iter()
-        .filter(|f| names.contains(&f.name) || f.of_set(&def.name))
+        .filter(|f| (names.contains(&f.name) && f.ours) || f.of_set(&def.name))
         .map(|f| f.name.as_str())
         .collect();
     match owner {

@@ -212,7 +212,12 @@ impl FilterValue {
 }
 
 /// RDB encoding version of the type (the payload carries its own format version as well).
-const ENCVER: i32 = 1;
+/// 2: the payload opens with its origin envelope (`filter_origin`). Version 1 values (no
+/// envelope) still load, of unknown origin; a build that reads only 1 refuses a 2 with its
+/// own clear message instead of failing inside the payload.
+const ENCVER: i32 = 2;
+/// The oldest encoding version this build loads.
+const ENCVER_OLDEST: i32 = 1;
 
 pub static FILTER_TYPE: RedisType = RedisType::new(
     "member-bf",
@@ -306,7 +311,7 @@ unsafe extern "C" fn aof_rewrite(
 /// # Safety
 /// `rdb` is the server's IO handle.
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
-    if encver != ENCVER {
+    if !(ENCVER_OLDEST..=ENCVER).contains(&encver) {
         let msg = format!("libmember: filter encoding version {encver} is not supported");
         // SAFETY: rdb is the live handle of this callback.
         unsafe { crate::reply::log_io_error(rdb, &msg) };

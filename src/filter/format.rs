@@ -62,13 +62,7 @@ impl Bloom {
         let sum_at = out.len();
         out.extend_from_slice(&[0; 8]);
         Static::write_header(self.frozen.as_ref(), out);
-        let words_at = out.len();
-        // One resize and fixed-size copies: a per-word extend checked capacity per word and
-        // took ~1 ms per 2 MB of filter.
-        out.resize(words_at + self.bits.len() * 8, 0);
-        for (dst, w) in out[words_at..].chunks_exact_mut(8).zip(self.bits.iter()) {
-            dst.copy_from_slice(&w.to_le_bytes());
-        }
+        write_words(&self.bits, out);
         if let Some(s) = &self.frozen {
             s.write_fingerprints(out);
         }
@@ -181,6 +175,28 @@ impl Bloom {
                 watermark,
             },
         ))
+    }
+}
+
+/// Appends `words` little-endian, 8 bytes each. On a little-endian target that is their
+/// bytes in memory: one copy of the whole array (a per-word copy took ~1 ms per 2 MB of
+/// filter in a release build, and a 240 MB filter over a minute in a debug one).
+fn write_words(words: &[u64], out: &mut Vec<u8>) {
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: `u64` has no padding and any byte is a valid `u8`; the slice covers exactly
+        // the words' memory, which stays borrowed for the copy.
+        let bytes =
+            unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), words.len() * 8) };
+        out.extend_from_slice(bytes);
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        let at = out.len();
+        out.resize(at + words.len() * 8, 0);
+        for (dst, w) in out[at..].chunks_exact_mut(8).zip(words) {
+            dst.copy_from_slice(&w.to_le_bytes());
+        }
     }
 }
 

@@ -119,6 +119,11 @@ pub(super) fn apply(ctx: &Context, page: Page) {
                     s.journal(*h);
                 }
                 s.sync.rows_applied += hashes.len() as u64;
+                // Rows added to a value other than the trusted one: the trusted value
+                // (moved away meanwhile, if anywhere) missed them.
+                if !hashes.is_empty() {
+                    s.filter_added(id);
+                }
             }
         });
         PAGED.with(|p| {

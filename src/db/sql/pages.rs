@@ -75,3 +75,33 @@ pub(crate) fn read_pages(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_holds_each_sets_canonical_hashes_in_order() {
+        let mut p = Page::default();
+        assert!(p.is_empty());
+        p.push("a", Normalize::Lower, "Alice", "", false);
+        p.push("b", Normalize::None, "bob", "org", false);
+        // An item the module would refuse (empty) is skipped, as a rebuild skips it.
+        p.push("a", Normalize::None, "", "", false);
+        p.push("a", Normalize::None, "carol", "", false);
+        let hash = |n, e: &str, s: &str| {
+            canon::canonicalize(n, e.as_bytes(), s.as_bytes())
+                .unwrap()
+                .hash
+        };
+        assert_eq!(
+            p.rows["a"],
+            vec![
+                hash(Normalize::None, "alice", ""),
+                hash(Normalize::None, "carol", "")
+            ]
+        );
+        assert_eq!(p.rows["b"], vec![hash(Normalize::None, "bob", "org")]);
+        assert!(p.slots.is_empty(), "slots only in cluster mode");
+    }
+}

@@ -18,6 +18,7 @@ use crate::state;
 use crate::{config, filter_store, mainq};
 
 mod apply;
+mod page;
 
 /// Per-set sync progress, shown by MEMBER.INFO.
 #[derive(Debug, Default)]
@@ -221,6 +222,7 @@ pub fn run(ctx: &Context, now_all: bool) {
         }
         due.then(config::change_retention_s)
     });
+    page::begin(&members);
     let pass = Pass {
         started: now,
         epoch: state::with(|r| r.epoch),
@@ -231,17 +233,25 @@ pub fn run(ctx: &Context, now_all: bool) {
     pool::run(move |db| {
         let mut pass = pass;
         crate::db::identity::learn_if_unknown(db);
+        // Each page goes to the main thread as soon as it is read (docs/sync.md, "Paging");
+        // the pass's result follows the last one through the same queue.
+        let mut pager = page::Pager::new(|page, ack| {
+            mainq::post(Box::new(move |ctx| {
+                let _ack = ack;
+                page::apply(ctx, page);
+            }))
+        });
+        let mut sink = |p| pager.send(p);
         let mut res = match from {
-            Some(from) => sql::changes_since(db, from, &norms, prune),
+            Some(from) => sql::changes_since(db, from, &norms, prune, &mut sink),
             None => Ok(Changes::default()),
         };
         if let Ok(ch) = res.as_mut() {
             // One statement per UPDATED-COLUMN set; a failing one (its table dropped, a
             // privilege revoked) holds back only its own set.
             for (name, src, from) in polls {
-                match source::poll(db, &src, from, lookback) {
-                    Ok((rows, horizon)) => {
-                        ch.rows.insert(name.clone(), rows);
+                match source::poll(db, &name, &src, from, lookback, &mut sink) {
+                    Ok(horizon) => {
                         ch.time_horizons.insert(name, horizon);
                     }
                     Err(e) => {

@@ -86,7 +86,7 @@ type Section = fn(&mut Bench);
 
 /// The sections of a run, in order, by the name `--only` takes (a comma-separated list).
 /// `cluster` comes last: it adds items to the standalone set.
-const SECTIONS: [(&str, Section); 13] = [
+const SECTIONS: [(&str, Section); 14] = [
     ("memory", Bench::memory),
     ("negative", Bench::negative_path),
     ("mixed", Bench::mixed),
@@ -99,6 +99,7 @@ const SECTIONS: [(&str, Section); 13] = [
     ("batch", Bench::batch),
     ("tokenize", Bench::tokenize),
     ("visibility", Bench::visibility),
+    ("syncmem", Bench::sync_memory),
     ("cluster", Bench::cluster),
 ];
 

@@ -8,8 +8,9 @@ use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
+use super::sql::{read_pages, Sink};
 use super::{prepared, Db, DbErr};
-use crate::canon::{self, Normalize};
+use crate::canon::Normalize;
 use crate::state::{SetDef, Source, SourceSync};
 
 /// A time watermark (UPDATED-COLUMN sets) is stored in the filter's watermark field as this
@@ -199,15 +200,18 @@ pub fn confirm_many(
         .collect())
 }
 
-/// One UPDATED-COLUMN poll (docs/attach.md): the canonical hashes of the rows stamped at or
-/// after `from_us` minus `lookback_ms`, and the time watermark they cover (the database's
-/// `now()` at the poll's start).
+/// One UPDATED-COLUMN poll (docs/attach.md) of set `set`: the canonical hashes of the rows
+/// stamped at or after `from_us` minus `lookback_ms` go to `sink` in pages of at most
+/// `sql::PAGE_ROWS` rows; returns the time watermark they cover (the database's `now()` at
+/// the poll's start).
 pub fn poll(
     db: &mut Db,
+    set: &str,
     src: &(Source, Normalize),
     from: i64,
     lookback_ms: i64,
-) -> Result<(Vec<u128>, i64), DbErr> {
+    sink: &mut Sink,
+) -> Result<i64, DbErr> {
     let SourceSync::Updated(u) = &src.0.sync else {
         return Err(DbErr::Failed("not an UPDATED-COLUMN set".into()));
     };
@@ -217,17 +221,14 @@ pub fn poll(
     db.run(|c, _| {
         let mut tx = c.transaction()?;
         let horizon: i64 = tx.query_one(NOW_WATERMARK, &[])?.get(0);
-        let rows = tx.query(sql.as_str(), &[&since])?;
+        let portal = tx.bind(sql.as_str(), &[&since])?;
+        let read = read_pages(&mut tx, &portal, sink, |_, r, page| {
+            page.push(set, src.1, r.get(0), r.get(1), false);
+        })?;
+        drop(portal);
         tx.commit()?;
-        let mut out = Vec::with_capacity(rows.len());
-        for r in &rows {
-            let (e, s): (&str, &str) = (r.get(0), r.get(1));
-            if let Ok(k) = canon::canonicalize(src.1, e.as_bytes(), s.as_bytes()) {
-                out.push(k.hash);
-            }
-        }
-        Ok((out, horizon))
-    })
+        Ok(read.map(|()| horizon))
+    })?
 }
 
 #[cfg(test)]

@@ -10,12 +10,15 @@ use super::{prepared, Db, DbErr};
 
 mod catalog;
 mod changes;
+mod pages;
 
 pub use catalog::{
     alter_set, create_set, drop_set, find_set, load_catalog, poll_catalog, Altered, CatalogRow,
 };
 pub use changes::{blind_reason, changes_since, install_notify, prune, Changes, NOTIFY_CHANNEL};
 pub(super) use changes::{log_triggers_ddl, LOG_TRIGGERS, XMIN};
+pub(crate) use pages::read_pages;
+pub use pages::{Page, Sink, PAGE_ROWS};
 
 /// Serializes the catalog's and the change log's DDL and catalog changes across nodes.
 const ADVISORY_KEY: i64 = 0x6c69_626d_656d; // "libmem"

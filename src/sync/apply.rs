@@ -121,10 +121,8 @@ pub(super) fn apply(
     let mut rows = 0u64;
     let mut newly_blind = Vec::new();
     for m in &members {
-        let mut hashes = ch.rows.remove(&m.name).unwrap_or_default();
-        if let Some(slots) = ch.slots.remove(&m.name) {
-            hashes = covered_rows(ctx, &m.name, hashes, &slots);
-        }
+        // Its rows went into its filter page by page (`page.rs`) while the pass ran.
+        let paged = super::page::take(&m.name);
         let blind = blind_tables.contains(sql::table(&m.name).as_str());
         // A polled set covers up to its own poll's time; the log's horizon and floor are not
         // its business.
@@ -141,16 +139,12 @@ pub(super) fn apply(
             }
             None => (ch.horizon, ch.floor, blind),
         };
-        rows += hashes.len() as u64;
+        rows += paged.rows;
         let key = state::with(|r| {
             let s = r.sets.get_mut(&m.name)?;
             if s.incarnation != m.incarnation {
                 return None;
             }
-            for h in &hashes {
-                s.journal(*h);
-            }
-            s.sync.rows_applied += hashes.len() as u64;
             s.sync.last_ok = Some(Instant::now());
             s.sync.last_error = blind.then(|| sql::blind_reason(&m.name, "triggers missing"));
             Some((s.filter_key.clone(), s.catalog_id))
@@ -160,7 +154,11 @@ pub(super) fn apply(
         };
         let here = (crate::db::identity::node(), set_id);
         let outcome = filter_store::with_mut(ctx, &key, |f| {
-            catch_up(&m.name, f, &hashes, m.from, horizon, floor, blind, here)
+            // A value that missed a page (swapped in meanwhile) waits for the next pass.
+            if !paged.received_all(f.id) {
+                return CatchUp::Kept;
+            }
+            catch_up(&m.name, f, &[], m.from, horizon, floor, blind, here)
         });
         // Trust follows the value the pass caught up; rows it added to any other value at
         // the key mean the trusted one (elsewhere, if anywhere) missed them.
@@ -170,7 +168,7 @@ pub(super) fn apply(
         };
         state::with(|r| {
             if let Some(s) = r.sets.get_mut(&m.name) {
-                s.filter_synced(caught, !hashes.is_empty(), started);
+                s.filter_synced(caught, paged.rows > 0, started);
             }
         });
         match outcome {
@@ -245,7 +243,12 @@ pub(super) fn apply(
 /// Cluster mode: the rows of a pass that belong to slots the set's filter covers, or will
 /// (a slot fill or a rebuild in flight). Rows of other slots are another node's to apply:
 /// leaving them out is what keeps each node's filter the size of its own slots.
-fn covered_rows(ctx: &Context, set: &str, hashes: Vec<u128>, slots: &[u16]) -> Vec<u128> {
+pub(super) fn covered_rows(
+    ctx: &Context,
+    set: &str,
+    hashes: Vec<u128>,
+    slots: &[u16],
+) -> Vec<u128> {
     let Some((key, extra)) = state::with(|r| {
         r.sets
             .get(set)

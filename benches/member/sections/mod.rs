@@ -12,6 +12,7 @@ mod mixed;
 mod negative;
 mod rebuild;
 mod seeds_app;
+mod sync_memory;
 mod tokenize;
 mod visibility;
 mod writes;

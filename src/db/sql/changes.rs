@@ -4,8 +4,9 @@
 
 use std::collections::HashMap;
 
+use super::pages::{read_pages, Sink};
 use super::{table, ADVISORY_KEY};
-use crate::canon::{self, Normalize};
+use crate::canon::Normalize;
 use crate::db::{Db, DbErr};
 
 /// The change log every set table feeds (docs/sync.md): one row per row inserted, updated or
@@ -208,7 +209,8 @@ pub fn blind_reason(set: &str, why: &str) -> String {
 /// had ended when the snapshot was taken.
 pub(in crate::db) const XMIN: &str = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8";
 
-/// What one sync pass read (docs/sync.md), all in one snapshot.
+/// What one sync pass read (docs/sync.md), all in one snapshot. Its rows are not here: they
+/// went to the pass's sink page by page ([`Page`]).
 #[derive(Debug, Default)]
 pub struct Changes {
     /// The snapshot's xmin: the filters read from their watermark now cover everything below.
@@ -217,10 +219,6 @@ pub struct Changes {
     pub floor: i64,
     /// Set tables that do not feed the change log (triggers missing or disabled).
     pub blind: Vec<String>,
-    /// Canonical hashes of the rows logged since the pass's start, per set.
-    pub rows: HashMap<String, Vec<u128>>,
-    /// Cluster mode: the hash slot of each of those rows, in the same order.
-    pub slots: HashMap<String, Vec<u16>>,
     /// Statements this pass sent.
     pub statements: u64,
     /// Attached sets synced by UPDATED-COLUMN: the time each one's poll covers up to
@@ -232,12 +230,15 @@ pub struct Changes {
 /// The sync loop's one statement for every set: the horizon, the prune floor, the set tables
 /// that are blind, and every key whose latest change logged by transactions with id ≥ `from`
 /// left it active, in one snapshot (a key added and deleted since is not applied again). Rows of sets not in `sets` (unknown here) are skipped; `sets` gives each known
-/// set's normalization. If `prune_after_s` is given, also prunes the log (`prune`).
+/// set's normalization. The keys go to `sink` in pages of at most [`PAGE_ROWS`] rows, all
+/// from the one snapshot (docs/sync.md, "Paging"). If `prune_after_s` is given, also prunes
+/// the log (`prune`).
 pub fn changes_since(
     db: &mut Db,
     from: i64,
     sets: &HashMap<String, Normalize>,
     prune_after_s: Option<u64>,
+    sink: &mut Sink,
 ) -> Result<Changes, DbErr> {
     // `from` is written into the text (it is an integer), not bound: the workers' connections
     // keep generic plans, and a generic plan for "xid >= $1" cannot know that the range is the
@@ -281,35 +282,34 @@ pub fn changes_since(
     );
     let in_cluster = crate::cluster::enabled();
     let mut out = db.run(|c, _| {
-        let rows = by_index(c, |tx| tx.query(sql.as_str(), &[]))?;
-        let mut out = Changes {
-            statements: 1,
-            ..Changes::default()
-        };
-        for (i, r) in rows.iter().enumerate() {
-            if i == 0 {
-                out.horizon = r.get(0);
-                out.floor = r.get::<_, Option<i64>>(1).unwrap_or(0);
-                out.blind = r.get(2);
-            }
-            let Some(set) = r.get::<_, Option<&str>>(3) else {
-                continue;
+        by_index(c, |tx| {
+            let mut out = Changes {
+                statements: 1,
+                ..Changes::default()
             };
-            let Some(&norm) = sets.get(set) else {
-                continue;
-            };
-            let entity: &str = r.get(4);
-            let scope: &str = r.get(5);
-            if let Ok(k) = canon::canonicalize(norm, entity.as_bytes(), scope.as_bytes()) {
-                out.rows.entry(set.to_string()).or_default().push(k.hash);
-                if in_cluster {
-                    let slot = crate::cluster::slot::keyslot(k.entity.as_bytes());
-                    out.slots.entry(set.to_string()).or_default().push(slot);
+            // One statement, one snapshot, read through a portal a page at a time.
+            let portal = tx.bind(sql.as_str(), &[])?;
+            let mut head = None;
+            let read = read_pages(tx, &portal, sink, |i, r, page| {
+                if i == 0 {
+                    head = Some((r.get(0), r.get::<_, Option<i64>>(1), r.get(2)));
                 }
+                let Some(set) = r.get::<_, Option<&str>>(3) else {
+                    return;
+                };
+                let Some(&norm) = sets.get(set) else {
+                    return;
+                };
+                page.push(set, norm, r.get(4), r.get(5), in_cluster);
+            })?;
+            if let Some((horizon, floor, blind)) = head {
+                out.horizon = horizon;
+                out.floor = floor.unwrap_or(0);
+                out.blind = blind;
             }
-        }
-        Ok(out)
-    })?;
+            Ok(read.map(|()| out))
+        })
+    })??;
     if let Some(after) = prune_after_s {
         // A failed prune costs nothing but disk; the pass's reading stands.
         if prune(db, after).is_ok() {

@@ -77,11 +77,7 @@ pub fn written(ctx: &Context, key: &[u8]) {
     if unsafe { raw::RedisModule_GetSelectedDb.unwrap()(ctx.ctx) } != 0 {
         return;
     }
-    if ctx
-        .get_flags()
-        .intersects(ContextFlags::SLAVE | ContextFlags::LOADING)
-    {
-        keys::distrust_cache();
+    if distrusted_all_instead(ctx) {
         return;
     }
     let then = {
@@ -95,6 +91,18 @@ pub fn written(ctx: &Context, key: &[u8]) {
         Then::Nothing => {}
         Then::DistrustAll => keys::distrust_cache(),
     }
+}
+
+/// On a replica or while loading the module cannot delete a key: every entry of this process
+/// is distrusted instead (true then).
+fn distrusted_all_instead(ctx: &Context) -> bool {
+    let cannot_write = ctx
+        .get_flags()
+        .intersects(ContextFlags::SLAVE | ContextFlags::LOADING);
+    if cannot_write {
+        keys::distrust_cache();
+    }
+    cannot_write
 }
 
 /// True when another command wrote `key` and the module has not written or deleted it since:
@@ -126,11 +134,7 @@ fn drain(ctx: &Context) {
         return;
     }
     // Demoted since: a replica writes nothing of its own.
-    if ctx
-        .get_flags()
-        .intersects(ContextFlags::SLAVE | ContextFlags::LOADING)
-    {
-        keys::distrust_cache();
+    if distrusted_all_instead(ctx) {
         return;
     }
     for k in keys {

@@ -10,7 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::{Connection, Value};
-use support::lifecycle::{add_all, assert_members, names, reconnect_loaded, SYNC_OFF};
+use support::lifecycle::{add_all, assert_members, names, reconnect_loaded, wait_linked, SYNC_OFF};
 use support::member::*;
 use support::wait_until;
 
@@ -279,17 +279,7 @@ fn a_replicas_filter_from_its_primary_stays_trusted() {
         ],
     );
     let mut r = replica.conn();
-    assert!(
-        wait_until(SETTLE, || info_section(
-            &mut r,
-            "replication",
-            "master_link_status"
-        )
-        .as_deref()
-            == Some("up")),
-        "replica never linked\n{}",
-        replica.log()
-    );
+    wait_linked(&replica, &mut r, SETTLE);
     wait_on(&replica, "s", "filter_origin", |v| v == "here");
     wait_on(&replica, "s", "filter_caught_up", |v| v == "1");
     wait_on(&replica, "s", "rebuild_state", |v| v == "idle");

@@ -8,20 +8,15 @@ use std::thread;
 use std::time::Duration;
 
 use redis::{Connection, Value};
+use support::lifecycle::{log_tail, wait_linked};
 use support::member::*;
-use support::{start_with, wait_until, Valkey};
+use support::{start_with, wait_until};
 
 /// Longer than RECENT-TTL 1 s: from then on no recent-writes mark covers an earlier ADD, so a
 /// filter hit goes to the cache.
 const PAST_RECENT: Duration = Duration::from_millis(1200);
 
 const WITHIN: Duration = Duration::from_secs(30);
-
-fn log_tail(vk: &Valkey) -> String {
-    let log = vk.log();
-    let lines: Vec<&str> = log.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
-}
 
 fn create(c: &mut Connection, set: &str) {
     ok(
@@ -224,17 +219,7 @@ fn a_primarys_own_fills_stay_believed_with_a_replica() {
         &mut r,
         &["REPLICAOF", "127.0.0.1", &env.vk.port().to_string()],
     );
-    assert!(
-        wait_until(WITHIN, || info_section(
-            &mut r,
-            "replication",
-            "master_link_status"
-        )
-        .as_deref()
-            == Some("up")),
-        "replica never linked\n{}",
-        log_tail(&replica)
-    );
+    wait_linked(&replica, &mut r, WITHIN);
     for item in ["a", "b", "gone"] {
         assert_eq!(int(&mut p, &["MEMBER.ADD", set, item]), 1);
     }

@@ -216,18 +216,24 @@ pub fn start_quiet_replica(env: &Env) -> (Valkey, Connection) {
     let primary = format!("127.0.0.1 {}", env.vk.port());
     let replica = start_loaded(&env.db.url(), &[SYNC_OFF, ("replicaof", primary.as_str())]);
     let mut r = replica.conn();
+    wait_linked(&replica, &mut r, Duration::from_secs(20));
+    (replica, r)
+}
+
+/// Waits up to `within` for `replica`'s link to its primary to be up (`r`: a connection to
+/// it); panics with the replica's log tail otherwise.
+pub fn wait_linked(replica: &Valkey, r: &mut Connection, within: Duration) {
     assert!(
-        wait_until(Duration::from_secs(20), || info_section(
-            &mut r,
+        wait_until(within, || info_section(
+            r,
             "replication",
             "master_link_status"
         )
         .as_deref()
             == Some("up")),
         "replica never linked\n{}",
-        log_tail(&replica)
+        log_tail(replica)
     );
-    (replica, r)
 }
 
 /// The filter came from disk (RDB/AOF) rather than from a rebuild in this process.

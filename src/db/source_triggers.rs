@@ -11,7 +11,7 @@ use postgres::{GenericClient, Transaction};
 use super::source::{qualified, quote_ident, quote_literal, shown_table};
 use super::DbErr;
 use crate::error;
-use crate::state::{SetDef, Source};
+use crate::set_def::{SetDef, Source};
 
 /// Names of the change-log triggers an attached set puts on its source table,
 /// `member_<set>$<op>`: one set of three per set, so several sets may attach to one table.

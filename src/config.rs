@@ -171,6 +171,19 @@ pub fn max_filter_bytes() -> u64 {
         .max(MAX_FILTER_BYTES_MIN) as u64
 }
 
+pub const BUILD_MEMORY_DEFAULT: i64 = 64 << 20;
+pub const BUILD_MEMORY_MIN: i64 = 1 << 20;
+pub const BUILD_MEMORY_MAX: i64 = 64 << 30;
+/// Transient memory one build (a rebuild, a slot fill) may hold besides the filter it makes:
+/// a quarter for the rows it read (past it they spill to a file in the server's working
+/// directory), half for the fuse constructions running at once (docs/sync.md, "Rebuilding in
+/// bounded memory").
+pub static BUILD_MEMORY: AtomicI64 = AtomicI64::new(BUILD_MEMORY_DEFAULT);
+
+pub fn build_memory() -> u64 {
+    BUILD_MEMORY.load(Ordering::Relaxed).max(BUILD_MEMORY_MIN) as u64
+}
+
 pub const MAX_BLOCKED_CLIENTS_DEFAULT: i64 = 10_000;
 pub const MAX_BLOCKED_CLIENTS_MIN: i64 = 1;
 pub const MAX_BLOCKED_CLIENTS_MAX: i64 = 1_000_000;

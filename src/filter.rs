@@ -11,11 +11,14 @@
 //! The static part lives in `filter_static.rs`; both parts' arrays are `large_array.rs`
 //! arrays, on huge pages from 8 MiB.
 
-use super::filter_static::Static;
+use super::filter_static::{Budget, Static};
 use super::large_array::{prefetch, LargeArray, HUGE_FROM};
+use rows::Rows;
 
 #[path = "filter/format.rs"]
 mod format;
+#[path = "filter/rows.rs"]
+pub mod rows;
 // (benches/filter.rs includes this file and has no use for it)
 #[allow(unused_imports)]
 pub use format::FORMAT_VERSION;
@@ -75,6 +78,14 @@ pub enum SizeError {
     TooLarge { needed: u64, max: u64 },
     /// The allocator refused `bytes`.
     NoMemory { bytes: u64 },
+    /// The rows' spill file could not be read back.
+    Spill(String),
+}
+
+impl SizeError {
+    fn spill(e: std::io::Error) -> SizeError {
+        SizeError::Spill(e.to_string())
+    }
 }
 
 impl std::fmt::Display for SizeError {
@@ -89,6 +100,7 @@ impl std::fmt::Display for SizeError {
             SizeError::NoMemory { bytes } => {
                 write!(f, "out of memory allocating a filter of {bytes} bytes")
             }
+            SizeError::Spill(e) => write!(f, "cannot read the build's spill file back: {e}"),
         }
     }
 }
@@ -116,6 +128,9 @@ pub struct Bloom {
 pub const DESIGN_BLOOM: &str = "bloom";
 /// A static part and a delta.
 pub const DESIGN_FUSE: &str = "fuse8+bloom-delta";
+
+/// Hashes a build from `Rows` hands `add_many` at a time.
+const ADD_RUN: usize = 4096;
 
 /// How many items ahead `add_many` prefetches.
 const PREFETCH_AHEAD: usize = 8;
@@ -157,24 +172,42 @@ impl Bloom {
         })
     }
 
-    /// A filter holding `hashes` (the rows a build read), sized for `capacity` members at
-    /// `fpr`, if it fits in `max_bytes` and the allocator grants it. When the rate allows
-    /// (at least twice `STATIC_FPR`) and there are enough rows, they go into a static part
-    /// and the delta is a Bloom filter for the capacity left over (at least 1/50 of the rows)
-    /// at the rest of the rate, `fpr - STATIC_FPR`: so the combined rate stays within `fpr`
-    /// as long as the delta is within its capacity. Otherwise a Bloom filter alone, as
-    /// `try_new` and `add_many` make it.
+    /// A filter holding `hashes`, as `build_rows` makes it (tests and small callers).
     pub fn build(
         capacity: u64,
         fpr: f64,
         max_bytes: u64,
         hashes: &[u128],
     ) -> Result<Self, SizeError> {
+        Bloom::build_rows(
+            capacity,
+            fpr,
+            max_bytes,
+            &Rows::in_memory(hashes),
+            Budget::of(64 << 20),
+        )
+    }
+
+    /// A filter holding `rows` (the rows a build read), sized for `capacity` members at
+    /// `fpr`, if it fits in `max_bytes` and the allocator grants it. When the rate allows
+    /// (at least twice `STATIC_FPR`) and there are enough rows, they go into a static part
+    /// built within `budget`, and the delta is a Bloom filter for the capacity left over (at
+    /// least 1/50 of the rows) at the rest of the rate, `fpr - STATIC_FPR`: so the combined
+    /// rate stays within `fpr` as long as the delta is within its capacity. Otherwise a Bloom
+    /// filter alone, as `try_new` and `add_many` make it.
+    pub fn build_rows(
+        capacity: u64,
+        fpr: f64,
+        max_bytes: u64,
+        rows: &Rows,
+        budget: Budget,
+    ) -> Result<Self, SizeError> {
         check_size(capacity, fpr, max_bytes)?;
-        if fpr >= 2.0 * STATIC_FPR && hashes.len() >= STATIC_MIN_ITEMS && fpr < 1.0 {
-            if let Some(frozen) = Static::build(hashes) {
-                let rows = hashes.len() as u64;
-                let room = capacity.saturating_sub(rows).max(rows / DELTA_SHARE).max(1);
+        let n = rows.len();
+        if fpr >= 2.0 * STATIC_FPR && n >= STATIC_MIN_ITEMS as u64 && fpr < 1.0 {
+            let frozen = Static::build_rows(rows, budget).map_err(SizeError::spill)?;
+            if let Some(frozen) = frozen {
+                let room = capacity.saturating_sub(n).max(n / DELTA_SHARE).max(1);
                 let delta_fpr = fpr - STATIC_FPR;
                 let delta_bytes = bytes_for(room, delta_fpr);
                 let needed = delta_bytes.saturating_add(frozen.bytes() as u64);
@@ -190,7 +223,17 @@ impl Bloom {
             }
         }
         let mut b = Bloom::try_new(capacity, fpr, max_bytes)?;
-        b.add_many(hashes);
+        // In runs, so that `add_many` prefetches ahead.
+        let mut run = Vec::with_capacity(ADD_RUN);
+        rows.each_all(|h| {
+            run.push(h);
+            if run.len() == ADD_RUN {
+                b.add_many(&run);
+                run.clear();
+            }
+        })
+        .map_err(SizeError::spill)?;
+        b.add_many(&run);
         Ok(b)
     }
 

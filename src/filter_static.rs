@@ -1,53 +1,61 @@
 //! The static part of a filter (issue 11): binary fuse filters with 8-bit fingerprints over
 //! the low halves of the item hashes of one build, read-only until the next build.
 //!
-//! A large build is split into parts by the high half of each hash (one part per CPU, at most
-//! `MAX_PARTS`), constructed side by side: the construction runs after the COPY has ended
-//! and was a third of a 10 M-row rebuild on one thread. A probe picks its part with one
-//! multiplication, so it still reads three bytes of one fuse filter.
+//! A build is split into parts by the high half of each hash: as many as keep the
+//! constructions running side by side within the build's memory budget (`Budget`), so a
+//! build of any size holds at most a few parts' working arrays at once, each part built from
+//! its own buckets of `Rows`. A probe picks its part with one multiplication, so it still
+//! reads three bytes of one fuse filter; all parts' fingerprints lie in one `LargeArray`
+//! (huge pages when large, memory the server counts).
 //!
-//! `xorf` constructs it; the fingerprints then move into a `LargeArray` (huge pages when
-//! large, memory the server counts) and the probe is done here, the same arithmetic as
-//! `xorf`'s (`BinaryFuse8::contains`, checked against it by a test) without bounds checks:
-//! the geometry is verified once, when built or loaded, so that every index is inside the
+//! `xorf` constructs each part; the probe is done here, the same arithmetic as `xorf`'s
+//! (`BinaryFuse8::contains`, checked against it by a test) without bounds checks: the
+//! geometry is verified once, when built or loaded, so that every index is inside the
 //! fingerprints.
 
 use xorf::{BinaryFuse8, Descriptor};
 
+use super::filter::rows::{Rows, BUCKETS};
 use super::large_array::{prefetch, LargeArray};
 
 /// One part's header (version 3's whole static header): present flag, items, seed, segment
 /// length, its mask, segment count length, fingerprint bytes.
 pub const STATIC_HEADER_LEN: usize = 1 + 8 + 8 + 4 + 4 + 4 + 8;
 
-/// Most parts a static filter is split into (a payload with more is refused).
-pub const MAX_PARTS: usize = 8;
+/// Most parts a static filter is split into (a payload with more is refused). A build from
+/// `Rows` uses a power of two, so that each part is a run of whole buckets.
+pub const MAX_PARTS: usize = BUCKETS;
 
-/// Builds smaller than this stay one part: their construction takes milliseconds.
-const PARTS_FROM: usize = 1 << 21;
+/// Bytes a fuse construction holds per row while it runs: the part's keys (8) and xorf's
+/// working arrays (about 25: order, degree counts, hashes, alone list, fingerprints), with
+/// some room. A build keeps `threads × rows of a part × SCRATCH_PER_ROW` under its budget.
+pub const SCRATCH_PER_ROW: u64 = 40;
 
-/// The static part: one fuse filter per part of the hash space.
+/// The static part: one fuse filter per part of the hash space, all fingerprints in one
+/// array (huge pages when large, however small each part).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Static {
-    /// Inline, so that a probe reaches its part's fingerprints with no extra load and picks
-    /// it without a branch (a branch on a coin toss cost 10 ns a batched probe): `count` in
-    /// use, the rest empty.
-    parts: [Fuse; MAX_PARTS],
-    count: usize,
+    parts: Box<[Fuse]>,
+    fingerprints: LargeArray<u8>,
     /// Rows the build put in (duplicates included).
     pub items: u64,
 }
 
-/// A binary fuse filter over the low halves of some item hashes: read-only.
+/// A binary fuse filter over the low halves of some item hashes: read-only, its
+/// fingerprints at `at..at + len` of the static part's array.
 #[derive(Clone, Debug, PartialEq)]
 struct Fuse {
     descriptor: Descriptor,
-    fingerprints: LargeArray<u8>,
+    at: usize,
+    len: usize,
     items: u64,
 }
 
+/// A part as constructed, before the parts are put in one array.
+type Built = (Descriptor, Box<[u8]>, u64);
+
 /// The part of `parts` that `hash` belongs to, from its high half (the fuse filters read the
-/// low half): a multiply-shift, uniform for any count.
+/// low half): a multiply-shift, uniform for any count; for a power of two, the top bits.
 #[inline(always)]
 fn part_of(hash: u128, parts: usize) -> usize {
     (((hash >> 64) as u64 as u128 * parts as u128) >> 64) as usize
@@ -76,113 +84,204 @@ fn mix(key: u64, seed: u64) -> u64 {
     k ^ (k >> 33)
 }
 
-impl Static {
-    /// None when a fuse construction gives up (it retries internally) or the allocator
-    /// refuses the fingerprints; the caller then builds a Bloom filter alone.
-    pub fn build(hashes: &[u128]) -> Option<Static> {
+/// How a build from `Rows` may spend memory: `scratch` bytes of construction at once, on up
+/// to `threads` threads.
+#[derive(Clone, Copy, Debug)]
+pub struct Budget {
+    pub scratch: u64,
+    pub threads: usize,
+}
+
+impl Budget {
+    /// The whole `scratch` on every CPU (at most four threads).
+    pub fn of(scratch: u64) -> Budget {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let parts = if hashes.len() < PARTS_FROM {
-            1
-        } else {
-            cpus.clamp(1, MAX_PARTS)
-        };
-        Static::build_in(hashes, parts)
+        Budget {
+            scratch,
+            threads: cpus.clamp(1, 4),
+        }
     }
 
-    /// `build` with `parts` parts (1..=MAX_PARTS), each constructed on a thread of its own
-    /// (on this one when a thread cannot be started). A build that would leave a part without
-    /// rows (only possible for a few rows in many parts) is one part.
+    /// Parts a build of `rows` rows is split into: the fewest (a power of two, at most
+    /// `MAX_PARTS`) whose constructions, `threads` at a time, fit in `scratch`.
+    pub fn parts_for(&self, rows: u64) -> usize {
+        let per_part = (self.scratch / (self.threads as u64 * SCRATCH_PER_ROW)).max(1);
+        (rows.div_ceil(per_part).max(1) as usize)
+            .next_power_of_two()
+            .min(MAX_PARTS)
+    }
+}
+
+impl Static {
+    /// A static part of `hashes` within the default budget of a build (tests and small
+    /// callers; a rebuild goes through `build_rows`).
+    pub fn build(hashes: &[u128]) -> Option<Static> {
+        Static::build_rows(&Rows::in_memory(hashes), Budget::of(64 << 20))
+            .ok()
+            .flatten()
+    }
+
+    /// A static part of `rows` in `budget.parts_for(rows)` parts, `budget.threads` built side
+    /// by side, each from its buckets alone: the rows in memory are at most one wave of
+    /// parts' keys. Ok(None) when a fuse construction gives up (it retries internally) or the
+    /// allocator refuses; the caller then builds a Bloom filter alone. An error reading the
+    /// spill file is an error.
+    pub fn build_rows(rows: &Rows, budget: Budget) -> std::io::Result<Option<Static>> {
+        let mut parts = budget.parts_for(rows.len());
+        // A part without rows (only possible for a few rows in many parts): fewer parts.
+        while parts > 1 && (0..parts).any(|i| rows.count(buckets(i, parts)) == 0) {
+            parts /= 2;
+        }
+        let mut built: Vec<Built> = Vec::with_capacity(parts);
+        for wave in (0..parts).collect::<Vec<_>>().chunks(budget.threads.max(1)) {
+            let one = |i: usize| -> std::io::Result<Option<Built>> {
+                let range = buckets(i, parts);
+                let mut keys = Vec::with_capacity(rows.count(range.clone()) as usize);
+                rows.each(range, |h| keys.push(h as u64))?;
+                Ok(Fuse::construct(&keys))
+            };
+            let got: Vec<std::io::Result<Option<Built>>> = if wave.len() == 1 {
+                vec![one(wave[0])]
+            } else {
+                std::thread::scope(|scope| {
+                    let started: Vec<_> = wave
+                        .iter()
+                        .map(|&i| {
+                            std::thread::Builder::new()
+                                .name("member-fuse".into())
+                                .spawn_scoped(scope, move || one(i))
+                        })
+                        .collect();
+                    // A part whose thread could not start (or panicked) is built here.
+                    started
+                        .into_iter()
+                        .zip(wave)
+                        .map(|(t, &i)| match t.map(|t| t.join()) {
+                            Ok(Ok(r)) => r,
+                            _ => one(i),
+                        })
+                        .collect()
+                })
+            };
+            for g in got {
+                match g? {
+                    Some(b) => built.push(b),
+                    None => return Ok(None),
+                }
+            }
+        }
+        Ok(Static::assemble(built))
+    }
+
+    /// `build` with any number of `parts` (1..=MAX_PARTS), by `part_of`, on this thread
+    /// (tests: payloads of every part count). A build that would leave a part without rows
+    /// is one part.
     pub fn build_in(hashes: &[u128], parts: usize) -> Option<Static> {
         let parts = parts.clamp(1, MAX_PARTS);
-        let mut keys: Vec<Vec<u64>> = (0..parts)
-            .map(|_| Vec::with_capacity(hashes.len() / parts + hashes.len() / (parts * 16) + 16))
-            .collect();
+        let mut keys: Vec<Vec<u64>> = vec![Vec::new(); parts];
         for &h in hashes {
             keys[part_of(h, parts)].push(h as u64);
         }
         if parts > 1 && keys.iter().any(Vec::is_empty) {
             return Static::build_in(hashes, 1);
         }
-        if parts == 1 {
-            return Static::of(vec![Fuse::build(&keys[0])?]);
-        }
-        let built: Vec<Option<Fuse>> = std::thread::scope(|scope| {
-            let started: Vec<_> = keys
-                .iter()
-                .map(|k| {
-                    std::thread::Builder::new()
-                        .name("member-fuse".into())
-                        .spawn_scoped(scope, move || Fuse::build(k))
-                })
-                .collect();
-            // A part whose thread could not start is built here.
-            started
-                .into_iter()
-                .zip(&keys)
-                .map(|(t, k)| match t {
-                    Ok(t) => t.join().ok().flatten(),
-                    Err(_) => Fuse::build(k),
-                })
-                .collect()
-        });
-        Static::of(built.into_iter().collect::<Option<_>>()?)
+        let built = keys
+            .iter()
+            .map(|k| Fuse::construct(k))
+            .collect::<Option<_>>()?;
+        Static::assemble(built)
     }
 
-    /// A static part of `parts` (None when there are none or too many).
-    fn of(parts: Vec<Fuse>) -> Option<Static> {
-        let count = parts.len();
-        if count == 0 || count > MAX_PARTS {
+    /// The parts' fingerprints moved into one array (None when there are no parts or too
+    /// many, or the allocator refuses).
+    fn assemble(built: Vec<Built>) -> Option<Static> {
+        let total = built.iter().map(|b| b.1.len()).sum();
+        let mut fingerprints = LargeArray::try_zeroed(total).ok()?;
+        let mut parts = Vec::with_capacity(built.len());
+        let mut at = 0;
+        for (descriptor, fp, items) in built {
+            fingerprints[at..at + fp.len()].copy_from_slice(&fp);
+            parts.push(Fuse {
+                descriptor,
+                at,
+                len: fp.len(),
+                items,
+            });
+            at += fp.len();
+        }
+        Static::of(parts, fingerprints)
+    }
+
+    /// A static part of `parts` over `fingerprints` (None when there are none or too many,
+    /// or they do not lie one after another over exactly the whole array).
+    fn of(parts: Vec<Fuse>, fingerprints: LargeArray<u8>) -> Option<Static> {
+        if parts.is_empty() || parts.len() > MAX_PARTS {
             return None;
         }
-        let items = parts.iter().map(|p| p.items).sum();
-        let mut parts = parts.into_iter();
+        let mut at = 0;
+        for p in &parts {
+            if p.at != at || !geometry_ok(&p.descriptor, p.len as u64) {
+                return None;
+            }
+            at += p.len;
+        }
+        if at != fingerprints.len() {
+            return None;
+        }
         Some(Static {
-            parts: std::array::from_fn(|_| parts.next().unwrap_or_else(Fuse::empty)),
-            count,
-            items,
+            items: parts.iter().map(|p| p.items).sum(),
+            parts: parts.into_boxed_slice(),
+            fingerprints,
         })
-    }
-
-    fn all(&self) -> impl Iterator<Item = &Fuse> {
-        self.parts[..self.count].iter()
     }
 
     #[inline(always)]
     fn part(&self, hash: u128) -> &Fuse {
-        // One part (every build under PARTS_FROM rows): a branch the predictor always gets
-        // right, and the part's fields at fixed offsets.
-        if self.count == 1 {
+        let count = self.parts.len();
+        // One part (every build of a few hundred thousand rows): a branch the predictor
+        // always gets right.
+        if count == 1 {
             return &self.parts[0];
         }
         // SAFETY: part_of is below count, which is 1..=MAX_PARTS (`of`).
-        unsafe { self.parts.get_unchecked(part_of(hash, self.count)) }
+        unsafe { self.parts.get_unchecked(part_of(hash, count)) }
     }
 
     /// Brings the lines `contains(hash)` will read towards the cache.
     #[inline(always)]
     pub fn prefetch(&self, hash: u128) {
-        self.part(hash).prefetch(hash)
+        let (slots, _) = self.part(hash).slots(hash);
+        for s in slots {
+            // SAFETY: `geometry_ok` and `of` keep every slot inside the fingerprints.
+            prefetch(unsafe { self.fingerprints.get_unchecked(s) });
+        }
     }
 
     /// False means `hash` was not in the build; true means "possibly".
     #[inline(always)]
     pub fn contains(&self, hash: u128) -> bool {
-        self.part(hash).contains(hash)
+        let ([h0, h1, h2], f) = self.part(hash).slots(hash);
+        let fp = &self.fingerprints;
+        // SAFETY: `geometry_ok` (checked when built or loaded) keeps every slot of a part
+        // inside its fingerprints, which `of` keeps inside the array; the three loads are
+        // independent, so their misses overlap.
+        let x = unsafe { fp.get_unchecked(h0) ^ fp.get_unchecked(h1) ^ fp.get_unchecked(h2) };
+        f ^ x == 0
     }
 
     /// Fingerprint bytes of all parts.
     pub fn bytes(&self) -> usize {
-        self.all().map(|p| p.fingerprints.len()).sum()
+        self.fingerprints.len()
     }
 
     /// How many parts it has.
     pub fn parts(&self) -> usize {
-        self.count
+        self.parts.len()
     }
 
-    /// Whether the fingerprints were advised for huge pages (all parts).
+    /// Whether the fingerprints were advised for huge pages.
     pub fn huge_pages(&self) -> bool {
-        self.all().all(|p| p.fingerprints.advised())
+        self.fingerprints.advised()
     }
 
     /// Length of `write_header`'s output for `s`.
@@ -193,16 +292,14 @@ impl Static {
     /// Version 4's static header: the number of parts (0: none), then each part's header.
     pub fn write_header(s: Option<&Static>, out: &mut Vec<u8>) {
         out.push(s.map_or(0, Static::parts) as u8);
-        for p in s.iter().flat_map(|s| s.all()) {
+        for p in s.iter().flat_map(|s| s.parts.iter()) {
             p.write_header(out);
         }
     }
 
     /// The fingerprints of every part, in order (after the delta's bit array).
     pub fn write_fingerprints(&self, out: &mut Vec<u8>) {
-        for p in self.all() {
-            out.extend_from_slice(&p.fingerprints);
-        }
+        out.extend_from_slice(&self.fingerprints);
     }
 
     /// Reads a version 4 static header at the start of `b`: each part's items, descriptor and
@@ -247,41 +344,41 @@ impl Static {
         if headers.is_empty() {
             return Ok(None);
         }
+        let no_memory = || {
+            format!(
+                "out of memory loading a filter's {} static bytes",
+                fingerprints.len()
+            )
+        };
+        let array = LargeArray::try_copy_of(fingerprints).map_err(|_| no_memory())?;
         let mut parts = Vec::with_capacity(headers.len());
         let mut at = 0;
         for (items, descriptor, len) in headers {
-            let bytes = &fingerprints[at..at + len];
+            parts.push(Fuse {
+                descriptor,
+                at,
+                len,
+                items,
+            });
             at += len;
-            parts.push(
-                Fuse::from_parts(descriptor, bytes, items).ok_or_else(|| {
-                    format!("out of memory loading a filter's {len} static bytes")
-                })?,
-            );
         }
-        Ok(Static::of(parts))
+        Ok(Static::of(parts, array))
     }
 }
 
 /// One part's header as read: items, descriptor, fingerprint bytes.
 pub type PartHeader = (u64, Descriptor, usize);
 
-impl Fuse {
-    /// A part not in use.
-    fn empty() -> Fuse {
-        Fuse {
-            descriptor: Descriptor {
-                seed: 0,
-                segment_length: 0,
-                segment_length_mask: 0,
-                segment_count_length: 0,
-            },
-            fingerprints: LargeArray::zeroed(0),
-            items: 0,
-        }
-    }
+/// Buckets of part `i` of `parts` (a power of two, at most `BUCKETS`).
+fn buckets(i: usize, parts: usize) -> std::ops::Range<usize> {
+    let per = BUCKETS / parts;
+    i * per..(i + 1) * per
+}
 
-    /// None when the construction gives up or the allocator refuses the fingerprints.
-    fn build(keys: &[u64]) -> Option<Fuse> {
+impl Fuse {
+    /// The fuse filter of `keys` (its descriptor, fingerprints and row count), None when the
+    /// construction gives up.
+    fn construct(keys: &[u64]) -> Option<Built> {
         let items = keys.len() as u64;
         // Release builds of xorf skip duplicate keys while peeling; debug builds assert that
         // there are none (rows that canonicalize alike are possible), so tests dedupe first.
@@ -293,23 +390,15 @@ impl Fuse {
             keys
         };
         let fuse = BinaryFuse8::try_from(keys).ok()?;
-        Fuse::from_parts(fuse.descriptor, &fuse.fingerprints, items)
-    }
-
-    /// A static part from a descriptor and fingerprints (a build's or a payload's), None
-    /// when the geometry would let a probe read outside them or the allocator refuses.
-    fn from_parts(descriptor: Descriptor, fingerprints: &[u8], items: u64) -> Option<Fuse> {
-        if !geometry_ok(&descriptor, fingerprints.len() as u64) {
-            return None;
-        }
-        Some(Fuse {
-            descriptor,
-            fingerprints: LargeArray::try_copy_of(fingerprints).ok()?,
+        geometry_ok(&fuse.descriptor, fuse.fingerprints.len() as u64).then_some((
+            fuse.descriptor,
+            fuse.fingerprints,
             items,
-        })
+        ))
     }
 
-    /// The three fingerprint indexes of `hash` and its fingerprint.
+    /// The three fingerprint indexes of `hash` in the static part's array, and its
+    /// fingerprint.
     #[inline(always)]
     fn slots(&self, hash: u128) -> ([usize; 3], u8) {
         let d = &self.descriptor;
@@ -318,28 +407,13 @@ impl Fuse {
         let h1 = (h0 + d.segment_length) ^ ((x >> 18) as u32 & d.segment_length_mask);
         let h2 = (h0 + 2 * d.segment_length) ^ (x as u32 & d.segment_length_mask);
         (
-            [h0 as usize, h1 as usize, h2 as usize],
+            [
+                self.at + h0 as usize,
+                self.at + h1 as usize,
+                self.at + h2 as usize,
+            ],
             (x ^ (x >> 32)) as u8,
         )
-    }
-
-    #[inline(always)]
-    fn prefetch(&self, hash: u128) {
-        let (slots, _) = self.slots(hash);
-        for s in slots {
-            // SAFETY: `geometry_ok` keeps every slot inside the fingerprints.
-            prefetch(unsafe { self.fingerprints.get_unchecked(s) });
-        }
-    }
-
-    #[inline(always)]
-    fn contains(&self, hash: u128) -> bool {
-        let ([h0, h1, h2], f) = self.slots(hash);
-        let fp = &self.fingerprints;
-        // SAFETY: `geometry_ok` (checked when built or loaded) keeps every slot inside the
-        // fingerprints; the three loads are independent, so their misses overlap.
-        let x = unsafe { fp.get_unchecked(h0) ^ fp.get_unchecked(h1) ^ fp.get_unchecked(h2) };
-        f ^ x == 0
     }
 
     fn write_header(&self, out: &mut Vec<u8>) {
@@ -350,7 +424,7 @@ impl Fuse {
         out.extend_from_slice(&d.segment_length.to_le_bytes());
         out.extend_from_slice(&d.segment_length_mask.to_le_bytes());
         out.extend_from_slice(&d.segment_count_length.to_le_bytes());
-        out.extend_from_slice(&(self.fingerprints.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(self.len as u64).to_le_bytes());
     }
 
     /// The static header at the start of `h` (`STATIC_HEADER_LEN` bytes): whether there is a
@@ -429,7 +503,7 @@ mod tests {
             let s = Static::build(&hs).unwrap();
             assert_eq!(s.parts(), 1);
             assert_eq!(s.parts[0].descriptor, fuse.descriptor);
-            assert_eq!(&s.parts[0].fingerprints[..], &fuse.fingerprints[..]);
+            assert_eq!(&s.fingerprints[..], &fuse.fingerprints[..]);
             assert!(hs.iter().all(|&h| s.contains(h)));
             for h in keys(n as u64 + 99, 100_000) {
                 assert_eq!(s.contains(h), fuse.contains(&(h as u64)));

@@ -193,6 +193,8 @@ struct Ready {
     times: [f64; 3],
     /// Where the COPY was read: `primary` or `standby`.
     source: &'static str,
+    /// Bytes of rows spilled to a file during the build.
+    spilled: u64,
 }
 
 /// A filter payload as a server string, created off the main thread so that replicating it
@@ -254,6 +256,7 @@ impl Ready {
             payload,
             filter,
             rows: built.rows,
+            spilled: built.spilled,
             source: if built.from_standby {
                 "standby"
             } else {
@@ -326,6 +329,7 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
             rows,
             source,
             times,
+            spilled,
         }) => {
             let swap = Instant::now();
             let bits = filter.bloom.bits();
@@ -345,7 +349,8 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
                 &format!(
                     "libmember: rebuilt set '{name}' ({}, from the {}): {rows} members in {:.3} \
                      s (COPY {:.3} s, construction {:.3} s, serialization {:.3} s), filter of \
-                     {} bits; the swap ({} journaled adds) held the main thread {:.3} ms",
+                     {} bits, {spilled} bytes of rows spilled to a file; the swap ({} journaled \
+                     adds) held the main thread {:.3} ms",
                     reason.name(),
                     source,
                     started.elapsed().as_secs_f64(),

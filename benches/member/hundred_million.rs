@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use crate::filter_core::Bloom;
+use crate::filter::Bloom;
 use crate::opts::{progress, Opts};
 
 const MEMBERS: u64 = 100_000_000;

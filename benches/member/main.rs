@@ -29,11 +29,11 @@
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
-/// The module's filter code itself, for `--hundred-million` (`filter_core::Bloom`); the
+/// The module's filter code itself, for `--hundred-million` (`filter::Bloom`); the
 /// paths inside it name `super::filter_static` and `super::large_array`.
 #[allow(dead_code)]
 #[path = "../../src/filter.rs"]
-mod filter_core;
+mod filter;
 #[allow(dead_code)]
 #[path = "../../src/filter_static.rs"]
 mod filter_static;
@@ -86,7 +86,7 @@ type Section = fn(&mut Bench);
 
 /// The sections of a run, in order, by the name `--only` takes (a comma-separated list).
 /// `cluster` comes last: it adds items to the standalone set.
-const SECTIONS: [(&str, Section); 14] = [
+const SECTIONS: [(&str, Section); 15] = [
     ("memory", Bench::memory),
     ("negative", Bench::negative_path),
     ("mixed", Bench::mixed),
@@ -100,6 +100,7 @@ const SECTIONS: [(&str, Section); 14] = [
     ("tokenize", Bench::tokenize),
     ("visibility", Bench::visibility),
     ("syncmem", Bench::sync_memory),
+    ("rebuildmem", Bench::rebuild_memory),
     ("cluster", Bench::cluster),
 ];
 

@@ -12,7 +12,9 @@ use super::{source, DbErr};
 use crate::canon::{self, Normalize};
 use crate::cluster::slot::SLOTS;
 use crate::cluster::slotset::SlotSet;
+use crate::filter::rows::Rows;
 use crate::filter::Bloom;
+use crate::filter_static::Budget;
 use crate::pg_link::Link;
 use crate::state::{SetDef, SourceSync};
 
@@ -33,6 +35,8 @@ pub struct Built {
     /// How long the COPY (read and hashed) and the filter's construction after it took.
     pub copy_time: std::time::Duration,
     pub construct_time: std::time::Duration,
+    /// Bytes of rows the build wrote to its spill file (0: they fitted in memory).
+    pub spilled: u64,
 }
 
 fn tx_error(e: postgres::Error) -> DbErr {
@@ -55,7 +59,9 @@ pub fn sized_for(capacity: u64, slots: Option<&SlotSet>, rows: u64, grow: bool) 
 /// Streams the set's active rows (of `slots` only, when given) with `COPY … TO STDOUT` inside
 /// one repeatable-read snapshot and builds a complete filter from them, sized by
 /// [`sized_for`]. `progress` receives the rows read and the planner's row estimate, for
-/// progress reports. Peak extra memory: 16 bytes per row (the hashes) plus the new filter.
+/// progress reports. Peak extra memory: `member.build-memory` (the rows read, spilled to a
+/// file past a quarter of it, and the fuse constructions running at once) plus the new
+/// filter, whatever the number of rows.
 ///
 /// `c` is the primary. With a `standby` (`member.pg-rebuild-url`), the COPY reads the standby
 /// and the primary only gets the change-log triggers (if missing) and a read of the change
@@ -77,16 +83,23 @@ pub fn build_filter(
         max_bytes,
     )
     .map_err(|e| DbErr::Invalid(e.to_string()))?;
+    // Nor is a build started whose filter, sized for CAPACITY alone, does not fit in what
+    // maxmemory leaves: the rows could only make it larger.
+    crate::limits::check_memory(
+        crate::filter::bytes_for(sized_for(def.capacity, slots, 0, false), def.error_rate),
+        crate::limits::memory_budget(),
+    )
+    .map_err(DbErr::Invalid)?;
     // An attached set's table is not one the standby path checks (its own triggers, its
     // slot column): those build from the primary.
     let standby = standby.filter(|_| def.source.is_none());
     let from_standby = standby.is_some();
     let copy_started = std::time::Instant::now();
-    let (hashes, watermark) = match standby {
+    let (rows, watermark) = match standby {
         None => read_hashes(c, def, slots, progress, Some(estimate))?,
         Some((s, link)) => {
             install_triggers(c, def)?;
-            let (mut hashes, xmin) = super::standby::read_hashes(
+            let (mut rows, xmin) = super::standby::read_hashes(
                 s,
                 link,
                 def,
@@ -95,13 +108,13 @@ pub fn build_filter(
                 |xmin| super::standby::check_floor(c, xmin),
             )?;
             let (late, horizon) = super::standby::catch_up(c, def, slots, xmin)?;
-            add_late(&mut hashes, late);
-            progress.store(hashes.len() as u64, Ordering::Relaxed);
-            (hashes, xmin.max(horizon))
+            add_late(&mut rows, late).map_err(spill_error)?;
+            progress.store(rows.len(), Ordering::Relaxed);
+            (rows, xmin.max(horizon))
         }
     };
     let copy_time = copy_started.elapsed();
-    let members = sized_for(def.capacity, slots, hashes.len() as u64, grow);
+    let members = sized_for(def.capacity, slots, rows.len(), grow);
     crate::limits::check_memory(
         crate::filter::bytes_for(members, def.error_rate),
         crate::limits::memory_budget(),
@@ -109,11 +122,13 @@ pub fn build_filter(
     .map_err(DbErr::Invalid)?;
     // The rows read go into the filter's static part, later adds into its delta.
     let construct_started = std::time::Instant::now();
-    let bloom = Bloom::build(members, def.error_rate, max_bytes, &hashes)
+    let budget = Budget::of(build_share() / 2);
+    let bloom = Bloom::build_rows(members, def.error_rate, max_bytes, &rows, budget)
         .map_err(|e| DbErr::Invalid(e.to_string()))?;
     Ok(Built {
         bloom,
-        rows: hashes.len() as u64,
+        rows: rows.len(),
+        spilled: rows.spilled_bytes(),
         watermark,
         from_standby,
         copy_time,
@@ -125,18 +140,45 @@ pub fn build_filter(
 /// snapshot gave, each once: a row the standby had already replayed is not counted again, so
 /// REBUILD SYNC's count is the number of members whichever server the rows came from. The
 /// late rows are few (what the standby lagged by), so only they are held in a set.
-fn add_late(hashes: &mut Vec<u128>, late: Vec<u128>) {
+fn add_late(rows: &mut Rows, late: Vec<u128>) -> std::io::Result<()> {
     if late.is_empty() {
-        return;
+        return Ok(());
     }
     let mut late: std::collections::HashSet<u128> = late.into_iter().collect();
-    for h in hashes.iter() {
-        late.remove(h);
-        if late.is_empty() {
-            return;
-        }
+    rows.each_all(|h| {
+        late.remove(&h);
+    })?;
+    for h in late {
+        rows.push(h, spill_dir())?;
     }
-    hashes.extend(late);
+    Ok(())
+}
+
+/// Where a build's rows spill past their share of `member.build-memory`: the server's
+/// working directory (its `dir`, where the RDB goes), as an unnamed file.
+fn spill_dir() -> &'static std::path::Path {
+    std::path::Path::new(".")
+}
+
+fn spill_error(e: std::io::Error) -> DbErr {
+    DbErr::Failed(format!(
+        "cannot spill the build's rows to a file in the server's working directory          (member.build-memory is full): {e}; the previous filter keeps serving"
+    ))
+}
+
+/// An empty `Rows` for one build: a quarter of its memory share (`build_share`).
+fn new_rows() -> Rows {
+    Rows::new(build_share() / 4)
+}
+
+/// What one build may hold besides the filter it makes: `member.build-memory`, or half of
+/// what `maxmemory` leaves when that is less, so that under a tight limit a build takes
+/// smaller steps (it spills sooner and builds smaller parts) instead of pushing the server
+/// into evicting keys. Never below 1 MiB: the steps do not shrink to nothing.
+pub fn build_share() -> u64 {
+    crate::config::build_memory()
+        .min(crate::limits::memory_budget() / 2)
+        .max(1 << 20)
 }
 
 /// Rows written from now on must reach the change log, or a filter built now could never be
@@ -155,14 +197,14 @@ pub fn install_triggers(c: &mut Client, def: &SetDef) -> Result<(), DbErr> {
 }
 
 /// The canonical hashes of the set's active rows of `slots` (all rows for `None`), read in one
-/// snapshot of the primary, and that snapshot's xmin.
+/// snapshot of the primary (held in bounded memory: `Rows`), and that snapshot's xmin.
 pub fn read_hashes(
     c: &mut Client,
     def: &SetDef,
     slots: Option<&SlotSet>,
     progress: &AtomicU64,
     estimate: Option<&AtomicU64>,
-) -> Result<(Vec<u128>, i64), DbErr> {
+) -> Result<(Rows, i64), DbErr> {
     if def.source.is_some() && slots.is_some() {
         return Err(DbErr::Invalid(ATTACHED_IN_CLUSTER.into()));
     }
@@ -171,9 +213,9 @@ pub fn read_hashes(
     // `c` was opened with the primary's link; were `member.pg-url` changed since, the
     // snapshot would not be found on the new one and the build fails (and is retried).
     let link = crate::config::pg_link().0;
-    let hashes = copy_rows(&mut tx, &link, def, slots, progress, estimate)?;
+    let rows = copy_rows(&mut tx, &link, def, slots, progress, estimate)?;
     tx.commit().map_err(tx_error)?;
-    Ok((hashes, watermark))
+    Ok((rows, watermark))
 }
 
 /// Opens the read-only repeatable-read transaction a build reads, and its watermark: the
@@ -209,12 +251,11 @@ pub(super) fn copy_rows(
     slots: Option<&SlotSet>,
     progress: &AtomicU64,
     estimate: Option<&AtomicU64>,
-) -> Result<Vec<u128>, DbErr> {
+) -> Result<Rows, DbErr> {
     let t = match &def.source {
         Some(src) => source::qualified(src),
         None => table(&def.name),
     };
-    let mut expect = 0usize;
     if let Some(estimate) = estimate {
         let est: f32 = tx
             .query_one(
@@ -226,16 +267,15 @@ pub(super) fn copy_rows(
         let share = slots.map_or(1.0, |s| s.len() as f32 / SLOTS as f32);
         let est = (est.max(0.0) * share) as u64;
         estimate.store(est, Ordering::Relaxed);
-        expect = (est as usize).min(1 << 26);
     }
     let filter = slots.map(slot_condition).unwrap_or_default();
     let sql = match &def.source {
         Some(src) => source::copy_sql(src, def.normalize),
         None => format!("COPY (SELECT entity_id, scope FROM {t} WHERE {ACTIVE}{filter}) TO STDOUT"),
     };
-    let hashes = stream(tx, link, &sql, def.normalize, expect, progress)?;
-    progress.store(hashes.len() as u64, Ordering::Relaxed);
-    Ok(hashes)
+    let rows = stream(tx, link, &sql, def.normalize, progress)?;
+    progress.store(rows.len(), Ordering::Relaxed);
+    Ok(rows)
 }
 
 /// ` AND (slot BETWEEN a AND b OR …)` for the runs of consecutive slots in `slots` (COPY takes
@@ -269,19 +309,27 @@ fn stream(
     link: &Link,
     sql: &str,
     norm: Normalize,
-    expect: usize,
     progress: &AtomicU64,
-) -> Result<Vec<u128>, DbErr> {
-    let mut hashes: Vec<u128> = Vec::with_capacity(expect);
+) -> Result<Rows, DbErr> {
+    let mut rows = new_rows();
+    let mut failed = None;
+    let mut n = 0u64;
     super::copy_stream::each_row(tx, link, super::build_lock_timeout_ms(), sql, |line| {
-        if let Some(h) = hash_copy_row(norm, line) {
-            hashes.push(h);
+        let Some(h) = hash_copy_row(norm, line) else {
+            return;
+        };
+        if failed.is_none() {
+            failed = rows.push(h, spill_dir()).err();
         }
-        if hashes.len().is_multiple_of(4096) {
-            progress.store(hashes.len() as u64, Ordering::Relaxed);
+        n += 1;
+        if n.is_multiple_of(4096) {
+            progress.store(n, Ordering::Relaxed);
         }
     })?;
-    Ok(hashes)
+    match failed {
+        Some(e) => Err(spill_error(e)),
+        None => Ok(rows),
+    }
 }
 
 /// Canonical hash of one COPY text-format row `entity \t scope`; None for rows the write
@@ -391,12 +439,13 @@ mod tests {
 
     #[test]
     fn late_rows_the_standby_already_had_are_not_counted_twice() {
-        let mut hashes = vec![1u128, 2, 3];
-        add_late(&mut hashes, vec![3, 4, 4, 5]);
+        let mut rows = Rows::in_memory(&[1u128, 2, 3]);
+        add_late(&mut rows, vec![3, 4, 4, 5]).unwrap();
+        let mut hashes = rows.to_vec().unwrap();
         hashes.sort_unstable();
         assert_eq!(hashes, vec![1, 2, 3, 4, 5]);
-        let mut none = vec![7u128];
-        add_late(&mut none, Vec::new());
-        assert_eq!(none, vec![7]);
+        let mut none = Rows::in_memory(&[7u128]);
+        add_late(&mut none, Vec::new()).unwrap();
+        assert_eq!(none.to_vec().unwrap(), vec![7]);
     }
 }

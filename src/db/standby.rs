@@ -88,7 +88,7 @@ pub fn read_hashes(
     slots: Option<&SlotSet>,
     (progress, estimate): (&AtomicU64, Option<&AtomicU64>),
     before_copy: impl FnOnce(i64) -> Result<(), DbErr>,
-) -> Result<(Vec<u128>, i64), DbErr> {
+) -> Result<(crate::filter::rows::Rows, i64), DbErr> {
     let wait = Duration::from_millis(crate::config::db_timeout_ms().saturating_mul(5))
         .max(Duration::from_secs(10));
     let deadline = Instant::now() + wait;
@@ -101,9 +101,9 @@ pub fn read_hashes(
             .is_some_and(|r| r.get::<_, bool>(0));
         if ready {
             before_copy(xmin)?;
-            let hashes = copy_rows(&mut tx, link, def, slots, progress, estimate)?;
+            let rows = copy_rows(&mut tx, link, def, slots, progress, estimate)?;
             tx.commit().map_err(|e| classify(&e))?;
-            return Ok((hashes, xmin));
+            return Ok((rows, xmin));
         }
         drop(tx);
         if Instant::now() >= deadline {

@@ -152,7 +152,9 @@ fn rates_below_twice_the_static_rate_and_tiny_builds_stay_bloom() {
     let (b, hs) = built(5_000, 5_000, 0.001);
     assert_eq!(b.design(), DESIGN_BLOOM);
     assert!(hs.iter().all(|&x| b.contains(x)));
-    assert_eq!(b.items(), 5_000);
+    // An estimate: an add whose bits were all set already (a false positive while filling,
+    // about one in 5 000 here, depending on the order of the adds) is not counted.
+    assert!((4_990..=5_000).contains(&b.items()), "{}", b.items());
     let (b, _) = built(STATIC_MIN_ITEMS as u64 - 1, 1000, 0.01);
     assert_eq!(b.design(), DESIGN_BLOOM);
     // Duplicates (rows that canonicalize alike) are one member.

@@ -19,7 +19,7 @@ const ROWS: i64 = 3_000_000;
 const BUDGET_MB: f64 = 64.0;
 const GIVE_UP: Duration = Duration::from_secs(600);
 
-fn peak_allocated(c: &mut redis::Connection) -> i64 {
+pub(crate) fn peak_allocated(c: &mut redis::Connection) -> i64 {
     let stats: Vec<Value> = redis::cmd("MEMORY")
         .arg("STATS")
         .query(c)
@@ -34,15 +34,20 @@ fn peak_allocated(c: &mut redis::Connection) -> i64 {
         .expect("peak.allocated")
 }
 
-fn rows_applied(c: &mut redis::Connection) -> i64 {
+/// A number field of MEMBER.INFO `set` (0 when absent).
+pub(crate) fn set_number(c: &mut redis::Connection, set: &str, field: &str) -> i64 {
     let v: Vec<String> = redis::cmd("MEMBER.INFO")
-        .arg("bulk")
+        .arg(set)
         .query(c)
         .unwrap_or_default();
     v.chunks(2)
-        .find(|p| p[0] == "sync_rows_applied")
+        .find(|p| p[0] == field)
         .and_then(|p| p[1].parse().ok())
         .unwrap_or(0)
+}
+
+fn rows_applied(c: &mut redis::Connection) -> i64 {
+    set_number(c, "bulk", "sync_rows_applied")
 }
 
 impl Bench {

@@ -21,7 +21,7 @@ mod format;
 pub mod rows;
 // (benches/filter.rs includes this file and has no use for it)
 #[allow(unused_imports)]
-pub use format::FORMAT_VERSION;
+pub use format::{Out, FORMAT_VERSION};
 
 /// False-positive rate of the static part: 8-bit fingerprints match by chance 1 in 256.
 pub const STATIC_FPR: f64 = 1.0 / 256.0;

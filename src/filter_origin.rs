@@ -80,7 +80,7 @@ const HAS_ORIGIN: u8 = 1;
 const HAS_SET_ID: u8 = 2;
 
 /// Appends the envelope for `origin` to `out`.
-pub fn write(origin: Option<&Origin>, out: &mut Vec<u8>) {
+pub fn write(origin: Option<&Origin>, out: &mut crate::filter::Out) {
     out.extend_from_slice(TAG);
     out.extend_from_slice(&VERSION.to_le_bytes());
     let mut flags = 0;
@@ -163,9 +163,10 @@ mod tests {
                 ..HERE
             }),
         ] {
-            let mut b = Vec::new();
-            write(o.as_ref(), &mut b);
-            assert_eq!(b.len(), len(o.as_ref()));
+            let mut b = vec![0; len(o.as_ref())];
+            let mut out = crate::filter::Out::new(&mut b);
+            write(o.as_ref(), &mut out);
+            assert_eq!(out.len(), len(o.as_ref()));
             b.extend_from_slice(b"rest");
             assert_eq!(read(&b).unwrap(), (o, b"rest".as_slice()));
         }
@@ -182,8 +183,8 @@ mod tests {
 
     #[test]
     fn what_cannot_be_read_is_refused() {
-        let mut b = Vec::new();
-        write(Some(&HERE), &mut b);
+        let mut b = vec![0; len(Some(&HERE))];
+        write(Some(&HERE), &mut crate::filter::Out::new(&mut b));
         for cut in 4..b.len() {
             assert!(read(&b[..cut]).is_err(), "cut at {cut}");
         }

@@ -16,6 +16,7 @@
 use xorf::{BinaryFuse8, Descriptor};
 
 use super::filter::rows::{Rows, BUCKETS};
+use super::filter::Out;
 use super::large_array::{prefetch, LargeArray};
 
 /// One part's header (version 3's whole static header): present flag, items, seed, segment
@@ -290,7 +291,7 @@ impl Static {
     }
 
     /// Version 4's static header: the number of parts (0: none), then each part's header.
-    pub fn write_header(s: Option<&Static>, out: &mut Vec<u8>) {
+    pub fn write_header(s: Option<&Static>, out: &mut Out) {
         out.push(s.map_or(0, Static::parts) as u8);
         for p in s.iter().flat_map(|s| s.parts.iter()) {
             p.write_header(out);
@@ -298,7 +299,7 @@ impl Static {
     }
 
     /// The fingerprints of every part, in order (after the delta's bit array).
-    pub fn write_fingerprints(&self, out: &mut Vec<u8>) {
+    pub fn write_fingerprints(&self, out: &mut Out) {
         out.extend_from_slice(&self.fingerprints);
     }
 
@@ -416,7 +417,7 @@ impl Fuse {
         )
     }
 
-    fn write_header(&self, out: &mut Vec<u8>) {
+    fn write_header(&self, out: &mut Out) {
         let d = &self.descriptor;
         out.push(1);
         out.extend_from_slice(&self.items.to_le_bytes());

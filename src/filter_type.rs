@@ -9,8 +9,8 @@ use redis_module::raw;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::cluster::slotset::SlotSet;
-use crate::filter::{Bloom, Coverage};
+use crate::cluster::slotset::{self, SlotSet};
+use crate::filter::{Bloom, Coverage, Out};
 use crate::filter_origin::{self, NodeDb, Origin, Verdict};
 use crate::known_absent::KnownAbsent;
 
@@ -144,30 +144,43 @@ impl FilterValue {
     }
 
     /// The persisted form: the versioned origin envelope (`filter_origin::write`), the
-    /// set-name envelope (when the set is known), then the filter's own versioned payload
-    /// (`Bloom::to_bytes`).
+    /// set-name envelope (when the set is known), the slots envelope (cluster mode), then the
+    /// filter's own versioned payload (`Bloom::to_bytes`).
     pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = vec![0; self.payload_len()];
+        self.write_into(&mut out);
+        out
+    }
+
+    /// Length of `to_bytes`'s output.
+    pub fn payload_len(&self) -> usize {
         let name = self.set.as_deref().unwrap_or("");
-        let origin = self.origin.as_ref();
-        let mut out = Vec::with_capacity(
-            filter_origin::len(origin)
-                + SET_TAG.len()
-                + 1
-                + name.len()
-                + self.bloom.serialized_len(),
-        );
-        filter_origin::write(origin, &mut out);
+        filter_origin::len(self.origin.as_ref())
+            + if name.is_empty() { 0 } else { SET_TAG.len() + 1 + name.len() }
+            + self.slots.as_ref().map_or(0, |_| SLOTS_TAG.len() + slotset::BYTES)
+            + self.bloom.serialized_len()
+    }
+
+    /// `to_bytes` into `buf`, exactly `payload_len` bytes (a server string made for it).
+    pub fn write_into(&self, buf: &mut [u8]) {
+        let len = self.payload_len();
+        assert_eq!(buf.len(), len, "a payload buffer of the wrong size");
+        let name = self.set.as_deref().unwrap_or("");
+        let mut out = Out::new(buf);
+        filter_origin::write(self.origin.as_ref(), &mut out);
         if !name.is_empty() {
             out.extend_from_slice(SET_TAG);
             out.push(name.len() as u8);
             out.extend_from_slice(name.as_bytes());
         }
         if let Some(slots) = &self.slots {
+            let mut words = Vec::with_capacity(slotset::BYTES);
+            slots.write_to(&mut words);
             out.extend_from_slice(SLOTS_TAG);
-            slots.write_to(&mut out);
+            out.extend_from_slice(&words);
         }
         self.bloom.write_bytes(self.cov, &mut out);
-        out
+        assert_eq!(out.len(), len, "a payload shorter than its length");
     }
 
     /// True when a negative of this filter is definitive for items of `slot` (cluster mode).

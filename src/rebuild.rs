@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
+use redis_module::{raw, Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::block::{Blocked, Completion};
 use crate::cluster::slotset::SlotSet;
@@ -209,6 +209,30 @@ struct Payload(RedisString);
 unsafe impl Send for Payload {}
 
 impl Payload {
+    /// The filter's serialized form, written straight into a server string made for it:
+    /// the payload exists once, so a rebuild holds the old filter, the new one and one
+    /// payload at most (not a second copy of the payload on its way into the string).
+    fn of(filter: &FilterValue) -> Payload {
+        let len = filter.payload_len();
+        // SAFETY: a string created without a context from a null pointer is a new,
+        // zero-filled string of `len` bytes (`createStringObject(NULL, len)`), referenced by
+        // nothing else yet; its bytes are written once, here, before anything reads it, and
+        // the slice ends before the string is handed on.
+        let s = unsafe {
+            let inner = raw::RedisModule_CreateString.unwrap()(
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                len,
+            );
+            let mut got = 0usize;
+            let ptr = raw::RedisModule_StringPtrLen.unwrap()(inner, &mut got);
+            assert_eq!(got, len, "the server made a payload string of another length");
+            filter.write_into(std::slice::from_raw_parts_mut(ptr as *mut u8, len));
+            RedisString::from_redis_module_string(std::ptr::null_mut(), inner)
+        };
+        Payload(s)
+    }
+
     /// Freeing a large string on the main thread costs about 0.1 ms a megabyte (1 ms for the
     /// 11.5 MB payload of 10 000 000 members): a large one is released on a thread of its own,
     /// from a timer, so that the server's propagation of it (which holds a reference until the
@@ -245,8 +269,7 @@ impl Ready {
         let mut filter = FilterValue::built(built.bloom, built.watermark, set);
         filter.slots = slots;
         filter.origin = db.map(|db| Origin { db, set_id });
-        let bytes = filter.to_bytes();
-        let payload = Payload(RedisString::create_from_slice(std::ptr::null_mut(), &bytes));
+        let payload = Payload::of(&filter);
         Ready {
             times: [
                 built.copy_time.as_secs_f64(),

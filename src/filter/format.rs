@@ -28,14 +28,51 @@ const HEADER_LEN: usize = 4 + 2 + 2 + 8 + 8 + 8 + 8 + 8 + 1 + 8 + 8;
 /// Where the checksum sits (the last 8 bytes of `HEADER_LEN`).
 const SUM_AT: usize = HEADER_LEN - 8;
 
+/// A serialized form being written into a buffer sized for it beforehand (a `Vec`, or a
+/// server string that will carry it: the payload is then never copied). The writes are the
+/// `Vec` calls the format was first written with; writing past the end is a bug and panics.
+pub struct Out<'a> {
+    buf: &'a mut [u8],
+    len: usize,
+}
+
+impl<'a> Out<'a> {
+    pub fn new(buf: &'a mut [u8]) -> Out<'a> {
+        Out { buf, len: 0 }
+    }
+
+    pub fn extend_from_slice(&mut self, b: &[u8]) {
+        self.buf[self.len..self.len + b.len()].copy_from_slice(b);
+        self.len += b.len();
+    }
+
+    pub fn push(&mut self, b: u8) {
+        self.extend_from_slice(&[b]);
+    }
+
+    /// Bytes written so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// What was written from `at` on.
+    pub fn written_from(&mut self, at: usize) -> &mut [u8] {
+        &mut self.buf[at..self.len]
+    }
+}
+
 impl Bloom {
     /// Serialized form (version 4): magic, version, k, bits, items, ones, capacity, fpr of
     /// the delta header, complete flag, watermark (i64::MIN for none), xxh3 checksum of
     /// everything after it, the static header (`Static::write_header`), the delta's bit
     /// array, the static fingerprints (all little endian).
     pub fn to_bytes(&self, cov: Coverage) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.serialized_len());
-        self.write_bytes(cov, &mut out);
+        let mut out = vec![0; self.serialized_len()];
+        self.write_bytes(cov, &mut Out::new(&mut out));
         out
     }
 
@@ -48,7 +85,7 @@ impl Bloom {
     }
 
     /// `to_bytes`, appended to `out` (after whatever envelope the caller wrote).
-    pub fn write_bytes(&self, cov: Coverage, out: &mut Vec<u8>) {
+    pub fn write_bytes(&self, cov: Coverage, out: &mut Out) {
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
         out.extend_from_slice(&(self.k as u16).to_le_bytes());
@@ -66,8 +103,8 @@ impl Bloom {
         if let Some(s) = &self.frozen {
             s.write_fingerprints(out);
         }
-        let sum = xxh3_64(&out[sum_at + 8..]);
-        out[sum_at..sum_at + 8].copy_from_slice(&sum.to_le_bytes());
+        let sum = xxh3_64(&out.written_from(sum_at + 8)[..]);
+        out.written_from(sum_at)[..8].copy_from_slice(&sum.to_le_bytes());
     }
 
     /// Parses `to_bytes` output, rejecting anything it cannot fully verify.
@@ -181,7 +218,7 @@ impl Bloom {
 /// Appends `words` little-endian, 8 bytes each. On a little-endian target that is their
 /// bytes in memory: one copy of the whole array (a per-word copy took ~1 ms per 2 MB of
 /// filter in a release build, and a 240 MB filter over a minute in a debug one).
-fn write_words(words: &[u64], out: &mut Vec<u8>) {
+fn write_words(words: &[u64], out: &mut Out) {
     #[cfg(target_endian = "little")]
     {
         // SAFETY: `u64` has no padding and any byte is a valid `u8`; the slice covers exactly
@@ -192,10 +229,8 @@ fn write_words(words: &[u64], out: &mut Vec<u8>) {
     }
     #[cfg(not(target_endian = "little"))]
     {
-        let at = out.len();
-        out.resize(at + words.len() * 8, 0);
-        for (dst, w) in out[at..].chunks_exact_mut(8).zip(words) {
-            dst.copy_from_slice(&w.to_le_bytes());
+        for w in words {
+            out.extend_from_slice(&w.to_le_bytes());
         }
     }
 }

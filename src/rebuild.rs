@@ -101,7 +101,7 @@ pub fn start(name: &str, reason: Reason) -> bool {
             let res = catch_unwind(AssertUnwindSafe(|| {
                 let grow = reason == Reason::AutoGrow;
                 build(&def, slots.as_ref(), grow, (&*rows, &*estimate))
-                    .map(|(b, db)| Ready::new(b, &def.name, db, set_id, slots))
+                    .and_then(|(b, db)| Ready::new(b, &def.name, db, set_id, slots))
             }))
             .unwrap_or_else(|_| Err(DbErr::Failed("rebuild panicked".into())));
             mainq::post(Box::new(move |ctx| {
@@ -197,7 +197,8 @@ struct Ready {
 
 /// A filter payload as a server string, created off the main thread so that replicating it
 /// copies nothing there.
-struct Payload(RedisString);
+/// Its bytes are counted as the set's transient memory until it is freed.
+struct Payload(RedisString, #[allow(dead_code)] crate::transient::Held);
 
 // SAFETY: a string created without a context is a standalone heap object that nothing else
 // references; the rebuild thread creates it and hands it over whole to the main thread,
@@ -238,14 +239,21 @@ impl Ready {
         db: Option<u128>,
         set_id: Option<i64>,
         slots: Option<crate::cluster::slotset::SlotSet>,
-    ) -> Ready {
+    ) -> Result<Ready, DbErr> {
         let serialize = Instant::now();
         let mut filter = FilterValue::built(built.bloom, built.watermark, set);
         filter.slots = slots;
         filter.origin = db.map(|db| Origin { db, set_id });
+        // The serialized form and its copy as a server string, both briefly: refused (the
+        // rebuild fails, the old filter keeps serving) when they do not fit under maxmemory.
+        let len = filter.bloom.serialized_len() as u64 + 1024;
+        let mut held = crate::transient::admit_for(set, 2 * len).map_err(DbErr::Invalid)?;
         let bytes = filter.to_bytes();
-        let payload = Payload(RedisString::create_from_slice(std::ptr::null_mut(), &bytes));
-        Ready {
+        let string = RedisString::create_from_slice(std::ptr::null_mut(), &bytes);
+        drop(bytes);
+        held.resize(len);
+        let payload = Payload(string, held);
+        Ok(Ready {
             times: [
                 built.copy_time.as_secs_f64(),
                 built.construct_time.as_secs_f64(),
@@ -259,7 +267,7 @@ impl Ready {
             } else {
                 "primary"
             },
-        }
+        })
     }
 }
 

@@ -148,16 +148,23 @@ pub fn hold_for(set: &str, bytes: u64) -> Held {
 }
 
 /// Counts `bytes` as held by the node if they fit in the `maxmemory` headroom (see
-/// [`headroom`]); otherwise refuses with [`NO_HEADROOM`] and the sizes, holding nothing.
-/// A refusal is not counted in `memory_waits`: the caller decides whether it waits
-/// ([`count_wait`]) or fails.
+/// [`headroom`]); otherwise refuses with [`NO_HEADROOM`] and the sizes, holding nothing, and
+/// counts the refusal in `memory_waits`.
 pub fn admit(bytes: u64) -> Result<Held, String> {
-    fits(bytes, headroom()).map(|()| hold(bytes))
+    admit_to(bytes, None)
 }
 
 /// [`admit`], counted for `set` as well.
 pub fn admit_for(set: &str, bytes: u64) -> Result<Held, String> {
-    fits(bytes, headroom()).map(|()| hold_for(set, bytes))
+    admit_to(bytes, Some(set))
+}
+
+fn admit_to(bytes: u64, set: Option<&str>) -> Result<Held, String> {
+    if let Err(e) = fits(bytes, headroom()) {
+        count_wait();
+        return Err(e);
+    }
+    Ok(Held::new(bytes, set.map(set_gauge)))
 }
 
 /// Bytes the module may still take before `maxmemory` (`u64::MAX` without a limit): the
@@ -240,7 +247,9 @@ mod tests {
     #[test]
     fn admit_holds_only_what_it_admits() {
         // No maxmemory measured in unit tests: the budget is unlimited.
+        let waits = memory_waits();
         let h = admit_for("transient_t2", 1 << 40).unwrap();
+        assert_eq!(memory_waits(), waits, "an admitted step is no wait");
         assert_eq!(of_set("transient_t2"), (1 << 40, 1 << 40));
         drop(h);
         assert_eq!(of_set("transient_t2").0, 0);

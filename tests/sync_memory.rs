@@ -112,3 +112,140 @@ fn an_outside_bulk_insert_is_synced_without_evicting_the_applications_keys() {
         "the pass raised peak.allocated by {rise} bytes for {ROWS} rows"
     );
 }
+
+fn member_number(c: &mut Connection, name: &str) -> i64 {
+    info_number(c, "member", &format!("member_{name}"))
+}
+
+fn set_number(c: &mut Connection, set: &str, name: &str) -> i64 {
+    set_info(c, set, name)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("MEMBER.INFO {set} has no number {name}"))
+}
+
+/// What a sync page is admitted for at its largest (`PAGE_ROWS` × `ROW_BYTES`), and at its
+/// smallest (`MIN_PAGE_ROWS` × `ROW_BYTES`).
+const FULL_PAGE_BYTES: i64 = 8192 * 256;
+const MIN_PAGE_BYTES: i64 = 512 * 256;
+
+#[test]
+fn a_backfill_shows_its_transient_memory_and_gives_it_back() {
+    // A small filter (its payload far below a page) that does not grow meanwhile.
+    let env = env(&[("member.auto-grow", "no")]);
+    let mut c = env.conn();
+    create(&mut c, "backfill", &["CAPACITY", "1000"]);
+    wait_info(&env.vk, &mut c, "backfill", "filter_caught_up", "1", SETTLE);
+    let peak_before = member_number(&mut c, "transient_peak_bytes");
+    let set_peak_before = set_number(&mut c, "backfill", "transient_peak_bytes");
+
+    let rows = 200_000;
+    env.pg()
+        .batch_execute(&format!(
+            "INSERT INTO member_backfill (entity_id) SELECT 'fill-' || g FROM generate_series(1, {rows}) g"
+        ))
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(120), || rows_applied(&mut c, "backfill")
+            >= rows),
+        "the rows never arrived: {:?}",
+        info_all(&mut c, "backfill")
+    );
+    // The pass read full pages: the node's peak shows at least one, the set's its hashes.
+    let peak = member_number(&mut c, "transient_peak_bytes");
+    assert!(
+        peak >= FULL_PAGE_BYTES && peak > peak_before,
+        "transient_peak_bytes {peak_before} -> {peak}"
+    );
+    let set_peak = set_number(&mut c, "backfill", "transient_peak_bytes");
+    assert!(
+        set_peak > set_peak_before && set_peak >= 8192 * 18,
+        "the set's transient_peak_bytes {set_peak_before} -> {set_peak}"
+    );
+    // Everything is given back once the pages are applied.
+    assert!(
+        wait_until(SETTLE, || member_number(&mut c, "transient_bytes") == 0
+            && set_number(&mut c, "backfill", "transient_bytes") == 0),
+        "transient memory still held: node {}, set {}",
+        member_number(&mut c, "transient_bytes"),
+        set_number(&mut c, "backfill", "transient_bytes")
+    );
+    assert_eq!(member_number(&mut c, "memory_waits"), 0, "nothing waited");
+    assert_eq!(
+        member_number(&mut c, "transient_peak_bytes"),
+        peak,
+        "the peak stays"
+    );
+}
+
+#[test]
+fn a_page_waits_for_headroom_instead_of_evicting() {
+    let env = env(&[]);
+    let mut c = env.conn();
+    create(&mut c, "tight", &["CAPACITY", "100000"]);
+    wait_info(&env.vk, &mut c, "tight", "filter_caught_up", "1", SETTLE);
+    let mut p = redis::pipe();
+    for i in 0..APP_KEYS {
+        p.cmd("SET").arg(format!("app:{i}")).arg("v").ignore();
+    }
+    p.query::<()>(&mut c).unwrap();
+    ok(
+        &mut c,
+        &["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"],
+    );
+    // Room for the server's own traffic, not for the smallest page.
+    let used = info_number(&mut c, "memory", "used_memory");
+    let max = (used + MIN_PAGE_BYTES / 2).to_string();
+    ok(&mut c, &["CONFIG", "SET", "maxmemory", &max]);
+    assert!(
+        wait_until(SETTLE, || info_field(&mut c, "memory_budget")
+            .and_then(|b| b.parse::<i64>().ok())
+            .is_some_and(|b| b < MIN_PAGE_BYTES)),
+        "the module never measured the new headroom: {:?}",
+        info_field(&mut c, "memory_budget")
+    );
+    let applied = rows_applied(&mut c, "tight");
+    let rows = 20_000;
+    env.pg()
+        .batch_execute(&format!(
+            "INSERT INTO member_tight (entity_id) SELECT 'tight-' || g FROM generate_series(1, {rows}) g"
+        ))
+        .unwrap();
+    let waits = member_number(&mut c, "memory_waits");
+    assert!(
+        wait_until(SETTLE, || member_number(&mut c, "memory_waits") >= waits + 2),
+        "no pass waited for headroom: memory_waits {waits} -> {}, MEMBER.INFO {:?}",
+        member_number(&mut c, "memory_waits"),
+        info_all(&mut c, "tight")
+    );
+    let why = set_info(&mut c, "tight", "sync_last_error").unwrap_or_default();
+    assert!(
+        why.contains("not enough memory left under maxmemory"),
+        "sync_last_error: {why:?}"
+    );
+    assert_eq!(
+        rows_applied(&mut c, "tight"),
+        applied,
+        "a page was read without room for it"
+    );
+    assert_eq!(info_number(&mut c, "stats", "evicted_keys"), 0);
+
+    // Room again: every row arrives, nothing was evicted meanwhile.
+    ok(&mut c, &["CONFIG", "SET", "maxmemory", "0"]);
+    assert!(
+        wait_until(SETTLE * 3, || rows_applied(&mut c, "tight") >= applied + rows),
+        "the rows never arrived once there was room: {:?}",
+        info_all(&mut c, "tight")
+    );
+    let sample: Vec<String> = [1, 777, rows]
+        .iter()
+        .map(|i| format!("tight-{i}"))
+        .collect();
+    assert_in_filter(&env.vk, &mut c, "tight", &sample, "once there was room");
+    assert_eq!(info_number(&mut c, "stats", "evicted_keys"), 0);
+    let mut p = redis::pipe();
+    for i in 0..APP_KEYS {
+        p.cmd("EXISTS").arg(format!("app:{i}"));
+    }
+    let alive: Vec<i64> = p.query(&mut c).unwrap();
+    assert_eq!(alive.iter().sum::<i64>(), APP_KEYS as i64);
+}

@@ -1,12 +1,14 @@
 //! A sync pass in bounded memory (issue 25, docs/sync.md "Paging"): a bulk INSERT of a million
 //! rows made outside the module reaches the filter without the server's peak memory growing
 //! with the rows, so under `maxmemory` and `allkeys-lru` none of the application's own keys is
-//! evicted to make room for the pass.
+//! evicted to make room for the pass. The same on every primary of a cluster; and the module's
+//! transient memory is shown, given back, and waits for room under `maxmemory`.
 mod support;
 
 use std::time::{Duration, Instant};
 
 use redis::{Connection, Value};
+use support::cluster::Cluster;
 use support::lifecycle::*;
 use support::member::*;
 use support::wait_until;
@@ -145,8 +147,9 @@ fn a_backfill_shows_its_transient_memory_and_gives_it_back() {
         ))
         .unwrap();
     assert!(
-        wait_until(Duration::from_secs(120), || rows_applied(&mut c, "backfill")
-            >= rows),
+        wait_until(Duration::from_secs(120), || rows_applied(
+            &mut c, "backfill"
+        ) >= rows),
         "the rows never arrived: {:?}",
         info_all(&mut c, "backfill")
     );
@@ -212,7 +215,8 @@ fn a_page_waits_for_headroom_instead_of_evicting() {
         .unwrap();
     let waits = member_number(&mut c, "memory_waits");
     assert!(
-        wait_until(SETTLE, || member_number(&mut c, "memory_waits") >= waits + 2),
+        wait_until(SETTLE, || member_number(&mut c, "memory_waits")
+            >= waits + 2),
         "no pass waited for headroom: memory_waits {waits} -> {}, MEMBER.INFO {:?}",
         member_number(&mut c, "memory_waits"),
         info_all(&mut c, "tight")
@@ -232,7 +236,8 @@ fn a_page_waits_for_headroom_instead_of_evicting() {
     // Room again: every row arrives, nothing was evicted meanwhile.
     ok(&mut c, &["CONFIG", "SET", "maxmemory", "0"]);
     assert!(
-        wait_until(SETTLE * 3, || rows_applied(&mut c, "tight") >= applied + rows),
+        wait_until(SETTLE * 3, || rows_applied(&mut c, "tight")
+            >= applied + rows),
         "the rows never arrived once there was room: {:?}",
         info_all(&mut c, "tight")
     );
@@ -248,4 +253,120 @@ fn a_page_waits_for_headroom_instead_of_evicting() {
     }
     let alive: Vec<i64> = p.query(&mut c).unwrap();
     assert_eq!(alive.iter().sum::<i64>(), APP_KEYS as i64);
+}
+
+/// A hash tag whose slot `owner` serves, for keys that must live there.
+fn tag_on(cl: &Cluster, owner: u16) -> String {
+    (0..)
+        .map(|i| format!("t{i}"))
+        .find(|t| cl.owner(cl.keyslot(t)).port() == owner)
+        .unwrap()
+}
+
+#[test]
+fn an_outside_bulk_insert_evicts_nothing_on_any_primary_of_a_cluster() {
+    let cl = Cluster::start_primaries_only(&[]);
+    let set = "cbulk";
+    let mut c0 = cl.nodes[0].conn();
+    ok(
+        &mut c0,
+        &[
+            "MEMBER.CREATE",
+            set,
+            "CAPACITY",
+            "2000000",
+            "NORMALIZE",
+            "none",
+        ],
+    );
+    cl.wait_ready(set);
+    let mut before = Vec::new();
+    for n in cl.primaries() {
+        let mut c = n.conn();
+        ok(&mut c, &["CONFIG", "SET", "maxmemory", "200mb"]);
+        ok(
+            &mut c,
+            &["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"],
+        );
+        let tag = tag_on(&cl, n.port());
+        let mut p = redis::pipe();
+        for i in 0..APP_KEYS {
+            p.cmd("SET")
+                .arg(format!("{{{tag}}}:app:{i}"))
+                .arg("v")
+                .ignore();
+        }
+        p.query::<()>(&mut c).unwrap();
+        before.push((tag, peak_allocated(&mut c)));
+    }
+
+    let t = Instant::now();
+    cl.db
+        .client()
+        .batch_execute(&format!(
+            "INSERT INTO member_{set} (entity_id) SELECT 'cb-' || g FROM generate_series(1, {ROWS}) g"
+        ))
+        .unwrap();
+    // Each row belongs to one slot, so to one primary: together they apply each row once.
+    let applied = |cl: &Cluster| -> i64 {
+        cl.primaries()
+            .map(|n| rows_applied(&mut n.conn(), set))
+            .sum()
+    };
+    assert!(
+        wait_until(Duration::from_secs(180), || applied(&cl) >= ROWS),
+        "the primaries applied {} of {ROWS} rows",
+        applied(&cl)
+    );
+    eprintln!(
+        "{ROWS} rows applied by the primaries within {:?}",
+        t.elapsed()
+    );
+    assert_eq!(
+        applied(&cl),
+        ROWS,
+        "a row applied on a node that does not own it"
+    );
+
+    for (n, (tag, peak_before)) in cl.primaries().zip(&before) {
+        let mut c = n.conn();
+        let share = rows_applied(&mut c, set);
+        assert!(share > ROWS / 5, "{}: {share} rows of its slots", n.addr());
+        assert_eq!(
+            info_number(&mut c, "stats", "evicted_keys"),
+            0,
+            "{}",
+            n.addr()
+        );
+        let mut p = redis::pipe();
+        for i in 0..APP_KEYS {
+            p.cmd("EXISTS").arg(format!("{{{tag}}}:app:{i}"));
+        }
+        let alive: Vec<i64> = p.query(&mut c).unwrap();
+        assert_eq!(
+            alive.iter().sum::<i64>(),
+            APP_KEYS as i64,
+            "application keys evicted on {}",
+            n.addr()
+        );
+        let rise = peak_allocated(&mut c) - peak_before;
+        assert!(
+            rise < PEAK_BUDGET,
+            "{}: the pass raised peak.allocated by {rise} bytes",
+            n.addr()
+        );
+    }
+    // Every row is visible, from its slot's owner's filter.
+    for i in [1, 2, 333_333, 500_000, 777_777, ROWS] {
+        let item = format!("cb-{i}");
+        let owner = cl.owner(cl.keyslot(&item));
+        let mut c = owner.conn();
+        assert!(
+            wait_until(SETTLE, || explain(&mut c, set, &item).0 == 1),
+            "{item} not visible on {}: {:?}",
+            owner.addr(),
+            explain(&mut c, set, &item)
+        );
+        assert_in_filter(&owner.vk, &mut c, set, &[item], "after the bulk insert");
+    }
 }

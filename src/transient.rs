@@ -195,8 +195,8 @@ pub fn measured() {
 pub fn fits(bytes: u64, headroom: u64) -> Result<(), String> {
     if bytes > headroom {
         return Err(format!(
-            "{NO_HEADROOM}: this step needs {bytes} bytes, {headroom} are left; it waits \
-             rather than make the server evict keys (raise maxmemory)"
+            "{NO_HEADROOM}: this step needs {bytes} bytes, {headroom} are left; the module \
+             never makes the server evict keys for itself (raise maxmemory)"
         ));
     }
     Ok(())

@@ -113,6 +113,14 @@ impl Budget {
     }
 }
 
+impl Budget {
+    /// Bytes the constructions of a build of `rows` rows hold at most at once.
+    pub fn peak_scratch(&self, rows: u64) -> u64 {
+        let parts = self.parts_for(rows) as u64;
+        parts.min(self.threads as u64) * rows.div_ceil(parts) * SCRATCH_PER_ROW
+    }
+}
+
 impl Static {
     /// A static part of `hashes` within the default budget of a build (tests and small
     /// callers; a rebuild goes through `build_rows`).

@@ -156,8 +156,15 @@ impl FilterValue {
     pub fn payload_len(&self) -> usize {
         let name = self.set.as_deref().unwrap_or("");
         filter_origin::len(self.origin.as_ref())
-            + if name.is_empty() { 0 } else { SET_TAG.len() + 1 + name.len() }
-            + self.slots.as_ref().map_or(0, |_| SLOTS_TAG.len() + slotset::BYTES)
+            + if name.is_empty() {
+                0
+            } else {
+                SET_TAG.len() + 1 + name.len()
+            }
+            + self
+                .slots
+                .as_ref()
+                .map_or(0, |_| SLOTS_TAG.len() + slotset::BYTES)
             + self.bloom.serialized_len()
     }
 

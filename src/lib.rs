@@ -54,6 +54,7 @@ pub mod state;
 pub mod sync;
 pub mod token;
 pub mod token_key;
+pub mod transient;
 
 use redis_module::{redis_module, Context, InfoContext, RedisResult, RedisString, Status};
 

@@ -49,6 +49,7 @@ pub fn refresh_memory_budget(ctx: &Context) -> u64 {
         }
     };
     MEMORY_BUDGET.store(budget, Ordering::Relaxed);
+    crate::transient::measured();
     budget
 }
 

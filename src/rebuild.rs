@@ -101,7 +101,7 @@ pub fn start(name: &str, reason: Reason) -> bool {
             let res = catch_unwind(AssertUnwindSafe(|| {
                 let grow = reason == Reason::AutoGrow;
                 build(&def, slots.as_ref(), grow, (&*rows, &*estimate))
-                    .map(|(b, db)| Ready::new(b, &def.name, db, set_id, slots))
+                    .and_then(|(b, db)| Ready::new(b, &def.name, db, set_id, slots))
             }))
             .unwrap_or_else(|_| Err(DbErr::Failed("rebuild panicked".into())));
             mainq::post(Box::new(move |ctx| {
@@ -199,7 +199,8 @@ struct Ready {
 
 /// A filter payload as a server string, created off the main thread so that replicating it
 /// copies nothing there.
-struct Payload(RedisString);
+/// Its bytes are counted as the set's transient memory until it is freed.
+struct Payload(RedisString, #[allow(dead_code)] crate::transient::Held);
 
 // SAFETY: a string created without a context is a standalone heap object that nothing else
 // references; the rebuild thread creates it and hands it over whole to the main thread,
@@ -212,25 +213,25 @@ impl Payload {
     /// The filter's serialized form, written straight into a server string made for it:
     /// the payload exists once, so a rebuild holds the old filter, the new one and one
     /// payload at most (not a second copy of the payload on its way into the string).
-    fn of(filter: &FilterValue) -> Payload {
+    fn of(filter: &FilterValue, held: crate::transient::Held) -> Payload {
         let len = filter.payload_len();
         // SAFETY: a string created without a context from a null pointer is a new,
         // zero-filled string of `len` bytes (`createStringObject(NULL, len)`), referenced by
         // nothing else yet; its bytes are written once, here, before anything reads it, and
         // the slice ends before the string is handed on.
         let s = unsafe {
-            let inner = raw::RedisModule_CreateString.unwrap()(
-                std::ptr::null_mut(),
-                std::ptr::null(),
-                len,
-            );
+            let inner =
+                raw::RedisModule_CreateString.unwrap()(std::ptr::null_mut(), std::ptr::null(), len);
             let mut got = 0usize;
             let ptr = raw::RedisModule_StringPtrLen.unwrap()(inner, &mut got);
-            assert_eq!(got, len, "the server made a payload string of another length");
+            assert_eq!(
+                got, len,
+                "the server made a payload string of another length"
+            );
             filter.write_into(std::slice::from_raw_parts_mut(ptr as *mut u8, len));
             RedisString::from_redis_module_string(std::ptr::null_mut(), inner)
         };
-        Payload(s)
+        Payload(s, held)
     }
 
     /// Freeing a large string on the main thread costs about 0.1 ms a megabyte (1 ms for the
@@ -264,13 +265,17 @@ impl Ready {
         db: Option<u128>,
         set_id: Option<i64>,
         slots: Option<crate::cluster::slotset::SlotSet>,
-    ) -> Ready {
+    ) -> Result<Ready, DbErr> {
         let serialize = Instant::now();
         let mut filter = FilterValue::built(built.bloom, built.watermark, set);
         filter.slots = slots;
         filter.origin = db.map(|db| Origin { db, set_id });
-        let payload = Payload::of(&filter);
-        Ready {
+        // The payload, written straight into its server string: refused (the rebuild fails,
+        // the old filter keeps serving) when it does not fit under maxmemory.
+        let held = crate::transient::admit_for(set, filter.payload_len() as u64)
+            .map_err(DbErr::Invalid)?;
+        let payload = Payload::of(&filter, held);
+        Ok(Ready {
             times: [
                 built.copy_time.as_secs_f64(),
                 built.construct_time.as_secs_f64(),
@@ -285,7 +290,7 @@ impl Ready {
             } else {
                 "primary"
             },
-        }
+        })
     }
 }
 

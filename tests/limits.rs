@@ -189,3 +189,76 @@ fn a_rebuild_whose_journal_overflows_is_abandoned_and_the_old_filter_serves() {
         assert_eq!(answer, 1, "{i}: {path}");
     }
 }
+
+#[test]
+fn a_rebuild_whose_payload_would_pass_maxmemory_fails_and_the_old_filter_serves() {
+    let env = Env::with(&[("member.auto-grow", "no")]);
+    let mut c = env.conn();
+    // A filter of about 2.4 MB, and two members in it.
+    assert_eq!(
+        cmd(&mut c, &["MEMBER.CREATE", "p", "CAPACITY", "2000000"]).unwrap(),
+        Value::Okay
+    );
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "p", "kept-1"]), 1);
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "p", "kept-2"]), 1);
+    let bytes: i64 = set_info(&mut c, "p", "filter_bytes")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let waits = info_number(&mut c, "member", "member_memory_waits");
+    // Room for the new filter (checked before it is allocated), not for its payload as well
+    // (the serialized form and its copy: twice the filter).
+    config_set(&mut c, "maxmemory-policy", "volatile-lru");
+    let used = info_number(&mut c, "memory", "used_memory");
+    config_set(&mut c, "maxmemory", &(used + bytes * 3 / 2).to_string());
+    assert!(
+        wait_until(Duration::from_secs(10), || info_field(
+            &mut c,
+            "memory_budget"
+        )
+        .and_then(|b| b.parse::<i64>().ok())
+        .is_some_and(|b| b < 2 * bytes)),
+        "the module never measured the new headroom"
+    );
+    let e = err(&mut c, &["MEMBER.REBUILD", "p", "SYNC"]);
+    assert!(
+        e.starts_with("ERR not enough memory left under maxmemory"),
+        "{e}"
+    );
+    assert_eq!(
+        set_info(&mut c, "p", "last_rebuild").as_deref(),
+        Some("failed")
+    );
+    let why = set_info(&mut c, "p", "last_rebuild_error").unwrap_or_default();
+    assert!(why.contains("maxmemory"), "{why}");
+    assert!(info_number(&mut c, "member", "member_memory_waits") > waits);
+    // The old filter still answers from memory: its members, and "absent" for the rest.
+    for i in ["kept-1", "kept-2"] {
+        assert_eq!(explain(&mut c, "p", i).0, 1, "{i}");
+    }
+    assert_eq!(
+        explain(&mut c, "p", "never-added"),
+        (0, "bloom-negative".into())
+    );
+    assert_eq!(info_number(&mut c, "stats", "evicted_keys"), 0);
+    // With room again the same rebuild succeeds, and gives its payload's bytes back.
+    config_set(&mut c, "maxmemory", "0");
+    assert!(wait_until(Duration::from_secs(10), || info_field(
+        &mut c,
+        "memory_budget"
+    )
+    .as_deref()
+        == Some("unlimited")));
+    assert_eq!(int(&mut c, &["MEMBER.REBUILD", "p", "SYNC"]), 2);
+    assert!(
+        wait_until(Duration::from_secs(10), || set_info(
+            &mut c,
+            "p",
+            "transient_bytes"
+        )
+        .as_deref()
+            == Some("0")),
+        "the payload's bytes were never given back"
+    );
+    assert!(info_number(&mut c, "member", "member_transient_peak_bytes") >= 2 * bytes);
+}

@@ -208,6 +208,10 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
                     .unwrap_or_else(|| "never".into()),
             ));
             out.push(("sync_rows_applied", s.sync.rows_applied.to_string()));
+            // What the set's pages, build parts and payloads hold now, and held at most.
+            let (held, peak) = crate::transient::of_set(&s.def.name);
+            out.push(("transient_bytes", held.to_string()));
+            out.push(("transient_peak_bytes", peak.to_string()));
             if crate::cluster::enabled() {
                 // Everything below is this node's part of the set, and says which node that is.
                 let me = match ctx.call("CLUSTER", &["MYID"]) {
@@ -375,6 +379,9 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
                     b => b.to_string(),
                 },
             ),
+            ("transient_bytes", crate::transient::current().to_string()),
+            ("transient_peak_bytes", crate::transient::peak().to_string()),
+            ("memory_waits", crate::transient::memory_waits().to_string()),
             ("rebuilds_done", m.rebuilds_done.to_string()),
             ("auto_grow_rebuilds", m.auto_grow_rebuilds.to_string()),
             (

@@ -123,6 +123,11 @@ pub fn build_filter(
     // The rows read go into the filter's static part, later adds into its delta.
     let construct_started = std::time::Instant::now();
     let budget = Budget::of(build_share() / 2);
+    // The set's transient memory while it builds: the rows held and the constructions.
+    let _held = crate::transient::hold_for(
+        &def.name,
+        rows.held_bytes() + budget.peak_scratch(rows.len()),
+    );
     let bloom = Bloom::build_rows(members, def.error_rate, max_bytes, &rows, budget)
         .map_err(|e| DbErr::Invalid(e.to_string()))?;
     Ok(Built {
@@ -273,7 +278,7 @@ pub(super) fn copy_rows(
         Some(src) => source::copy_sql(src, def.normalize),
         None => format!("COPY (SELECT entity_id, scope FROM {t} WHERE {ACTIVE}{filter}) TO STDOUT"),
     };
-    let rows = stream(tx, link, &sql, def.normalize, progress)?;
+    let rows = stream(tx, link, &sql, def, progress)?;
     progress.store(rows.len(), Ordering::Relaxed);
     Ok(rows)
 }
@@ -308,10 +313,13 @@ fn stream(
     tx: &mut Transaction,
     link: &Link,
     sql: &str,
-    norm: Normalize,
+    def: &SetDef,
     progress: &AtomicU64,
 ) -> Result<Rows, DbErr> {
+    let norm = def.normalize;
     let mut rows = new_rows();
+    // The rows held in memory are the set's transient memory while the COPY runs.
+    let mut held = crate::transient::hold_for(&def.name, 0);
     let mut failed = None;
     let mut n = 0u64;
     super::copy_stream::each_row(tx, link, super::build_lock_timeout_ms(), sql, |line| {
@@ -324,6 +332,7 @@ fn stream(
         n += 1;
         if n.is_multiple_of(4096) {
             progress.store(n, Ordering::Relaxed);
+            held.resize(rows.held_bytes());
         }
     })?;
     match failed {

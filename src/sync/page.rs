@@ -88,7 +88,11 @@ pub(super) fn take(set: &str) -> Paged {
 /// Adding bits is always safe; the watermark moves only at the pass's end. A set dropped or
 /// created again since the pass started gets nothing.
 pub(super) fn apply(ctx: &Context, page: Page) {
-    let Page { rows, mut slots } = page;
+    let Page {
+        rows,
+        mut slots,
+        held: _held,
+    } = page;
     for (set, hashes) in rows {
         let slots = slots.remove(&set);
         let Some(incarnation) = PAGED.with(|p| p.borrow().get(&set).map(|p| p.incarnation)) else {

@@ -61,8 +61,8 @@ impl Bench {
             let allowed = BUDGET + 2 * filter;
             let mb = |b: i64| b as f64 / (1 << 20) as f64;
             self.r.note(format!(
-                "rebuildmem: {built} rows rebuilt in {secs:.2} s; peak.allocated {} over \
-                 used_memory {} before it (peak before {}); filter {} MB",
+                "rebuildmem: {built} rows rebuilt in {secs:.2} s; peak.allocated +{:.1} MB over \
+                 used_memory {:.1} MB before it (peak before {:.1} MB); filter {:.2} MB",
                 mb(rise),
                 mb(settled),
                 mb(before),

@@ -15,17 +15,39 @@
 
 use xorf::{BinaryFuse8, Descriptor};
 
-use super::filter::rows::{Rows, BUCKETS};
-use super::filter::Out;
 use super::large_array::{prefetch, LargeArray};
 
 /// One part's header (version 3's whole static header): present flag, items, seed, segment
 /// length, its mask, segment count length, fingerprint bytes.
 pub const STATIC_HEADER_LEN: usize = 1 + 8 + 8 + 4 + 4 + 4 + 8;
 
+/// Buckets a build's rows are sorted into (the top 7 bits of a hash's high half).
+pub const BUCKETS: usize = 128;
+
 /// Most parts a static filter is split into (a payload with more is refused). A build from
-/// `Rows` uses a power of two, so that each part is a run of whole buckets.
+/// `Buckets` uses a power of two, so that each part is a run of whole buckets.
 pub const MAX_PARTS: usize = BUCKETS;
+
+/// The bucket of `hash`: the top 7 bits of its high half.
+#[inline]
+pub fn bucket_of(hash: u128) -> usize {
+    (hash >> (128 - 7)) as usize
+}
+
+/// The rows a build read, sorted into [`BUCKETS`] buckets by [`bucket_of`] (`filter/rows.rs`
+/// holds them, in memory or spilled to a file): a part of a power-of-two count is built from
+/// its own buckets alone.
+pub trait Buckets: Sync {
+    /// How many hashes there are.
+    fn len(&self) -> u64;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// How many hashes buckets `range` hold.
+    fn count(&self, range: std::ops::Range<usize>) -> u64;
+    /// Calls `f` with every hash of buckets `range`.
+    fn each(&self, range: std::ops::Range<usize>, f: impl FnMut(u128)) -> std::io::Result<()>;
+}
 
 /// Bytes a fuse construction holds per row while it runs: the part's keys (8) and xorf's
 /// working arrays (about 25: order, degree counts, hashes, alone list, fingerprints), with
@@ -125,9 +147,7 @@ impl Static {
     /// A static part of `hashes` within the default budget of a build (tests and small
     /// callers; a rebuild goes through `build_rows`).
     pub fn build(hashes: &[u128]) -> Option<Static> {
-        Static::build_rows(&Rows::in_memory(hashes), Budget::of(64 << 20))
-            .ok()
-            .flatten()
+        Static::build_in(hashes, Budget::of(64 << 20).parts_for(hashes.len() as u64))
     }
 
     /// A static part of `rows` in `budget.parts_for(rows)` parts, `budget.threads` built side
@@ -135,7 +155,7 @@ impl Static {
     /// parts' keys. Ok(None) when a fuse construction gives up (it retries internally) or the
     /// allocator refuses; the caller then builds a Bloom filter alone. An error reading the
     /// spill file is an error.
-    pub fn build_rows(rows: &Rows, budget: Budget) -> std::io::Result<Option<Static>> {
+    pub fn build_rows(rows: &impl Buckets, budget: Budget) -> std::io::Result<Option<Static>> {
         let mut parts = budget.parts_for(rows.len());
         // A part without rows (only possible for a few rows in many parts): fewer parts.
         while parts > 1 && (0..parts).any(|i| rows.count(buckets(i, parts)) == 0) {
@@ -299,16 +319,16 @@ impl Static {
     }
 
     /// Version 4's static header: the number of parts (0: none), then each part's header.
-    pub fn write_header(s: Option<&Static>, out: &mut Out) {
-        out.push(s.map_or(0, Static::parts) as u8);
+    pub fn write_header(s: Option<&Static>, put: &mut impl FnMut(&[u8])) {
+        put(&[s.map_or(0, Static::parts) as u8]);
         for p in s.iter().flat_map(|s| s.parts.iter()) {
-            p.write_header(out);
+            p.write_header(put);
         }
     }
 
     /// The fingerprints of every part, in order (after the delta's bit array).
-    pub fn write_fingerprints(&self, out: &mut Out) {
-        out.extend_from_slice(&self.fingerprints);
+    pub fn write_fingerprints(&self, put: &mut impl FnMut(&[u8])) {
+        put(&self.fingerprints);
     }
 
     /// Reads a version 4 static header at the start of `b`: each part's items, descriptor and
@@ -425,15 +445,15 @@ impl Fuse {
         )
     }
 
-    fn write_header(&self, out: &mut Out) {
+    fn write_header(&self, put: &mut impl FnMut(&[u8])) {
         let d = &self.descriptor;
-        out.push(1);
-        out.extend_from_slice(&self.items.to_le_bytes());
-        out.extend_from_slice(&d.seed.to_le_bytes());
-        out.extend_from_slice(&d.segment_length.to_le_bytes());
-        out.extend_from_slice(&d.segment_length_mask.to_le_bytes());
-        out.extend_from_slice(&d.segment_count_length.to_le_bytes());
-        out.extend_from_slice(&(self.len as u64).to_le_bytes());
+        put(&[1]);
+        put(&self.items.to_le_bytes());
+        put(&d.seed.to_le_bytes());
+        put(&d.segment_length.to_le_bytes());
+        put(&d.segment_length_mask.to_le_bytes());
+        put(&d.segment_count_length.to_le_bytes());
+        put(&(self.len as u64).to_le_bytes());
     }
 
     /// The static header at the start of `h` (`STATIC_HEADER_LEN` bytes): whether there is a

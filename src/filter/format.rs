@@ -98,10 +98,10 @@ impl Bloom {
         out.extend_from_slice(&cov.watermark.unwrap_or(i64::MIN).to_le_bytes());
         let sum_at = out.len();
         out.extend_from_slice(&[0; 8]);
-        Static::write_header(self.frozen.as_ref(), out);
+        Static::write_header(self.frozen.as_ref(), &mut |b| out.extend_from_slice(b));
         write_words(&self.bits, out);
         if let Some(s) = &self.frozen {
-            s.write_fingerprints(out);
+            s.write_fingerprints(&mut |b| out.extend_from_slice(b));
         }
         let sum = xxh3_64(&out.written_from(sum_at + 8)[..]);
         out.written_from(sum_at)[..8].copy_from_slice(&sum.to_le_bytes());

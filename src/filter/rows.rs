@@ -12,8 +12,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-/// Buckets the rows are sorted into (the top 7 bits of a hash's high half).
-pub const BUCKETS: usize = 128;
+use super::super::filter_static::{bucket_of, Buckets, BUCKETS};
 /// Most hashes a bucket collects before it writes them out as one chunk, once spilling
 /// (fewer under a small limit: all buckets' open chunks together stay within the limit).
 const CHUNK: usize = 1024;
@@ -21,12 +20,6 @@ const CHUNK: usize = 1024;
 const MIN_CHUNK: usize = 64;
 /// Bytes one hash takes, in memory and in the spill file.
 pub const HASH_BYTES: usize = 16;
-
-/// The bucket of `hash`: the top 7 bits of its high half.
-#[inline]
-pub fn bucket_of(hash: u128) -> usize {
-    (hash >> (128 - 7)) as usize
-}
 
 /// Item hashes of a build, in buckets, in memory up to `limit` hashes and in a spill file
 /// beyond.
@@ -170,6 +163,20 @@ impl Rows {
         let mut v = Vec::with_capacity(self.len() as usize);
         self.each_all(|h| v.push(h))?;
         Ok(v)
+    }
+}
+
+impl Buckets for Rows {
+    fn len(&self) -> u64 {
+        Rows::len(self)
+    }
+
+    fn count(&self, range: std::ops::Range<usize>) -> u64 {
+        Rows::count(self, range)
+    }
+
+    fn each(&self, range: std::ops::Range<usize>, f: impl FnMut(u128)) -> io::Result<()> {
+        Rows::each(self, range, f)
     }
 }
 

@@ -228,9 +228,12 @@ pub struct Changes {
 }
 
 /// The sync loop's one statement for every set: the horizon, the prune floor, the set tables
-/// that are blind, and every key whose latest change logged by transactions with id ≥ `from`
-/// left it active, in one snapshot (a key added and deleted since is not applied again). Rows of sets not in `sets` (unknown here) are skipped; `sets` gives each known
-/// set's normalization. The keys go to `sink` in pages of at most [`PAGE_ROWS`] rows, all
+/// that are blind, and every key a change logged by transactions with id ≥ `from` left
+/// active, in one snapshot, streamed in the log's index order: no sort, so the first page
+/// comes at once however many rows changed (a key added and deleted again within the window
+/// is applied too: a false positive the database check answers, gone at the next rebuild).
+/// Rows of sets not in `sets` (unknown here) are skipped; `sets` gives each known set's
+/// normalization. The keys go to `sink` in pages of at most [`PAGE_ROWS`] rows, all
 /// from the one snapshot (docs/sync.md, "Paging"). If `prune_after_s` is given, also prunes
 /// the log (`prune`).
 pub fn changes_since(
@@ -271,10 +274,8 @@ pub fn changes_since(
                                                        'member_' || a.name || '$upd',
                                                        'member_' || a.name || '$del')) < 3
                          ) b) AS blind) h
-            LEFT JOIN (SELECT DISTINCT ON (set_name, entity_id, scope) set_name, entity_id,
-                              scope, alive
-                         FROM member_changes WHERE xid >= '{from}'::xid8
-                        ORDER BY set_name, entity_id, scope, seq DESC) c ON c.alive",
+            LEFT JOIN (SELECT set_name, entity_id, scope
+                         FROM member_changes WHERE xid >= '{from}'::xid8 AND alive) c ON true",
         ins = LOG_TRIGGERS[0],
         upd = LOG_TRIGGERS[1],
         del = LOG_TRIGGERS[2],

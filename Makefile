@@ -37,11 +37,11 @@ bench: deps
 	$(CARGO_ENV) cargo build --release
 	$(CARGO_ENV) cargo bench --bench member -- $(ARGS)
 
-# The long chaos run of issue 9 (tests/chaos.rs): faults against a live workload, then the
+# The long chaos run of issue 9 (tests/all/chaos.rs): faults against a live workload, then the
 # history checker. MEMBER_CHAOS_SECS sets its length (default 300), MEMBER_CHAOS_SEED repeats a run.
 chaos: deps
 	$(CARGO_ENV) cargo build
-	$(CARGO_ENV) cargo test --test chaos -- --ignored --nocapture chaos_long
+	$(CARGO_ENV) cargo test --test all -- --ignored --nocapture chaos::chaos_long
 
 # Fuzzing (issue 9, README "Testing"): every target of fuzz/ for FUZZ_SECS seconds (default
 # 60), one after the other; FUZZ_TARGETS picks some. Needs no server. Installs the nightly

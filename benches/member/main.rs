@@ -26,7 +26,9 @@
 //!   (bench/latency.svg), `machine.rs` (the host and its other load);
 //! * `sections/`: one file per section.
 
+// The tests' harness: the bench uses a part of it.
 #[path = "../../tests/support/mod.rs"]
+#[allow(dead_code)]
 mod support;
 
 /// The module's filter code itself, for `--hundred-million` (`filter::Bloom`); the

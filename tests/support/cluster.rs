@@ -3,11 +3,10 @@
 //! database, joined by `<cli> --cluster create … --cluster-replicas 1`. Started once per test
 //! process ([`Cluster::shared`]) and killed with it, like every server of the harness; a test
 //! or the benchmark may start its own ([`Cluster::start`], [`Cluster::start_primaries_only`]).
-#![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use redis::{Connection, Value};
@@ -51,7 +50,23 @@ pub struct SlotRange {
     pub first: u16,
     pub last: u16,
     pub primary_port: u16,
-    pub replica_ports: Vec<u16>,
+}
+
+/// Who uses the shared cluster's slot layout: every test of it shared, a test that moves a slot
+/// alone.
+static LAYOUT: RwLock<()> = RwLock::new(());
+
+/// The shared cluster, with the test's hold on its slot layout.
+pub struct Shared<G> {
+    cluster: &'static Cluster,
+    _layout: G,
+}
+
+impl<G> std::ops::Deref for Shared<G> {
+    type Target = Cluster;
+    fn deref(&self) -> &Cluster {
+        self.cluster
+    }
 }
 
 pub struct Cluster {
@@ -97,7 +112,29 @@ impl Cluster {
     /// The process's cluster, started on first use (a few seconds), ready: every node reports
     /// `cluster_state:ok` and all 16384 slots, every replica is linked to its primary, and the
     /// module's catalog is loaded everywhere.
-    pub fn shared() -> &'static Cluster {
+    ///
+    /// The returned handle holds the shared cluster's slot layout shared for as long as the test
+    /// keeps it: a test that moves or marks a slot ([`Cluster::shared_exclusive`]) waits until no
+    /// other test uses the cluster, and the others wait for it.
+    pub fn shared() -> Shared<RwLockReadGuard<'static, ()>> {
+        let layout = LAYOUT.read().unwrap_or_else(|e| e.into_inner());
+        Shared {
+            cluster: Self::shared_cluster(),
+            _layout: layout,
+        }
+    }
+
+    /// [`Cluster::shared`] for a test that moves a slot or marks one migrating: it runs alone
+    /// on the shared cluster and leaves every slot where and as it found it.
+    pub fn shared_exclusive() -> Shared<RwLockWriteGuard<'static, ()>> {
+        let layout = LAYOUT.write().unwrap_or_else(|e| e.into_inner());
+        Shared {
+            cluster: Self::shared_cluster(),
+            _layout: layout,
+        }
+    }
+
+    fn shared_cluster() -> &'static Cluster {
         static CLUSTER: OnceLock<Cluster> = OnceLock::new();
         CLUSTER.get_or_init(|| Cluster::start(&[]))
     }
@@ -378,7 +415,6 @@ pub(super) fn read_slots(c: &mut Connection) -> Vec<SlotRange> {
                 first: int_of(&f[0]) as u16,
                 last: int_of(&f[1]) as u16,
                 primary_port: port(&f[2]),
-                replica_ports: f[3..].iter().map(port).collect(),
             }
         })
         .collect();

@@ -1,7 +1,6 @@
 //! What a test does to a cluster of its own ([`Cluster::start`]): reshard and check it with the
 //! real CLI, kill and restart nodes, follow roles after a failover, wait for the slot table to
 //! settle. The shared cluster's tests never call these.
-#![allow(dead_code)]
 
 use std::process::Command;
 use std::time::Duration;

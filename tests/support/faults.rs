@@ -1,4 +1,4 @@
-//! Helpers of the fault-injection tests (`tests/faults.rs`, `tests/timeouts.rs`): the short
+//! Helpers of the fault-injection tests (`tests/all/faults.rs`, `tests/all/timeouts.rs`): the short
 //! database timeout they run with, calls that must fail with `UNAVAILABLE` in time or must
 //! answer, and looks into PostgreSQL that prove a fault is really in place.
 

@@ -1,4 +1,4 @@
-//! Helpers of the filter-lifecycle tests (`tests/lifecycle.rs`, `tests/lifecycle_rebuild.rs`):
+//! Helpers of the filter-lifecycle tests (`tests/all/lifecycle.rs`, `tests/all/lifecycle_rebuild.rs`):
 //! servers with a fast or a silent sync loop, sets with RECENT-TTL 1, and assertions that an
 //! item is a member, in the filter itself, or rejected, with the server log on failure.
 

@@ -1,5 +1,4 @@
 //! Helpers for talking to libmember through a real client.
-#![allow(dead_code)]
 
 use std::time::Duration;
 

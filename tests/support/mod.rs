@@ -18,7 +18,6 @@
 //! tests' servers and assertions), `faults.rs` (the fault-injection tests' calls and
 //! probes), `cluster.rs` / `cluster_ops.rs` (a Valkey Cluster), `proxy.rs` (a TCP proxy that
 //! injects link faults), `tls.rs` (PostgreSQL over TLS).
-#![allow(dead_code)]
 
 mod own_pg;
 mod pg;
@@ -27,6 +26,7 @@ mod process;
 mod valkey;
 mod valkey_lifecycle;
 
+pub mod chaos;
 pub mod cluster;
 pub mod cluster_ops;
 pub mod faults;

@@ -51,9 +51,6 @@ impl OwnPg {
         }
     }
 
-    pub fn log(&self) -> String {
-        fs::read_to_string(self.cluster.log_path()).unwrap_or_default()
-    }
 }
 
 impl Drop for OwnPg {

@@ -11,7 +11,6 @@ use super::process::{stop_postmaster_at_exit, unique};
 /// The per-process shared PostgreSQL cluster. Use [`fresh_db`] rather than this directly.
 pub struct Pg {
     cluster: Cluster,
-    pid: u32,
     admin: Mutex<Option<postgres::Client>>,
 }
 
@@ -38,7 +37,6 @@ impl Pg {
             }
             Pg {
                 cluster,
-                pid,
                 admin: Mutex::new(None),
             }
         })

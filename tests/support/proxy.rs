@@ -1,6 +1,5 @@
 //! A small fault-injecting TCP proxy for the link between the module and PostgreSQL: accepts on
 //! a local port, connects upstream, pumps both ways, and can delay, stall, cut or refuse.
-#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -63,10 +62,6 @@ impl Proxy {
         self.port
     }
 
-    pub fn mode(&self) -> Mode {
-        *self.shared.mode.lock().unwrap()
-    }
-
     /// Sets the mode; `StallExisting` stalls the connections open at this moment.
     pub fn set(&self, mode: Mode) {
         if mode == Mode::StallExisting {
@@ -86,10 +81,6 @@ impl Proxy {
         conns.len()
     }
 
-    /// Connections currently open through the proxy.
-    pub fn open_connections(&self) -> usize {
-        self.shared.conns.lock().unwrap().len()
-    }
 }
 
 impl Drop for Proxy {

@@ -1,6 +1,5 @@
 //! Tables an application owns, for attached sets (docs/attach.md): made the way an application
 //! makes them, by [`APP_ROLE`] in a schema of its own, with only the grants a test asks for.
-#![allow(dead_code)]
 
 use super::{TestDb, APP_ROLE, MODULE_ROLE};
 

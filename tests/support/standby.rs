@@ -1,7 +1,6 @@
 //! A streaming standby of the shared test cluster ([`Pg`]): `pg_basebackup -R` into a temp dir,
 //! started on a free port once per test process (the first [`Standby::get`]), stopped and
 //! removed at exit. It replicates every database the tests create, with the same roles.
-#![allow(dead_code)]
 
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
@@ -78,10 +77,6 @@ impl Standby {
             }
             Standby { cluster }
         })
-    }
-
-    pub fn port(&self) -> u16 {
-        self.cluster.port
     }
 
     /// Connection string for a database on the standby.

@@ -1,5 +1,5 @@
 //! A PostgreSQL that speaks TLS with a certificate of its own CA (made here with the openssl
-//! CLI), and a role that must log in with a password (scram-sha-256), for tests/pg_tls.rs.
+//! CLI), and a role that must log in with a password (scram-sha-256), for tests/all/pg_tls.rs.
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -37,7 +37,6 @@ pub struct World {
     pub primary: usize,
     /// The port every client sends its next command to: the primary's.
     pub target: Arc<AtomicU16>,
-    pub db_timeout_ms: u64,
 }
 
 /// Configs for both servers: AOF with fsync on every write, the module through the proxy.
@@ -87,7 +86,6 @@ impl World {
             nodes: vec![a, b],
             primary: 0,
             target,
-            db_timeout_ms,
         };
         w.make_replica(1);
         let mut rc = w.nodes[1].conn();

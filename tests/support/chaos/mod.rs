@@ -1,6 +1,5 @@
 //! The chaos run of issue 9: writers ADD and DEL their own items, readers EXISTS any item, on
 //! several sets at once, while a fault schedule breaks the world; then the history checker.
-#![allow(dead_code)]
 
 pub mod checker;
 pub mod cluster_load;

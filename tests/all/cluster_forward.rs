@@ -1,0 +1,494 @@
+//! Issue 8, step 5 (docs/cluster-placement.md): a client routes by the bytes it sends, the
+//! module decides by the canonical form. A node that gets an item whose canonical form hashes
+//! to a slot another primary holds forwards it there over the cluster bus; the holder runs
+//! its own funnel and answers. One shared cluster (3 primaries, 3 replicas) for the file.
+use crate::support;
+
+use std::time::Duration;
+
+use redis::Connection;
+use support::cluster::{Cluster, Node};
+use support::member::*;
+use support::wait_until;
+
+/// The test that stalls a node holds this exclusively; every other test holds it shared, so
+/// none of them sees that stall as a wrong timeout.
+static STALL: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    STALL.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn create(cl: &Cluster, set: &str, normalize: &str) {
+    ok(
+        &mut cl.nodes[0].conn(),
+        &["MEMBER.CREATE", set, "NORMALIZE", normalize],
+    );
+    cl.wait_ready(set);
+}
+
+/// The primary that the cluster routes `item` to.
+fn node_of<'a>(cl: &'a Cluster, item: &str) -> &'a Node {
+    cl.owner(cl.keyslot(item))
+}
+
+/// Waits (up to 10 s) until the node behind `probe` leaves a PING unanswered for 100 ms: its
+/// main thread is busy, such as in DEBUG SLEEP. `probe` is connected beforehand (a new
+/// connection's handshake would itself wait for the node) and is of no use afterwards.
+fn wait_asleep(mut probe: Connection) -> bool {
+    probe
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    wait_until(Duration::from_secs(10), || {
+        redis::cmd("PING").query::<String>(&mut probe).is_err()
+    })
+}
+
+fn counter(n: &Node, name: &str) -> i64 {
+    info_field(&mut n.conn(), name)
+        .unwrap_or_else(|| panic!("no {name} on {}", n.addr()))
+        .parse()
+        .unwrap()
+}
+
+/// The spellings of item `i`: two a client may send, then the canonical one.
+type Forms = fn(usize) -> [String; 3];
+
+/// Three spellings of one item, `forms(i) = [a, b, canonical]`, whose slots lie on three
+/// different primaries: the first `i` for which that holds.
+fn spread(cl: &Cluster, forms: impl Fn(usize) -> [String; 3]) -> [String; 3] {
+    (0..500)
+        .map(forms)
+        .find(|f| {
+            let p: Vec<u16> = f.iter().map(|x| node_of(cl, x).port()).collect();
+            p[0] != p[1] && p[1] != p[2] && p[0] != p[2]
+        })
+        .expect("no spelling spread over three primaries")
+}
+
+/// The normalization test of the issue: ADD in one form, EXISTS in another, each sent where
+/// the cluster routes it, and three different primaries involved. The answers come from the
+/// holder of the canonical slot, through its funnel (a cache hit there, not a blind database
+/// read elsewhere), and its replica gets the effects.
+#[test]
+fn add_in_one_form_exists_in_another_on_a_third_node() {
+    let _stall = shared();
+    let held = Cluster::shared();
+    let cl: &Cluster = &held;
+    let spellings: [(&str, Forms); 2] = [
+        ("lower", |i| {
+            [
+                format!("  Alice-{i}"),
+                format!("ALICE-{i}"),
+                format!("alice-{i}"),
+            ]
+        }),
+        ("username", |i| {
+            [
+                format!("Ａｌｉｃｅ-{i} "),
+                format!("ALICE-{i}"),
+                format!("alice-{i}"),
+            ]
+        }),
+    ];
+    for (normalize, forms) in spellings {
+        let set = format!("fwd_{normalize}");
+        create(cl, &set, normalize);
+        let [a, b, canon] = spread(cl, forms);
+        let (na, nb, owner) = (node_of(cl, &a), node_of(cl, &b), node_of(cl, &canon));
+        let (sent, served) = (
+            counter(na, "forwarded_sent"),
+            counter(owner, "forwarded_served"),
+        );
+
+        assert_eq!(int(&mut na.conn(), &["MEMBER.ADD", &set, &a]), 1);
+        assert_eq!(int(&mut na.conn(), &["MEMBER.ADD", &set, &a]), 0, "{set}");
+        // (Other tests of this file forward too, through the same nodes: at least.)
+        assert!(counter(na, "forwarded_sent") >= sent + 2);
+        assert!(counter(owner, "forwarded_served") >= served + 2);
+
+        assert_eq!(int(&mut nb.conn(), &["MEMBER.EXISTS", &set, &b]), 1);
+        // The holder filled its cache on that lookup: the next answer, asked through the
+        // third node, is the holder's cache hit.
+        assert_eq!(explain(&mut nb.conn(), &set, &b), (1, "cache-hit".into()));
+        assert_eq!(int(&mut owner.conn(), &["MEMBER.EXISTS", &set, &canon]), 1);
+        // The cache entry is the holder's alone: the forwarding nodes wrote none.
+        let pattern = format!("member:*:{set}:hit:*");
+        for (n, want) in [(na, 0), (nb, 0), (owner, 1)] {
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(&pattern)
+                .query(&mut n.conn())
+                .unwrap();
+            assert_eq!(keys.len(), want, "{} holds {keys:?}", n.addr());
+        }
+        // The holder's replica got the effects, as for a local ADD.
+        let mut rc = cl.replica_of(owner).conn();
+        ok(&mut rc, &["READONLY"]);
+        assert!(
+            wait_until(Duration::from_secs(10), || int(
+                &mut rc,
+                &["MEMBER.EXISTS", &set, &canon]
+            ) == 1),
+            "replica of {} never saw {canon}",
+            owner.addr()
+        );
+    }
+}
+
+/// An item never added, asked in a non-canonical form: the holder's filter says no.
+#[test]
+fn a_missing_item_in_another_form_is_a_bloom_negative_of_the_holder() {
+    let _stall = shared();
+    let held = Cluster::shared();
+    let cl: &Cluster = &held;
+    let set = "fwd_missing";
+    create(cl, set, "lower");
+    let [a, b, canon] = spread(cl, |i| {
+        [
+            format!("Nobody-{i}"),
+            format!(" NOBODY-{i}"),
+            format!("nobody-{i}"),
+        ]
+    });
+    for form in [&a, &b] {
+        let n = node_of(cl, form);
+        assert_eq!(
+            explain(&mut n.conn(), set, form),
+            (0, "bloom-negative".into())
+        );
+        assert_eq!(int(&mut n.conn(), &["MEMBER.EXISTS", set, form]), 0);
+    }
+    assert_eq!(
+        explain(&mut node_of(cl, &canon).conn(), set, &canon),
+        (0, "bloom-negative".into())
+    );
+}
+
+/// DEL through a non-canonical form removes the membership for every form on every node;
+/// an ADD's expiry travels with it.
+#[test]
+fn del_and_expiry_travel_with_the_forwarded_write() {
+    let _stall = shared();
+    let held = Cluster::shared();
+    let cl: &Cluster = &held;
+    let set = "fwd_del";
+    create(cl, set, "lower");
+    let [a, b, canon] = spread(cl, |i| {
+        [
+            format!("Gone-{i}"),
+            format!("GONE-{i} "),
+            format!("gone-{i}"),
+        ]
+    });
+    assert_eq!(
+        int(
+            &mut node_of(cl, &canon).conn(),
+            &["MEMBER.ADD", set, &canon]
+        ),
+        1
+    );
+    for form in [&a, &b, &canon] {
+        assert_eq!(
+            int(&mut node_of(cl, form).conn(), &["MEMBER.EXISTS", set, form]),
+            1
+        );
+    }
+    assert_eq!(
+        int(&mut node_of(cl, &b).conn(), &["MEMBER.DEL", set, &b]),
+        1
+    );
+    assert_eq!(
+        int(&mut node_of(cl, &a).conn(), &["MEMBER.DEL", set, &a]),
+        0
+    );
+    for form in [&a, &b, &canon] {
+        let n = node_of(cl, form);
+        assert_eq!(
+            int(&mut n.conn(), &["MEMBER.EXISTS", set, form]),
+            0,
+            "{form}"
+        );
+    }
+
+    // TTL 1 through a forwarding node: a member now, gone once it expires.
+    let mut ca = node_of(cl, &a).conn();
+    assert_eq!(int(&mut ca, &["MEMBER.ADD", set, &a, "TTL", "1"]), 1);
+    assert_eq!(
+        int(
+            &mut node_of(cl, &canon).conn(),
+            &["MEMBER.EXISTS", set, &canon]
+        ),
+        1
+    );
+    assert!(wait_until(Duration::from_secs(10), || {
+        int(&mut ca, &["MEMBER.EXISTS", set, &a]) == 0
+    }));
+}
+
+/// Sets a module config on one node for the length of a test.
+struct Config<'a> {
+    node: &'a Node,
+    name: &'static str,
+    old: String,
+}
+
+impl<'a> Config<'a> {
+    fn set(node: &'a Node, name: &'static str, value: &str) -> Self {
+        let mut c = node.conn();
+        let v: Vec<String> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg(name)
+            .query(&mut c)
+            .unwrap();
+        ok(&mut c, &["CONFIG", "SET", name, value]);
+        Config {
+            node,
+            name,
+            old: v[1].clone(),
+        }
+    }
+}
+
+impl Drop for Config<'_> {
+    fn drop(&mut self) {
+        let _ = cmd(
+            &mut self.node.conn(),
+            &["CONFIG", "SET", self.name, &self.old],
+        );
+    }
+}
+
+/// The holder does not answer within the forwarding node's `member.db-timeout-ms` (its event
+/// loop sleeps): the client gets UNAVAILABLE, exactly once, and the late answer is dropped.
+/// The ADD itself may still happen (UNAVAILABLE leaves the outcome open): every node then
+/// agrees that it did.
+#[test]
+fn a_holder_too_slow_to_answer_gives_unavailable_and_nothing_wrong_after() {
+    let _stall = STALL.write().unwrap_or_else(|e| e.into_inner());
+    let held = Cluster::shared();
+    let cl: &Cluster = &held;
+    let set = "fwd_slow";
+    create(cl, set, "lower");
+    let [a, b, canon] = spread(cl, |i| {
+        [
+            format!("Slow-{i}"),
+            format!("SLOW-{i}"),
+            format!("slow-{i}"),
+        ]
+    });
+    let (na, owner) = (node_of(cl, &a), node_of(cl, &canon));
+    let timeouts = counter(na, "forwarded_timeouts");
+    let e = {
+        let _short = Config::set(na, "member.db-timeout-ms", "200");
+        let mut oc = owner.conn();
+        let probe = owner.conn();
+        // Sent, its reply read later: the ADD goes out once the DEBUG SLEEP is on its way and
+        // the owner leaves a PING sent after it unanswered.
+        let sleep = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("1.5")
+            .get_packed_command();
+        oc.send_packed_command(&sleep).unwrap();
+        assert!(wait_asleep(probe), "the owner never went to sleep");
+        let mut c: Connection = na.conn();
+        let e = err(&mut c, &["MEMBER.ADD", set, &a]);
+        let _: redis::Value = oc.recv_response().unwrap();
+        e
+    };
+    assert!(
+        e.starts_with("UNAVAILABLE the node holding the item's canonical slot did not answer"),
+        "{e}"
+    );
+    assert!(counter(na, "forwarded_timeouts") > timeouts);
+    assert!(wait_until(Duration::from_secs(5), || counter(
+        na,
+        "forwarded_waiting"
+    ) == 0));
+    // The owner ran the ADD once it woke: all forms agree, on every node they route to.
+    assert!(wait_until(Duration::from_secs(5), || int(
+        &mut owner.conn(),
+        &["MEMBER.EXISTS", set, &canon]
+    ) == 1));
+    for form in [&a, &b] {
+        assert_eq!(
+            int(&mut node_of(cl, form).conn(), &["MEMBER.EXISTS", set, form]),
+            1
+        );
+    }
+    assert_eq!(int(&mut na.conn(), &["MEMBER.ADD", set, &a]), 0);
+}
+
+/// `NORMALIZE none`: raw and canonical are one form, so each spelling is its own item,
+/// answered where it is routed.
+#[test]
+fn sets_without_normalization_keep_every_spelling_apart() {
+    let _stall = shared();
+    let held = Cluster::shared();
+    let cl: &Cluster = &held;
+    let set = "fwd_none";
+    create(cl, set, "none");
+    for i in 0..20 {
+        let item = format!("  Raw-{i}");
+        let mut c = node_of(cl, &item).conn();
+        assert_eq!(int(&mut c, &["MEMBER.ADD", set, &item]), 1);
+        assert_eq!(int(&mut c, &["MEMBER.EXISTS", set, &item]), 1);
+        let other = format!("raw-{i}");
+        let mut c = node_of(cl, &other).conn();
+        assert_eq!(explain(&mut c, set, &other), (0, "bloom-negative".into()));
+    }
+}
+
+/// A tokenized set in a cluster: the membership is the token's, whose slot is unrelated to the
+/// raw item's, so calls are forwarded (token only) to the primary holding the token's slot.
+/// Every node needs the key.
+#[test]
+fn a_tokenized_set_is_served_by_the_holder_of_each_tokens_slot() {
+    let _stall = shared();
+    let held = Cluster::shared();
+    let cl: &Cluster = &held;
+    let dir = std::env::temp_dir().join(format!("member-cluster-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("token.key");
+    std::fs::write(
+        &key,
+        "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff",
+    )
+    .unwrap();
+    for n in &cl.nodes {
+        ok(
+            &mut n.conn(),
+            &[
+                "CONFIG",
+                "SET",
+                "member.token-key-file",
+                key.to_str().unwrap(),
+            ],
+        );
+    }
+    let set = "tokens";
+    ok(
+        &mut cl.nodes[0].conn(),
+        &[
+            "MEMBER.CREATE",
+            set,
+            "NORMALIZE",
+            "lower",
+            "TOKENIZE",
+            "hmac-sha256",
+        ],
+    );
+    cl.wait_ready(set);
+    let items: Vec<String> = (0..12).map(|i| format!("Card-{i}")).collect();
+    for it in &items {
+        assert_eq!(
+            int(&mut node_of(cl, it).conn(), &["MEMBER.ADD", set, it]),
+            1,
+            "{it}"
+        );
+    }
+    for it in &items {
+        // Another spelling, routed by its own bytes.
+        let other = it.to_uppercase();
+        assert_eq!(
+            int(
+                &mut node_of(cl, &other).conn(),
+                &["MEMBER.EXISTS", set, &other]
+            ),
+            1
+        );
+    }
+    let absent = "never-a-card";
+    assert_eq!(
+        explain(&mut node_of(cl, absent).conn(), set, absent),
+        (0, "bloom-negative".into())
+    );
+    // The database holds tokens only.
+    let raw: i64 = cl
+        .db
+        .client()
+        .query_one(
+            "SELECT count(*) FROM member_tokens WHERE entity_id ILIKE 'card-%'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(raw, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A slot migrating away: the server sends its own commands (the canonical spelling's ADD
+/// among them) to the importing node with ASK, while another spelling whose raw slot stays
+/// on the old owner is still decided there. The old owner must not believe its filter's
+/// negative for that slot then (its filter lacks what the importing node took): it asks the
+/// database. Found by reading the readiness rule against the migration flow.
+#[test]
+fn a_migrating_slots_items_are_not_answered_absent_by_its_old_owner() {
+    let _stall = STALL.write().unwrap_or_else(|e| e.into_inner());
+    let held = Cluster::shared_exclusive();
+    let cl: &Cluster = &held;
+    let set = "fwd_mig";
+    create(cl, set, "lower");
+    // An item whose canonical and raw slots differ but have the same owner A.
+    let (raw, canon) = (0..2000)
+        .map(|i| (format!("MIG-{i}"), format!("mig-{i}")))
+        .find(|(r, c)| {
+            cl.keyslot(r) != cl.keyslot(c) && node_of(cl, r).port() == node_of(cl, c).port()
+        })
+        .expect("no spelling with both slots on one primary");
+    let slot = cl.keyslot(&canon);
+    let a = node_of(cl, &canon);
+    let b = cl
+        .primaries()
+        .find(|n| n.port() != a.port())
+        .expect("a second primary");
+    let id = |n: &Node| -> String {
+        redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut n.conn())
+            .unwrap()
+    };
+    let (a_id, b_id) = (id(a), id(b));
+    let mut ac = a.conn();
+    // A's negative is trusted before the migration (the filter decides, no database).
+    assert!(wait_until(Duration::from_secs(20), || {
+        explain(&mut ac, set, &raw).1 == "bloom-negative"
+    }));
+    let setslot = |n: &Node, state: &str, node: &str| {
+        let mut q = redis::cmd("CLUSTER");
+        q.arg("SETSLOT").arg(slot).arg(state);
+        if !node.is_empty() {
+            q.arg(node);
+        }
+        q.query::<()>(&mut n.conn()).unwrap();
+    };
+    // Whatever happens below, the slot is STABLE again for the other tests of this cluster.
+    struct Reopen<'a>(&'a Node, &'a Node, u16);
+    impl Drop for Reopen<'_> {
+        fn drop(&mut self) {
+            for n in [self.0, self.1] {
+                let _: redis::RedisResult<()> = redis::cmd("CLUSTER")
+                    .arg("SETSLOT")
+                    .arg(self.2)
+                    .arg("STABLE")
+                    .query(&mut n.conn());
+            }
+        }
+    }
+    let _stable = Reopen(a, b, slot);
+    setslot(b, "IMPORTING", &a_id);
+    setslot(a, "MIGRATING", &b_id);
+    // At once, not after the module's next 100 ms poll of slot states: A learns of the
+    // migration from the SETSLOT itself. The ADD of the canonical spelling, as a cluster client
+    // sends it after A's ASK.
+    let mut bc = b.conn();
+    let asked: redis::Value = redis::cmd("ASKING").query(&mut bc).unwrap();
+    assert_eq!(asked, redis::Value::Okay);
+    let added = int(&mut bc, &["MEMBER.ADD", set, &canon]);
+    // At once, the other spelling on the old owner: never 0.
+    let answer = int(&mut ac, &["MEMBER.EXISTS", set, &raw]);
+    assert_eq!(added, 1);
+    assert_eq!(
+        answer, 1,
+        "{raw} answered 0 by the old owner of slot {slot} while it migrated"
+    );
+}

@@ -1,0 +1,301 @@
+//! Issue 8, "how it is shown": a set spread over a cluster of its own (3 primaries, 3 replicas)
+//! keeps the correctness contract while `valkey-cli --cluster reshard` moves 1 000 slots, and
+//! while primaries fail over (kill -9, then a manual `CLUSTER FAILOVER`), under writers and
+//! readers whose whole history is checked (`support/chaos/checker.rs`): no false 0, no false 1,
+//! no hang, no unexpected error, and afterwards every item answered by its slot's owner as the
+//! database says. `MEMBER_RESHARD_SEED` repeats a run's item choices;
+//! `MEMBER_RESHARD_HISTORY=<dir>` writes each scenario's history there.
+use crate::support::chaos;
+use crate::support;
+
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use chaos::checker;
+use chaos::cluster_load::{self, LoadConfig};
+use chaos::history::{Fault, Recorder};
+use chaos::router::keyslot;
+use support::cluster::Cluster;
+use support::member::set_info;
+use support::wait_until;
+
+const DB_TIMEOUT_MS: u64 = 1000;
+
+/// Every node's configs: failures are detected in 2 s, and the sync loop runs only once a
+/// second, so it cannot hide a node that answers before it has caught up.
+const CONFIGS: [(&str, &str); 4] = [
+    ("cluster-node-timeout", "2000"),
+    ("member.sync-interval-ms", "1000"),
+    ("member.db-timeout-ms", "1000"),
+    ("member.workers", "2"),
+];
+
+/// RECENT-TTL 1: the marks would hide a missing filter bit for 10 s. NORMALIZE none: raw and
+/// canonical items are the same (forwarding between nodes is step 5's test).
+const SET_OPTIONS: [&str; 6] = ["CAPACITY", "100000", "RECENT-TTL", "1", "NORMALIZE", "none"];
+
+/// The file's own cluster, started once; the tests take turns (one reshards, one kills nodes).
+fn cluster() -> MutexGuard<'static, Cluster> {
+    static OWN: OnceLock<Mutex<Cluster>> = OnceLock::new();
+    OWN.get_or_init(|| Mutex::new(Cluster::start(&CONFIGS)))
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+fn load_config(hot: Vec<u16>) -> LoadConfig {
+    let seed = std::env::var("MEMBER_RESHARD_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("cluster_reshard: seed {seed}");
+    LoadConfig {
+        seed,
+        writers: 3,
+        readers: 4,
+        pause_ms: 6,
+        db_timeout_ms: DB_TIMEOUT_MS,
+        slack_ms: 3000,
+        hot,
+    }
+}
+
+/// Every node's port: the routers read the slot table from the first that answers.
+fn seeds(cl: &Cluster) -> Vec<u16> {
+    cl.nodes.iter().map(|n| n.port()).collect()
+}
+
+/// Records a cluster event as a fault of the history (printed at once).
+fn event(rec: &Recorder, start: u64, kind: &'static str, detail: String) {
+    rec.fault(Fault {
+        start,
+        end: rec.now(),
+        kind,
+        detail,
+    });
+}
+
+/// How a node answered for `set`: the counters of MEMBER.INFO that say which tier decided.
+fn paths(c: &mut redis::Connection, set: &str) -> String {
+    const SHOWN: [&str; 9] = [
+        "filter_complete",
+        "filter_caught_up",
+        "exists_calls",
+        "path_bloom_negative",
+        "path_recent",
+        "path_cache_hit",
+        "path_db_hit",
+        "path_db_miss",
+        "filter_incomplete_lookups",
+    ];
+    SHOWN
+        .iter()
+        .map(|f| format!("{f}={}", set_info(c, set, f).unwrap_or_default()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Waits for the load to settle, checks the history and the final state, prints the summary,
+/// and fails with every problem found.
+fn finish(
+    tag: &str,
+    cl: &Cluster,
+    set: &str,
+    cfg: &LoadConfig,
+    rec: &Recorder,
+    began: Instant,
+    mut problems: Vec<String>,
+) {
+    let ops = rec.ops();
+    thread::sleep(cfg.settle_wait());
+    let rules = cfg.rules();
+    let mut violations = checker::check(&ops, &rules);
+    violations.extend(cluster_load::unexpected_errors(&ops));
+    let t = Instant::now();
+    violations.extend(cluster_load::final_check(cl, set, &ops, &rules));
+    eprintln!("{tag}: final check took {:.1} s", t.elapsed().as_secs_f64());
+    chaos::summary(tag, &ops, &rec.faults(), &violations, began.elapsed());
+    if let Ok(dir) = std::env::var("MEMBER_RESHARD_HISTORY") {
+        let path = format!("{dir}/{tag}.history");
+        chaos::write_history(&path, &ops, &rec.faults(), &violations);
+    }
+    let (mut negatives, mut lookups) = (0, 0);
+    for n in cl.primaries() {
+        let mut c = n.conn();
+        eprintln!("{tag}: :{} {}", n.port(), paths(&mut c, set));
+        let mut count = |f| {
+            set_info(&mut c, set, f)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        negatives += count("path_bloom_negative");
+        lookups += count("exists_calls");
+    }
+    assert!(ops.len() > 1000, "only {} operations ran", ops.len());
+    if !violations.is_empty() {
+        problems.push(format!(
+            "{} violations of the contract (see the summary above)",
+            violations.len()
+        ));
+    }
+    // A fifth of the reads, and some of the final check's lookups, are of items nobody wrote:
+    // a filter that serves answers nearly all of them itself. If it answered fewer than one
+    // lookup in twenty, most answers came from the database and the history could not show a
+    // filter that misses an acknowledged member.
+    if negatives * 20 < lookups {
+        problems.push(format!(
+            "the filters answered {negatives} of {lookups} lookups (path_bloom_negative, counters \
+             above): too few for the run to catch a filter missing an acknowledged member"
+        ));
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n\n"));
+}
+
+/// Moves 1 000 slots from one primary to another with the real CLI while the load runs. The
+/// set is named so that a key named after it alone (`member:<set>:bloom`, which every node
+/// holds today) hashes to one of the last slots moved: whatever the module keeps in keys,
+/// a slot holding some set's key moves like any other (with many sets, some always do).
+#[test]
+fn resharding_under_load_keeps_the_contract() {
+    let began = Instant::now();
+    let cl = cluster();
+    cl.wait_healthy(Duration::from_secs(30), true)
+        .expect("cluster healthy before the reshard");
+    assert_eq!(keyslot(b"member:x:bloom"), cl.keyslot("member:x:bloom"));
+    let table = cl.slot_table();
+    let from = cl.node_by_port(table[0]);
+    let to = cl.primaries().find(|n| n.port() != from.port()).unwrap();
+    // The CLI takes the source's lowest slots.
+    let moving: Vec<u16> = cl.slots_of(from).into_iter().take(1000).collect();
+    let set = (0..)
+        .map(|i| format!("reshard_{i}"))
+        .find(|s| moving[800..].contains(&keyslot(format!("member:{s}:bloom").as_bytes())))
+        .unwrap();
+    cl.create_everywhere_with(&set, &SET_OPTIONS);
+    let cfg = load_config(moving.clone());
+    let rec = Recorder::new();
+    let mut problems = Vec::new();
+    cluster_load::run(&cfg, &set, &seeds(&cl), &rec, || {
+        thread::sleep(Duration::from_secs(2));
+        let start = rec.now();
+        let run = cl.reshard(from, to, moving.len());
+        let ok = if run.ok { "done" } else { "FAILED" };
+        let secs = (rec.now() - start) as f64 / 1e6;
+        let detail = format!(
+            "1000 slots :{} -> :{}: {ok} after {secs:.3} s",
+            from.port(),
+            to.port()
+        );
+        event(&rec, start, "reshard", detail);
+        if !run.ok {
+            // The slot it stopped at, and who holds what there.
+            let at = run.text.lines().rev().find_map(|l| {
+                let slot = l.strip_prefix("Moving slot ")?.split_whitespace().next()?;
+                slot.parse::<u16>().ok()
+            });
+            let held = at.map_or(String::new(), |s| {
+                format!("\n{}\n{}", cl.keys_in_slot(from, s), cl.keys_in_slot(to, s))
+            });
+            problems.push(format!("the reshard failed:\n{}{held}", run.text));
+        }
+        thread::sleep(Duration::from_secs(3));
+    });
+    let check = cl.wait_check_clean(Duration::from_secs(10));
+    if !check.ok {
+        problems.push(format!(
+            "--cluster check is not clean after the reshard:\n{}",
+            check.text
+        ));
+    }
+    let table = cl.slot_table();
+    let moved = moving
+        .iter()
+        .filter(|s| table[**s as usize] == to.port())
+        .count();
+    eprintln!(
+        "cluster_reshard: {moved} of the {} slots aimed at moved",
+        moving.len()
+    );
+    let closed = cl.close_open_slots();
+    if !closed.is_empty() {
+        eprintln!("cluster_reshard: set open slots {closed:?} back to STABLE");
+    }
+    finish("reshard", &cl, &set, &cfg, &rec, began, problems);
+}
+
+/// Kills a primary with -9 and lets its replica be promoted, then fails another primary over
+/// by hand (`CLUSTER FAILOVER` on its replica), while the load runs; the killed node comes
+/// back as a replica before the final check.
+#[test]
+fn failover_under_load_keeps_the_contract() {
+    let began = Instant::now();
+    let mut guard = cluster();
+    let cl: &mut Cluster = &mut guard;
+    cl.wait_healthy(Duration::from_secs(30), true)
+        .expect("cluster healthy before the failover");
+    cl.refresh_roles();
+    let primaries: Vec<u16> = cl.primaries().map(|n| n.port()).collect();
+    let replica_of = |cl: &Cluster, p: u16| cl.replica_of(cl.node_by_port(p)).port();
+    let (victim, manual) = (primaries[0], primaries[1]);
+    let (heir, taker) = (replica_of(cl, victim), replica_of(cl, manual));
+    let set = format!("failover_{}", std::process::id());
+    cl.create_everywhere_with(&set, &SET_OPTIONS);
+    let cfg = load_config(cl.slots_of(cl.node_by_port(victim)));
+    let rec = Recorder::new();
+    let mut problems = Vec::new();
+    let seeds = seeds(cl);
+    let promote_wait = Duration::from_secs(30);
+    cluster_load::run(&cfg, &set, &seeds, &rec, || {
+        thread::sleep(Duration::from_secs(2));
+        let start = rec.now();
+        cl.kill9(victim);
+        event(&rec, start, "kill -9", format!("primary :{victim}"));
+        let start = rec.now();
+        let promoted = wait_until(promote_wait, || cl.is_primary_now(heir))
+            && cl.wait_healthy(promote_wait, false).is_ok();
+        let secs = (rec.now() - start) as f64 / 1e6;
+        let detail = format!(":{heir} primary, cluster ok: {promoted} after {secs:.3} s");
+        event(&rec, start, "promotion", detail);
+        if !promoted {
+            problems.push(format!(
+                "replica :{heir} was not promoted after :{victim} died"
+            ));
+        }
+        thread::sleep(Duration::from_secs(3));
+        let start = rec.now();
+        let asked = redis::cmd("CLUSTER")
+            .arg("FAILOVER")
+            .query::<String>(&mut cl.node_by_port(taker).conn());
+        let took = asked.is_ok()
+            && wait_until(promote_wait, || cl.is_primary_now(taker))
+            && cl.wait_healthy(promote_wait, false).is_ok();
+        let secs = (rec.now() - start) as f64 / 1e6;
+        let detail = format!(":{taker} primary, cluster ok: {took} after {secs:.3} s");
+        event(&rec, start, "manual failover", detail);
+        if !took {
+            problems.push(format!(
+                "CLUSTER FAILOVER on :{taker}: {asked:?}, took {took}"
+            ));
+        }
+        thread::sleep(Duration::from_secs(3));
+    });
+    cl.restart(victim);
+    cl.refresh_roles();
+    if let Err(e) = cl.wait_healthy(Duration::from_secs(30), true) {
+        problems.push(format!("the cluster did not heal after the failovers: {e}"));
+    }
+    cl.refresh_roles();
+    let check = cl.wait_check_clean(Duration::from_secs(10));
+    if !check.ok {
+        problems.push(format!(
+            "--cluster check is not clean after the failovers:\n{}",
+            check.text
+        ));
+    }
+    finish("failover", cl, &set, &cfg, &rec, began, problems);
+}

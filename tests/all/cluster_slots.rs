@@ -1,0 +1,473 @@
+//! Issue 8, step 4a (docs/cluster-placement.md): in a real cluster (3 primaries, 3 replicas,
+//! one for the whole file), filters live in module memory, every owned slot holds a sentinel,
+//! and a filter negative counts only for a slot the node has held — the same sentinel value —
+//! for longer than the grace. Writes whose canonical form lies in another node's slot are
+//! forwarded to that slot's holder.
+use crate::support;
+
+use std::time::Duration;
+
+use redis::{Connection, Value};
+use support::cluster::{Cluster, Node};
+use support::member::*;
+use support::wait_until;
+
+/// Tests that read who owns which slot hold it shared; the one that moves a slot holds it
+/// exclusively.
+
+fn number(c: &mut Connection, set: &str, field: &str) -> i64 {
+    set_info(c, set, field)
+        .unwrap_or_else(|| panic!("MEMBER.INFO {set} has no {field}"))
+        .parse()
+        .unwrap()
+}
+
+/// A per-item call sent where the cluster routes it: the owner of its item's slot.
+fn routed(cl: &Cluster, args: &[&str]) -> i64 {
+    int(&mut cl.owner(cl.keyslot(args[2])).conn(), args)
+}
+
+/// The sentinel key of `slot`, found on its owner.
+fn sentinel_of(owner: &Node, slot: u16) -> String {
+    let keys: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(1000)
+        .query(&mut owner.conn())
+        .unwrap();
+    keys.into_iter()
+        .find(|k| k.starts_with("member:{") && k.ends_with("}:owner"))
+        .unwrap_or_else(|| panic!("slot {slot} has no sentinel on {}", owner.addr()))
+}
+
+/// The filter did not answer for `item`: the database said "absent", or did not answer in time
+/// (`UNAVAILABLE`, on a busy machine). Never a 0 from the filter.
+fn asked_the_database(c: &mut Connection, set: &str, item: &str) {
+    match redis::cmd("MEMBER.EXPLAIN")
+        .arg(set)
+        .arg(item)
+        .query::<(i64, String)>(c)
+    {
+        Ok(v) => assert_eq!(v, (0, "db-miss".into()), "{item}"),
+        Err(e) => assert_eq!(e.code(), Some("UNAVAILABLE"), "{item}: {e}"),
+    }
+}
+
+/// The first item `prefix<i>` that is absent from `set` (never added), and its slot.
+fn probe(cl: &Cluster, prefix: &str) -> (String, u16) {
+    let item = format!("{prefix}-absent");
+    let slot = cl.keyslot(&item);
+    (item, slot)
+}
+
+#[test]
+fn every_owned_slot_has_a_sentinel_and_the_filter_is_no_key() {
+    let held = Cluster::shared();
+    let cl: &Cluster = &held;
+    let set = "sentinels";
+    ok(
+        &mut cl.nodes[0].conn(),
+        &["MEMBER.CREATE", set, "NORMALIZE", "none"],
+    );
+    cl.wait_ready(set);
+    let mut owned_total = 0;
+    for n in &cl.nodes {
+        let mut c = n.conn();
+        let owned = number(&mut c, set, "cluster_slots_owned");
+        // MEMBER.INFO says which node's part it shows.
+        assert_eq!(
+            set_info(&mut c, set, "cluster_node").as_deref(),
+            Some(n.id.as_str())
+        );
+        let role = if n.primary { "primary" } else { "replica" };
+        assert_eq!(set_info(&mut c, set, "cluster_role").as_deref(), Some(role));
+        assert!((5000..=5600).contains(&owned), "{}: {owned}", n.addr());
+        if n.primary {
+            owned_total += owned;
+        }
+        assert_eq!(
+            set_info(&mut c, set, "filter_present").as_deref(),
+            Some("1")
+        );
+    }
+    assert_eq!(owned_total, 16384);
+    // The filter lives in module memory, not at a key of some slot.
+    let bloom = format!("member:{set}:bloom");
+    let holder = cl.owner(cl.keyslot(&bloom));
+    assert_eq!(int(&mut holder.conn(), &["EXISTS", &bloom]), 0);
+    for slot in [0u16, 5000, 9999, 16383] {
+        let owner = cl.owner(slot);
+        let key = sentinel_of(owner, slot);
+        let t: String = redis::cmd("TYPE")
+            .arg(&key)
+            .query(&mut owner.conn())
+            .unwrap();
+        assert_eq!(t, "member-sl", "{key}");
+        // Replicated: the replica holds one too (a value of its own).
+        let r = cl.replica_of(owner);
+        let mut rc = r.conn();
+        ok(&mut rc, &["READONLY"]);
+        assert!(
+            wait_until(Duration::from_secs(10), || int(&mut rc, &["EXISTS", &key])
+                == 1),
+            "replica {} lacks {key}",
+            r.addr()
+        );
+    }
+    // And a negative now comes from the filter, on the owner and on its replica.
+    let (item, slot) = probe(cl, "sentinels");
+    let owner = cl.owner(slot);
+    assert_eq!(
+        explain(&mut owner.conn(), set, &item),
+        (0, "bloom-negative".into())
+    );
+    let mut rc = cl.replica_of(owner).conn();
+    ok(&mut rc, &["READONLY"]);
+    assert_eq!(explain(&mut rc, set, &item), (0, "bloom-negative".into()));
+}
+
+/// The window the sentinel closes: a slot that leaves and comes back between two polls of
+/// `CLUSTER NODES`. Its sentinel goes with it and comes back as a new value (RESTORE), so the
+/// very next lookup stops believing the filter for that slot, and only the grace (and a sync
+/// pass after it) restores it.
+#[test]
+fn a_sentinel_that_went_away_and_came_back_is_not_believed() {
+    let held = Cluster::shared();
+    let cl: &Cluster = &held;
+    let set = "comeback";
+    ok(
+        &mut cl.nodes[0].conn(),
+        &["MEMBER.CREATE", set, "NORMALIZE", "none"],
+    );
+    cl.wait_ready(set);
+    let (item, slot) = probe(cl, "comeback");
+    let owner = cl.owner(slot);
+    let mut c = owner.conn();
+    assert_eq!(explain(&mut c, set, &item), (0, "bloom-negative".into()));
+    let key = sentinel_of(owner, slot);
+    let dump: Vec<u8> = redis::cmd("DUMP").arg(&key).query(&mut c).unwrap();
+    // DEL and RESTORE in one transaction: no poll can run between them.
+    let _: Value = redis::pipe()
+        .atomic()
+        .cmd("DEL")
+        .arg(&key)
+        .cmd("RESTORE")
+        .arg(&key)
+        .arg(0)
+        .arg(dump)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(
+        explain(&mut c, set, &item),
+        (0, "db-miss".into()),
+        "a restored sentinel is a new value: the slot waits"
+    );
+    // Other slots are not affected.
+    let (other, other_slot) = (1..)
+        .map(|i| format!("comeback-other-{i}"))
+        .map(|i| {
+            let s = cl.keyslot(&i);
+            (i, s)
+        })
+        .find(|(_, s)| *s != slot && cl.owner(*s).port() == owner.port())
+        .unwrap();
+    assert_ne!(other_slot, slot);
+    assert_eq!(explain(&mut c, set, &other), (0, "bloom-negative".into()));
+    // After the grace and a sync pass, the slot answers from the filter again.
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            bloom_negative_now(&mut c, set, &item)
+        }),
+        "slot {slot} never became ready again"
+    );
+    // A sentinel deleted outright is written anew by the owner (and waits the same way).
+    assert_eq!(int(&mut c, &["DEL", &key]), 1);
+    asked_the_database(&mut c, set, &item);
+    assert!(wait_until(Duration::from_secs(30), || {
+        bloom_negative_now(&mut c, set, &item)
+    }));
+    assert_eq!(int(&mut c, &["EXISTS", &key]), 1);
+    // A sentinel given a TTL could expire unseen: it no longer counts, and the owner writes a
+    // fresh one without.
+    assert_eq!(int(&mut c, &["PEXPIRE", &key, "600000"]), 1);
+    asked_the_database(&mut c, set, &item);
+    assert!(wait_until(Duration::from_secs(30), || {
+        bloom_negative_now(&mut c, set, &item)
+    }));
+    assert_eq!(int(&mut c, &["PTTL", &key]), -1);
+}
+
+/// Only the module writes its keys, in cluster form too: the bytes of a cache entry set again
+/// by a plain SET after a DEL are not believed, and a SET over a slot sentinel (which replaces
+/// it) makes the slot wait as a deleted one does.
+#[test]
+fn a_foreign_set_onto_the_modules_keys_is_not_believed() {
+    let held = Cluster::shared();
+    let cl: &Cluster = &held;
+    let set = "forged";
+    ok(
+        &mut cl.nodes[0].conn(),
+        &["MEMBER.CREATE", set, "CACHE-TTL", "300", "RECENT-TTL", "1"],
+    );
+    cl.wait_ready(set);
+    let item = "erin";
+    let slot = cl.keyslot(item);
+    let owner = cl.owner(slot);
+    let mut c = owner.conn();
+    assert_eq!(int(&mut c, &["MEMBER.ADD", set, item]), 1);
+    // Past RECENT-TTL: the filter's hit goes to the cache.
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", set, item]), 1);
+    assert_eq!(explain(&mut c, set, item), (1, "cache-hit".into()));
+    let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+        .arg(format!("member:*:{set}:hit:*"))
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let value: Vec<u8> = redis::cmd("GET").arg(&keys[0]).query(&mut c).unwrap();
+    assert_eq!(int(&mut c, &["MEMBER.DEL", set, item]), 1);
+    let _: () = redis::cmd("SET")
+        .arg(&keys[0])
+        .arg(&value)
+        .arg("EX")
+        .arg(300)
+        .query(&mut c)
+        .unwrap();
+    match redis::cmd("MEMBER.EXPLAIN")
+        .arg(set)
+        .arg(item)
+        .query::<(i64, String)>(&mut c)
+    {
+        Ok(v) => assert_eq!(v.0, 0, "a deleted member answered {v:?}"),
+        Err(e) => assert_eq!(e.code(), Some("UNAVAILABLE"), "{e}"),
+    }
+    // The sentinel: an absent item of the slot answers from the filter, until a SET replaces
+    // the sentinel; then the database answers until the owner has written a fresh one.
+    let absent = format!("{{{item}}}-absent");
+    assert_eq!(cl.keyslot(&absent), slot);
+    assert!(wait_until(Duration::from_secs(30), || {
+        bloom_negative_now(&mut c, set, &absent)
+    }));
+    let key = sentinel_of(owner, slot);
+    let _: () = redis::cmd("SET").arg(&key).arg("x").query(&mut c).unwrap();
+    asked_the_database(&mut c, set, &absent);
+    assert!(wait_until(Duration::from_secs(30), || {
+        bloom_negative_now(&mut c, set, &absent)
+    }));
+}
+
+/// A client routes by the bytes it sends; only the holder of the canonical form's slot changes
+/// what its filter and cache hold. Another node forwards such a write there over the cluster
+/// bus (step 5; tests/all/cluster_forward.rs has the rest).
+#[test]
+fn a_write_whose_canonical_form_lies_elsewhere_is_forwarded_there() {
+    let held = Cluster::shared();
+    let cl: &Cluster = &held;
+    let set = "canonical";
+    ok(
+        &mut cl.nodes[0].conn(),
+        &["MEMBER.CREATE", set, "NORMALIZE", "lower"],
+    );
+    cl.wait_ready(set);
+    let (raw, canon) = (0..)
+        .map(|i| (format!("Mixed-{i}"), format!("mixed-{i}")))
+        .find(|(r, l)| cl.owner(cl.keyslot(r)).port() != cl.owner(cl.keyslot(l)).port())
+        .unwrap();
+    let raw_owner = cl.owner(cl.keyslot(&raw));
+    let mut c = raw_owner.conn();
+    assert_eq!(int(&mut c, &["MEMBER.ADD", set, &raw]), 1);
+    assert_eq!(int(&mut c, &["MEMBER.ADD", set, &raw]), 0);
+    // Written where the canonical form lives: its owner answers it in that form, from its
+    // cache once filled; through the other node, the answer is the owner's.
+    assert_eq!(routed(cl, &["MEMBER.EXISTS", set, &canon]), 1);
+    assert_eq!(
+        explain(&mut cl.owner(cl.keyslot(&canon)).conn(), set, &canon),
+        (1, "cache-hit".into())
+    );
+    assert_eq!(explain(&mut c, set, &raw), (1, "cache-hit".into()));
+    assert_eq!(int(&mut c, &["MEMBER.DEL", set, &raw]), 1);
+    assert_eq!(routed(cl, &["MEMBER.EXISTS", set, &canon]), 0);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", set, &raw]), 0);
+    // The same item in a form of its own slot is written where it lands.
+    assert_eq!(routed(cl, &["MEMBER.ADD", set, "same"]), 1);
+    assert_eq!(routed(cl, &["MEMBER.EXISTS", set, "SAME"]), 1);
+}
+
+/// The filters held in module memory are saved in the RDB aux field and come back with the
+/// dataset (DEBUG RELOAD here; a replica's full synchronization reads the same field): the
+/// node serves them again without a rebuild, once caught up.
+#[test]
+fn filters_come_back_with_the_dataset() {
+    let held = Cluster::shared();
+    let cl: &Cluster = &held;
+    let set = "carried";
+    ok(
+        &mut cl.nodes[0].conn(),
+        &["MEMBER.CREATE", set, "NORMALIZE", "none"],
+    );
+    assert_eq!(routed(cl, &["MEMBER.ADD", set, "kept"]), 1);
+    cl.wait_ready(set);
+    let owner = cl.owner(cl.keyslot("kept"));
+    let mut c = owner.conn();
+    let rebuilds = info_field(&mut c, "rebuilds_done");
+    let bits = set_info(&mut c, set, "filter_bits");
+    ok(&mut c, &["DEBUG", "RELOAD"]);
+    assert_eq!(
+        set_info(&mut c, set, "filter_present").as_deref(),
+        Some("1")
+    );
+    assert_eq!(set_info(&mut c, set, "filter_bits"), bits);
+    cl.wait_ready(set);
+    assert_eq!(explain(&mut c, set, "kept").0, 1);
+    let (item, slot) = probe(cl, "carried");
+    assert_eq!(
+        explain(&mut cl.owner(slot).conn(), set, &item),
+        (0, "bloom-negative".into())
+    );
+    assert_eq!(info_field(&mut c, "rebuilds_done"), rebuilds);
+}
+
+/// Step 4b: each primary's filter is sized for, and filled with, its own slots only, so the
+/// set's memory summed over the primaries is that of one filter for the whole set.
+#[test]
+fn each_primary_holds_only_its_share_of_the_filter() {
+    let held = Cluster::shared();
+    let cl: &Cluster = &held;
+    let set = "shares";
+    let capacity = 300_000;
+    ok(
+        &mut cl.nodes[0].conn(),
+        &[
+            "MEMBER.CREATE",
+            set,
+            "CAPACITY",
+            &capacity.to_string(),
+            "NORMALIZE",
+            "none",
+        ],
+    );
+    cl.wait_ready(set);
+    let mut bits = 0;
+    for n in cl.primaries() {
+        let mut c = n.conn();
+        assert_eq!(
+            set_info(&mut c, set, "cluster_slots_covered"),
+            set_info(&mut c, set, "cluster_slots_owned")
+        );
+        bits += number(&mut c, set, "filter_bits");
+    }
+    let per_member = bits as f64 / capacity as f64;
+    // One filter at 1 % needs 9.6 bits per member; three whole-table copies would need 28.8.
+    assert!(
+        per_member < 10.0,
+        "{per_member:.2} bits per member over the primaries"
+    );
+}
+
+/// Moves `slot` from `src` to `dst` the way `valkey-cli --cluster reshard` does.
+fn move_slot(cl: &Cluster, slot: u16, src: &Node, dst: &Node) {
+    let s = slot.to_string();
+    ok(
+        &mut dst.conn(),
+        &["CLUSTER", "SETSLOT", &s, "IMPORTING", &src.id],
+    );
+    ok(
+        &mut src.conn(),
+        &["CLUSTER", "SETSLOT", &s, "MIGRATING", &dst.id],
+    );
+    loop {
+        let keys: Vec<String> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(100)
+            .query(&mut src.conn())
+            .unwrap();
+        if keys.is_empty() {
+            break;
+        }
+        let mut m = redis::cmd("MIGRATE");
+        m.arg("127.0.0.1")
+            .arg(dst.port())
+            .arg("")
+            .arg(0)
+            .arg(5000)
+            .arg("KEYS");
+        for k in &keys {
+            m.arg(k);
+        }
+        let _: Value = m.query(&mut src.conn()).unwrap();
+    }
+    for n in cl.primaries() {
+        ok(&mut n.conn(), &["CLUSTER", "SETSLOT", &s, "NODE", &dst.id]);
+    }
+    assert!(wait_until(Duration::from_secs(10), || cl
+        .owner(slot)
+        .port()
+        == dst.port()));
+}
+
+/// A slot that arrives is filled in place (its rows read and added) and answers from the
+/// filter once filled and past the grace; the node it left keeps covering it (the sync loop
+/// goes on applying its rows), so when it comes back no fill is needed.
+#[test]
+fn a_slot_that_arrives_is_filled_and_one_that_returns_is_still_covered() {
+    let held = Cluster::shared_exclusive();
+    let cl: &Cluster = &held;
+    let set = "arrivals";
+    ok(
+        &mut cl.nodes[0].conn(),
+        &["MEMBER.CREATE", set, "NORMALIZE", "none"],
+    );
+    cl.wait_ready(set);
+    let (absent, slot) = probe(cl, "arrivals");
+    let src = cl.owner(slot);
+    let dst = cl.primaries().find(|n| n.port() != src.port()).unwrap();
+    // A member of the slot, added on its owner before the move.
+    let member = (0..)
+        .map(|i| format!("arrivals-member-{i}"))
+        .find(|m| cl.keyslot(m) == slot)
+        .unwrap();
+    assert_eq!(int(&mut src.conn(), &["MEMBER.ADD", set, &member]), 1);
+    let fills = |n: &Node| info_field(&mut n.conn(), "slot_fills_done").unwrap();
+    let fills_before = fills(dst);
+
+    move_slot(cl, slot, src, dst);
+    let mut d = dst.conn();
+    assert_eq!(int(&mut d, &["MEMBER.EXISTS", set, &member]), 1);
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            bloom_negative_now(&mut d, set, &absent)
+        }),
+        "slot {slot} never answered from the filter on {}: {:?}",
+        dst.addr(),
+        explain(&mut d, set, &absent)
+    );
+    assert!(fills(dst).parse::<u64>().unwrap() > fills_before.parse::<u64>().unwrap());
+    assert_eq!(
+        set_info(&mut d, set, "cluster_slots_covered"),
+        set_info(&mut d, set, "cluster_slots_owned")
+    );
+    // Added where the slot is now, then the slot goes back.
+    let later = (0..)
+        .map(|i| format!("arrivals-later-{i}"))
+        .find(|m| cl.keyslot(m) == slot)
+        .unwrap();
+    assert_eq!(int(&mut d, &["MEMBER.ADD", set, &later]), 1);
+    let fills_src = fills(src);
+    move_slot(cl, slot, dst, src);
+    let mut c = src.conn();
+    for m in [&member, &later] {
+        assert_eq!(int(&mut c, &["MEMBER.EXISTS", set, m]), 1, "{m}");
+    }
+    assert!(wait_until(Duration::from_secs(30), || {
+        bloom_negative_now(&mut c, set, &absent)
+    }));
+    // Past the grace, the filter (not a fill) knows the member added elsewhere.
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(explain(&mut c, set, &later).0, 1);
+    assert_eq!(
+        fills(src),
+        fills_src,
+        "the slot never stopped being covered there"
+    );
+}

@@ -1,0 +1,121 @@
+//! Happy paths of every command, against a real valkey-server and PostgreSQL.
+use crate::support;
+
+use support::member::*;
+
+#[test]
+fn create_add_exists_del_roundtrip() {
+    let env = Env::new();
+    let mut c = env.conn();
+    ok(&mut c, &["MEMBER.CREATE", "users"]);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "users", "alice"]), 0);
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "users", "alice"]), 1);
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "users", "alice"]), 0);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "users", "alice"]), 1);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "users", "bob"]), 0);
+    let mut pg = env.pg();
+    let n: i64 = pg
+        .query_one(
+            "SELECT count(*) FROM member_users WHERE entity_id = 'alice' AND scope = '' AND status = 1",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+    assert_eq!(int(&mut c, &["MEMBER.DEL", "users", "alice"]), 1);
+    assert_eq!(int(&mut c, &["MEMBER.DEL", "users", "alice"]), 0);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "users", "alice"]), 0);
+    let n: i64 = pg
+        .query_one("SELECT count(*) FROM member_users", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0);
+}
+
+/// The item is declared as a routing key (NOT_KEY), not as a key: users whose key patterns
+/// exclude it, or who may touch no key at all, still use every per-item command.
+#[test]
+fn item_is_not_an_acl_key() {
+    let env = Env::new();
+    let mut admin = env.conn();
+    ok(&mut admin, &["MEMBER.CREATE", "users"]);
+    ok(
+        &mut admin,
+        &[
+            "ACL",
+            "SETUSER",
+            "keyed",
+            "on",
+            "nopass",
+            "~member:*",
+            "+@all",
+        ],
+    );
+    ok(
+        &mut admin,
+        &[
+            "ACL",
+            "SETUSER",
+            "keyless",
+            "on",
+            "nopass",
+            "resetkeys",
+            // Only the set's own ACL name (issue 9's per-set check): no pattern matches the
+            // items, which must not need one.
+            "~member:users",
+            "+@all",
+        ],
+    );
+    for user in ["keyed", "keyless"] {
+        let mut c = env.conn();
+        ok(&mut c, &["AUTH", user, "any"]);
+        let item = format!("{user}_item");
+        assert_eq!(int(&mut c, &["MEMBER.EXISTS", "users", &item]), 0, "{user}");
+        assert_eq!(int(&mut c, &["MEMBER.ADD", "users", &item]), 1, "{user}");
+        assert_eq!(int(&mut c, &["MEMBER.EXISTS", "users", &item]), 1, "{user}");
+        assert_eq!(explain(&mut c, "users", &item).0, 1, "{user}");
+        assert_eq!(int(&mut c, &["MEMBER.DEL", "users", &item]), 1, "{user}");
+        // The ACL is in force: a real key named like the item is refused.
+        let e = err(&mut c, &["GET", &item]);
+        assert!(e.starts_with("NOPERM"), "{user}: GET -> {e}");
+    }
+}
+
+/// A CREATE without options takes the module's defaults (README "Configuration"), read when
+/// the set is created: `member.default-capacity`, `member.default-error-rate`,
+/// `member.cache-ttl`, `member.recent-ttl`.
+#[test]
+fn create_takes_the_configured_defaults() {
+    let env = Env::new();
+    let mut c = env.conn();
+    for (name, value) in [
+        ("member.default-capacity", "5000"),
+        ("member.default-error-rate", "0.02"),
+        ("member.cache-ttl", "77"),
+        ("member.recent-ttl", "9"),
+    ] {
+        ok(&mut c, &["CONFIG", "SET", name, value]);
+    }
+    ok(&mut c, &["MEMBER.CREATE", "d"]);
+    for (field, want) in [
+        ("capacity", "5000"),
+        ("error_rate", "0.02"),
+        ("cache_ttl", "77"),
+        ("recent_ttl", "9"),
+        ("filter_capacity", "5000"),
+    ] {
+        assert_eq!(
+            set_info(&mut c, "d", field).as_deref(),
+            Some(want),
+            "{field}"
+        );
+    }
+    // Given options win over the defaults.
+    ok(
+        &mut c,
+        &["MEMBER.CREATE", "e", "CAPACITY", "700", "CACHE-TTL", "5"],
+    );
+    assert_eq!(set_info(&mut c, "e", "capacity").as_deref(), Some("700"));
+    assert_eq!(set_info(&mut c, "e", "cache_ttl").as_deref(), Some("5"));
+    assert_eq!(set_info(&mut c, "e", "recent_ttl").as_deref(), Some("9"));
+}

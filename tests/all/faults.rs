@@ -1,0 +1,217 @@
+//! Fault injection against a real PostgreSQL, the database away: stopped, down at start-up,
+//! restarted, or its URL changed. The contract under test (README "The correctness
+//! contract"): items the filter rejects are still answered; every other lookup and every write
+//! gets an error starting with `UNAVAILABLE` within the timeout — never a 0 or 1 in its place,
+//! never a hang — and the module recovers by itself. A database that is there but slow:
+//! `tests/all/timeouts.rs`.
+use crate::support;
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use support::faults::*;
+use support::member::*;
+use support::{free_port, start_with, wait_until, OwnPg};
+
+#[test]
+fn postgres_down_gives_errors_not_answers_and_recovers() {
+    let mut pg = OwnPg::start_new();
+    let vk = start_loaded(&pg.url(), &FAST);
+    let mut c = vk.conn();
+    ok(&mut c, &["MEMBER.CREATE", "s1"]);
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "s1", "a"]), 1);
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "s1", "b"]), 1);
+    for i in 0..RECOVERY_CALLS {
+        assert_eq!(int(&mut c, &["MEMBER.ADD", "s1", &format!("e-{i}")]), 1);
+    }
+    // The db-hit fills the cache for a; b is never looked up, so it is not cached.
+    assert_eq!(explain(&mut c, "s1", "a"), (1, "db-hit".to_string()));
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s1", "a"]), 1);
+    assert_eq!(explain(&mut c, "s1", "a"), (1, "cache-hit".to_string()));
+    let never = bloom_negative_item(&mut c, "s1", "zzz-never");
+
+    pg.stop();
+
+    // Filter negative: answered in memory, at full speed.
+    let t = Instant::now();
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s1", &never]), 0);
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_millis(DB_TIMEOUT_MS),
+        "a filter negative waited {took:?} with PostgreSQL down"
+    );
+    assert_eq!(explain(&mut c, "s1", &never), (0, "bloom-negative".into()));
+    // Cache hit: answered from the exact-match key.
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s1", "a"]), 1);
+    assert_eq!(explain(&mut c, "s1", "a"), (1, "cache-hit".into()));
+    // In the filter, not cached: only the database may answer, so an error, never 0/1.
+    // Twice: once on the connections broken by the shutdown, once on reconnect attempts.
+    unavailable(&vk, &mut c, &["MEMBER.EXISTS", "s1", "b"]);
+    unavailable(&vk, &mut c, &["MEMBER.EXISTS", "s1", "b"]);
+    unavailable(&vk, &mut c, &["MEMBER.EXPLAIN", "s1", "b"]);
+    // Writes go to the database first.
+    unavailable(&vk, &mut c, &["MEMBER.ADD", "s1", "c-new"]);
+    unavailable(&vk, &mut c, &["MEMBER.DEL", "s1", "a"]);
+    let pong: String = redis::cmd("PING").query(&mut c).unwrap();
+    assert_eq!(pong, "PONG");
+
+    pg.start();
+
+    // Recovery by itself: no command or config needed.
+    wait_for_answer(&vk, &mut c, "s1", "b", 1, Duration::from_secs(15));
+    let mut pgc = pg.client();
+    // The failed ADD and DEL never reached PostgreSQL (it was down).
+    assert_eq!(pg_active(&mut pgc, "s1", "c-new"), 0);
+    assert_eq!(pg_active(&mut pgc, "s1", "a"), 1);
+    // Recovered means recovered: once the database answers again, so does every call that
+    // needs it. More calls than workers (4), so each worker's connection gets used: every
+    // e-<i> is in the filter and was never looked up (not cached), and every ADD writes.
+    every_call_answers(&vk, &mut c, &mut pgc, "s1");
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s1", "a"]), 1);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s1", "c-new"]), 0);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s1", "d-0"]), 1);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s1", &never]), 0);
+}
+
+#[test]
+fn start_while_postgres_is_down() {
+    let mut pg = OwnPg::start_new();
+    {
+        let vk1 = start_loaded(&pg.url(), &FAST);
+        let mut c = vk1.conn();
+        ok(&mut c, &["MEMBER.CREATE", "s4"]);
+        assert_eq!(int(&mut c, &["MEMBER.ADD", "s4", "present"]), 1);
+        assert_eq!(int(&mut c, &["MEMBER.ADD", "s4", "also"]), 1);
+    } // vk1 stops here
+    pg.stop();
+
+    let vk = start_with(&pg.url(), &FAST);
+    let mut c = vk.conn();
+    // Give the catalog load a chance to fail at least once.
+    wait_failed_catalog_load(&vk);
+    assert_eq!(info_field(&mut c, "catalog_loaded").as_deref(), Some("0"));
+    unavailable(&vk, &mut c, &["MEMBER.EXISTS", "s4", "x"]);
+    unavailable(&vk, &mut c, &["MEMBER.EXISTS", "s4", "present"]);
+    unavailable(&vk, &mut c, &["MEMBER.ADD", "s4", "y"]);
+
+    pg.start();
+
+    // From the first answer on, answers match PostgreSQL: this node's filter is missing at
+    // first, so "present" can only come from the database, never a false 0.
+    wait_for_answer(&vk, &mut c, "s4", "present", 1, Duration::from_secs(20));
+    assert_eq!(info_field(&mut c, "catalog_loaded").as_deref(), Some("1"));
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s4", "also"]), 1);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s4", "x"]), 0);
+    // The filter is rebuilt in the background; then negatives are answered by it.
+    assert!(
+        wait_until(Duration::from_secs(20), || set_info(
+            &mut c,
+            "s4",
+            "filter_complete"
+        )
+        .as_deref()
+            == Some("1")),
+        "filter never rebuilt\nvalkey log:\n{}",
+        vk.log()
+    );
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s4", "present"]), 1);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s4", "also"]), 1);
+    let never = bloom_negative_item(&mut c, "s4", "never");
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s4", &never]), 0);
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "s4", "y"]), 1);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s4", "y"]), 1);
+}
+
+#[test]
+fn pg_url_change_via_config_set() {
+    let pg = OwnPg::start_new();
+    {
+        let vk1 = start_loaded(&pg.url(), &FAST);
+        let mut c = vk1.conn();
+        ok(&mut c, &["MEMBER.CREATE", "s5"]);
+        assert_eq!(int(&mut c, &["MEMBER.ADD", "s5", "x"]), 1);
+        assert_eq!(int(&mut c, &["MEMBER.ADD", "s5", "z"]), 1);
+    }
+    // Nothing listens there.
+    let wrong = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres",
+        free_port()
+    );
+    let vk = start_with(&wrong, &FAST);
+    let mut c = vk.conn();
+    wait_failed_catalog_load(&vk);
+    assert_eq!(info_field(&mut c, "catalog_loaded").as_deref(), Some("0"));
+    unavailable(&vk, &mut c, &["MEMBER.EXISTS", "s5", "x"]);
+
+    ok(&mut c, &["CONFIG", "SET", "member.pg-url", &pg.url()]);
+    wait_for_answer(&vk, &mut c, "s5", "x", 1, Duration::from_secs(15));
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "s5", "y"]), 1);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s5", "y"]), 1);
+    assert_eq!(pg_active(&mut pg.client(), "s5", "y"), 1);
+
+    // And away again: every worker reconnects to the new (wrong) URL.
+    assert!(
+        wait_until(Duration::from_secs(20), || set_info(
+            &mut c,
+            "s5",
+            "filter_complete"
+        )
+        .as_deref()
+            == Some("1")),
+        "filter never rebuilt\nvalkey log:\n{}",
+        vk.log()
+    );
+    ok(&mut c, &["CONFIG", "SET", "member.pg-url", &wrong]);
+    // z is in the filter and was never looked up here, so it is not cached.
+    unavailable(&vk, &mut c, &["MEMBER.EXISTS", "s5", "z"]);
+    unavailable(&vk, &mut c, &["MEMBER.ADD", "s5", "w"]);
+    ok(&mut c, &["CONFIG", "SET", "member.pg-url", &pg.url()]);
+    wait_for_answer(&vk, &mut c, "s5", "z", 1, Duration::from_secs(15));
+}
+
+/// The quiet-hours version of the first test: PostgreSQL restarts while nobody asks, so every
+/// worker still holds a connection from before. Once it is back, calls must simply work.
+#[test]
+fn quiet_postgres_restart_then_every_call_answers() {
+    const WORKERS: usize = 4;
+    let mut pg = OwnPg::start_new();
+    let vk = start_loaded(&pg.url(), &FAST);
+    let mut c = vk.conn();
+    ok(&mut c, &["MEMBER.CREATE", "s6"]);
+    for i in 0..RECOVERY_CALLS {
+        assert_eq!(int(&mut c, &["MEMBER.ADD", "s6", &format!("e-{i}")]), 1);
+    }
+    // Warm up: concurrent writes until every worker has opened its connection.
+    let mut probe = pg.client();
+    let mut round = 0;
+    let mut sessions = 0;
+    let warmed = wait_until(Duration::from_secs(15), || {
+        round += 1;
+        let handles: Vec<_> = (0..2 * WORKERS)
+            .map(|t| {
+                let mut con = vk.conn();
+                thread::spawn(move || {
+                    for k in 0..5 {
+                        let item = format!("w-{round}-{t}-{k}");
+                        let _ = cmd(&mut con, &["MEMBER.ADD", "s6", &item]);
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        sessions = module_sessions(&mut probe);
+        sessions >= WORKERS as i64
+    });
+    assert!(warmed, "only {sessions} module sessions after warm-up");
+    drop(probe);
+
+    pg.stop();
+    pg.start();
+    // PostgreSQL has been back for a while (longer than any retry delay) before the first call.
+    thread::sleep(Duration::from_secs(3));
+
+    let mut pgc = pg.client();
+    every_call_answers(&vk, &mut c, &mut pgc, "s6");
+}

@@ -1,0 +1,153 @@
+//! Slow database resolutions reach the server's LATENCY monitor as event `member-db`, only
+//! when the monitor is on (`latency-monitor-threshold` > 0) and the wait exceeded it.
+use crate::support;
+
+use std::thread;
+use std::time::Duration;
+
+use redis::{Connection, Value};
+use support::member::*;
+
+/// Event names `LATENCY LATEST` lists.
+fn latest_events(c: &mut Connection) -> Vec<String> {
+    let v: Value = redis::cmd("LATENCY").arg("LATEST").query(c).unwrap();
+    let Value::Array(rows) = v else {
+        panic!("LATENCY LATEST: {v:?}")
+    };
+    rows.into_iter()
+        .filter_map(|r| match r {
+            Value::Array(f) => match f.into_iter().next() {
+                Some(Value::BulkString(b)) => Some(String::from_utf8_lossy(&b).into_owned()),
+                Some(Value::SimpleString(s)) => Some(s),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+/// A lookup of `item` that waits about `hold` for PostgreSQL: a test client holds an ACCESS
+/// EXCLUSIVE lock on the set's table (even reads wait for it) while the lookup is in flight.
+fn slow_lookup(env: &Env, set: &str, item: &str, hold: Duration) -> i64 {
+    let mut locker = env.pg();
+    locker
+        .batch_execute(&format!(
+            "BEGIN; LOCK TABLE member_{set} IN ACCESS EXCLUSIVE MODE"
+        ))
+        .unwrap();
+    let port = env.vk.port();
+    let set_name = set;
+    let (set, item) = (set.to_string(), item.to_string());
+    let lookup = thread::spawn(move || {
+        let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        int(&mut c, &["MEMBER.EXISTS", &set, &item])
+    });
+    // The hold counts from when the lookup waits for the lock, however late its thread runs.
+    let mut watcher = env.pg();
+    let table = format!("member_{set_name}");
+    let waiting = support::wait_until(Duration::from_secs(20), || {
+        let n: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = $1::text::regclass",
+                &[&table],
+            )
+            .unwrap()
+            .get(0);
+        n > 0
+    });
+    assert!(waiting, "the lookup never waited for the table lock");
+    thread::sleep(hold);
+    locker.batch_execute("COMMIT").unwrap();
+    lookup.join().unwrap()
+}
+
+#[test]
+fn slow_resolutions_feed_the_latency_monitor() {
+    // A long database timeout: the held lookups must end in an answer, however late.
+    let env = Env::with(&[("member.db-timeout-ms", "10000")]);
+    let mut c = env.conn();
+    ok(&mut c, &["MEMBER.CREATE", "lat"]);
+    for item in ["a", "b", "c"] {
+        assert_eq!(int(&mut c, &["MEMBER.ADD", "lat", item]), 1);
+    }
+
+    // Monitor off (the default threshold 0): nothing is recorded, however slow.
+    ok(&mut c, &["CONFIG", "SET", "latency-monitor-threshold", "0"]);
+    thread::sleep(Duration::from_millis(1200));
+    assert_eq!(slow_lookup(&env, "lat", "a", Duration::from_millis(300)), 1);
+    assert!(
+        !latest_events(&mut c).contains(&"member-db".to_string()),
+        "recorded with the monitor off: {:?}",
+        latest_events(&mut c)
+    );
+
+    // On: a 1000 ms wait is over a 400 ms threshold (the module reads it within a second;
+    // the margins are wide so that a loaded machine's fast lookup stays under it).
+    ok(
+        &mut c,
+        &["CONFIG", "SET", "latency-monitor-threshold", "400"],
+    );
+    thread::sleep(Duration::from_millis(2500));
+    // A fast resolution stays under the threshold and is not an event.
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "lat", "b"]), 1);
+    assert!(!latest_events(&mut c).contains(&"member-db".to_string()));
+    // (Another item: "a" is cached now and would not reach the database.)
+    assert_eq!(
+        slow_lookup(&env, "lat", "c", Duration::from_millis(1000)),
+        1
+    );
+    assert!(
+        latest_events(&mut c).contains(&"member-db".to_string()),
+        "LATENCY LATEST: {:?}",
+        latest_events(&mut c)
+    );
+    let history: Vec<(i64, i64)> = redis::cmd("LATENCY")
+        .arg("HISTORY")
+        .arg("member-db")
+        .query(&mut c)
+        .unwrap();
+    assert!(
+        history.iter().any(|(_, ms)| *ms >= 1000),
+        "history {history:?}"
+    );
+}
+
+/// The README's Lua script for redis_exporter's `-script` option (taken from the README
+/// itself, so the two cannot drift apart) returns INFO member's numeric fields as pairs.
+#[test]
+fn the_readme_exporter_script_returns_info_member_fields() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let script = readme
+        .split("```lua\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a lua block in the README");
+    let env = Env::new();
+    let mut c = env.conn();
+    ok(&mut c, &["MEMBER.CREATE", "exp"]);
+    let pairs: Vec<String> = redis::cmd("EVAL")
+        .arg(script)
+        .arg(0)
+        .query(&mut c)
+        .expect("EVAL of the README script");
+    let fields: std::collections::HashMap<&str, &str> = pairs
+        .chunks(2)
+        .map(|p| (p[0].as_str(), p[1].as_str()))
+        .collect();
+    assert_eq!(fields.get("sets"), Some(&"1"), "{fields:?}");
+    for name in [
+        "db_timeouts",
+        "sync_passes",
+        "sync_notify_received",
+        "exists_p99_us",
+    ] {
+        assert!(
+            fields.get(name).is_some_and(|v| v.parse::<f64>().is_ok()),
+            "{name} missing: {fields:?}"
+        );
+    }
+}

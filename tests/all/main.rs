@@ -1,0 +1,45 @@
+//! The integration tests, one binary: each module is one area, all sharing the harness in
+//! `tests/support` (one PostgreSQL cluster and, for the cluster tests, one Valkey Cluster per
+//! run). `cargo test --test all <area>::` runs one area.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod acl;
+mod alter;
+mod attach;
+mod attach_boundary;
+mod bad_input;
+mod batch;
+mod big_filters;
+mod catalog;
+mod chaos;
+mod cluster;
+mod cluster_forward;
+mod cluster_reshard;
+mod cluster_slots;
+mod commands;
+mod config_values;
+mod false_positives;
+mod faults;
+mod foreign_filter;
+mod foreign_writes;
+mod funnel;
+mod harness;
+mod hostile;
+mod keyslot;
+mod latency;
+mod lifecycle;
+mod lifecycle_rebuild;
+mod limits;
+mod module_load;
+mod moved_keys;
+mod notify;
+mod pg_tls;
+mod rebuild_memory;
+mod standby;
+mod startup;
+mod sync;
+mod sync_memory;
+mod timeouts;
+mod tokenize;

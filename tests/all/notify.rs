@@ -1,0 +1,270 @@
+//! Change notification (`member.sync-notify`, docs/sync.md): with a sync interval of a minute,
+//! an outside write is answered within a couple of seconds only because the listener woke the
+//! loop; without it, the interval decides. The listener survives a PostgreSQL restart, and
+//! exists only while the config asks for it.
+use crate::support;
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redis::Connection;
+use support::member::*;
+use support::{wait_until, OwnPg};
+
+/// Far longer than any wait below: only a notification can make a pass happen in time.
+const LONG_INTERVAL: [(&str, &str); 1] = [("member.sync-interval-ms", "60000")];
+/// How soon after its commit a notified write must be answered 1 (it takes milliseconds; the
+/// rest is slack for a busy test machine).
+const NOTIFIED: Duration = Duration::from_secs(2);
+
+fn with_notify(on: bool) -> Vec<(&'static str, &'static str)> {
+    let mut v = LONG_INTERVAL.to_vec();
+    v.push(("member.sync-notify", if on { "yes" } else { "no" }));
+    v
+}
+
+/// Creates `set` and waits until its filter is trusted (its first pass has run).
+fn create(c: &mut Connection, set: &str, extra: &[&str]) {
+    let mut args = vec!["MEMBER.CREATE", set];
+    args.extend_from_slice(extra);
+    ok(c, &args);
+    assert!(
+        wait_until(Duration::from_secs(20), || set_info(
+            c,
+            set,
+            "filter_caught_up"
+        )
+        .as_deref()
+            == Some("1")),
+        "the filter of {set} never caught up"
+    );
+    // And its first sync pass (which starts at once) is over: none other is due for a minute.
+    assert!(
+        wait_until(Duration::from_secs(20), || set_info(c, set, "sync_age_ms")
+            .is_some_and(|a| a != "never")),
+        "no sync pass for {set}"
+    );
+}
+
+fn wait_listening(c: &mut Connection, timeout: Duration) -> bool {
+    wait_until(timeout, || {
+        info_field(c, "sync_notify").as_deref() == Some("listening")
+    })
+}
+
+/// Polls EXISTS until it answers `want` or `timeout` passes; the time it took.
+fn until_answer(
+    c: &mut Connection,
+    set: &str,
+    item: &str,
+    want: i64,
+    timeout: Duration,
+) -> Option<Duration> {
+    let t = Instant::now();
+    wait_until(timeout, || int(c, &["MEMBER.EXISTS", set, item]) == want).then(|| t.elapsed())
+}
+
+fn outside(pg: &mut postgres::Client, sql: &str) {
+    pg.batch_execute(sql)
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+/// Backends holding the listener's connection in the current database.
+fn listeners(pg: &mut postgres::Client) -> i64 {
+    pg.query_one(
+        "SELECT count(*) FROM pg_stat_activity
+          WHERE application_name = 'libmember-listen' AND datname = current_database()",
+        &[],
+    )
+    .unwrap()
+    .get(0)
+}
+
+fn number(c: &mut Connection, field: &str) -> i64 {
+    info_field(c, field)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no number in INFO member field {field}"))
+}
+
+#[test]
+fn an_outside_insert_is_answered_within_milliseconds() {
+    let env = Env::with(&with_notify(true));
+    let mut c = env.conn();
+    create(&mut c, "fast", &[]);
+    assert!(
+        wait_listening(&mut c, Duration::from_secs(10)),
+        "listener state {:?}, error {:?}",
+        info_field(&mut c, "sync_notify"),
+        info_field(&mut c, "sync_notify_error")
+    );
+    let mut pg = env.pg();
+    let (received, woken) = (
+        number(&mut c, "sync_notify_received"),
+        number(&mut c, "sync_notify_passes"),
+    );
+    outside(
+        &mut pg,
+        "INSERT INTO member_fast (entity_id) VALUES ('outsider')",
+    );
+    let took = until_answer(&mut c, "fast", "outsider", 1, Duration::from_secs(10));
+    assert!(
+        took.is_some_and(|t| t <= NOTIFIED),
+        "an outside insert was answered 1 after {took:?} (bound {NOTIFIED:?}); INFO: {:?} {:?}",
+        info_field(&mut c, "sync_notify"),
+        info_field(&mut c, "sync_notify_error"),
+    );
+    assert!(number(&mut c, "sync_notify_received") > received);
+    assert!(number(&mut c, "sync_notify_passes") > woken);
+    // The filter holds it (the pass applied it), and the set is not blind: the extra trigger
+    // does not confuse the count of log triggers.
+    assert_ne!(explain(&mut c, "fast", "outsider").1, "bloom-negative");
+    assert_eq!(
+        set_info(&mut c, "fast", "sync_horizon").as_deref(),
+        Some("visible")
+    );
+
+    // A bulk insert of many rows in one transaction of several statements: one notification.
+    thread::sleep(Duration::from_millis(300));
+    let before = number(&mut c, "sync_notify_received");
+    outside(
+        &mut pg,
+        "BEGIN;
+         INSERT INTO member_fast (entity_id) SELECT 'bulk-' || i FROM generate_series(1, 500) i;
+         INSERT INTO member_fast (entity_id) VALUES ('bulk-last');
+         COMMIT",
+    );
+    assert!(until_answer(&mut c, "fast", "bulk-last", 1, NOTIFIED).is_some());
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "fast", "bulk-250"]), 1);
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(number(&mut c, "sync_notify_received"), before + 1);
+
+    // Writes through the module notify nobody: they are in this node's filter already.
+    let before = number(&mut c, "sync_notify_received");
+    for i in 0..5 {
+        assert_eq!(int(&mut c, &["MEMBER.ADD", "fast", &format!("own-{i}")]), 1);
+    }
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(number(&mut c, "sync_notify_received"), before);
+}
+
+#[test]
+fn without_notify_the_interval_decides_and_no_one_listens() {
+    let env = Env::with(&with_notify(false));
+    let mut c = env.conn();
+    create(&mut c, "slow", &[]);
+    let mut pg = env.pg();
+    assert_eq!(info_field(&mut c, "sync_notify").as_deref(), Some("off"));
+    assert_eq!(listeners(&mut pg), 0, "a listener without sync-notify");
+    outside(
+        &mut pg,
+        "INSERT INTO member_slow (entity_id) VALUES ('outsider')",
+    );
+    // The proof that the other test measures the notification: here nothing wakes the loop.
+    assert_eq!(
+        until_answer(&mut c, "slow", "outsider", 1, Duration::from_secs(3)),
+        None,
+        "answered 1 with notification off and a 60 s interval"
+    );
+
+    // Turned on at run time: the listener connects, installs its trigger on the existing
+    // table, and its first pass catches the write up.
+    ok(&mut c, &["CONFIG", "SET", "member.sync-notify", "yes"]);
+    assert!(wait_listening(&mut c, Duration::from_secs(10)));
+    assert_eq!(listeners(&mut pg), 1);
+    assert!(until_answer(&mut c, "slow", "outsider", 1, NOTIFIED).is_some());
+    outside(
+        &mut pg,
+        "INSERT INTO member_slow (entity_id) VALUES ('second')",
+    );
+    assert!(until_answer(&mut c, "slow", "second", 1, NOTIFIED).is_some());
+
+    // Off again: the connection goes away.
+    ok(&mut c, &["CONFIG", "SET", "member.sync-notify", "no"]);
+    assert!(
+        wait_until(Duration::from_secs(5), || listeners(&mut pg) == 0),
+        "the listener stayed connected after sync-notify no"
+    );
+    // The thread says so once its connection is closed.
+    assert!(
+        wait_until(Duration::from_secs(5), || info_field(&mut c, "sync_notify")
+            .as_deref()
+            == Some("off")),
+        "sync_notify: {:?}",
+        info_field(&mut c, "sync_notify")
+    );
+}
+
+/// An outside DELETE: EXISTS answers 0 once no exact-match key says 1 — at once for an item
+/// never looked up, after the set's CACHE-TTL for one a lookup cached (the sync loop applies
+/// only keys left alive; see docs/sync.md).
+#[test]
+fn an_outside_delete_is_answered_0_after_the_cache_ttl() {
+    let env = Env::with(&with_notify(true));
+    let mut c = env.conn();
+    create(&mut c, "gone", &["CACHE-TTL", "1"]);
+    assert!(wait_listening(&mut c, Duration::from_secs(10)));
+    let mut pg = env.pg();
+    outside(
+        &mut pg,
+        "INSERT INTO member_gone (entity_id) VALUES ('cached'), ('uncached')",
+    );
+    assert!(until_answer(&mut c, "gone", "cached", 1, NOTIFIED).is_some());
+    assert_eq!(explain(&mut c, "gone", "cached"), (1, "cache-hit".into()));
+    outside(
+        &mut pg,
+        "DELETE FROM member_gone WHERE entity_id IN ('cached', 'uncached')",
+    );
+    assert_eq!(explain(&mut c, "gone", "uncached"), (0, "db-miss".into()));
+    let took = until_answer(&mut c, "gone", "cached", 0, Duration::from_secs(5));
+    assert!(
+        took.is_some_and(|t| t <= Duration::from_millis(2500)),
+        "a deleted, cached member was answered 0 after {took:?} (CACHE-TTL 1 s)"
+    );
+}
+
+#[test]
+fn the_listener_reconnects_after_a_postgres_restart() {
+    let mut own = OwnPg::start_new();
+    let vk = start_loaded(&own.url(), &with_notify(true));
+    let mut c = vk.conn();
+    create(&mut c, "again", &[]);
+    assert!(wait_listening(&mut c, Duration::from_secs(10)));
+    let connects = number(&mut c, "sync_notify_connects");
+
+    own.stop();
+    assert!(
+        wait_until(Duration::from_secs(10), || info_field(
+            &mut c,
+            "sync_notify"
+        )
+        .as_deref()
+            == Some("reconnecting")),
+        "the listener did not notice the restart: {:?}",
+        info_field(&mut c, "sync_notify")
+    );
+    thread::sleep(Duration::from_secs(1));
+    own.start();
+    assert!(
+        wait_listening(&mut c, Duration::from_secs(20)),
+        "no reconnection: {:?} {:?}\n{}",
+        info_field(&mut c, "sync_notify"),
+        info_field(&mut c, "sync_notify_error"),
+        vk.log()
+    );
+    assert!(number(&mut c, "sync_notify_connects") > connects);
+
+    // Notifications work again (not only the pass the reconnection itself wakes).
+    thread::sleep(Duration::from_millis(300));
+    let received = number(&mut c, "sync_notify_received");
+    let mut pg = own.client();
+    outside(
+        &mut pg,
+        "INSERT INTO member_again (entity_id) VALUES ('after-restart')",
+    );
+    let took = until_answer(&mut c, "again", "after-restart", 1, Duration::from_secs(10));
+    assert!(
+        took.is_some_and(|t| t <= NOTIFIED),
+        "answered after {took:?} (bound {NOTIFIED:?})"
+    );
+    assert!(number(&mut c, "sync_notify_received") > received);
+}

@@ -4,7 +4,7 @@
 //! rebuilt, lost or replaced by an older DUMP, `member.pg-url` changes and the primary fails
 //! over to its replica. A checker verifies the whole history against the contract
 //! (`support/chaos/checker.rs`). `make chaos` runs the long version (`MEMBER_CHAOS_SECS`).
-use crate::support::chaos;
+use crate::chaos_harness as chaos;
 
 use std::time::Duration;
 

@@ -11,9 +11,6 @@ use support::cluster::{cli_binary, Cluster};
 use support::member::*;
 use support::wait_until;
 
-/// Tests that read who owns which slot hold it shared; the one that moves a slot holds it
-/// exclusively.
-
 const UNKNOWN_SET: &str = "ERR no such set: create it with MEMBER.CREATE";
 
 fn text(v: &Value) -> String {

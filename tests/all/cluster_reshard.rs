@@ -5,7 +5,7 @@
 //! no hang, no unexpected error, and afterwards every item answered by its slot's owner as the
 //! database says. `MEMBER_RESHARD_SEED` repeats a run's item choices;
 //! `MEMBER_RESHARD_HISTORY=<dir>` writes each scenario's history there.
-use crate::support::chaos;
+use crate::chaos_harness as chaos;
 use crate::support;
 
 use std::sync::{Mutex, MutexGuard, OnceLock};

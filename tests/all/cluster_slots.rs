@@ -12,9 +12,6 @@ use support::cluster::{Cluster, Node};
 use support::member::*;
 use support::wait_until;
 
-/// Tests that read who owns which slot hold it shared; the one that moves a slot holds it
-/// exclusively.
-
 fn number(c: &mut Connection, set: &str, field: &str) -> i64 {
     set_info(c, set, field)
         .unwrap_or_else(|| panic!("MEMBER.INFO {set} has no {field}"))

@@ -147,7 +147,11 @@ impl Drop for Paused {
 
 /// The backend of the rebuild's COPY of `set`, stopped mid-stream, or None when the rebuild
 /// ended before it could be caught (then nothing was paused).
-fn pause_the_copy(c: &mut redis::Connection, pg: &mut postgres::Client, set: &str) -> Option<Paused> {
+fn pause_the_copy(
+    c: &mut redis::Connection,
+    pg: &mut postgres::Client,
+    set: &str,
+) -> Option<Paused> {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while std::time::Instant::now() < deadline {
         let pid: Option<i32> = pg

@@ -5,6 +5,10 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+/// The chaos harness (faults, histories, the checker), for `chaos` and `cluster_reshard`.
+#[path = "../support/chaos/mod.rs"]
+mod chaos_harness;
+
 mod acl;
 mod alter;
 mod attach;

@@ -1,4 +1,4 @@
-//! Test harness shared by the integration tests (`mod support;`).
+//! Test harness shared by the integration tests (`tests/all/main.rs` declares it; the bench includes it too).
 //!
 //! * [`Pg`] / [`fresh_db`]: one throwaway PostgreSQL cluster per test process, started lazily;
 //!   every test gets its own database in it.
@@ -26,7 +26,6 @@ mod process;
 mod valkey;
 mod valkey_lifecycle;
 
-pub mod chaos;
 pub mod cluster;
 pub mod cluster_ops;
 pub mod faults;

@@ -50,7 +50,6 @@ impl OwnPg {
             panic!("{e}");
         }
     }
-
 }
 
 impl Drop for OwnPg {

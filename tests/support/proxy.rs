@@ -80,7 +80,6 @@ impl Proxy {
         }
         conns.len()
     }
-
 }
 
 impl Drop for Proxy {

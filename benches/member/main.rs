@@ -86,7 +86,7 @@ type Section = fn(&mut Bench);
 
 /// The sections of a run, in order, by the name `--only` takes (a comma-separated list).
 /// `cluster` comes last: it adds items to the standalone set.
-const SECTIONS: [(&str, Section); 14] = [
+const SECTIONS: [(&str, Section); 15] = [
     ("memory", Bench::memory),
     ("negative", Bench::negative_path),
     ("mixed", Bench::mixed),
@@ -94,6 +94,7 @@ const SECTIONS: [(&str, Section); 14] = [
     ("dbcpu", Bench::dbcpu),
     ("rebuild", Bench::rebuild),
     ("writes", Bench::adds),
+    ("writepath", Bench::write_path),
     ("bigfilter", Bench::big_filters),
     ("idle", Bench::idle_sync),
     ("batch", Bench::batch),

@@ -15,4 +15,5 @@ mod seeds_app;
 mod sync_memory;
 mod tokenize;
 mod visibility;
+mod write_path;
 mod writes;

@@ -50,7 +50,9 @@ fn create_for_app(env: &Env, c: &mut Connection, set: &str) {
     );
     env.db
         .client_as(MODULE_ROLE)
-        .batch_execute(&format!("GRANT SELECT, INSERT ON member_{set} TO {APP_ROLE}"))
+        .batch_execute(&format!(
+            "GRANT SELECT, INSERT ON member_{set} TO {APP_ROLE}"
+        ))
         .unwrap();
 }
 
@@ -67,7 +69,11 @@ fn an_older_trigger_function_is_replaced_at_the_next_start() {
     let mut c = env.conn();
     create_for_app(&env, &mut c, "mig");
     let mut pg = env.db.client_as(MODULE_ROLE);
-    assert_eq!(function_state(&mut pg), (None, true), "a fresh database has v2");
+    assert_eq!(
+        function_state(&mut pg),
+        (None, true),
+        "a fresh database has v2"
+    );
 
     // The database as an earlier version of the module left it.
     pg.batch_execute(V1).unwrap();

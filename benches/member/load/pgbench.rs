@@ -81,7 +81,12 @@ pub(crate) fn pgbench(db: &support::TestDb, members: u64, clients: usize, dur: D
 
 /// pgbench running `script` (prepared, `clients` connections on 2 threads) for `secs`
 /// (rounded up to whole seconds): transactions and seconds, no latency log.
-pub(crate) fn pgbench_script(db: &support::TestDb, script: &str, clients: usize, secs: f64) -> Stats {
+pub(crate) fn pgbench_script(
+    db: &support::TestDb,
+    script: &str,
+    clients: usize,
+    secs: f64,
+) -> Stats {
     static RUN: AtomicU64 = AtomicU64::new(0);
     let path = std::env::temp_dir().join(format!(
         "member-pgbench-script-{}-{}.sql",
@@ -93,7 +98,14 @@ pub(crate) fn pgbench_script(db: &support::TestDb, script: &str, clients: usize,
     let out = Command::new(support::pg_bin("pgbench"))
         .args(["-h", "127.0.0.1", "-U", "postgres", "-n", "-M", "prepared"])
         .args(["-p", &support::Pg::get().port().to_string()])
-        .args(["-c", &clients.to_string(), "-j", "2", "-T", &secs.to_string()])
+        .args([
+            "-c",
+            &clients.to_string(),
+            "-j",
+            "2",
+            "-T",
+            &secs.to_string(),
+        ])
         .arg("-f")
         .arg(&path)
         .arg(&db.name)

@@ -183,13 +183,21 @@ fn worker(id: usize) {
                     adds.extend(run_batch(&mut db, batch));
                     batch = rest;
                 }
-                // ADDs last: this worker may go on running its sets' lanes for a while.
-                for group in by_set(adds, |(p, _)| &p.set) {
-                    let set = group[0].0.set.clone();
-                    let mut run = ADDS.offer(&set, group, max);
-                    while !run.is_empty() {
-                        run_adds(&mut db, run);
-                        run = ADDS.done(&set, max);
+                // ADDs last: this worker may go on running its sets' lanes for a while, one
+                // batch of each in turn, so no set's batch waits behind a busy other set.
+                let mut lanes: Vec<(String, Vec<AddJob>)> = by_set(adds, |(p, _)| &p.set)
+                    .into_iter()
+                    .map(|group| {
+                        let set = group[0].0.set.clone();
+                        let run = ADDS.offer(&set, group, max);
+                        (set, run)
+                    })
+                    .collect();
+                while !lanes.is_empty() {
+                    lanes.retain(|(_, run)| !run.is_empty());
+                    for (set, run) in &mut lanes {
+                        run_adds(&mut db, std::mem::take(run));
+                        *run = ADDS.done(set, max);
                     }
                 }
             }

@@ -88,7 +88,7 @@ type Section = fn(&mut Bench);
 
 /// The sections of a run, in order, by the name `--only` takes (a comma-separated list).
 /// `cluster` comes last: it adds items to the standalone set.
-const SECTIONS: [(&str, Section); 15] = [
+const SECTIONS: [(&str, Section); 16] = [
     ("memory", Bench::memory),
     ("negative", Bench::negative_path),
     ("mixed", Bench::mixed),
@@ -96,6 +96,7 @@ const SECTIONS: [(&str, Section); 15] = [
     ("dbcpu", Bench::dbcpu),
     ("rebuild", Bench::rebuild),
     ("writes", Bench::adds),
+    ("writepath", Bench::write_path),
     ("bigfilter", Bench::big_filters),
     ("idle", Bench::idle_sync),
     ("batch", Bench::batch),

@@ -2,6 +2,7 @@
 //! Nothing here runs on the server's main thread.
 
 pub mod build;
+pub mod combine;
 pub mod copy_stream;
 pub mod identity;
 pub mod keyslot;

@@ -1,16 +1,19 @@
 //! The worker pool: `member.workers` threads, each with its own connection, draining one
 //! queue (refusing jobs past QUEUE_LIMIT). A worker takes what is queued (up to `member.batch-size` jobs) and resolves
-//! all point lookups of a set with one query and all ADDs of a set with one multi-row insert.
+//! all point lookups of a set with one query and all ADDs of a set with one multi-row insert;
+//! ADDs of a set taken by several workers meanwhile wait for the set's running inserts and go
+//! in the next one together (`combine.rs`).
 //! A job that panics is contained; its blocked client still gets a reply.
 
 use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{LazyLock, Mutex, OnceLock};
 use std::time::Duration;
 
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 
+use super::combine::Combiner;
 use super::{sql, Db, DbErr};
 use crate::config;
 
@@ -174,10 +177,28 @@ fn worker(id: usize) {
                     }
                 }
                 p.queued.fetch_sub(batch.len(), Ordering::Relaxed);
+                let mut adds = Vec::new();
                 while !batch.is_empty() {
                     let rest = batch.split_off(batch.len().min(max));
-                    run_batch(&mut db, batch);
+                    adds.extend(run_batch(&mut db, batch));
                     batch = rest;
+                }
+                // ADDs last: this worker may go on running its sets' lanes for a while, one
+                // batch of each in turn, so no set's batch waits behind a busy other set.
+                let mut lanes: Vec<(String, Vec<AddJob>)> = by_set(adds, |(p, _)| &p.set)
+                    .into_iter()
+                    .map(|group| {
+                        let set = group[0].0.set.clone();
+                        let run = ADDS.offer(&set, group, max);
+                        (set, run)
+                    })
+                    .collect();
+                while !lanes.is_empty() {
+                    lanes.retain(|(_, run)| !run.is_empty());
+                    for (set, run) in &mut lanes {
+                        run_adds(&mut db, std::mem::take(run));
+                        *run = ADDS.done(set, max);
+                    }
                 }
             }
             Err(RecvTimeoutError::Timeout) => {}
@@ -238,7 +259,27 @@ fn answer<T: Clone>(points: Vec<Point<T>>, results: Result<Vec<T>, DbErr>) {
     }
 }
 
-fn run_batch(db: &mut Db, batch: Vec<Job>) {
+/// An ADD waiting for its set's multi-row insert.
+type AddJob = (Point<bool>, Option<f64>);
+
+/// The ADDs of each set, combined across workers (`combine.rs`).
+static ADDS: LazyLock<Combiner<AddJob>> = LazyLock::new(Combiner::default);
+
+/// ADDs of one set in one multi-row insert (one statement, one commit).
+fn run_adds(db: &mut Db, group: Vec<AddJob>) {
+    contained(db, |db| {
+        let items: Vec<(&str, &str, Option<f64>)> = group
+            .iter()
+            .map(|(p, exp)| (p.entity.as_str(), p.scope.as_str(), *exp))
+            .collect();
+        count_batch(items.len());
+        let res = sql::add_many(db, &group[0].0.set, &items);
+        answer(group.into_iter().map(|(p, _)| p).collect(), res);
+    });
+}
+
+/// Runs a batch's jobs except its ADDs, which it returns (the caller combines them).
+fn run_batch(db: &mut Db, batch: Vec<Job>) -> Vec<AddJob> {
     let mut lookups = Vec::new();
     let mut adds = Vec::new();
     for job in batch {
@@ -247,17 +288,6 @@ fn run_batch(db: &mut Db, batch: Vec<Job>) {
             Job::Add(p, exp) => adds.push((p, exp)),
             Job::Run(f) => contained(db, f),
         }
-    }
-    for group in by_set(adds, |(p, _)| &p.set) {
-        contained(db, |db| {
-            let items: Vec<(&str, &str, Option<f64>)> = group
-                .iter()
-                .map(|(p, exp)| (p.entity.as_str(), p.scope.as_str(), *exp))
-                .collect();
-            count_batch(items.len());
-            let res = sql::add_many(db, &group[0].0.set, &items);
-            answer(group.into_iter().map(|(p, _)| p).collect(), res);
-        });
     }
     for group in by_set(lookups, |p| &p.set) {
         contained(db, |db| {
@@ -270,6 +300,7 @@ fn run_batch(db: &mut Db, batch: Vec<Job>) {
             answer(group, res);
         });
     }
+    adds
 }
 
 #[cfg(test)]

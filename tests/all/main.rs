@@ -10,6 +10,7 @@ mod support;
 mod chaos_harness;
 
 mod acl;
+mod add_combining;
 mod alter;
 mod attach;
 mod attach_boundary;
@@ -17,6 +18,7 @@ mod bad_input;
 mod batch;
 mod big_filters;
 mod catalog;
+mod change_log;
 mod chaos;
 mod cluster;
 mod cluster_forward;

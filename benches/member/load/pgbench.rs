@@ -78,3 +78,61 @@ pub(crate) fn pgbench(db: &support::TestDb, members: u64, clients: usize, dur: D
     let ops = lat.len() as u64;
     Stats::from_samples(ops, ops as f64 / tps.max(1.0), lat)
 }
+
+/// pgbench running `script` (prepared, `clients` connections on 2 threads) for `secs`
+/// (rounded up to whole seconds): transactions and seconds, no latency log.
+pub(crate) fn pgbench_script(
+    db: &support::TestDb,
+    script: &str,
+    clients: usize,
+    secs: f64,
+) -> Stats {
+    static RUN: AtomicU64 = AtomicU64::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "member-pgbench-script-{}-{}.sql",
+        std::process::id(),
+        RUN.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::write(&path, script).expect("write pgbench script");
+    let secs = secs.ceil().max(1.0) as u64;
+    let out = Command::new(support::pg_bin("pgbench"))
+        .args(["-h", "127.0.0.1", "-U", "postgres", "-n", "-M", "prepared"])
+        .args(["-p", &support::Pg::get().port().to_string()])
+        .args([
+            "-c",
+            &clients.to_string(),
+            "-j",
+            "2",
+            "-T",
+            &secs.to_string(),
+        ])
+        .arg("-f")
+        .arg(&path)
+        .arg(&db.name)
+        .output()
+        .unwrap_or_else(|e| die(&format!("cannot run pgbench: {e}")));
+    let _ = std::fs::remove_file(&path);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        die(&format!(
+            "pgbench failed: {}{}",
+            stdout,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let field = |prefix: &str| -> f64 {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| die(&format!("no {prefix:?} in pgbench output: {stdout}")))
+    };
+    let tps = field("tps = ");
+    let ops = field("number of transactions actually processed: ") as u64;
+    Stats {
+        ops,
+        secs: ops as f64 / tps.max(1.0),
+        ..Stats::default()
+    }
+}

@@ -118,6 +118,13 @@ impl Bench {
              `absent:__rand_int__` items (each drawn on its own), items/s = calls/s × 100, vs `MEMBER.EXISTS bench \
              absent:__rand_int__` with `-P 100` and vs `MGET` of 100 such keys; MADD of 100 `madd:__rand_int__` vs \
              `MEMBER.ADD` with `-P 100`, 100 000 new items per run.\n\
+             - Write path: 32 clients each side, new random keys: `valkey-benchmark -c 32 -r 1000000000` running \
+             `MEMBER.ADD bench wp:a:__rand_int__` and `MEMBER.MADD bench ITEMS` with 100 such items, vs `pgbench -M \
+             prepared -c 32 -j 2` running a single-row `INSERT … ON CONFLICT DO NOTHING` into `wp_plain` (`LIKE \
+             member_bench INCLUDING ALL`: same columns, indexes and generated column, no triggers) and into \
+             `member_bench` itself (its change-log trigger fires); order P A M T T M A P, each side's two runs \
+             pooled. Per row: PostgreSQL CPU of the bench's cluster, valkey-server CPU (`INFO cpu`), transaction ids \
+             drawn, and the module's batched statements (`member_db_batches`).\n\
              - Cluster: 3 primaries (no replicas) with the same set on a database of their own; per node, the same \
              valkey-benchmark / RESP generator command lines sent to one primary and to the standalone node, every \
              item tagged `{<tag>}` with a slot that primary owns (no redirects); memory is MEMBER.INFO \

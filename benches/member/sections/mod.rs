@@ -16,4 +16,5 @@ mod seeds_app;
 pub(crate) mod sync_memory;
 mod tokenize;
 mod visibility;
+mod write_path;
 mod writes;

@@ -13,8 +13,13 @@ use crate::db::{Db, DbErr};
 /// deleted (`alive` when it was left with `status = 1`), stamped with its writer's transaction
 /// id and a sequence number that orders the changes of one key (writers of the same row
 /// serialize on its lock, so the later writer draws the larger number). The trigger function is
-/// `SECURITY DEFINER` (owned by the module's role, with the log's schema written into its body
-/// and a fixed `search_path`), so outside writer roles need no grant on the log. The one-row
+/// `SECURITY DEFINER` (owned by the module's role), so outside writer roles need no grant on
+/// the log. It runs under the writer's `search_path` and names nothing through it: the log's
+/// schema is written into its body, its two operators are `OPERATOR(pg_catalog.=)`, the
+/// transition tables are found before any schema, and the log's defaults are bound at its
+/// creation. (v1 had `SET search_path` instead: PostgreSQL sets and restores it on every call,
+/// which cost an outside single-row INSERT about a tenth of its rate; docs/sync.md "Write
+/// path".) Creating v2 replaces v1 in place, so existing triggers run it at once. The one-row
 /// floor table records what pruning removed (see `prune`). Idempotent; run under the advisory
 /// lock with the catalog's DDL.
 pub(super) const CHANGE_LOG_DDL: &str = r#"CREATE TABLE IF NOT EXISTS member_changes (
@@ -39,16 +44,16 @@ INSERT INTO member_changes_floor (floor, candidate, candidate_at)
 DO $do$ BEGIN
   IF NOT EXISTS (SELECT FROM pg_proc WHERE proname = 'member_log_change'
                    AND pronamespace = current_schema()::regnamespace
-                   AND prosrc LIKE '%member_changes v1%') THEN
+                   AND prosrc LIKE '%member_changes v2%') THEN
     EXECUTE format($f$CREATE OR REPLACE FUNCTION member_log_change() RETURNS trigger
-      LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $b$
-      BEGIN -- member_changes v1: every row written or deleted, alive when status = 1
-        IF TG_OP = 'DELETE' THEN
+      LANGUAGE plpgsql SECURITY DEFINER AS $b$
+      BEGIN -- member_changes v2: every row written or deleted, alive when status = 1
+        IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
           INSERT INTO %1$I.member_changes (set_name, entity_id, scope, alive)
             SELECT TG_ARGV[0], entity_id, scope, false FROM old_rows;
         ELSE
           INSERT INTO %1$I.member_changes (set_name, entity_id, scope, alive)
-            SELECT TG_ARGV[0], entity_id, scope, status = 1 FROM new_rows;
+            SELECT TG_ARGV[0], entity_id, scope, status OPERATOR(pg_catalog.=) 1 FROM new_rows;
         END IF;
         RETURN NULL;
       END $b$$f$, current_schema());

@@ -1,0 +1,152 @@
+//! The change-log trigger function as outside writers meet it (docs/sync.md, "Write path"):
+//! an older version in an existing database is replaced at the next start, and a writer's own
+//! `search_path` cannot make it run the writer's code with the module's rights.
+use crate::support;
+
+use std::time::Duration;
+
+use redis::Connection;
+use support::member::*;
+use support::{start_with, wait_until, APP_ROLE, MODULE_ROLE};
+
+/// The trigger function as version 1 installed it (`SET search_path` on every call).
+const V1: &str = r#"CREATE OR REPLACE FUNCTION member_log_change() RETURNS trigger
+      LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $b$
+      BEGIN -- member_changes v1: every row written or deleted, alive when status = 1
+        IF TG_OP = 'DELETE' THEN
+          INSERT INTO public.member_changes (set_name, entity_id, scope, alive)
+            SELECT TG_ARGV[0], entity_id, scope, false FROM old_rows;
+        ELSE
+          INSERT INTO public.member_changes (set_name, entity_id, scope, alive)
+            SELECT TG_ARGV[0], entity_id, scope, status = 1 FROM new_rows;
+        END IF;
+        RETURN NULL;
+      END $b$"#;
+
+/// The trigger function's settings and whether its body is version 2.
+fn function_state(pg: &mut postgres::Client) -> (Option<Vec<String>>, bool) {
+    let r = pg
+        .query_one(
+            "SELECT proconfig, prosrc LIKE '%member_changes v2%' FROM pg_proc
+              WHERE proname = 'member_log_change'",
+            &[],
+        )
+        .unwrap();
+    (r.get(0), r.get(1))
+}
+
+/// A set `set` whose filter is trusted, with INSERT granted to the application role.
+fn create_for_app(env: &Env, c: &mut Connection, set: &str) {
+    ok(c, &["MEMBER.CREATE", set]);
+    assert!(
+        wait_until(Duration::from_secs(20), || set_info(
+            c,
+            set,
+            "filter_caught_up"
+        )
+        .as_deref()
+            == Some("1")),
+        "the new set's filter never became trusted"
+    );
+    env.db
+        .client_as(MODULE_ROLE)
+        .batch_execute(&format!(
+            "GRANT SELECT, INSERT ON member_{set} TO {APP_ROLE}"
+        ))
+        .unwrap();
+}
+
+/// EXISTS answers 1 within 10 s.
+fn becomes_member(c: &mut Connection, set: &str, item: &str) -> bool {
+    wait_until(Duration::from_secs(10), || {
+        int(c, &["MEMBER.EXISTS", set, item]) == 1
+    })
+}
+
+#[test]
+fn an_older_trigger_function_is_replaced_at_the_next_start() {
+    let mut env = Env::least_privilege(&[]);
+    let mut c = env.conn();
+    create_for_app(&env, &mut c, "mig");
+    let mut pg = env.db.client_as(MODULE_ROLE);
+    assert_eq!(
+        function_state(&mut pg),
+        (None, true),
+        "a fresh database has v2"
+    );
+
+    // The database as an earlier version of the module left it.
+    pg.batch_execute(V1).unwrap();
+    assert!(function_state(&mut pg).0.is_some());
+    drop(c);
+    env.vk = start_with(&env.db.url_as(MODULE_ROLE), &[]);
+    let mut c = env.conn();
+    assert!(
+        wait_until(Duration::from_secs(20), || info_field(
+            &mut c,
+            "catalog_loaded"
+        )
+        .as_deref()
+            == Some("1")),
+        "catalog never loaded:\n{}",
+        env.vk.log()
+    );
+    assert_eq!(
+        function_state(&mut pg),
+        (None, true),
+        "the start did not replace the v1 trigger function"
+    );
+    // The set's triggers run the new body: an outside row still reaches the filter.
+    env.db
+        .client_as(APP_ROLE)
+        .batch_execute("INSERT INTO member_mig (entity_id) VALUES ('outside')")
+        .unwrap();
+    assert!(becomes_member(&mut c, "mig", "outside"), "{}", env.vk.log());
+    assert_ne!(explain(&mut c, "mig", "outside").1, "bloom-negative");
+}
+
+#[test]
+fn a_writers_search_path_does_not_reach_into_the_trigger() {
+    let env = Env::least_privilege(&[]);
+    let mut c = env.conn();
+    create_for_app(&env, &mut c, "sp");
+    env.db
+        .client()
+        .batch_execute(&format!("CREATE SCHEMA evil AUTHORIZATION {APP_ROLE}"))
+        .unwrap();
+    // The writer's own operators for every comparison the trigger body makes, recording
+    // whose rights they ran with.
+    let mut app = env.db.client_as(APP_ROLE);
+    app.batch_execute(
+        "CREATE TABLE evil.seen (who text);
+         GRANT INSERT ON evil.seen TO PUBLIC;
+         GRANT USAGE ON SCHEMA evil TO PUBLIC;
+         CREATE FUNCTION evil.eq_si(smallint, integer) RETURNS boolean LANGUAGE plpgsql AS
+           $f$ BEGIN INSERT INTO evil.seen VALUES (current_user);
+                     RETURN $1::int OPERATOR(pg_catalog.=) $2; END $f$;
+         CREATE OPERATOR evil.= (LEFTARG = smallint, RIGHTARG = integer, FUNCTION = evil.eq_si);
+         CREATE FUNCTION evil.eq_tt(text, text) RETURNS boolean LANGUAGE plpgsql AS
+           $f$ BEGIN INSERT INTO evil.seen VALUES (current_user);
+                     RETURN $1 OPERATOR(pg_catalog.=) $2; END $f$;
+         CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.eq_tt);",
+    )
+    .unwrap();
+    app.batch_execute(
+        "SET search_path = evil, pg_catalog, public;
+         INSERT INTO public.member_sp (entity_id) VALUES ('outside');
+         RESET search_path",
+    )
+    .unwrap();
+    let as_module: i64 = app
+        .query_one(
+            "SELECT count(*) FROM evil.seen WHERE who = $1",
+            &[&MODULE_ROLE],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        as_module, 0,
+        "the writer's operator ran with the module's rights inside the trigger"
+    );
+    assert!(becomes_member(&mut c, "sp", "outside"), "{}", env.vk.log());
+}

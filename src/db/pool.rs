@@ -199,6 +199,17 @@ fn worker(id: usize) {
                         run_adds(&mut db, std::mem::take(run));
                         *run = ADDS.done(set, max);
                     }
+                    // The queue stays served while this worker runs lanes: under a steady
+                    // stream of ADDs to a few sets every worker may be running a lane, and the
+                    // lookups queued meanwhile must not wait for the stream to end.
+                    if let Ok(more) = p.rx.try_recv() {
+                        p.queued.fetch_sub(more.len(), Ordering::Relaxed);
+                        for group in by_set(run_batch(&mut db, more), |(p, _)| &p.set) {
+                            let set = group[0].0.set.clone();
+                            let run = ADDS.offer(&set, group, max);
+                            lanes.push((set, run));
+                        }
+                    }
                 }
             }
             Err(RecvTimeoutError::Timeout) => {}

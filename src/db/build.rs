@@ -167,7 +167,8 @@ fn spill_dir() -> &'static std::path::Path {
 
 fn spill_error(e: std::io::Error) -> DbErr {
     DbErr::Failed(format!(
-        "cannot spill the build's rows to a file in the server's working directory          (member.build-memory is full): {e}; the previous filter keeps serving"
+        "cannot write the build's rows past its share of member.build-memory to a file in \
+         the server's working directory: {e}; the previous filter keeps serving"
     ))
 }
 

@@ -48,7 +48,7 @@ struct Spill {
 
 impl Rows {
     /// Rows kept in memory up to `limit_bytes` of hashes, then spilled to a file created in
-    /// `dir` (on the first row past the limit). `usize::MAX`-sized limits never spill.
+    /// the directory `push` names (on the first row past the limit). `u64::MAX` never spills.
     pub fn new(limit_bytes: u64) -> Rows {
         let limit = (limit_bytes / HASH_BYTES as u64).min(usize::MAX as u64) as usize;
         Rows {

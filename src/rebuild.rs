@@ -195,6 +195,8 @@ struct Ready {
     source: &'static str,
     /// Bytes of rows spilled to a file during the build.
     spilled: u64,
+    /// The new filter's bytes, counted as transient until the swap.
+    filter_held: crate::transient::Held,
 }
 
 /// A filter payload as a server string, created off the main thread so that replicating it
@@ -285,6 +287,7 @@ impl Ready {
             filter,
             rows: built.rows,
             spilled: built.spilled,
+            filter_held: built.held,
             source: if built.from_standby {
                 "standby"
             } else {
@@ -358,6 +361,7 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
             source,
             times,
             spilled,
+            filter_held: _counted_until_the_swap,
         }) => {
             let swap = Instant::now();
             let bits = filter.bloom.bits();

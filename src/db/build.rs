@@ -37,6 +37,9 @@ pub struct Built {
     pub construct_time: std::time::Duration,
     /// Bytes of rows the build wrote to its spill file (0: they fitted in memory).
     pub spilled: u64,
+    /// The new filter, counted as the set's transient memory until it is swapped in (so that
+    /// what is admitted after it, its payload, sees the headroom it left).
+    pub held: crate::transient::Held,
 }
 
 fn tx_error(e: postgres::Error) -> DbErr {
@@ -130,7 +133,9 @@ pub fn build_filter(
     );
     let bloom = Bloom::build_rows(members, def.error_rate, max_bytes, &rows, budget)
         .map_err(|e| DbErr::Invalid(e.to_string()))?;
+    let held = crate::transient::hold_for(&def.name, bloom.bytes() as u64);
     Ok(Built {
+        held,
         bloom,
         rows: rows.len(),
         spilled: rows.spilled_bytes(),

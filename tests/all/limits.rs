@@ -177,7 +177,11 @@ fn pause_the_copy(
 
 #[test]
 fn a_rebuild_whose_journal_overflows_is_abandoned_and_the_old_filter_serves() {
-    let env = Env::with(&[("member.max-journal", "10")]);
+    // A generous database timeout: the ADDs share a busy machine with the rebuild.
+    let env = Env::with(&[
+        ("member.max-journal", "10"),
+        ("member.db-timeout-ms", "20000"),
+    ]);
     let mut c = env.conn();
     let mut pg = env.pg();
     assert_eq!(
@@ -296,5 +300,7 @@ fn a_rebuild_whose_payload_would_pass_maxmemory_fails_and_the_old_filter_serves(
             == Some("0")),
         "the payload's bytes were never given back"
     );
-    assert!(info_number(&mut c, "member", "member_transient_peak_bytes") >= 2 * bytes);
+    // The new filter and its payload were counted at once (the payload is the filter's bits
+    // and a header of a few hundred bytes; `filter_bytes` also counts the value's struct).
+    assert!(info_number(&mut c, "member", "member_transient_peak_bytes") >= 2 * bytes - 4096);
 }

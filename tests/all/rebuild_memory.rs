@@ -53,6 +53,8 @@ fn fill(env: &Env, c: &mut Connection, set: &str, rows: i64) {
 }
 
 fn rebuild_and_wait(c: &mut Connection, set: &str) -> Result<i64, String> {
+    // A debug build reading a million rows on a busy machine may take minutes.
+    c.set_read_timeout(Some(Duration::from_secs(600))).unwrap();
     match cmd(c, &["MEMBER.REBUILD", set, "SYNC"]) {
         Ok(Value::Int(rows)) => Ok(rows),
         Ok(other) => panic!("MEMBER.REBUILD SYNC answered {other:?}"),

@@ -2,7 +2,7 @@
 //! roles, and `TestDb`: a database of its own for each test.
 
 use std::path::PathBuf;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use super::pg_cluster::{Cluster, Setup};
@@ -17,29 +17,34 @@ pub struct Pg {
 impl Pg {
     /// The shared cluster, started on first use; stopped and removed at process exit.
     pub fn get() -> &'static Pg {
-        Self::get_with(|_| Vec::new())
+        Self::get_with(no_setup)
     }
 
-    /// The shared cluster, prepared by `setup` when this call starts it (a test file whose
-    /// tests all call this with the same `setup` gets one cluster set up that way).
+    /// The shared cluster prepared by `setup`, started when first asked for (all tests that
+    /// ask with the same `setup` share one cluster; each `setup` has its own, so the TLS
+    /// tests' cluster is not the one every other test uses).
     pub fn get_with(setup: Setup) -> &'static Pg {
-        static PG: OnceLock<Pg> = OnceLock::new();
-        PG.get_or_init(|| {
-            let cluster = Cluster::create_with("member-pg", setup);
-            let pid = cluster.child.as_ref().unwrap().id();
-            SHARED_PG
-                .lock()
-                .unwrap()
-                .replace((pid, cluster.base.clone()));
+        static PGS: Mutex<Vec<(usize, &'static Pg)>> = Mutex::new(Vec::new());
+        let mut pgs = PGS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, pg)) = pgs.iter().find(|(s, _)| *s == setup as usize) {
+            return pg;
+        }
+        let cluster = Cluster::create_with("member-pg", setup);
+        let pid = cluster.child.as_ref().unwrap().id();
+        let mut started = SHARED_PG.lock().unwrap_or_else(|e| e.into_inner());
+        if started.is_empty() {
             // SAFETY: registering a plain extern "C" fn.
             unsafe {
                 libc::atexit(shared_pg_atexit);
             }
-            Pg {
-                cluster,
-                admin: Mutex::new(None),
-            }
-        })
+        }
+        started.push((pid, cluster.base.clone()));
+        let pg: &'static Pg = Box::leak(Box::new(Pg {
+            cluster,
+            admin: Mutex::new(None),
+        }));
+        pgs.push((setup as usize, pg));
+        pg
     }
 
     pub fn port(&self) -> u16 {
@@ -105,13 +110,22 @@ pub const MODULE_ROLE: &str = "member_mod";
 /// An application role that writes rows into a set's table from outside the module.
 pub const APP_ROLE: &str = "member_app";
 
-static SHARED_PG: Mutex<Option<(u32, PathBuf)>> = Mutex::new(None);
+/// The shared clusters started (postmaster pid, base directory), stopped at exit.
+static SHARED_PG: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
 
 extern "C" fn shared_pg_atexit() {
-    let Some((pid, base)) = SHARED_PG.lock().ok().and_then(|mut g| g.take()) else {
-        return;
+    let started = match SHARED_PG.lock() {
+        Ok(mut g) => std::mem::take(&mut *g),
+        Err(_) => return,
     };
-    stop_postmaster_at_exit(pid, &base);
+    for (pid, base) in started {
+        stop_postmaster_at_exit(pid, &base);
+    }
+}
+
+/// The plain shared cluster's setup: nothing beyond the defaults.
+fn no_setup(_: &std::path::Path) -> Vec<String> {
+    Vec::new()
 }
 
 /// A database of its own for one test, in the shared cluster.

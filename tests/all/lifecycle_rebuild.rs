@@ -200,6 +200,10 @@ fn rebuild_sync_and_races() {
     let vk = &env.vk;
     let (replica, mut r) = start_quiet_replica(&env);
     let mut c = env.conn();
+    // REBUILD SYNC of 300 000 rows in a debug build, on a machine shared with the other
+    // tests: give it minutes, not the connection's default minute.
+    c.set_read_timeout(Some(std::time::Duration::from_secs(600)))
+        .unwrap();
     create(&mut c, "s", &[]);
     // The replica learns the set and runs its one sync pass: from then on its filter is
     // trusted, so a raced ADD missing from it would answer bloom-negative.

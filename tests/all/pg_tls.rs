@@ -211,7 +211,14 @@ fn the_password_is_never_shown() {
         &d,
         &format!("password='{PASSWORD}' sslmode=require"),
     );
-    let vk = start_loaded(&url, &[("slowlog-log-slower-than", "0")]);
+    // A generous database timeout: TLS and SCRAM on a machine shared with the other tests.
+    let vk = start_loaded(
+        &url,
+        &[
+            ("slowlog-log-slower-than", "0"),
+            ("member.db-timeout-ms", "10000"),
+        ],
+    );
     let mut c = vk.conn();
     serves(&mut c, "s");
     let shown: Vec<String> = redis::cmd("CONFIG")

@@ -13,19 +13,6 @@ use support::lifecycle::*;
 use support::member::*;
 use support::wait_until;
 
-/// `peak.allocated` of `MEMORY STATS`.
-fn peak_allocated(c: &mut Connection) -> i64 {
-    let stats: Vec<Value> = redis::cmd("MEMORY").arg("STATS").query(c).unwrap();
-    stats
-        .chunks(2)
-        .find_map(|p| match (&p[0], &p[1]) {
-            (Value::BulkString(k), Value::Int(v)) if k == b"peak.allocated" => Some(*v),
-            (Value::SimpleString(k), Value::Int(v)) if k == "peak.allocated" => Some(*v),
-            _ => None,
-        })
-        .expect("MEMORY STATS has peak.allocated")
-}
-
 fn number(c: &mut Connection, set: &str, field: &str) -> i64 {
     set_info(c, set, field)
         .and_then(|v| v.parse().ok())

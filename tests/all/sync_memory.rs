@@ -7,7 +7,7 @@ use crate::support;
 
 use std::time::{Duration, Instant};
 
-use redis::{Connection, Value};
+use redis::Connection;
 use support::cluster::Cluster;
 use support::lifecycle::*;
 use support::member::*;
@@ -20,19 +20,6 @@ const APP_KEYS: usize = 2_000;
 /// What the pass may add to the server's peak memory (before paging: ~390 bytes per row,
 /// 376 MB for these rows).
 const PEAK_BUDGET: i64 = 64 << 20;
-
-/// `peak.allocated` of `MEMORY STATS`.
-fn peak_allocated(c: &mut Connection) -> i64 {
-    let stats: Vec<Value> = redis::cmd("MEMORY").arg("STATS").query(c).unwrap();
-    stats
-        .chunks(2)
-        .find_map(|p| match (&p[0], &p[1]) {
-            (Value::BulkString(k), Value::Int(v)) if k == b"peak.allocated" => Some(*v),
-            (Value::SimpleString(k), Value::Int(v)) if k == "peak.allocated" => Some(*v),
-            _ => None,
-        })
-        .expect("MEMORY STATS has peak.allocated")
-}
 
 fn rows_applied(c: &mut Connection, set: &str) -> i64 {
     set_info(c, set, "sync_rows_applied")

@@ -174,3 +174,16 @@ pub fn cache_key(set: &str, item: &str, scope: &str) -> Vec<u8> {
     k.extend_from_slice(scope.as_bytes());
     k
 }
+
+/// `peak.allocated` of `MEMORY STATS`.
+pub fn peak_allocated(c: &mut Connection) -> i64 {
+    let stats: Vec<Value> = redis::cmd("MEMORY").arg("STATS").query(c).unwrap();
+    stats
+        .chunks(2)
+        .find_map(|p| match (&p[0], &p[1]) {
+            (Value::BulkString(k), Value::Int(v)) if k == b"peak.allocated" => Some(*v),
+            (Value::SimpleString(k), Value::Int(v)) if k == "peak.allocated" => Some(*v),
+            _ => None,
+        })
+        .expect("MEMORY STATS has peak.allocated")
+}

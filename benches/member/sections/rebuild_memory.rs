@@ -6,7 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::sections::sync_memory::{peak_allocated, set_number};
+use crate::sections::sync_memory::set_number;
+use crate::support::member::peak_allocated;
 use crate::{progress, support, vk_conn, Bench};
 
 const SIZES: [i64; 2] = [1_000_000, 10_000_000];

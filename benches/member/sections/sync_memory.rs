@@ -9,8 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::Value;
-
+use crate::support::member::peak_allocated;
 use crate::{progress, support, vk_conn, Bench};
 
 /// Rows the outside INSERT writes.
@@ -18,21 +17,6 @@ const ROWS: i64 = 3_000_000;
 /// What the pass may add to the server's peak memory, whatever the rows.
 const BUDGET_MB: f64 = 64.0;
 const GIVE_UP: Duration = Duration::from_secs(600);
-
-pub(crate) fn peak_allocated(c: &mut redis::Connection) -> i64 {
-    let stats: Vec<Value> = redis::cmd("MEMORY")
-        .arg("STATS")
-        .query(c)
-        .expect("MEMORY STATS");
-    stats
-        .chunks(2)
-        .find_map(|p| match (&p[0], &p[1]) {
-            (Value::BulkString(k), Value::Int(v)) if k == b"peak.allocated" => Some(*v),
-            (Value::SimpleString(k), Value::Int(v)) if k == "peak.allocated" => Some(*v),
-            _ => None,
-        })
-        .expect("peak.allocated")
-}
 
 /// A number field of MEMBER.INFO `set` (0 when absent).
 pub(crate) fn set_number(c: &mut redis::Connection, set: &str, field: &str) -> i64 {

@@ -122,13 +122,15 @@ impl Bench {
         let n_add = ((cal_add * secs) as u64).max(10_000);
         let n_madd = ((cal_madd * secs) as u64).max(200);
 
-        let plain = || {
+        // The same single-row INSERT into the bare table and into the set's own (its trigger
+        // fires), new random keys.
+        let insert_into = |table: &str, prefix: &str| {
             self.write_run(&cpu, || {
                 let st = pgbench_script(
                     &self.db,
                     &format!(
                         "\\set id random(1, 1000000000)\n\
-                         INSERT INTO {PLAIN} (entity_id) VALUES ('wpp' || :id::int8) ON CONFLICT DO NOTHING;\n"
+                         INSERT INTO {table} (entity_id) VALUES ('{prefix}' || :id::int8) ON CONFLICT DO NOTHING;\n"
                     ),
                     CLIENTS,
                     secs,
@@ -136,20 +138,8 @@ impl Bench {
                 (st.ops as f64, st.secs)
             })
         };
-        let trig = || {
-            self.write_run(&cpu, || {
-                let st = pgbench_script(
-                    &self.db,
-                    &format!(
-                        "\\set id random(1, 1000000000)\n\
-                         INSERT INTO {TABLE} (entity_id) VALUES ('wpt' || :id::int8) ON CONFLICT DO NOTHING;\n"
-                    ),
-                    CLIENTS,
-                    secs,
-                );
-                (st.ops as f64, st.secs)
-            })
-        };
+        let plain = || insert_into(PLAIN, "wpp");
+        let trig = || insert_into(TABLE, "wpt");
         let add = || {
             self.write_run(&cpu, || {
                 let st = vb_run(port, CLIENTS, 1, n_add, Some(ABSENT_KEYSPACE), &add_cmd);

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use redis_module::{Context, RedisString};
 
 use crate::canon::Normalize;
+use crate::cluster::slotset::SlotSet;
 use crate::db::sql::{self, Changes};
 use crate::db::{pool, source, DbErr};
 use crate::state::{Source, SourceSync};
@@ -55,6 +56,8 @@ pub struct Loop {
     pub passes: u64,
     pub statements: u64,
     pub rows: u64,
+    /// Rows the passes read from the change log (`rows` is what they applied).
+    pub rows_read: u64,
     pub last_statements: u64,
     pub last_rows: u64,
 }
@@ -140,7 +143,8 @@ pub fn run(ctx: &Context, now_all: bool) {
         }
     });
     type Polled = Option<(Source, Normalize)>;
-    let sets: Vec<(String, u64, RedisString, Normalize, Polled)> = state::with(|r| {
+    type Extra = Option<SlotSet>;
+    let sets: Vec<(String, u64, RedisString, Normalize, Polled, Extra)> = state::with(|r| {
         r.sets
             .values()
             .map(|s| {
@@ -156,6 +160,7 @@ pub fn run(ctx: &Context, now_all: bool) {
                     s.filter_key.clone(),
                     s.def.normalize,
                     polled,
+                    s.cover_extra.clone(),
                 )
             })
             .collect()
@@ -163,7 +168,9 @@ pub fn run(ctx: &Context, now_all: bool) {
     let mut members = Vec::new();
     let mut norms = HashMap::new();
     let mut polls = Vec::new();
-    for (name, incarnation, key, norm, polled) in sets {
+    // Cluster mode: the slots whose logged rows this pass reads (`apply::read_covers`).
+    let mut read = crate::cluster::enabled().then(ReadSlots::default);
+    for (name, incarnation, key, norm, polled, extra) in sets {
         // Only a filter with a watermark can be caught up; others wait for their rebuild.
         let Some(Some(from)) = filter_store::with(ctx, &key, |f| f.cov.watermark) else {
             continue;
@@ -179,6 +186,10 @@ pub fn run(ctx: &Context, now_all: bool) {
             Some(p) => polls.push((name.clone(), p, from)),
             None => {
                 norms.insert(name.clone(), norm);
+                if let Some(read) = read.as_mut() {
+                    filter_store::with(ctx, &key, |f| read.add(f.slots.as_ref()));
+                    read.add_extra(extra.as_ref());
+                }
             }
         }
         members.push(Member {
@@ -223,7 +234,10 @@ pub fn run(ctx: &Context, now_all: bool) {
         due.then(config::change_retention_s)
     });
     page::begin(&members);
+    let read = read.and_then(ReadSlots::into_slots);
+    let slots = read.clone();
     let pass = Pass {
+        read,
         started: now,
         epoch: state::with(|r| r.epoch),
         members,
@@ -243,7 +257,7 @@ pub fn run(ctx: &Context, now_all: bool) {
         });
         let mut sink = |p| pager.send(p);
         let mut res = match from {
-            Some(from) => sql::changes_since(db, from, &norms, prune, &mut sink),
+            Some(from) => sql::changes_since(db, from, slots.as_ref(), &norms, prune, &mut sink),
             None => Ok(Changes::default()),
         };
         if let Ok(ch) = res.as_mut() {
@@ -272,6 +286,8 @@ struct Pass {
     /// Promotion epoch when the pass started.
     epoch: u64,
     members: Vec<Member>,
+    /// Cluster mode: the slots whose logged rows the pass read (`None`: every row).
+    read: Option<SlotSet>,
     result: Option<Result<Changes, DbErr>>,
 }
 
@@ -279,13 +295,43 @@ impl Drop for Pass {
     fn drop(&mut self) {
         let (started, epoch) = (self.started, self.epoch);
         let members = std::mem::take(&mut self.members);
+        let read = self.read.take();
         let res = self
             .result
             .take()
             .unwrap_or(Err(DbErr::Unavailable("sync lost".into())));
         mainq::post(Box::new(move |ctx| {
-            apply::apply(ctx, started, epoch, members, res)
+            apply::apply(ctx, started, epoch, members, read.as_ref(), res)
         }));
+    }
+}
+
+/// Cluster mode: the union of the slots the pass's filters cover and will cover (a fill or
+/// a rebuild in flight), built while the pass starts. A filter that covers every slot makes
+/// the pass read every row.
+#[derive(Default)]
+struct ReadSlots {
+    slots: SlotSet,
+    all: bool,
+}
+
+impl ReadSlots {
+    fn add(&mut self, covers: Option<&SlotSet>) {
+        match covers {
+            Some(s) => self.slots.union_with(s),
+            None => self.all = true,
+        }
+    }
+
+    fn add_extra(&mut self, extra: Option<&SlotSet>) {
+        if let Some(e) = extra {
+            self.slots.union_with(e);
+        }
+    }
+
+    /// The slots to read, `None` for all of them.
+    fn into_slots(self) -> Option<SlotSet> {
+        (!self.all).then_some(self.slots)
     }
 }
 

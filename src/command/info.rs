@@ -291,6 +291,7 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
             ("sync_passes", l.passes.to_string()),
             ("sync_statements", l.statements.to_string()),
             ("sync_rows_applied", l.rows.to_string()),
+            ("sync_rows_read", l.rows_read.to_string()),
             ("sync_statements_per_pass", l.last_statements.to_string()),
             ("sync_rows_per_pass", l.last_rows.to_string()),
             ("sync_notify", crate::notify::state().name().to_string()),

@@ -117,7 +117,8 @@ fn missing(c: &mut impl postgres::GenericClient, t: &str) -> Result<Missing, pos
 /// about 0.4 s per 100 000 rows); building the index blocks writers only. Waiting for the
 /// table's lock is bounded by `lock_timeout_ms`, after which this fails and the rebuild is
 /// retried. Nodes meeting the table together serialize on an advisory lock per table, so one
-/// does the work and the others find it done.
+/// does the work and the others find it done. The rebuild then gives the table's change-log
+/// triggers the argument that logs the slot (`sql::changes::guarded_ddl`).
 pub fn ensure_slot_column(
     c: &mut Client,
     set: &str,

@@ -8,6 +8,7 @@ use std::time::Instant;
 use redis_module::Context;
 
 use super::{Member, LOOP};
+use crate::cluster::slotset::SlotSet;
 use crate::db::sql::{self, Changes};
 use crate::db::DbErr;
 use crate::filter_origin::{NodeDb, Verdict};
@@ -92,6 +93,7 @@ pub(super) fn apply(
     started: Instant,
     epoch: u64,
     members: Vec<Member>,
+    read: Option<&SlotSet>,
     res: Result<Changes, DbErr>,
 ) {
     let again = LOOP.with(|l| {
@@ -147,15 +149,19 @@ pub(super) fn apply(
             }
             s.sync.last_ok = Some(Instant::now());
             s.sync.last_error = blind.then(|| sql::blind_reason(&m.name, "triggers missing"));
-            Some((s.filter_key.clone(), s.catalog_id))
+            Some((s.filter_key.clone(), s.catalog_id, s.cover_extra.clone()))
         });
-        let Some((key, set_id)) = key else {
+        let Some((key, set_id, extra)) = key else {
             continue;
         };
         let here = (crate::db::identity::node(), set_id);
         let outcome = filter_store::with_mut(ctx, &key, |f| {
             // A value that missed a page (swapped in meanwhile) waits for the next pass.
             if !paged.received_all(f.id) {
+                return CatchUp::Kept;
+            }
+            // So does one that covers (or will) a slot whose rows the pass did not read.
+            if !m.time && !read_covers(read, f.slots.as_ref(), extra.as_ref()) {
                 return CatchUp::Kept;
             }
             catch_up(&m.name, f, &[], m.from, horizon, floor, blind, here)
@@ -223,6 +229,7 @@ pub(super) fn apply(
         l.passes += 1;
         l.statements += ch.statements;
         l.rows += rows;
+        l.rows_read += ch.rows_read;
         l.last_statements = ch.statements;
         l.last_rows = rows;
         !std::mem::replace(&mut l.announced, true)
@@ -238,6 +245,24 @@ pub(super) fn apply(
             ),
         );
     }
+}
+
+/// Cluster mode: whether a pass that read only the logged rows of the slots `read` (`None`:
+/// all rows) read every row a filter needs: those of the slots it covers (`covers`, `None`:
+/// all) and of the slots a fill or a rebuild in flight adds (`extra`). A slot this node took
+/// on after the pass started is not in `read`, and the pass's snapshot may be younger than the
+/// fill's: the filter's watermark then stays, and the next pass, reading that slot too, reads
+/// its rows from there.
+pub(super) fn read_covers(
+    read: Option<&SlotSet>,
+    covers: Option<&SlotSet>,
+    extra: Option<&SlotSet>,
+) -> bool {
+    let Some(read) = read else {
+        return true;
+    };
+    let within = |s: &SlotSet| s.minus(read).is_empty();
+    covers.is_some_and(within) && extra.is_none_or(within)
 }
 
 /// Cluster mode: the rows of a pass that belong to slots the set's filter covers, or will
@@ -303,6 +328,26 @@ mod tests {
             CatchUp::CaughtUp(Some(id))
         );
         assert_eq!(newer.cov.watermark, Some(200));
+    }
+
+    #[test]
+    fn a_pass_that_read_some_slots_covers_only_filters_within_them() {
+        let set = |v: &[u16]| v.iter().copied().collect::<SlotSet>();
+        let read = set(&[1, 2, 3]);
+        // Standalone, or a pass that read every row: any filter.
+        assert!(read_covers(None, Some(&set(&[9])), Some(&set(&[10]))));
+        assert!(read_covers(None, None, None));
+        assert!(read_covers(Some(&read), Some(&set(&[1, 3])), None));
+        assert!(read_covers(Some(&read), Some(&set(&[1])), Some(&set(&[2]))));
+        // A slot gained since the pass started, covered or being filled: not read.
+        assert!(!read_covers(Some(&read), Some(&set(&[1, 4])), None));
+        assert!(!read_covers(
+            Some(&read),
+            Some(&set(&[1])),
+            Some(&set(&[4]))
+        ));
+        // A filter of every slot needs every row.
+        assert!(!read_covers(Some(&read), None, None));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The change-log trigger function as outside writers meet it (docs/sync.md, "Write path"):
-//! an older version in an existing database is replaced at the next start, and a writer's own
-//! `search_path` cannot make it run the writer's code with the module's rights.
+//! an older version in an existing database is replaced at the next start, a writer's own
+//! `search_path` cannot make it run the writer's code with the module's rights, and each row
+//! is logged with its cluster slot (a table from before the slot column still feeds the log).
 use crate::support;
 
 use std::time::Duration;
@@ -23,11 +24,11 @@ const V1: &str = r#"CREATE OR REPLACE FUNCTION member_log_change() RETURNS trigg
         RETURN NULL;
       END $b$"#;
 
-/// The trigger function's settings and whether its body is version 2.
+/// The trigger function's settings and whether its body is the current version (3).
 fn function_state(pg: &mut postgres::Client) -> (Option<Vec<String>>, bool) {
     let r = pg
         .query_one(
-            "SELECT proconfig, prosrc LIKE '%member_changes v2%' FROM pg_proc
+            "SELECT proconfig, prosrc LIKE '%member_changes v3%' FROM pg_proc
               WHERE proname = 'member_log_change'",
             &[],
         )
@@ -72,7 +73,7 @@ fn an_older_trigger_function_is_replaced_at_the_next_start() {
     assert_eq!(
         function_state(&mut pg),
         (None, true),
-        "a fresh database has v2"
+        "a fresh database has v3"
     );
 
     // The database as an earlier version of the module left it.
@@ -128,7 +129,11 @@ fn a_writers_search_path_does_not_reach_into_the_trigger() {
          CREATE FUNCTION evil.eq_tt(text, text) RETURNS boolean LANGUAGE plpgsql AS
            $f$ BEGIN INSERT INTO evil.seen VALUES (current_user);
                      RETURN $1 OPERATOR(pg_catalog.=) $2; END $f$;
-         CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.eq_tt);",
+         CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.eq_tt);
+         CREATE FUNCTION evil.gt_ii(integer, integer) RETURNS boolean LANGUAGE plpgsql AS
+           $f$ BEGIN INSERT INTO evil.seen VALUES (current_user);
+                     RETURN $1 OPERATOR(pg_catalog.>) $2; END $f$;
+         CREATE OPERATOR evil.> (LEFTARG = integer, RIGHTARG = integer, FUNCTION = evil.gt_ii);",
     )
     .unwrap();
     app.batch_execute(
@@ -149,4 +154,82 @@ fn a_writers_search_path_does_not_reach_into_the_trigger() {
         "the writer's operator ran with the module's rights inside the trigger"
     );
     assert!(becomes_member(&mut c, "sp", "outside"), "{}", env.vk.log());
+}
+
+/// The slots logged for `item` of `set`, oldest first (`None`: logged without one).
+fn logged_slots(pg: &mut postgres::Client, set: &str, item: &str) -> Vec<Option<i16>> {
+    pg.query(
+        "SELECT slot FROM member_changes WHERE set_name = $1 AND entity_id = $2 ORDER BY seq",
+        &[&set, &item],
+    )
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+/// How many arguments each of the set table's change-log triggers passes.
+fn trigger_args(pg: &mut postgres::Client, set: &str) -> Vec<i16> {
+    pg.query(
+        "SELECT tgnargs FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname LIKE 'member_log_%'
+          ORDER BY tgname",
+        &[&format!("member_{set}")],
+    )
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+#[test]
+fn rows_are_logged_with_their_slot_and_a_table_without_one_still_feeds_the_log() {
+    let env = Env::least_privilege(&[]);
+    let mut c = env.conn();
+    create_for_app(&env, &mut c, "ls");
+    let mut pg = env.db.client_as(MODULE_ROLE);
+    let mut app = env.db.client_as(APP_ROLE);
+    let slot_of = |pg: &mut postgres::Client, item: &str| -> i16 {
+        pg.query_one("SELECT member_keyslot($1)", &[&item])
+            .unwrap()
+            .get(0)
+    };
+    assert_eq!(trigger_args(&mut pg, "ls"), vec![2, 2, 2]);
+    app.batch_execute("INSERT INTO member_ls (entity_id) VALUES ('a')")
+        .unwrap();
+    let a = slot_of(&mut pg, "a");
+    assert_eq!(logged_slots(&mut pg, "ls", "a"), vec![Some(a)]);
+
+    // The table as an earlier version left it: no slot column, triggers with one argument.
+    pg.batch_execute(
+        "ALTER TABLE member_ls DROP COLUMN slot;
+         DROP TRIGGER member_log_ins ON member_ls;
+         CREATE TRIGGER member_log_ins AFTER INSERT ON member_ls REFERENCING NEW TABLE AS new_rows
+           FOR EACH STATEMENT EXECUTE FUNCTION member_log_change('ls');",
+    )
+    .unwrap();
+    // Outside writes still succeed and reach the filter, logged without a slot.
+    app.batch_execute("INSERT INTO member_ls (entity_id) VALUES ('b')")
+        .unwrap();
+    assert_eq!(logged_slots(&mut pg, "ls", "b"), vec![None]);
+    assert!(becomes_member(&mut c, "ls", "b"), "{}", env.vk.log());
+
+    // The next rebuild gives the table its column back and the triggers their argument.
+    let _: i64 = redis::cmd("MEMBER.REBUILD")
+        .arg("ls")
+        .arg("SYNC")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(trigger_args(&mut pg, "ls"), vec![2, 2, 2]);
+    app.batch_execute("INSERT INTO member_ls (entity_id) VALUES ('c')")
+        .unwrap();
+    let c_slot = slot_of(&mut pg, "c");
+    assert_eq!(logged_slots(&mut pg, "ls", "c"), vec![Some(c_slot)]);
+    assert!(becomes_member(&mut c, "ls", "c"), "{}", env.vk.log());
+    // A delete is logged with its slot too.
+    pg.batch_execute("DELETE FROM member_ls WHERE entity_id = 'c'")
+        .unwrap();
+    assert_eq!(
+        logged_slots(&mut pg, "ls", "c"),
+        vec![Some(c_slot), Some(c_slot)]
+    );
 }

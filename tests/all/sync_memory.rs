@@ -1,7 +1,8 @@
 //! A sync pass in bounded memory (issue 25, docs/sync.md "Paging"): a bulk INSERT of a million
 //! rows made outside the module reaches the filter without the server's peak memory growing
 //! with the rows, so under `maxmemory` and `allkeys-lru` none of the application's own keys is
-//! evicted to make room for the pass. The same on every primary of a cluster; and the module's
+//! evicted to make room for the pass. The same on every primary of a cluster, where each
+//! primary reads only its own slots' rows; and the module's
 //! transient memory is shown, given back, and waits for room under `maxmemory`.
 use crate::support;
 
@@ -331,6 +332,14 @@ fn an_outside_bulk_insert_evicts_nothing_on_any_primary_of_a_cluster() {
         let mut c = n.conn();
         let share = rows_applied(&mut c, set);
         assert!(share > ROWS / 5, "{}: {share} rows of its slots", n.addr());
+        // It read only the rows of its own slots from the change log (their slot is logged
+        // with them), not all of them (three times its share).
+        let read = info_number(&mut c, "member", "member_sync_rows_read");
+        assert!(
+            read >= share && read < 2 * share,
+            "{}: read {read} logged rows for {share} of its slots",
+            n.addr()
+        );
         assert_eq!(
             info_number(&mut c, "stats", "evicted_keys"),
             0,

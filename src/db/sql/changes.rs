@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use super::pages::{read_pages, Sink};
 use super::{table, ADVISORY_KEY};
 use crate::canon::Normalize;
+use crate::cluster::slotset::SlotSet;
 use crate::db::{Db, DbErr};
 
 /// The change log every set table feeds (docs/sync.md): one row per row inserted, updated or
@@ -19,7 +20,13 @@ use crate::db::{Db, DbErr};
 /// transition tables are found before any schema, and the log's defaults are bound at its
 /// creation. (v1 had `SET search_path` instead: PostgreSQL sets and restores it on every call,
 /// which cost an outside single-row INSERT about a tenth of its rate; docs/sync.md "Write
-/// path".) Creating v2 replaces v1 in place, so existing triggers run it at once. The one-row
+/// path".) v3 also copies the row's cluster `slot` (the set table's generated column) when
+/// the trigger's second argument says the table has one, so in cluster mode a sync pass reads
+/// only the rows of the slots its node covers; rows logged without one (a table from before
+/// the column, whose triggers get the argument at the rebuild that adds it; an attached
+/// table's trigger) are read by every node. v3 replaces v2 in place, so existing triggers run
+/// it at once; PL/pgSQL plans each INSERT when it first runs, so the one naming `slot` is
+/// never planned for a table without the column. The one-row
 /// floor table records what pruning removed (see `prune`). Idempotent; run under the advisory
 /// lock with the catalog's DDL.
 pub(super) const CHANGE_LOG_DDL: &str = r#"CREATE TABLE IF NOT EXISTS member_changes (
@@ -42,15 +49,30 @@ INSERT INTO member_changes_floor (floor, candidate, candidate_at)
     SELECT '0', pg_snapshot_xmin(pg_current_snapshot()), now()
     ON CONFLICT DO NOTHING;
 DO $do$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'member_changes'::regclass
+                   AND attname = 'slot' AND NOT attisdropped) THEN
+    ALTER TABLE member_changes ADD COLUMN slot smallint;
+  END IF;
   IF NOT EXISTS (SELECT FROM pg_proc WHERE proname = 'member_log_change'
                    AND pronamespace = current_schema()::regnamespace
-                   AND prosrc LIKE '%member_changes v2%') THEN
+                   AND prosrc LIKE '%member_changes v3%') THEN
     EXECUTE format($f$CREATE OR REPLACE FUNCTION member_log_change() RETURNS trigger
       LANGUAGE plpgsql SECURITY DEFINER AS $b$
-      BEGIN -- member_changes v2: every row written or deleted, alive when status = 1
+      BEGIN -- member_changes v3: every row written or deleted, alive when status = 1, and its
+            -- slot where the trigger says the table has one (a build that looks for
+            -- member_changes v2 finds it here and leaves this body)
         IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
-          INSERT INTO %1$I.member_changes (set_name, entity_id, scope, alive)
-            SELECT TG_ARGV[0], entity_id, scope, false FROM old_rows;
+          IF TG_NARGS OPERATOR(pg_catalog.>) 1 THEN
+            INSERT INTO %1$I.member_changes (set_name, entity_id, scope, alive, slot)
+              SELECT TG_ARGV[0], entity_id, scope, false, slot FROM old_rows;
+          ELSE
+            INSERT INTO %1$I.member_changes (set_name, entity_id, scope, alive)
+              SELECT TG_ARGV[0], entity_id, scope, false FROM old_rows;
+          END IF;
+        ELSIF TG_NARGS OPERATOR(pg_catalog.>) 1 THEN
+          INSERT INTO %1$I.member_changes (set_name, entity_id, scope, alive, slot)
+            SELECT TG_ARGV[0], entity_id, scope, status OPERATOR(pg_catalog.=) 1, slot
+              FROM new_rows;
         ELSE
           INSERT INTO %1$I.member_changes (set_name, entity_id, scope, alive)
             SELECT TG_ARGV[0], entity_id, scope, status OPERATOR(pg_catalog.=) 1 FROM new_rows;
@@ -154,6 +176,10 @@ pub(in crate::db) fn log_triggers_ddl(set: &str) -> String {
 /// with the same text when the module's role lacks the privilege.
 pub(super) fn guarded_ddl(set: &str, before: &str) -> String {
     let t = table(set);
+    let has_slot = format!(
+        "EXISTS (SELECT FROM pg_attribute WHERE attrelid = '{t}'::regclass
+                   AND attname = 'slot' AND NOT attisdropped)"
+    );
     let ensure = |name: &str, event: &str| {
         let rows = if event == "DELETE" {
             "OLD TABLE AS old_rows"
@@ -163,14 +189,22 @@ pub(super) fn guarded_ddl(set: &str, before: &str) -> String {
         // A trigger of the name that runs another function is not this set's change-log
         // trigger, whoever put it there (an earlier version let an attached set `log` take
         // these names on another set's table): replaced, else the set would look fed.
+        // One that does not say whether the table has its slot column (an older trigger, or
+        // the table gained the column since) is made again, in this transaction.
         format!(
             "IF EXISTS (SELECT FROM pg_trigger WHERE tgrelid = '{t}'::regclass AND tgname = '{name}'
-                          AND tgfoid <> 'member_log_change'::regproc) THEN
+                          AND (tgfoid <> 'member_log_change'::regproc
+                               OR tgnargs <> CASE WHEN {has_slot} THEN 2 ELSE 1 END)) THEN
                DROP TRIGGER {name} ON {t};
              END IF;
              IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = '{t}'::regclass AND tgname = '{name}') THEN
-               CREATE TRIGGER {name} AFTER {event} ON {t} REFERENCING {rows}
-                 FOR EACH STATEMENT EXECUTE FUNCTION member_log_change('{set}');
+               IF {has_slot} THEN
+                 CREATE TRIGGER {name} AFTER {event} ON {t} REFERENCING {rows}
+                   FOR EACH STATEMENT EXECUTE FUNCTION member_log_change('{set}', 'slot');
+               ELSE
+                 CREATE TRIGGER {name} AFTER {event} ON {t} REFERENCING {rows}
+                   FOR EACH STATEMENT EXECUTE FUNCTION member_log_change('{set}');
+               END IF;
              ELSIF EXISTS (SELECT FROM pg_trigger WHERE tgrelid = '{t}'::regclass AND tgname = '{name}'
                              AND tgenabled = 'D') THEN
                ALTER TABLE {t} ENABLE TRIGGER {name};
@@ -226,6 +260,8 @@ pub struct Changes {
     pub blind: Vec<String>,
     /// Statements this pass sent.
     pub statements: u64,
+    /// Logged rows of known sets the pass read (in cluster mode, of the slots it asked for).
+    pub rows_read: u64,
     /// Attached sets synced by UPDATED-COLUMN: the time each one's poll covers up to
     /// (docs/attach.md), and why a poll failed.
     pub time_horizons: HashMap<String, i64>,
@@ -237,13 +273,16 @@ pub struct Changes {
 /// active, in one snapshot, streamed in the log's index order: no sort, so the first page
 /// comes at once however many rows changed (a key added and deleted again within the window
 /// is applied too: a false positive the database check answers, gone at the next rebuild).
-/// Rows of sets not in `sets` (unknown here) are skipped; `sets` gives each known set's
+/// With `slots` (cluster mode), only the rows logged with one of those slots, or with none
+/// (`CHANGE_LOG_DDL`), are read. Rows of sets not in `sets` (unknown here) are skipped; `sets`
+/// gives each known set's
 /// normalization. The keys go to `sink` in pages of at most [`PAGE_ROWS`] rows, all
 /// from the one snapshot (docs/sync.md, "Paging"). If `prune_after_s` is given, also prunes
 /// the log (`prune`).
 pub fn changes_since(
     db: &mut Db,
     from: i64,
+    slots: Option<&SlotSet>,
     sets: &HashMap<String, Normalize>,
     prune_after_s: Option<u64>,
     sink: &mut Sink,
@@ -280,13 +319,19 @@ pub fn changes_since(
                                                        'member_' || a.name || '$del')) < 3
                          ) b) AS blind) h
             LEFT JOIN (SELECT set_name, entity_id, scope
-                         FROM member_changes WHERE xid >= '{from}'::xid8 AND alive) c ON true",
+                         FROM member_changes WHERE xid >= '{from}'::xid8 AND alive{only}) c ON true",
+        only = if slots.is_some() {
+            " AND (slot IS NULL OR get_bit($1::bytea, slot) = 1)"
+        } else {
+            ""
+        },
         ins = LOG_TRIGGERS[0],
         upd = LOG_TRIGGERS[1],
         del = LOG_TRIGGERS[2],
         from = from.max(0)
     );
     let in_cluster = crate::cluster::enabled();
+    let bits = slots.map(slot_bits);
     let mut out = db.run(|c, _| {
         by_index(c, |tx| {
             let mut out = Changes {
@@ -294,8 +339,12 @@ pub fn changes_since(
                 ..Changes::default()
             };
             // One statement, one snapshot, read through a portal a page at a time.
-            let portal = tx.bind(sql.as_str(), &[])?;
+            let portal = match &bits {
+                Some(bits) => tx.bind(sql.as_str(), &[bits])?,
+                None => tx.bind(sql.as_str(), &[])?,
+            };
             let mut head = None;
+            let mut rows_read = 0;
             let read = read_pages(tx, &portal, sink, |i, r, page| {
                 if i == 0 {
                     head = Some((r.get(0), r.get::<_, Option<i64>>(1), r.get(2)));
@@ -306,8 +355,10 @@ pub fn changes_since(
                 let Some(&norm) = sets.get(set) else {
                     return;
                 };
+                rows_read += 1;
                 page.push(set, norm, r.get(4), r.get(5), in_cluster);
             })?;
+            out.rows_read = rows_read;
             if let Some((horizon, floor, blind)) = head {
                 out.horizon = horizon;
                 out.floor = floor.unwrap_or(0);
@@ -323,6 +374,16 @@ pub fn changes_since(
         }
     }
     Ok(out)
+}
+
+/// `slots` as the bit string `get_bit(bytea, slot)` reads: bit `s` is bit `s % 8` (from the
+/// least significant) of byte `s / 8`.
+fn slot_bits(slots: &SlotSet) -> Vec<u8> {
+    let mut bits = vec![0u8; crate::cluster::slot::SLOTS / 8];
+    for s in slots.iter() {
+        bits[usize::from(s) / 8] |= 1 << (s % 8);
+    }
+    bits
 }
 
 /// Drops the change log's old rows, by transaction id (docs/sync.md, "Retention"): once the

@@ -17,9 +17,11 @@ run: build
 stop:
 	bash scripts/run-local.sh stop
 
+# First every relative link of the documentation must resolve (scripts/check-links.py).
 # Tests start their own PostgreSQL and valkey-server; they load target/debug/libmember.so.
 # The integration tests then run once more against Redis 7.0, the second supported server.
 test: deps
+	python3 scripts/check-links.py
 	$(CARGO_ENV) cargo build
 	$(CARGO_ENV) cargo test --all-targets -- --test-threads=4
 	$(CARGO_ENV) MEMBER_SERVER=redis-server cargo test --tests -- --test-threads=4
@@ -37,13 +39,13 @@ bench: deps
 	$(CARGO_ENV) cargo build --release
 	$(CARGO_ENV) cargo bench --bench member -- $(ARGS)
 
-# The long chaos run of issue 9 (tests/all/chaos.rs): faults against a live workload, then the
+# The long chaos run (tests/all/chaos.rs, docs/testing.md): faults against a live workload, then the
 # history checker. MEMBER_CHAOS_SECS sets its length (default 300), MEMBER_CHAOS_SEED repeats a run.
 chaos: deps
 	$(CARGO_ENV) cargo build
 	$(CARGO_ENV) cargo test --test all -- --ignored --nocapture chaos::chaos_long
 
-# Fuzzing (issue 9, README "Testing"): every target of fuzz/ for FUZZ_SECS seconds (default
+# Fuzzing (docs/testing.md): every target of fuzz/ for FUZZ_SECS seconds (default
 # 60), one after the other; FUZZ_TARGETS picks some. Needs no server. Installs the nightly
 # toolchain and cargo-fuzz when missing. Corpora grow in fuzz/corpus/, crashes land in
 # fuzz/artifacts/ (both ignored by git): a crash stops the run with the input's path.

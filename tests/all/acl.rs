@@ -132,7 +132,7 @@ fn commands_join_the_member_category_where_the_server_allows_it() {
     let cats: Vec<String> = redis::cmd("ACL").arg("CAT").query(&mut c).unwrap();
     if !cats.iter().any(|c| c == "member") {
         // Redis 7.0 lets modules add no category (and puts module commands in none of the
-        // built-in ones): users are granted the commands by name (README).
+        // built-in ones): users are granted the commands by name (docs/security.md).
         return;
     }
     // Granting the category grants the commands (ACL CAT <category> does not list module

@@ -81,7 +81,7 @@ fn item_is_not_an_acl_key() {
     }
 }
 
-/// A CREATE without options takes the module's defaults (README "Configuration"), read when
+/// A CREATE without options takes the module's defaults (docs/configuration.md), read when
 /// the set is created: `member.default-capacity`, `member.default-error-rate`,
 /// `member.cache-ttl`, `member.recent-ttl`.
 #[test]

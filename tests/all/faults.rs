@@ -1,5 +1,5 @@
 //! Fault injection against a real PostgreSQL, the database away: stopped, down at start-up,
-//! restarted, or its URL changed. The contract under test (README "The correctness
+//! restarted, or its URL changed. The contract under test (docs/contract.md "The correctness
 //! contract"): items the filter rejects are still answered; every other lookup and every write
 //! gets an error starting with `UNAVAILABLE` within the timeout — never a 0 or 1 in its place,
 //! never a hang — and the module recovers by itself. A database that is there but slow:

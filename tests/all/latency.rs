@@ -115,17 +115,18 @@ fn slow_resolutions_feed_the_latency_monitor() {
     );
 }
 
-/// The README's Lua script for redis_exporter's `-script` option (taken from the README
-/// itself, so the two cannot drift apart) returns INFO member's numeric fields as pairs.
+/// The Lua script for redis_exporter's `-script` option in docs/monitoring.md (taken from
+/// that page itself, so the two cannot drift apart) returns INFO member's numeric fields as
+/// pairs.
 #[test]
-fn the_readme_exporter_script_returns_info_member_fields() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
-    let script = readme
+fn the_documented_exporter_script_returns_info_member_fields() {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/monitoring.md"))
+        .expect("docs/monitoring.md");
+    let script = page
         .split("```lua\n")
         .nth(1)
         .and_then(|rest| rest.split("```").next())
-        .expect("a lua block in the README");
+        .expect("a lua block in docs/monitoring.md");
     let env = Env::new();
     let mut c = env.conn();
     ok(&mut c, &["MEMBER.CREATE", "exp"]);
@@ -133,7 +134,7 @@ fn the_readme_exporter_script_returns_info_member_fields() {
         .arg(script)
         .arg(0)
         .query(&mut c)
-        .expect("EVAL of the README script");
+        .expect("EVAL of the documented script");
     let fields: std::collections::HashMap<&str, &str> = pairs
         .chunks(2)
         .map(|p| (p[0].as_str(), p[1].as_str()))

@@ -2,10 +2,11 @@
 //! (also after kill -9), FLUSHALL, corrupt RDB payloads, cache keys and effects that outlive
 //! their moment. Replication, MEMBER.REBUILD and the sync loop: `tests/all/lifecycle_rebuild.rs`.
 //!
-//! The contract under test (README "Filter lifecycle"): whatever happened to the filter, an item
-//! that is a member in PostgreSQL never gets EXISTS 0, and once the filter is trusted again
-//! (complete and caught up) it holds every member. Sets are created with RECENT-TTL 1, so after
-//! `PAST_RECENT` a "not bloom-negative" answer proves the filter itself holds the item.
+//! The contract under test (docs/operations.md "Filter lifecycle"): whatever happened to the
+//! filter, an item that is a member in PostgreSQL never gets EXISTS 0, and once the filter is
+//! trusted again (complete and caught up) it holds every member. Sets are created with
+//! RECENT-TTL 1, so after `PAST_RECENT` a "not bloom-negative" answer proves the filter itself
+//! holds the item.
 use crate::support;
 
 use std::thread;

@@ -480,7 +480,7 @@ fn outside_writes_reach_the_filter() {
     );
 }
 
-/// `member.rebuild-interval-s` rebuilds every set that often, by itself (README "Filter
+/// `member.rebuild-interval-s` rebuilds every set that often, by itself (docs/operations.md "Filter
 /// lifecycle"), keeping every member.
 #[test]
 fn rebuild_interval_rebuilds_every_set_by_itself() {

@@ -2,7 +2,7 @@
 //! exits with the reason in its log, and a MODULE LOADEX answers an error while the server
 //! keeps running. (Before, the load went on with the configs unset and the server crashed in
 //! its own unload path: one out-of-range value took the whole server down. A LOADEX name the
-//! module does not have still does, in the server alone: README "Configuration".)
+//! module does not have still does, in the server alone: docs/configuration.md.)
 use crate::support;
 
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! module by another role, in a transaction that commits late (held open across several sync
 //! passes while other rows commit), reaches the filter within about one sync interval of its
 //! commit, whether the module runs as a superuser or as a least-privilege role that cannot see
-//! other sessions in `pg_stat_activity` (README "Filter lifecycle", docs/sync.md).
+//! other sessions in `pg_stat_activity` (docs/operations.md "Filter lifecycle", docs/sync.md).
 use crate::support;
 
 use std::thread;
@@ -157,7 +157,7 @@ fn a_table_the_module_cannot_watch_is_refused_loudly() {
         "no log line for the refused CREATE:\n{}",
         env.vk.log()
     );
-    // What the README tells operators to do.
+    // What docs/operations.md tells operators to do.
     admin
         .batch_execute(&format!(
             "ALTER TABLE member_foreign OWNER TO {MODULE_ROLE}"

@@ -188,7 +188,7 @@ fn a_page_waits_for_headroom_instead_of_evicting() {
         p.cmd("SET").arg(format!("app:{i}")).arg("v").ignore();
     }
     p.query::<()>(&mut c).unwrap();
-    // The policy the README asks for: nothing here has a TTL, so the server itself evicts
+    // The policy docs/operations.md asks for: nothing here has a TTL, so the server itself evicts
     // nothing when its own traffic (replies, buffers) crosses the tight limit below.
     ok(
         &mut c,

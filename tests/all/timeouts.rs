@@ -271,7 +271,7 @@ fn answers_at_the_timeout_boundary_are_never_lost() {
     );
 }
 
-/// `CLIENT UNBLOCK <id> TIMEOUT` on a client waiting for the database (README "Limitations"):
+/// `CLIENT UNBLOCK <id> TIMEOUT` on a client waiting for the database (docs/limits.md):
 /// it gets `UNAVAILABLE` at once and nothing more when the database answers later; the write
 /// it asked for still lands.
 #[test]

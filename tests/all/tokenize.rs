@@ -47,7 +47,8 @@ fn env_with_key(key: &KeyFile) -> Env {
     Env::with(&[("member.token-key-file", key.path())])
 }
 
-/// The token as outside writers compute it with pgcrypto (README), for `item` and `scope`.
+/// The token as outside writers compute it with pgcrypto (docs/security.md), for `item` and
+/// `scope`.
 fn sql_token(pg: &mut postgres::Client, item: &str, scope: &str, key_hex: &str) -> String {
     pg.query_one(
         "SELECT encode(hmac(convert_to($1, 'UTF8') || '\\x00'::bytea || convert_to($2, 'UTF8'),
@@ -146,7 +147,7 @@ fn tokens_everywhere_raw_items_nowhere() {
     );
 
     // The database holds tokens (64 hex digits, scope folded in) and nothing else, and they
-    // are what the README's pgcrypto SQL computes.
+    // are what the pgcrypto SQL of docs/security.md computes.
     let mut pg = env.pg();
     let rows: Vec<(String, String)> = pg
         .query(

@@ -4,7 +4,7 @@
 //! Per item (each item has one writer, so its writes never overlap one another):
 //! * a write that was answered took effect somewhere inside its interval; one that failed
 //!   (error, lost connection) may or may not take effect, at any time until `settle_us`
-//!   after its end (README: a timed-out write may commit later);
+//!   after its end (docs/contract.md: a timed-out write may commit later);
 //! * **false absent**: EXISTS answered 0 although an ADD was acknowledged before it began and
 //!   no DEL may have taken effect since that ADD began;
 //! * **false present**: EXISTS answered 1 although the item was never written, or a DEL was

@@ -2,7 +2,8 @@
 # Installs the system packages libmember needs on Debian 12: Valkey 8 (bookworm-backports),
 # PostgreSQL 15, libclang (bindgen), OpenSSL (headers and pkg-config for the TLS link to
 # PostgreSQL; the CLI makes the TLS tests' certificates), Redis 7.0 (the second server the
-# tests run against) and Python 3 (`make test` checks the documentation's links with it).
+# tests run against) and Python 3 (`make test` checks the documentation's links with it) with
+# redis-py (the cluster tests route through its RedisCluster, as a user's application would).
 # Idempotent; does nothing when everything is present.
 set -euo pipefail
 
@@ -15,6 +16,7 @@ command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
+/usr/bin/python3 -c 'import redis' >/dev/null 2>&1 || need+=(python3-redis)
 [ -f /usr/include/openssl/ssl.h ] || need+=(libssl-dev)
 ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
 [ ${#need[@]} -eq 0 ] && exit 0
@@ -38,7 +40,7 @@ $SUDO apt-get update -qq
 # shellcheck disable=SC2068
 $SUDO apt-get install -y -qq -t bookworm-backports valkey-server valkey-tools >/dev/null
 $SUDO apt-get install -y -qq postgresql postgresql-client libclang-dev redis-server \
-  openssl libssl-dev pkg-config python3 >/dev/null
+  openssl libssl-dev pkg-config python3 python3-redis >/dev/null
 # The Debian packages start system-wide servers; libmember runs its own.
 $SUDO systemctl disable --now valkey-server postgresql redis-server >/dev/null 2>&1 || true
 for s in valkey-server redis-server postgresql; do $SUDO service "$s" stop >/dev/null 2>&1 || true; done

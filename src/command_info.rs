@@ -1,7 +1,7 @@
-//! Command metadata the `redis_module!` table cannot carry: each command's arity and, for the
-//! per-item commands, the item (argv[2]) as the cluster routing key. The only room that calls
-//! `RedisModule_GetCommand` and `RedisModule_SetCommandInfo`; docs/cluster.md says why the item
-//! is declared `NOT_KEY`.
+//! Command metadata the `redis_module!` table cannot carry: each command's arity and its
+//! cluster routing key: the item (argv[2]) for the per-item commands, the set name (argv[1])
+//! for the catalog commands. The only room that calls `RedisModule_GetCommand` and
+//! `RedisModule_SetCommandInfo`; docs/cluster.md says why both are declared `NOT_KEY`.
 
 use std::ffi::CString;
 use std::mem::MaybeUninit;
@@ -14,12 +14,15 @@ use crate::reply::{self, Level};
 
 /// argv position of the item in `MEMBER.ADD|EXISTS|DEL|EXPLAIN <set> <item> …`.
 pub const ITEM_POS: c_int = 2;
+/// argv position of the set name in `MEMBER.CREATE|ALTER|DROP <set> …`.
+pub const SET_POS: c_int = 1;
 
-/// What a command does with the membership its item names (the key spec's access flags).
+/// What a command does with what its routing argument names (the key spec's access flags).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Item {
     Read,
     Insert,
+    Update,
     Delete,
 }
 
@@ -31,6 +34,9 @@ pub enum Route {
     /// By the item at argv[2]: one `NOT_KEY` key spec. The server routes by it (MOVED/ASK) and
     /// COMMAND INFO shows it (first/last/step 2/2/1); ACL and COMMAND GETKEYS skip it.
     ByItem(Item),
+    /// By the set name at argv[1], the same way (1/1/1): the catalog commands, whose answer is
+    /// the same on every node, so any cluster client can send them.
+    BySet(Item),
 }
 
 /// One command's declared arity and routing.
@@ -60,6 +66,15 @@ impl Info {
             route: Route::ByItem(item),
         }
     }
+
+    /// A catalog command routed by the set name at argv[1].
+    pub const fn by_set(name: &'static str, arity: i32, access: Item) -> Info {
+        Info {
+            name,
+            arity,
+            route: Route::BySet(access),
+        }
+    }
 }
 
 /// Key-spec flags for the item: one access flag (the server requires exactly one of RO, RW,
@@ -68,6 +83,7 @@ pub fn item_flags(item: Item) -> u64 {
     let access = match item {
         Item::Read => raw::REDISMODULE_CMD_KEY_RO,
         Item::Insert => raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_INSERT,
+        Item::Update => raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE,
         Item::Delete => raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_DELETE,
     };
     u64::from(access | raw::REDISMODULE_CMD_KEY_NOT_KEY)
@@ -87,18 +103,31 @@ fn zeroed_spec() -> raw::RedisModuleCommandKeySpec {
     unsafe { MaybeUninit::zeroed().assume_init() }
 }
 
-/// `[item spec, terminator]`: one key at argv[2], a range of one.
-fn item_specs(item: Item) -> [raw::RedisModuleCommandKeySpec; 2] {
+/// `[spec, terminator]`: one key at the route's argv position, a range of one.
+fn route_specs(route: Route) -> Option<[raw::RedisModuleCommandKeySpec; 2]> {
+    let (pos, access, notes) = match route {
+        Route::Anywhere => return None,
+        Route::ByItem(item) => (
+            ITEM_POS,
+            item,
+            c"the item: routed like a key (its cluster slot), but not a key: no ACL check, not in GETKEYS",
+        ),
+        Route::BySet(access) => (
+            SET_POS,
+            access,
+            c"the set name: routed like a key (its cluster slot), but not a key: no ACL check, not in GETKEYS",
+        ),
+    };
     let mut spec = zeroed_spec();
-    spec.notes = c"the item: routed like a key (its cluster slot), but not a key: no ACL check, not in GETKEYS".as_ptr();
-    spec.flags = item_flags(item);
+    spec.notes = notes.as_ptr();
+    spec.flags = item_flags(access);
     spec.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
-    spec.bs.index.pos = ITEM_POS;
+    spec.bs.index.pos = pos;
     spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
     spec.fk.range.lastkey = 0;
     spec.fk.range.keystep = 1;
     spec.fk.range.limit = 0;
-    [spec, zeroed_spec()]
+    Some([spec, zeroed_spec()])
 }
 
 /// Declares arity and routing on commands already created (by `redis_module!` or raw). A
@@ -146,10 +175,7 @@ unsafe fn set_command_info(cmd: *mut raw::RedisModuleCommand, info: &Info) -> Re
     let Some(set_info) = (unsafe { raw::RedisModule_SetCommandInfo }) else {
         return Err("this server has no RedisModule_SetCommandInfo (Redis 7.0+ or Valkey)".into());
     };
-    let mut specs = match info.route {
-        Route::Anywhere => None,
-        Route::ByItem(item) => Some(item_specs(item)),
-    };
+    let mut specs = route_specs(info.route);
     let c_info = raw::RedisModuleCommandInfo {
         version: &VERSION,
         summary: ptr::null(),
@@ -192,7 +218,7 @@ mod tests {
                 | raw::REDISMODULE_CMD_KEY_DELETE
                 | raw::REDISMODULE_CMD_KEY_UPDATE,
         );
-        for item in [Item::Read, Item::Insert, Item::Delete] {
+        for item in [Item::Read, Item::Insert, Item::Update, Item::Delete] {
             let f = item_flags(item);
             assert_ne!(f & u64::from(raw::REDISMODULE_CMD_KEY_NOT_KEY), 0);
             assert!((f & access).is_power_of_two(), "{item:?}");
@@ -206,7 +232,11 @@ mod tests {
 
     #[test]
     fn item_spec_is_one_key_at_argv_2_then_the_terminator() {
-        let [spec, end] = item_specs(Item::Read);
+        assert!(route_specs(Route::Anywhere).is_none());
+        let [set, _] = route_specs(Route::BySet(Item::Insert)).unwrap();
+        // SAFETY: reading the union field route_specs wrote.
+        assert_eq!(unsafe { set.bs.index.pos }, 1);
+        let [spec, end] = route_specs(Route::ByItem(Item::Read)).unwrap();
         assert_eq!(
             spec.begin_search_type,
             raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX

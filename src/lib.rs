@@ -183,11 +183,13 @@ fn on_loading(_ctx: &Context, event: redis_module::server_events::LoadingSubeven
 }
 
 /// Arity and cluster routing of every command, for COMMAND INFO and cluster-aware clients and
-/// servers (docs/cluster.md). Per-item commands route by the item (argv[2], declared NOT_KEY:
-/// never an ACL key); set-wide and internal ones declare no key and run on any node.
+/// servers (docs/cluster.md). Per-item commands route by the item (argv[2]), the catalog
+/// commands (CREATE, ALTER, DROP) by the set name (argv[1]), both declared NOT_KEY: never an
+/// ACL key. INFO, REBUILD, MEXISTS, MADD and the internal commands declare no key and run on
+/// any node.
 const COMMAND_INFO: &[Info] = &[
-    Info::anywhere("member.create", -2),
-    Info::anywhere("member.alter", -3),
+    Info::by_set("member.create", -2, Item::Insert),
+    Info::by_set("member.alter", -3, Item::Update),
     Info::by_item("member.add", -3, Item::Insert),
     Info::by_item("member.exists", -3, Item::Read),
     Info::by_item("member.del", -3, Item::Delete),
@@ -198,7 +200,7 @@ const COMMAND_INFO: &[Info] = &[
     Info::anywhere("member._del", 4),
     Info::anywhere("member._load", -3),
     Info::anywhere("member._set", -7),
-    Info::anywhere("member.drop", -2),
+    Info::by_set("member.drop", -2, Item::Delete),
     Info::anywhere("member._drop", 2),
     Info::anywhere("member._own", 2),
     // Many items, maybe of many slots: no routing key; refused in cluster mode (README).

@@ -51,38 +51,39 @@ fn set_counter(c: &mut Connection, set: &str, name: &str) -> i64 {
 }
 
 #[test]
-fn command_info_declares_arity_and_the_item_as_routing_key() {
+fn command_info_declares_arity_and_the_item_or_the_set_as_routing_key() {
     let held = Cluster::shared();
     let cl: &Cluster = &held;
     let mut c = cl.nodes[0].conn();
-    // Per-item commands: first/last/step 2/2/1 and one key spec with these flags.
+    // Per-item commands: first/last/step 2/2/1, catalog commands 1/1/1, and one key spec
+    // with these flags.
     const ADD: &[&str] = &["RW", "insert", "not_key"];
+    const UPDATE: &[&str] = &["RW", "update", "not_key"];
     const DEL: &[&str] = &["RW", "delete", "not_key"];
     const READ: &[&str] = &["RO", "not_key"];
-    let want: [(&str, i64, Option<&[&str]>); 17] = [
-        ("member.create", -2, None),
-        ("member.alter", -3, None),
-        ("member.add", -3, Some(ADD)),
-        ("member.exists", -3, Some(READ)),
-        ("member.del", -3, Some(DEL)),
-        ("member.explain", -3, Some(READ)),
+    let want: [(&str, i64, Option<(i64, &[&str])>); 17] = [
+        ("member.create", -2, Some((1, ADD))),
+        ("member.alter", -3, Some((1, UPDATE))),
+        ("member.add", -3, Some((2, ADD))),
+        ("member.exists", -3, Some((2, READ))),
+        ("member.del", -3, Some((2, DEL))),
+        ("member.explain", -3, Some((2, READ))),
         ("member.info", 2, None),
         ("member.rebuild", -2, None),
         ("member._add", 4, None),
         ("member._del", 4, None),
         ("member._load", -3, None),
         ("member._set", -7, None),
-        ("member.drop", -2, None),
+        ("member.drop", -2, Some((1, DEL))),
         ("member._drop", 2, None),
         ("member._own", 2, None),
         ("member.mexists", -4, None),
         ("member.madd", -4, None),
     ];
     for (name, arity, flags) in want {
-        let (first, last, step) = if flags.is_some() {
-            (2, 2, 1)
-        } else {
-            (0, 0, 0)
+        let (first, last, step) = match flags {
+            Some((pos, _)) => (pos, pos, 1),
+            None => (0, 0, 0),
         };
         let v: Value = redis::cmd("COMMAND")
             .arg("INFO")
@@ -103,14 +104,14 @@ fn command_info_declares_arity_and_the_item_as_routing_key() {
         let specs = array(&info[8]);
         match flags {
             None => assert!(specs.is_empty(), "{name}: {specs:?}"),
-            Some(flags) => {
+            Some((pos, flags)) => {
                 assert_eq!(specs.len(), 1, "{name}: {specs:?}");
                 let spec = array(&specs[0]);
                 let got: Vec<String> = array(field(spec, "flags")).iter().map(text).collect();
                 assert_eq!(got, flags, "{name}");
                 let bs = array(field(spec, "begin_search"));
                 assert_eq!(text(field(bs, "type")), "index");
-                assert_eq!(int_field(array(field(bs, "spec")), "index"), 2, "{name}");
+                assert_eq!(int_field(array(field(bs, "spec")), "index"), pos, "{name}");
                 let fk = array(field(spec, "find_keys"));
                 assert_eq!(text(field(fk, "type")), "range");
                 let range = array(field(fk, "spec"));
@@ -286,7 +287,7 @@ fn the_cluster_client_lands_every_item_on_its_owner() {
     let cl: &Cluster = &held;
     let set = "landing";
     let mut cc = cl.client();
-    // Routed by argv[1] (the set name) to one primary, which runs it: CREATE has no key.
+    // Routed by argv[1], the set name: CREATE's routing key, so it lands on that slot's owner.
     let v: Value = redis::cmd("MEMBER.CREATE").arg(set).query(&mut cc).unwrap();
     assert_eq!(v, Value::Okay);
     cl.create_everywhere(set);
@@ -393,16 +394,16 @@ fn the_cli_in_cluster_mode_follows_moved() {
     assert!(plain.contains("MOVED"), "without -c: {plain}");
 }
 
-/// Two primaries asked at once to create one set with different settings: the catalog keeps
-/// exactly one definition, the other CREATE gets a clear error, and every node ends up with
-/// the kept one.
+/// Two clients asking at once to create one set with different settings (CREATE is routed by
+/// the set name, so both reach the same primary): the catalog keeps exactly one definition,
+/// the other CREATE gets a clear error, and every node ends up with the kept one.
 #[test]
-fn a_create_racing_on_two_nodes_keeps_one_definition() {
+fn a_create_racing_from_two_clients_keeps_one_definition() {
     let held = Cluster::shared();
     let cl: &Cluster = &held;
-    let nodes: Vec<_> = cl.primaries().take(2).collect();
     for round in 0..3 {
         let set = format!("race{round}");
+        let nodes = [cl.set_owner(&set), cl.set_owner(&set)];
         let barrier = std::sync::Barrier::new(2);
         let replies: Vec<Result<Value, String>> = std::thread::scope(|s| {
             let handles: Vec<_> = nodes

@@ -21,7 +21,7 @@ fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
 
 fn create(cl: &Cluster, set: &str, normalize: &str) {
     ok(
-        &mut cl.nodes[0].conn(),
+        &mut cl.set_owner(set).conn(),
         &["MEMBER.CREATE", set, "NORMALIZE", normalize],
     );
     cl.wait_ready(set);
@@ -367,7 +367,7 @@ fn a_tokenized_set_is_served_by_the_holder_of_each_tokens_slot() {
     }
     let set = "tokens";
     ok(
-        &mut cl.nodes[0].conn(),
+        &mut cl.set_owner(set).conn(),
         &[
             "MEMBER.CREATE",
             set,

@@ -63,7 +63,7 @@ fn every_owned_slot_has_a_sentinel_and_the_filter_is_no_key() {
     let cl: &Cluster = &held;
     let set = "sentinels";
     ok(
-        &mut cl.nodes[0].conn(),
+        &mut cl.set_owner(set).conn(),
         &["MEMBER.CREATE", set, "NORMALIZE", "none"],
     );
     cl.wait_ready(set);
@@ -133,7 +133,7 @@ fn a_sentinel_that_went_away_and_came_back_is_not_believed() {
     let cl: &Cluster = &held;
     let set = "comeback";
     ok(
-        &mut cl.nodes[0].conn(),
+        &mut cl.set_owner(set).conn(),
         &["MEMBER.CREATE", set, "NORMALIZE", "none"],
     );
     cl.wait_ready(set);
@@ -203,7 +203,7 @@ fn a_foreign_set_onto_the_modules_keys_is_not_believed() {
     let cl: &Cluster = &held;
     let set = "forged";
     ok(
-        &mut cl.nodes[0].conn(),
+        &mut cl.set_owner(set).conn(),
         &["MEMBER.CREATE", set, "CACHE-TTL", "300", "RECENT-TTL", "1"],
     );
     cl.wait_ready(set);
@@ -262,7 +262,7 @@ fn a_write_whose_canonical_form_lies_elsewhere_is_forwarded_there() {
     let cl: &Cluster = &held;
     let set = "canonical";
     ok(
-        &mut cl.nodes[0].conn(),
+        &mut cl.set_owner(set).conn(),
         &["MEMBER.CREATE", set, "NORMALIZE", "lower"],
     );
     cl.wait_ready(set);
@@ -299,7 +299,7 @@ fn filters_come_back_with_the_dataset() {
     let cl: &Cluster = &held;
     let set = "carried";
     ok(
-        &mut cl.nodes[0].conn(),
+        &mut cl.set_owner(set).conn(),
         &["MEMBER.CREATE", set, "NORMALIZE", "none"],
     );
     assert_eq!(routed(cl, &["MEMBER.ADD", set, "kept"]), 1);
@@ -338,7 +338,7 @@ fn each_primary_holds_only_its_share_of_the_filter() {
     let set = "shares";
     let capacity = 300_000;
     ok(
-        &mut cl.nodes[0].conn(),
+        &mut cl.set_owner(set).conn(),
         &[
             "MEMBER.CREATE",
             set,
@@ -417,7 +417,7 @@ fn a_slot_that_arrives_is_filled_and_one_that_returns_is_still_covered() {
     let cl: &Cluster = &held;
     let set = "arrivals";
     ok(
-        &mut cl.nodes[0].conn(),
+        &mut cl.set_owner(set).conn(),
         &["MEMBER.CREATE", set, "NORMALIZE", "none"],
     );
     cl.wait_ready(set);

@@ -206,7 +206,7 @@ fn has_slot_index(pg: &mut postgres::Client, table: &str) -> bool {
 fn outside_writers_get_the_slot_filled() {
     let held = Cluster::shared();
     let cl: &Cluster = &held;
-    let p = cl.primaries().next().unwrap();
+    let p = cl.set_owner("ks_outside");
     let mut c = p.conn();
     ok(&mut c, &["MEMBER.CREATE", "ks_outside"]);
     wait_built(&mut c, "ks_outside");
@@ -267,8 +267,7 @@ fn an_older_table_gets_its_slot_column_when_the_module_meets_it() {
          INSERT INTO member_ks_old (entity_id) VALUES ('{x}1'), ('é}{');",
     )
     .unwrap();
-    let p = cl.primaries().next().unwrap();
-    let mut c = p.conn();
+    let mut c = cl.set_owner("ks_old").conn();
     ok(&mut c, &["MEMBER.CREATE", "ks_old"]);
     // Every node meets the table (its rebuild); the first adds the column, the rest find it.
     for n in cl.primaries() {

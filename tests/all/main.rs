@@ -21,6 +21,7 @@ mod catalog;
 mod change_log;
 mod chaos;
 mod cluster;
+mod cluster_clients;
 mod cluster_forward;
 mod cluster_reshard;
 mod cluster_slots;

@@ -267,7 +267,7 @@ fn an_outside_bulk_insert_evicts_nothing_on_any_primary_of_a_cluster() {
     let _one = one_backfill_at_a_time();
     let cl = Cluster::start_primaries_only(&[]);
     let set = "cbulk";
-    let mut c0 = cl.nodes[0].conn();
+    let mut c0 = cl.set_owner(set).conn();
     ok(
         &mut c0,
         &[

@@ -347,32 +347,37 @@ impl Cluster {
             .expect("cluster connection")
     }
 
-    /// Creates `set` on every primary (CREATE is idempotent). Until nodes learn sets from the
-    /// catalog on their own (issue 15), a set created on one node is unknown to the others;
-    /// replicas get it from their primary (MEMBER._SET, MEMBER._LOAD).
+    /// Creates `set` through the primary its name routes to (CREATE's routing key is the set
+    /// name), then waits until every node, replicas included, knows it: the other primaries
+    /// learn it from the catalog, replicas from their primary.
     pub fn create_everywhere(&self, set: &str) {
         self.create_everywhere_with(set, &[]);
     }
 
     /// [`Cluster::create_everywhere`] with CREATE's options (`["NORMALIZE", "none"]`, …).
     pub fn create_everywhere_with(&self, set: &str, options: &[&str]) {
-        for n in self.primaries() {
-            let mut c = n.conn();
-            let v: Value = redis::cmd("MEMBER.CREATE")
-                .arg(set)
-                .arg(options)
-                .query(&mut c)
-                .unwrap_or_else(|e| panic!("MEMBER.CREATE {set} on {}: {e}", n.addr()));
-            assert!(matches!(v, Value::Okay), "{v:?}");
-        }
-        for n in self.replicas() {
+        let n = self.set_owner(set);
+        let mut c = n.conn();
+        let v: Value = redis::cmd("MEMBER.CREATE")
+            .arg(set)
+            .arg(options)
+            .query(&mut c)
+            .unwrap_or_else(|e| panic!("MEMBER.CREATE {set} on {}: {e}", n.addr()));
+        assert!(matches!(v, Value::Okay), "{v:?}");
+        for n in &self.nodes {
             let mut c = n.conn();
             assert!(
                 wait_until(Duration::from_secs(20), || set_known(&mut c, set)),
-                "replica {} never learned set {set}",
+                "{} never learned set {set}",
                 n.addr()
             );
         }
+    }
+
+    /// The primary that serves the slot of the set name: where CREATE, ALTER and DROP of
+    /// `set` are routed.
+    pub fn set_owner(&self, set: &str) -> &Node {
+        self.owner(self.keyslot(set))
     }
 }
 

@@ -138,9 +138,9 @@ impl Bench {
             .iter()
             .map(|p| stat(&mut p.conn(), "memory", "used_memory"))
             .collect();
-        for p in &primaries {
-            Self::create(&mut p.conn(), n);
-        }
+        // CREATE is routed by the set name: its slot's owner runs it, the others learn it
+        // from the catalog.
+        Self::create(&mut cl.set_owner(SET).conn(), n);
         progress(&format!(
             "cluster: loading {} members with SQL",
             thousands(n)

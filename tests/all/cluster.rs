@@ -61,7 +61,9 @@ fn command_info_declares_arity_and_the_item_or_the_set_as_routing_key() {
     const UPDATE: &[&str] = &["RW", "update", "not_key"];
     const DEL: &[&str] = &["RW", "delete", "not_key"];
     const READ: &[&str] = &["RO", "not_key"];
-    let want: [(&str, i64, Option<(i64, &[&str])>); 17] = [
+    /// The routing argument's position and its key spec's flags.
+    type Route = Option<(i64, &'static [&'static str])>;
+    let want: [(&str, i64, Route); 17] = [
         ("member.create", -2, Some((1, ADD))),
         ("member.alter", -3, Some((1, UPDATE))),
         ("member.add", -3, Some((2, ADD))),

@@ -54,7 +54,7 @@ print(rc.execute_command('MEMBER.EXISTS', s, 'py-absent'))
 print(rc.execute_command('MEMBER.DROP', s))
 "#,
     );
-    let ones = format!("[{}]", vec!["1"; 12].join(", "));
+    let ones = format!("[{}]", ["1"; 12].join(", "));
     assert_eq!(
         out,
         format!("OK\n{ones}\nOK\n{ones}\n0\nOK"),

@@ -3,7 +3,7 @@
 # ~/.cargo/bin is not on PATH (CI, fresh shells).
 CARGO_ENV = command -v cargo >/dev/null 2>&1 || . "$$HOME/.cargo/env";
 
-.PHONY: deps build run stop test lint bench chaos fuzz
+.PHONY: deps build run stop cluster cluster-stop test lint bench chaos fuzz
 
 deps:
 	bash scripts/install-deps.sh
@@ -16,6 +16,14 @@ run: build
 
 stop:
 	bash scripts/run-local.sh stop
+
+# A local 3-primary, 3-replica cluster on 127.0.0.1:7001-7006 with its own database
+# (docs/cluster.md); returns once every node serves MEMBER.*.
+cluster: build
+	bash scripts/cluster-local.sh
+
+cluster-stop:
+	bash scripts/cluster-local.sh stop
 
 # First every relative link of the documentation must resolve (scripts/check-links.py).
 # Tests start their own PostgreSQL and valkey-server; they load target/debug/libmember.so.

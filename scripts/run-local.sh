@@ -3,6 +3,7 @@
 # valkey-server on 127.0.0.1:6380 with target/release/libmember.so (see module.conf).
 #   bash scripts/run-local.sh        start both (each only if not already running)
 #   bash scripts/run-local.sh stop   stop both
+#   bash scripts/run-local.sh pg     start PostgreSQL only (scripts/cluster-local.sh uses it)
 # `make run` builds the module first; `make stop` stops.
 set -euo pipefail
 
@@ -33,7 +34,7 @@ if [ "${1:-}" = "stop" ]; then
   exit 0
 fi
 
-if [ ! -f target/release/libmember.so ]; then
+if [ "${1:-}" != "pg" ] && [ ! -f target/release/libmember.so ]; then
   echo "target/release/libmember.so is missing: run 'make run' (or cargo build --release)" >&2
   exit 1
 fi
@@ -56,6 +57,8 @@ else
   pg_ctl -D "$PGDATA" -o "-p $PG_PORT -k /tmp -c listen_addresses=127.0.0.1" -l "$PGLOG" -w start \
     || { tail -n 30 "$PGLOG" >&2; exit 1; }
 fi
+
+[ "${1:-}" = "pg" ] && exit 0
 
 # --- Valkey -----------------------------------------------------------------------------------
 if vk_up; then

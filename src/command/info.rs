@@ -2,7 +2,7 @@
 
 use std::sync::atomic::Ordering;
 
-use redis_module::{Context, InfoContext, RedisError, RedisResult, RedisString, RedisValue};
+use redis_module::{raw, Context, InfoContext, RedisError, RedisResult, RedisString, RedisValue};
 
 use super::set_name;
 use crate::state::{self, Rebuild};
@@ -256,13 +256,19 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
             out.push(("db_fallback_rate", f(c.db_fallback_rate())));
             out.push(("false_positive_rate_est", f(c.false_positive_rate_est())));
         });
-        let mut reply = Vec::with_capacity(out.len() * 2);
-        for (k, v) in out {
-            reply.push(RedisValue::SimpleStringStatic(k));
-            reply.push(RedisValue::BulkString(v));
-        }
-        Ok(RedisValue::Array(reply))
+        reply_map(ctx, out);
+        Ok(RedisValue::NoReply)
     })
+}
+
+/// Replies with `fields` as a map, in their order: a map under RESP3, the same field, value,
+/// field, value … array under RESP2 (the server flattens it).
+fn reply_map(ctx: &Context, fields: Vec<(&'static str, String)>) {
+    raw::reply_with_map(ctx.ctx, fields.len() as std::os::raw::c_long);
+    for (k, v) in fields {
+        ctx.reply(Ok(RedisValue::SimpleStringStatic(k)));
+        ctx.reply(Ok(RedisValue::BulkString(v)));
+    }
 }
 
 /// The `INFO member` section: the seeds' monitoring figures, module-wide.

@@ -119,3 +119,40 @@ fn create_takes_the_configured_defaults() {
     assert_eq!(set_info(&mut c, "e", "cache_ttl").as_deref(), Some("5"));
     assert_eq!(set_info(&mut c, "e", "recent_ttl").as_deref(), Some("9"));
 }
+
+/// MEMBER.INFO is a map: under RESP3 a map reply, under RESP2 the same fields as one flat
+/// field, value … array, in the same order.
+#[test]
+fn info_is_a_map_under_resp3_and_a_flat_array_under_resp2() {
+    let env = Env::new();
+    let mut c = env.conn();
+    ok(&mut c, &["MEMBER.CREATE", "shape"]);
+    let flat: Vec<String> = redis::cmd("MEMBER.INFO")
+        .arg("shape")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(flat[..2], ["name".to_string(), "shape".to_string()]);
+
+    let _: redis::Value = redis::cmd("HELLO").arg(3).query(&mut c).unwrap();
+    let v: redis::Value = redis::cmd("MEMBER.INFO")
+        .arg("shape")
+        .query(&mut c)
+        .unwrap();
+    let redis::Value::Map(fields) = v else {
+        panic!("MEMBER.INFO under RESP3 is not a map: {v:?}");
+    };
+    let text = |v: &redis::Value| match v {
+        redis::Value::SimpleString(s) => s.clone(),
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        other => panic!("{other:?}"),
+    };
+    let pairs: Vec<String> = fields
+        .iter()
+        .flat_map(|(k, v)| [text(k), text(v)])
+        .collect();
+    assert_eq!(pairs.len(), flat.len());
+    // The same fields in the same order (values that move, such as counters, aside).
+    let names = |v: &[String]| v.iter().step_by(2).cloned().collect::<Vec<_>>();
+    assert_eq!(names(&pairs), names(&flat));
+    assert_eq!(pairs[1], "shape");
+}

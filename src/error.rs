@@ -72,7 +72,6 @@ pub const CATALOG_NOT_LOADED: &str =
 pub const DB_TIMEOUT: &str =
     "UNAVAILABLE source of truth did not answer within member.db-timeout-ms";
 pub const WORKER_LOST: &str = "UNAVAILABLE database worker failed before answering";
-pub const QUEUE_FULL: &str = "UNAVAILABLE database queue is full";
 /// Cluster: the node holding the item's canonical slot did not answer a forwarded request in time.
 pub const FORWARD_TIMEOUT: &str = "UNAVAILABLE the node holding the item's canonical slot did not \
      answer within member.db-timeout-ms";
@@ -159,3 +158,156 @@ pub const SOURCE_MODULE_OWN: &str = "ERR SOURCE is one of the module's own relat
 /// MEMBER.ADD / MADD with TTL or EXPIREAT on an attached set.
 pub const SOURCE_NO_EXPIRY: &str = "ERR TTL and EXPIREAT cannot be used on an attached set: \
      its members are the rows of its table, which has no expiry";
+
+/// The error table of docs/commands.md and the texts the code sends agree: every documented
+/// text is in the code, and every fixed text here is documented (on that page, or on
+/// docs/attach.md for the attached sets' refusals).
+#[cfg(test)]
+mod documented {
+    use std::path::Path;
+
+    const COMMANDS_MD: &str = include_str!("../docs/commands.md");
+    const ATTACH_MD: &str = include_str!("../docs/attach.md");
+    const THIS_FILE: &str = include_str!("error.rs");
+
+    /// Every `.rs` file under `dir`, as Rust reads its string literals: a `\` at the end of
+    /// a line drops the line break and the next line's leading blanks.
+    fn sources(dir: &Path, out: &mut String) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                sources(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let text = std::fs::read_to_string(&p).unwrap();
+                let mut lines = text.lines().peekable();
+                while let Some(l) = lines.next() {
+                    match l.strip_suffix('\\') {
+                        Some(head) => {
+                            out.push_str(head);
+                            if let Some(next) = lines.peek_mut() {
+                                *next = next.trim_start();
+                            }
+                        }
+                        None => {
+                            out.push_str(l);
+                            out.push('\n');
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The texts in the first column of the Errors table: each backticked text, split where
+    /// the row lists several.
+    fn documented() -> Vec<&'static str> {
+        let table = &COMMANDS_MD[COMMANDS_MD.find("\n## Errors").unwrap()..];
+        let mut out = Vec::new();
+        for row in table.lines().filter(|l| l.starts_with("| `")) {
+            let first = row[1..].split(" | ").next().unwrap();
+            out.extend(first.split('`').skip(1).step_by(2));
+        }
+        out
+    }
+
+    /// The fixed parts of a documented text, each of which some source text must hold: the
+    /// text without its error code (the code adds `ERR ` and the like in one place), cut at
+    /// its `<placeholders>`, at a `…` that stands for the rest, and where the code joins
+    /// pieces (`: `) or quotes a value (`'`).
+    fn fragments(text: &str) -> Vec<&str> {
+        let text = text.split('…').next().unwrap();
+        let text = ["ERR ", "UNAVAILABLE ", "NOPERM ", "TRYAGAIN "]
+            .iter()
+            .find_map(|code| text.strip_prefix(code))
+            .unwrap_or(text);
+        let mut out = Vec::new();
+        let mut rest = text;
+        while let Some(open) = rest.find('<') {
+            out.push(&rest[..open]);
+            rest = rest[open..]
+                .find('>')
+                .map_or("", |close| &rest[open + close + 1..]);
+        }
+        out.push(rest);
+        out.into_iter()
+            .flat_map(|f| f.split(": "))
+            .flat_map(|f| f.split('\''))
+            .map(str::trim)
+            .filter(|f| f.len() >= 4)
+            .collect()
+    }
+
+    /// `text` with every run of blanks and line breaks as one space (a documented text may
+    /// be wrapped).
+    fn one_line(text: &str) -> String {
+        text.split_whitespace().collect::<Vec<_>>().join(" ")
+    }
+
+    #[test]
+    fn every_documented_error_is_a_text_the_code_sends() {
+        let mut code = String::new();
+        sources(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("src").as_path(),
+            &mut code,
+        );
+        let texts = documented();
+        assert!(
+            texts.len() > 40,
+            "the Errors table was not found: {texts:?}"
+        );
+        let mut missing = Vec::new();
+        for text in texts {
+            // The server's own errors, not the module's.
+            if ["READONLY", "MOVED", "ERR wrong number of arguments"]
+                .iter()
+                .any(|server| text.starts_with(server))
+            {
+                continue;
+            }
+            for f in fragments(text) {
+                if !code.contains(f) {
+                    missing.push(format!("`{text}`: no source text holds `{f}`"));
+                }
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "documented, not sent:\n{}",
+            missing.join("\n")
+        );
+    }
+
+    #[test]
+    fn every_fixed_error_text_is_documented() {
+        let docs = one_line(&format!("{COMMANDS_MD}\n{ATTACH_MD}"));
+        let mut n = 0;
+        let mut missing = Vec::new();
+        for decl in THIS_FILE.split("pub const ").skip(1) {
+            let Some(body) = decl.split_once("= \"").map(|(_, b)| b) else {
+                continue;
+            };
+            let text: String = {
+                let raw = &body[..body.find("\";").unwrap()];
+                let mut s = String::new();
+                let mut lines = raw.lines();
+                if let Some(first) = lines.next() {
+                    s.push_str(first.trim_end_matches('\\'));
+                }
+                for l in lines {
+                    s.push_str(l.trim_start().trim_end_matches('\\'));
+                }
+                s
+            };
+            n += 1;
+            if !docs.contains(&text) {
+                missing.push(text);
+            }
+        }
+        assert!(n > 40, "found only {n} texts");
+        assert!(
+            missing.is_empty(),
+            "sent, not documented:\n{}",
+            missing.join("\n")
+        );
+    }
+}

@@ -319,3 +319,31 @@ fn promtool_accepts_the_rules_and_their_tests_pass() {
         );
     }
 }
+
+/// Every query of the dashboard is valid PromQL: promtool checks them as recording rules
+/// (Grafana's `$__rate_interval` replaced by a fixed range).
+#[test]
+fn promtool_parses_every_dashboard_query() {
+    let dashboard = std::fs::read_to_string(contrib("grafana/libmember.json")).unwrap();
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (i, expr) in json_exprs(&dashboard).iter().enumerate() {
+        let expr = expr.replace("$__rate_interval", "5m").replace('\'', "''");
+        rules.push_str(&format!(
+            "      - record: dashboard_query_{i}\n        expr: '{expr}'\n"
+        ));
+    }
+    let path = std::env::temp_dir().join(format!("member-dashboard-{}.yml", std::process::id()));
+    std::fs::write(&path, rules).unwrap();
+    let out = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&path)
+        .output()
+        .expect("promtool (scripts/install-deps.sh installs it)");
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        out.status.success(),
+        "promtool check rules on the dashboard's queries:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

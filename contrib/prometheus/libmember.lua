@@ -8,9 +8,11 @@
 -- Set names are [a-z0-9_], so the set is the part between the two colons (the alert rules and
 -- the dashboard of contrib/ take it out with label_replace). See docs/monitoring.md.
 
--- The sets to report. Empty: every set with a filter on this node, found by SCAN over the
--- keyspace for member:<set>:bloom keys, which costs a pass over all keys (cache entries
--- included) per scrape; with many keys, list the sets here instead.
+-- The sets to report, e.g. {'users', 'orgs'}. Empty: standalone, every set with a filter key
+-- member:<set>:bloom, found by SCAN, which costs a pass over all keys (cache entries included)
+-- per scrape, so with many keys list the sets here instead; in cluster mode filters are not
+-- keys and no set is found, so list them here. member_script_sets below member_sets says some
+-- set went unreported.
 local SETS = {}
 
 local out = {}
@@ -77,7 +79,8 @@ end
 export('member_', names, fields)
 
 local sets = SETS
-if #sets == 0 then
+local cluster = string.match(redis.call('INFO', 'cluster'), 'cluster_enabled:1') ~= nil
+if #sets == 0 and not cluster then
   local cursor = '0'
   repeat
     local r = redis.call('SCAN', cursor, 'MATCH', 'member:*:bloom', 'COUNT', 1000)

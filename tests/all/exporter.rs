@@ -7,10 +7,11 @@ use crate::support;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use support::cluster::Cluster;
 use support::member::*;
 
 fn contrib(path: &str) -> PathBuf {
@@ -26,15 +27,17 @@ struct Exporter {
 }
 
 impl Exporter {
+    /// The exporter running contrib/prometheus/libmember.lua against the server on `server_port`.
     fn start(server_port: u16) -> Exporter {
+        Exporter::with_script(server_port, &contrib("prometheus/libmember.lua"))
+    }
+
+    fn with_script(server_port: u16, script: &Path) -> Exporter {
         let port = support::free_port();
         let child = Command::new("prometheus-redis-exporter")
             .arg(format!("--redis.addr=redis://127.0.0.1:{server_port}"))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .arg(format!(
-                "--script={}",
-                contrib("prometheus/libmember.lua").display()
-            ))
+            .arg(format!("--script={}", script.display()))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -54,6 +57,26 @@ impl Exporter {
         head.starts_with("HTTP/1.0 200")
             .then(|| body.to_string())
             .or_else(|| head.starts_with("HTTP/1.1 200").then(|| body.to_string()))
+    }
+
+    /// A scrape once the exporter is up and has reached the server (`redis_up 1`), parsed.
+    fn metrics(&self) -> Metrics {
+        let mut body = None;
+        let up = support::wait_until(Duration::from_secs(30), || {
+            body = self.scrape();
+            body.as_deref()
+                .is_some_and(|b| b.lines().any(|l| l == "redis_up 1"))
+        });
+        let m = parse(&body.unwrap_or_default());
+        assert!(up, "the exporter never reported redis_up 1:\n{}", m.text);
+        assert!(
+            m.text
+                .lines()
+                .any(|l| l.starts_with("redis_exporter_last_scrape_error") && l.ends_with(" 0")),
+            "the script failed the scrape:\n{}",
+            m.text
+        );
+        m
     }
 }
 
@@ -121,22 +144,7 @@ fn exporter_shows_every_sets_fields_and_info_member() {
         int(&mut c, &["MEMBER.EXISTS", "exp_users", item]);
     }
 
-    let exporter = Exporter::start(env.vk.port());
-    let mut body = None;
-    let up = support::wait_until(Duration::from_secs(30), || {
-        body = exporter.scrape();
-        body.as_deref()
-            .is_some_and(|b| b.lines().any(|l| l == "redis_up 1"))
-    });
-    let m = parse(&body.unwrap_or_default());
-    assert!(up, "the exporter never reported redis_up 1:\n{}", m.text);
-    assert!(
-        m.text
-            .lines()
-            .any(|l| l.starts_with("redis_exporter_last_scrape_error") && l.ends_with(" 0")),
-        "the script failed the scrape:\n{}",
-        m.text
-    );
+    let m = Exporter::start(env.vk.port()).metrics();
 
     // Module-wide: INFO member's numeric fields and its text fields as 0/1.
     assert_eq!(m.get("member_sets"), 2.0);
@@ -200,6 +208,41 @@ fn exporter_shows_every_sets_fields_and_info_member() {
             }
         }
     }
+}
+
+/// In cluster mode filters are module memory, not keys: the script as shipped finds no set and
+/// says so (`member_script_sets` below `member_sets`, what LibmemberSetsNotReported fires on);
+/// with the set listed in its `SETS` table, a node reports its own part of it.
+#[test]
+fn exporter_in_cluster_mode_reports_the_listed_sets() {
+    let held = Cluster::shared();
+    let cl: &Cluster = &held;
+    let set = "exp_cluster";
+    cl.create_everywhere(set);
+    cl.wait_ready(set);
+    let node = cl.primaries().next().unwrap();
+
+    let m = Exporter::start(node.port()).metrics();
+    assert_eq!(m.get("member_script_sets"), 0.0);
+    assert!(m.get("member_sets") >= 1.0);
+
+    let shipped = std::fs::read_to_string(contrib("prometheus/libmember.lua")).unwrap();
+    let listed = shipped.replace("local SETS = {}", &format!("local SETS = {{'{set}'}}"));
+    assert_ne!(listed, shipped, "no `local SETS = {{}}` in the script");
+    let path = std::env::temp_dir().join(format!("member-exporter-{}.lua", std::process::id()));
+    std::fs::write(&path, listed).unwrap();
+    let m = Exporter::with_script(node.port(), &path).metrics();
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(m.get("member_script_sets"), 1.0);
+    assert_eq!(m.get("member_script_set_errors"), 0.0);
+    let s = |f: &str| m.get(&format!("member_set:{set}:{f}"));
+    assert!(s("cluster_slots_owned") > 0.0);
+    assert_eq!(s("cluster_slots_ready"), s("cluster_slots_owned"));
+    assert_eq!(s("filter_present"), 1.0);
+    assert_eq!(s("filter_serves_absent"), 1.0);
+
+    let mut c = cl.set_owner(set).conn();
+    ok(&mut c, &["MEMBER.DROP", set]);
 }
 
 /// The `expr:` of every rule (one line, or a `|` block of the lines indented below it).

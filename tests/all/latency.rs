@@ -115,18 +115,16 @@ fn slow_resolutions_feed_the_latency_monitor() {
     );
 }
 
-/// The Lua script for redis_exporter's `-script` option in docs/monitoring.md (taken from
-/// that page itself, so the two cannot drift apart) returns INFO member's numeric fields as
-/// pairs.
+/// The Lua script for redis_exporter's `--script` option, contrib/prometheus/libmember.lua
+/// (the file docs/monitoring.md points at), run by the server itself: INFO member's numeric
+/// fields as `member_<field>` and each set's as `member_set:<set>:<field>`, all numbers.
 #[test]
-fn the_documented_exporter_script_returns_info_member_fields() {
-    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/monitoring.md"))
-        .expect("docs/monitoring.md");
-    let script = page
-        .split("```lua\n")
-        .nth(1)
-        .and_then(|rest| rest.split("```").next())
-        .expect("a lua block in docs/monitoring.md");
+fn the_contrib_exporter_script_returns_info_member_fields() {
+    let script = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/contrib/prometheus/libmember.lua"
+    ))
+    .expect("contrib/prometheus/libmember.lua");
     let env = Env::new();
     let mut c = env.conn();
     ok(&mut c, &["MEMBER.CREATE", "exp"]);
@@ -134,21 +132,26 @@ fn the_documented_exporter_script_returns_info_member_fields() {
         .arg(script)
         .arg(0)
         .query(&mut c)
-        .expect("EVAL of the documented script");
+        .expect("EVAL of the contrib script");
     let fields: std::collections::HashMap<&str, &str> = pairs
         .chunks(2)
         .map(|p| (p[0].as_str(), p[1].as_str()))
         .collect();
-    assert_eq!(fields.get("sets"), Some(&"1"), "{fields:?}");
+    assert_eq!(fields.get("member_sets"), Some(&"1"), "{fields:?}");
+    assert_eq!(fields.get("member_set:exp:filter_present"), Some(&"1"));
     for name in [
-        "db_timeouts",
-        "sync_passes",
-        "sync_notify_received",
-        "exists_p99_us",
+        "member_db_timeouts",
+        "member_sync_passes",
+        "member_sync_notify_received",
+        "member_exists_p99_us",
+        "member_set:exp:filter_fill",
     ] {
+        assert!(fields.contains_key(name), "{name} missing: {fields:?}");
+    }
+    for (name, value) in &fields {
         assert!(
-            fields.get(name).is_some_and(|v| v.parse::<f64>().is_ok()),
-            "{name} missing: {fields:?}"
+            value.parse::<f64>().is_ok(),
+            "{name} is not a number: {value}"
         );
     }
 }

@@ -27,6 +27,7 @@ mod cluster_reshard;
 mod cluster_slots;
 mod commands;
 mod config_values;
+mod exporter;
 mod false_positives;
 mod faults;
 mod foreign_filter;

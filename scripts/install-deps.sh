@@ -3,7 +3,8 @@
 # PostgreSQL 15, libclang (bindgen), OpenSSL (headers and pkg-config for the TLS link to
 # PostgreSQL; the CLI makes the TLS tests' certificates), Redis 7.0 (the second server the
 # tests run against) and Python 3 (`make test` checks the documentation's links with it) with
-# redis-py (the cluster tests route through its RedisCluster, as a user's application would).
+# redis-py (the cluster tests route through its RedisCluster, as a user's application would)
+# and venv (scripts/python-env.sh makes the virtualenv the Python client's tests run in).
 # Idempotent; does nothing when everything is present.
 set -euo pipefail
 
@@ -17,6 +18,7 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 /usr/bin/python3 -c 'import redis' >/dev/null 2>&1 || need+=(python3-redis)
+/usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
 [ -f /usr/include/openssl/ssl.h ] || need+=(libssl-dev)
 ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
 [ ${#need[@]} -eq 0 ] && exit 0
@@ -40,7 +42,7 @@ $SUDO apt-get update -qq
 # shellcheck disable=SC2068
 $SUDO apt-get install -y -qq -t bookworm-backports valkey-server valkey-tools >/dev/null
 $SUDO apt-get install -y -qq postgresql postgresql-client libclang-dev redis-server \
-  openssl libssl-dev pkg-config python3 python3-redis >/dev/null
+  openssl libssl-dev pkg-config python3 python3-redis python3-venv >/dev/null
 # The Debian packages start system-wide servers; libmember runs its own.
 $SUDO systemctl disable --now valkey-server postgresql redis-server >/dev/null 2>&1 || true
 for s in valkey-server redis-server postgresql; do $SUDO service "$s" stop >/dev/null 2>&1 || true; done

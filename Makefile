@@ -28,8 +28,11 @@ cluster-stop:
 # First every relative link of the documentation must resolve (scripts/check-links.py).
 # Tests start their own PostgreSQL and valkey-server; they load target/debug/libmember.so.
 # The integration tests then run once more against Redis 7.0, the second supported server.
+# The Python client's tests (tests/all/python_client.rs) run pytest in target/pyenv, made
+# once by scripts/python-env.sh.
 test: deps
 	python3 scripts/check-links.py
+	bash scripts/python-env.sh
 	$(CARGO_ENV) cargo build
 	$(CARGO_ENV) cargo test --all-targets -- --test-threads=4
 	$(CARGO_ENV) MEMBER_SERVER=redis-server cargo test --tests -- --test-threads=4

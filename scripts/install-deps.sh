@@ -3,8 +3,9 @@
 # PostgreSQL 15, libclang (bindgen), OpenSSL (headers and pkg-config for the TLS link to
 # PostgreSQL; the CLI makes the TLS tests' certificates), Redis 7.0 (the second server the
 # tests run against) and Python 3 (`make test` checks the documentation's links with it) with
-# redis-py (the cluster tests route through its RedisCluster, as a user's application would),
-# and Prometheus' redis_exporter and promtool (the monitoring files of contrib/ are tested with
+# redis-py (the cluster tests route through its RedisCluster, as a user's application would)
+# and venv (scripts/python-env.sh makes the virtualenv the Python client's tests run in), and
+# Prometheus' redis_exporter and promtool (the monitoring files of contrib/ are tested with
 # them).
 # Idempotent; does nothing when everything is present.
 set -euo pipefail
@@ -21,6 +22,7 @@ command -v python3 >/dev/null 2>&1 || need+=(python3)
 /usr/bin/python3 -c 'import redis' >/dev/null 2>&1 || need+=(python3-redis)
 command -v prometheus-redis-exporter >/dev/null 2>&1 || need+=(prometheus-redis-exporter)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+/usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
 [ -f /usr/include/openssl/ssl.h ] || need+=(libssl-dev)
 ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
 [ ${#need[@]} -eq 0 ] && exit 0
@@ -44,7 +46,8 @@ $SUDO apt-get update -qq
 # shellcheck disable=SC2068
 $SUDO apt-get install -y -qq -t bookworm-backports valkey-server valkey-tools >/dev/null
 $SUDO apt-get install -y -qq postgresql postgresql-client libclang-dev redis-server \
-  openssl libssl-dev pkg-config python3 python3-redis prometheus-redis-exporter prometheus >/dev/null
+  openssl libssl-dev pkg-config python3 python3-redis python3-venv prometheus-redis-exporter \
+  prometheus >/dev/null
 # The Debian packages start system-wide servers; libmember runs its own (and the monitoring
 # test its own exporter).
 $SUDO systemctl disable --now valkey-server postgresql redis-server prometheus \

@@ -44,6 +44,7 @@ mod module_load;
 mod moved_keys;
 mod notify;
 mod pg_tls;
+mod python_client;
 mod rebuild_memory;
 mod standby;
 mod startup;

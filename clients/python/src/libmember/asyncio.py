@@ -1,0 +1,112 @@
+"""``libmember.asyncio.Sets``: the MEMBER.* commands over redis-py's asyncio clients.
+
+The twin of ``libmember.Sets`` (same methods, same replies, same errors), awaited.
+"""
+
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ResponseError
+
+from . import _command as cmd
+from . import _routing
+from ._command import Explanation, InfoValue, Item
+from .errors import map_error
+
+__all__ = ["Sets", "AsyncSets"]
+
+
+class Sets:
+    """The sets of a libmember server, through ``client`` (a ``redis.asyncio.Redis`` or a
+    ``redis.asyncio.cluster.RedisCluster``). Each method is ``libmember.Sets``'s, awaited."""
+
+    def __init__(self, client: Union[Redis, RedisCluster]) -> None:
+        if not isinstance(client, (Redis, RedisCluster)):
+            raise TypeError(
+                "libmember.asyncio.Sets needs redis.asyncio.Redis or "
+                "redis.asyncio.cluster.RedisCluster (blocking clients: libmember.Sets)"
+            )
+        self.client = client
+        self._cluster = isinstance(client, RedisCluster)
+
+    async def _run(self, command: Union[cmd.Args, cmd.Many]) -> Any:
+        """``libmember.Sets._run``, awaited."""
+        args = command.args() if isinstance(command, cmd.Many) else command
+        how, single = _routing.route(args[0]) if self._cluster else (None, None)
+        c: Any = self.client
+        try:
+            if how is None:
+                return await c.execute_command(*args)
+            if how == _routing.SET_NAME_NODE:
+                return await c.execute_command(*args, target_nodes=c.get_node_from_key(args[1]))
+            if how == _routing.EVERY_PRIMARY:
+                replies = await c.execute_command(*args, target_nodes=c.get_primaries())
+                return _routing.every_primary_reply(replies)
+            assert how == _routing.PER_ITEM and isinstance(command, cmd.Many) and single
+            pipe = c.pipeline()
+            for one in command.singles(single):
+                pipe.execute_command(*one)
+            return _routing.per_item_reply(await pipe.execute(raise_on_error=False))
+        except ResponseError as e:
+            raise map_error(e) from e
+
+    async def create(self, name: str, **settings: Any) -> None:
+        cmd.is_ok(await self._run(cmd.create(name, settings)))
+
+    async def alter(self, name: str, sync: bool = False, **settings: Any) -> None:
+        cmd.is_ok(await self._run(cmd.alter(name, sync, settings)))
+
+    async def drop(self, name: str, delete_data: bool = False) -> None:
+        cmd.is_ok(await self._run(cmd.drop(name, delete_data)))
+
+    async def add(
+        self,
+        name: str,
+        item: Item,
+        scope: Optional[Item] = None,
+        ttl: Optional[int] = None,
+        expireat: Optional[int] = None,
+    ) -> bool:
+        return bool(await self._run(cmd.add(name, item, scope, ttl, expireat)))
+
+    async def exists(self, name: str, item: Item, scope: Optional[Item] = None) -> bool:
+        return bool(await self._run(cmd.item("MEMBER.EXISTS", name, item, scope)))
+
+    async def delete(self, name: str, item: Item, scope: Optional[Item] = None) -> bool:
+        return bool(await self._run(cmd.item("MEMBER.DEL", name, item, scope)))
+
+    async def explain(self, name: str, item: Item, scope: Optional[Item] = None) -> Explanation:
+        return cmd.explanation(await self._run(cmd.item("MEMBER.EXPLAIN", name, item, scope)))
+
+    async def mexists(
+        self, name: str, items: Sequence[Item], scope: Optional[Item] = None
+    ) -> List[bool]:
+        if not items:
+            return []
+        return cmd.flags(await self._run(cmd.mexists(name, items, scope)))
+
+    async def madd(
+        self,
+        name: str,
+        items: Sequence[Item],
+        scope: Optional[Item] = None,
+        ttl: Optional[int] = None,
+        expireat: Optional[int] = None,
+    ) -> List[bool]:
+        if not items:
+            return []
+        return cmd.flags(await self._run(cmd.madd(name, items, scope, ttl, expireat)))
+
+    async def info(self, name: str) -> Dict[str, InfoValue]:
+        return cmd.info_dict(await self._run(cmd.info(name)))
+
+    async def rebuild(self, name: str, sync: bool = False) -> Optional[int]:
+        reply = await self._run(cmd.rebuild(name, sync))
+        if sync:
+            return int(reply)
+        cmd.is_ok(reply)
+        return None
+
+
+AsyncSets = Sets

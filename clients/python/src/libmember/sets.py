@@ -1,0 +1,136 @@
+"""``Sets``: the MEMBER.* commands over a blocking redis-py client, standalone or cluster.
+
+Every answer is the server's: the client keeps no filter and no cache, and adds no retry.
+"""
+
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from redis import Redis
+from redis.cluster import RedisCluster
+from redis.exceptions import ResponseError
+
+from . import _command as cmd
+from . import _routing
+from ._command import Explanation, InfoValue, Item
+from .errors import map_error
+
+
+class Sets:
+    """The sets of a libmember server, through ``client`` (a ``redis.Redis`` or a
+    ``redis.cluster.RedisCluster``, with or without ``decode_responses``).
+
+    Error replies raise ``Unavailable``, ``NoSuchSet`` or ``NoPermission`` when they are one
+    of those, redis-py's ``ResponseError`` otherwise. In cluster mode every method works from
+    any node: the client routes the commands the server does not route yet (``_routing``).
+    """
+
+    def __init__(self, client: Union[Redis, RedisCluster]) -> None:
+        if not isinstance(client, (Redis, RedisCluster)):
+            raise TypeError(
+                "libmember.Sets needs redis.Redis or redis.cluster.RedisCluster "
+                "(for redis.asyncio clients: libmember.asyncio.Sets)"
+            )
+        self.client = client
+        self._cluster = isinstance(client, RedisCluster)
+
+    def _run(self, command: Union[cmd.Args, cmd.Many]) -> Any:
+        """Sends one command (routed as ``_routing`` says in cluster mode); its error reply
+        raised as a typed error."""
+        args = command.args() if isinstance(command, cmd.Many) else command
+        how, single = _routing.route(args[0]) if self._cluster else (None, None)
+        c: Any = self.client
+        try:
+            if how is None:
+                return c.execute_command(*args)
+            if how == _routing.SET_NAME_NODE:
+                return c.execute_command(*args, target_nodes=c.get_node_from_key(args[1]))
+            if how == _routing.EVERY_PRIMARY:
+                replies = c.execute_command(*args, target_nodes=c.get_primaries())
+                return _routing.every_primary_reply(replies)
+            assert how == _routing.PER_ITEM and isinstance(command, cmd.Many) and single
+            pipe = c.pipeline()
+            for one in command.singles(single):
+                pipe.execute_command(*one)
+            return _routing.per_item_reply(pipe.execute(raise_on_error=False))
+        except ResponseError as e:
+            raise map_error(e) from e
+
+    def create(self, name: str, **settings: Any) -> None:
+        """MEMBER.CREATE: returns once the set exists and its filter is built. ``settings``
+        are CREATE's options, ``_`` for ``-``: ``error``, ``capacity``, ``cache_ttl``,
+        ``recent_ttl``, ``normalize``, ``tokenize``; for an attached table ``source``,
+        ``column``, ``scope_column``, ``sync`` or ``updated_column``. Creating an existing
+        set with the same settings is fine."""
+        cmd.is_ok(self._run(cmd.create(name, settings)))
+
+    def alter(self, name: str, sync: bool = False, **settings: Any) -> None:
+        """MEMBER.ALTER: ``error``, ``capacity``, ``cache_ttl``, ``recent_ttl``. With
+        ``sync=True`` returns once the filter built with the new settings serves."""
+        cmd.is_ok(self._run(cmd.alter(name, sync, settings)))
+
+    def drop(self, name: str, delete_data: bool = False) -> None:
+        """MEMBER.DROP; ``delete_data=True`` drops the set's table too."""
+        cmd.is_ok(self._run(cmd.drop(name, delete_data)))
+
+    def add(
+        self,
+        name: str,
+        item: Item,
+        scope: Optional[Item] = None,
+        ttl: Optional[int] = None,
+        expireat: Optional[int] = None,
+    ) -> bool:
+        """MEMBER.ADD: True when this call made ``item`` a member, False when it already was
+        one. ``ttl`` (seconds) or ``expireat`` (unix seconds) make the membership expire."""
+        return bool(self._run(cmd.add(name, item, scope, ttl, expireat)))
+
+    def exists(self, name: str, item: Item, scope: Optional[Item] = None) -> bool:
+        """MEMBER.EXISTS: whether ``item`` is a member, as the database says."""
+        return bool(self._run(cmd.item("MEMBER.EXISTS", name, item, scope)))
+
+    def delete(self, name: str, item: Item, scope: Optional[Item] = None) -> bool:
+        """MEMBER.DEL: True when ``item`` was a member and is removed."""
+        return bool(self._run(cmd.item("MEMBER.DEL", name, item, scope)))
+
+    def explain(self, name: str, item: Item, scope: Optional[Item] = None) -> Explanation:
+        """MEMBER.EXPLAIN: the answer and the tier of the funnel that decided it."""
+        return cmd.explanation(self._run(cmd.item("MEMBER.EXPLAIN", name, item, scope)))
+
+    def mexists(
+        self, name: str, items: Sequence[Item], scope: Optional[Item] = None
+    ) -> List[bool]:
+        """MEMBER.MEXISTS: one answer per item, in the order given. In cluster mode (until
+        the server fans it out) one pipeline of EXISTS: each answer is EXISTS's."""
+        if not items:
+            return []
+        return cmd.flags(self._run(cmd.mexists(name, items, scope)))
+
+    def madd(
+        self,
+        name: str,
+        items: Sequence[Item],
+        scope: Optional[Item] = None,
+        ttl: Optional[int] = None,
+        expireat: Optional[int] = None,
+    ) -> List[bool]:
+        """MEMBER.MADD: True for each item this call made a member. Standalone, one statement
+        (all or none on ``Unavailable``); in cluster mode (until the server fans it out) one
+        pipeline of ADD, so an error may leave some items added: repeat the call."""
+        if not items:
+            return []
+        return cmd.flags(self._run(cmd.madd(name, items, scope, ttl, expireat)))
+
+    def info(self, name: str) -> Dict[str, InfoValue]:
+        """MEMBER.INFO as a dict: flags as bools, counts as ints, rates as floats, words as
+        strings (``_command.info_value``). In cluster mode, the fields of the node serving
+        the set name's slot."""
+        return cmd.info_dict(self._run(cmd.info(name)))
+
+    def rebuild(self, name: str, sync: bool = False) -> Optional[int]:
+        """MEMBER.REBUILD: None once started; with ``sync=True`` the number of members
+        loaded. In cluster mode every primary rebuilds its slots (``sync``: the sum)."""
+        reply = self._run(cmd.rebuild(name, sync))
+        if sync:
+            return int(reply)
+        cmd.is_ok(reply)
+        return None

@@ -1,0 +1,110 @@
+//! The Python client (`clients/python`): its pytest suite run against the servers started here,
+//! a standalone server, one whose PostgreSQL this test stops, and the shared cluster.
+//!
+//! pytest runs from `target/pyenv` (made by `scripts/python-env.sh`, which `make test` calls
+//! first; run here too, once per process, so `cargo test --test all python_client::` works on
+//! its own). The servers' addresses reach pytest in `MEMBER_URL` and `MEMBER_CLUSTER_PORT`;
+//! a test that needs one fails when it is missing, so nothing is skipped in silence.
+use crate::support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use support::cluster::Cluster;
+use support::member::*;
+use support::OwnPg;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The virtualenv's interpreter, the virtualenv made first if missing.
+fn python() -> PathBuf {
+    static MADE: OnceLock<Result<(), String>> = OnceLock::new();
+    let made = MADE.get_or_init(|| {
+        let out = Command::new("bash")
+            .arg(root().join("scripts/python-env.sh"))
+            .output()
+            .map_err(|e| format!("run scripts/python-env.sh: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "scripts/python-env.sh failed:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    });
+    if let Err(e) = made {
+        panic!("{e}");
+    }
+    root().join("target/pyenv/bin/python")
+}
+
+/// Runs pytest on `selection` (paths or node ids under `clients/python/tests`) with `env`;
+/// panics with pytest's output unless every selected test ran and passed.
+fn pytest(selection: &[&str], env: &[(&str, String)]) {
+    let tests = root().join("clients/python/tests");
+    let out = Command::new(python())
+        .args(["-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA"])
+        .args(selection.iter().map(|s| tests.join(s)))
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .current_dir(root().join("clients/python"))
+        .output()
+        .expect("run pytest");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "pytest {selection:?} failed:\n{text}");
+    let summary = text
+        .lines()
+        .rev()
+        .find(|l| l.contains(" in "))
+        .unwrap_or("");
+    assert!(
+        summary.contains(" passed") && !summary.contains("skipped"),
+        "pytest {selection:?}: every test must run and pass:\n{text}"
+    );
+    println!("pytest {selection:?}: {summary}");
+}
+
+/// Every method over `redis.Redis` and `redis.asyncio.Redis`, the typed INFO values, and
+/// the NoSuchSet and NoPermission errors.
+#[test]
+fn standalone_methods_and_errors() {
+    let env = Env::new();
+    pytest(
+        &["test_sets.py", "test_errors.py", "test_asyncio.py"],
+        &[("MEMBER_URL", env.vk.url())],
+    );
+}
+
+/// `Unavailable` once PostgreSQL is stopped: the set is made while it runs, then pytest asks
+/// again with the database gone.
+#[test]
+fn unavailable_with_postgres_stopped() {
+    let mut pg = OwnPg::start_new();
+    let vk = start_loaded(&pg.url(), &[("member.db-timeout-ms", "500")]);
+    let url = [("MEMBER_URL", vk.url())];
+    pytest(&["test_unavailable.py::test_prepare_while_up"], &url);
+    pg.stop();
+    pytest(&["test_unavailable.py::test_unavailable_while_down"], &url);
+}
+
+/// `RedisCluster` and its asyncio twin against the shared cluster, started from a replica:
+/// every method from any node, items across slots, INFO and REBUILD routed by the client.
+#[test]
+fn cluster_client() {
+    let held = Cluster::shared();
+    let cl: &Cluster = &held;
+    let replica = cl.replicas().next().expect("a replica");
+    pytest(
+        &["test_cluster.py"],
+        &[("MEMBER_CLUSTER_PORT", replica.port().to_string())],
+    );
+}

@@ -3,7 +3,7 @@
 # ~/.cargo/bin is not on PATH (CI, fresh shells).
 CARGO_ENV = command -v cargo >/dev/null 2>&1 || . "$$HOME/.cargo/env";
 
-.PHONY: deps build run stop cluster cluster-stop test lint bench chaos fuzz
+.PHONY: deps build run stop cluster cluster-stop deb deb-check test lint bench chaos fuzz
 
 deps:
 	bash scripts/install-deps.sh
@@ -17,6 +17,14 @@ run: build
 stop:
 	bash scripts/run-local.sh stop
 
+# The Debian package: target/debian/libmember_<version>-1_<arch>.deb (cargo-deb, installed
+# from crates.io when missing), then a check that it installs the module and its config and
+# that the module loads from the extracted package (scripts/check-deb.sh).
+deb: build
+	$(CARGO_ENV) command -v cargo-deb >/dev/null 2>&1 || cargo install cargo-deb --locked
+	$(CARGO_ENV) cargo deb --no-build --strip
+	bash scripts/check-deb.sh
+
 # A local 3-primary, 3-replica cluster on 127.0.0.1:7001-7006 with its own database
 # (docs/cluster.md); returns once every node serves MEMBER.*.
 cluster: build
@@ -28,6 +36,7 @@ cluster-stop:
 # First every relative link of the documentation must resolve (scripts/check-links.py).
 # Tests start their own PostgreSQL and valkey-server; they load target/debug/libmember.so.
 # The integration tests then run once more against Redis 7.0, the second supported server.
+# Last, the Debian package is built and loaded from its extracted files (`make deb`).
 # The Python client's tests (tests/all/python_client.rs) run pytest in target/pyenv, made
 # once by scripts/python-env.sh.
 test: deps
@@ -36,6 +45,7 @@ test: deps
 	$(CARGO_ENV) cargo build
 	$(CARGO_ENV) cargo test --all-targets -- --test-threads=4
 	$(CARGO_ENV) MEMBER_SERVER=redis-server cargo test --tests -- --test-threads=4
+	$(MAKE) deb
 
 lint:
 	$(CARGO_ENV) cargo fmt --check

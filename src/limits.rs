@@ -4,21 +4,15 @@
 //! error that names the limit, and shown with its use in `INFO member`.
 
 use std::os::raw::c_int;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use redis_module::{raw, Context, RedisError};
 
 use crate::config;
 
-/// Bytes the server may still allocate before `maxmemory` (`u64::MAX` without a limit),
-/// refreshed on the main thread at most once a second (`refresh_memory_budget`), read by
-/// rebuild threads before they allocate a filter.
-static MEMORY_BUDGET: AtomicU64 = AtomicU64::new(u64::MAX);
-
-/// The current budget (see `MEMORY_BUDGET`).
-pub fn memory_budget() -> u64 {
-    MEMORY_BUDGET.load(Ordering::Relaxed)
-}
+/// The current budget: bytes the server may still allocate before `maxmemory` (`u64::MAX`
+/// without a limit), as `refresh_memory_budget` last measured it.
+pub use crate::transient::memory_budget;
 
 /// Reads `used_memory` and `maxmemory` from the server and stores what is left. Main thread.
 pub fn refresh_memory_budget(ctx: &Context) -> u64 {
@@ -48,8 +42,7 @@ pub fn refresh_memory_budget(ctx: &Context) -> u64 {
             _ => u64::MAX,
         }
     };
-    MEMORY_BUDGET.store(budget, Ordering::Relaxed);
-    crate::transient::measured();
+    crate::transient::measured(budget);
     budget
 }
 

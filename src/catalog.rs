@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisValue};
 
 use crate::block::{Blocked, Completion};
-use crate::command::may_block;
 use crate::db::sql::{self, CatalogRow};
 use crate::db::{pool, DbErr};
+use crate::limits::may_block;
 use crate::state::{self, SetDef};
 use crate::{config, error, keys, mainq};
 

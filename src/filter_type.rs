@@ -207,7 +207,7 @@ impl FilterValue {
                     .split_first()
                     .ok_or("filter payload truncated in its set name")?;
                 let len = len as usize;
-                if rest.len() < len || !crate::command::valid_set_name(&rest[..len]) {
+                if rest.len() < len || !crate::set_def::valid_set_name(&rest[..len]) {
                     return Err("filter payload has a bad set name".into());
                 }
                 let name = String::from_utf8_lossy(&rest[..len]).into_owned();

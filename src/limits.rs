@@ -1,12 +1,12 @@
-//! Bounded resources: how many clients may wait on the database, how many sets a node takes
-//! from CREATE, how long a rebuild's journal may grow, and how much memory a new filter may
-//! claim under `maxmemory`. Each is checked before anything is allocated, answered with an
-//! error that names the limit, and shown with its use in `INFO member`.
+//! Bounded resources: whether a client may wait on the database and how many may, how many
+//! sets a node takes from CREATE, how long a rebuild's journal may grow, and how much memory a
+//! new filter may claim under `maxmemory`. Each is checked before anything is allocated,
+//! answered with an error that names the limit, and shown with its use in `INFO member`.
 
 use std::os::raw::c_int;
 use std::sync::atomic::Ordering;
 
-use redis_module::{raw, Context, RedisError};
+use redis_module::{raw, Context, ContextFlags, RedisError};
 
 use crate::config;
 
@@ -55,6 +55,18 @@ pub fn check_memory(bytes: u64, budget: u64) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Refuses calls that would need to block where the server forbids it (MULTI/EXEC, Lua,
+/// functions), or past `member.max-blocked-clients`.
+pub fn may_block(ctx: &Context) -> Result<(), RedisError> {
+    if ctx
+        .get_flags()
+        .intersects(ContextFlags::MULTI | ContextFlags::LUA | ContextFlags::DENY_BLOCKING)
+    {
+        return Err(RedisError::Str(crate::error::NEEDS_BLOCKING));
+    }
+    admit_blocked()
 }
 
 /// Refuses to block one more client on the database past `member.max-blocked-clients`.

@@ -1,7 +1,14 @@
 //! A set's definition as the catalog stores it (`SetDef`), and the part of it MEMBER.ALTER may
-//! change (`SetChange`). Plain data, no server calls.
+//! change (`SetChange`), and the rule for set names. Plain data, no server calls.
 
 use crate::canon::Normalize;
+
+/// True for a valid set name: `[a-z0-9_]{1,40}`.
+pub fn valid_set_name(b: &[u8]) -> bool {
+    (1..=40).contains(&b.len())
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_')
+}
 
 /// A set's settings, as stored in the `member_catalog` table.
 #[derive(Clone, Debug, PartialEq)]

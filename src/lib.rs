@@ -49,6 +49,7 @@ pub mod replica_load;
 pub mod reply;
 pub mod secret_file;
 pub mod set_def;
+pub mod set_upkeep;
 pub mod slot_fill;
 pub mod state;
 pub mod sync;

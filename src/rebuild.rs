@@ -20,35 +20,7 @@ use crate::filter_type::FilterValue;
 use crate::state::{self, Rebuild, SetDef};
 use crate::{config, mainq, metrics};
 
-/// Why a rebuild started (MEMBER.INFO `last_rebuild_reason`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reason {
-    /// MEMBER.CREATE's first build.
-    Create,
-    /// MEMBER.REBUILD.
-    Manual,
-    /// The filter was missing or incomplete (housekeeping).
-    Incomplete,
-    /// `member.rebuild-interval-s`.
-    Periodic,
-    /// ERROR or CAPACITY changed (MEMBER.ALTER here or on another node).
-    Alter,
-    /// The set outgrew its filter (`member.auto-grow`): sized for twice its rows.
-    AutoGrow,
-}
-
-impl Reason {
-    pub fn name(self) -> &'static str {
-        match self {
-            Reason::Create => "create",
-            Reason::Manual => "manual",
-            Reason::Incomplete => "incomplete",
-            Reason::Periodic => "periodic",
-            Reason::Alter => "alter",
-            Reason::AutoGrow => "auto-grow",
-        }
-    }
-}
+pub use crate::set_upkeep::{Reason, Reply};
 
 /// Starts a rebuild of `name` for `reason`. Returns false if one is already running (or no
 /// such set).
@@ -436,17 +408,6 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
             }
         }
     });
-}
-
-/// What a caller waiting for a rebuild hears when it succeeds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reply {
-    /// MEMBER.REBUILD SYNC: the number of members loaded.
-    Rows,
-    /// MEMBER.CREATE: OK.
-    Ok,
-    /// MEMBER.ALTER SYNC: OK once a filter with the settings it set is in.
-    Altered,
 }
 
 /// The reply of a rebuild's waiter: members loaded (or OK), or why the rebuild failed.

@@ -213,6 +213,8 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         reply::log(ctx, reply::Level::Warning, &e);
         return Status::Err;
     }
+    // The sync loop hears of every filter installed, so its next sweep looks at once.
+    state::on_installed(sync::filter_installed);
     cluster::set_enabled(
         ctx.get_flags()
             .contains(redis_module::ContextFlags::CLUSTER),
@@ -266,7 +268,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     );
     db::pool::start();
     mainq::batch_per_iteration(ctx);
-    mainq::start(ctx);
+    mainq::start(ctx, housekeeping::tick);
     notify::started();
     Status::Ok
 }

@@ -1,5 +1,6 @@
 //! The main-thread queue: work that must touch keys but has no client to reply to (completions
-//! of timed-out clients, finished rebuilds, the catalog load) runs here from a 10 ms timer.
+//! of timed-out clients, finished rebuilds, the catalog load) runs here from a 10 ms timer,
+//! followed by the upkeep that module load hands to [`start`].
 //! The threads that rebuild or fill filters run at a lower priority than the server
 //! ([`yield_to_the_server`]).
 
@@ -33,8 +34,13 @@ pub fn defer(mut done: Box<dyn Completion>) {
     post(Box::new(move |ctx| done.apply(ctx)));
 }
 
-/// Starts the recurring timer. Call once from module load.
-pub fn start(ctx: &Context) {
+/// The upkeep that runs after the queued tasks on every tick, set by `start`.
+static UPKEEP: OnceLock<fn(&Context)> = OnceLock::new();
+
+/// Starts the recurring timer, which runs the queued tasks and then `upkeep` on every tick.
+/// Call once from module load.
+pub fn start(ctx: &Context, upkeep: fn(&Context)) {
+    let _ = UPKEEP.set(upkeep);
     ctx.create_timer(TICK, tick, ());
 }
 
@@ -56,10 +62,9 @@ fn tick(ctx: &Context, _: ()) {
         // Upkeep is contained the same way: a panic there must not take the server down,
         // and the timer is re-armed whatever happens.
         let upkeep = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            crate::effects::flush_replication(ctx);
-            // A change notification starts its pass within this tick, not the next sweep.
-            crate::sync::poke(ctx);
-            crate::housekeeping::run(ctx);
+            if let Some(upkeep) = UPKEEP.get() {
+                upkeep(ctx);
+            }
         }));
         if upkeep.is_err() {
             crate::reply::log(

@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use redis_module::RedisString;
@@ -403,7 +403,18 @@ pub fn installed(r: &mut Registry, set: &str, id: u64, trust: bool) {
         s.cover_extra = None;
         s.filling = None;
     }
-    crate::sync::filter_installed();
+    if let Some(f) = ON_INSTALLED.get() {
+        f();
+    }
+}
+
+/// Told of every filter value installed (`installed`), set once at module load.
+static ON_INSTALLED: OnceLock<fn()> = OnceLock::new();
+
+/// Makes `f` hear of every filter value installed from now on (the sync loop, so that its next
+/// sweep looks at once). Call once, from module load.
+pub fn on_installed(f: fn()) {
+    let _ = ON_INSTALLED.set(f);
 }
 
 /// The filter just installed for `set` was built by a rebuild that started at `started`.

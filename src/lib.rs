@@ -247,7 +247,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     // filter, not a cluster message receiver (its code would be unloaded under it).
     if cluster::enabled() {
         // Items whose canonical slot another node holds are forwarded to it over the bus.
-        cluster::bus::init(ctx, command::forward::serve);
+        cluster::bus::init(ctx, command::forwarded::serve);
     }
     command_info::declare(ctx, COMMAND_INFO);
     acl::declare_category(

@@ -7,6 +7,7 @@ pub mod batch;
 pub mod create;
 pub mod drop;
 pub mod forward;
+pub mod forwarded;
 pub mod info;
 pub mod internal;
 pub mod lookup;

@@ -16,7 +16,7 @@ const SWEEP_EVERY: Duration = Duration::from_millis(100);
 /// `mainq::start`): replication of the effects batched meanwhile, a sync pass a change
 /// notification asked for, and the periodic sweep (`run`).
 pub fn tick(ctx: &Context) {
-    crate::effects::flush_replication(ctx);
+    crate::replication::flush_replication(ctx);
     // A change notification starts its pass within this tick, not the next sweep.
     crate::sync::poke(ctx);
     run(ctx);

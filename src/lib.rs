@@ -46,6 +46,7 @@ pub mod pg_link;
 pub mod rebuild;
 pub mod redact;
 pub mod replica_load;
+pub mod replication;
 pub mod reply;
 pub mod secret_file;
 pub mod set_def;

@@ -11,14 +11,13 @@ use redis_module::{raw, Context, RedisError, RedisResult, RedisString, RedisValu
 
 use crate::block::{Blocked, Completion};
 use crate::cluster::slotset::SlotSet;
-use crate::command::internal;
 use crate::db::build::Built;
 use crate::db::{self, DbErr};
 use crate::filter_origin::Origin;
 use crate::filter_store;
 use crate::filter_type::FilterValue;
 use crate::state::{self, Rebuild, SetDef};
-use crate::{config, mainq, metrics};
+use crate::{config, mainq, metrics, replication};
 
 pub use crate::set_upkeep::{Reason, Reply};
 
@@ -324,7 +323,7 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
     };
     // The definition travels with every build, ahead of the filter: a replica (or the AOF)
     // that missed it — a set whose CREATE is still building, a full resync — learns it here.
-    internal::replicate_set(ctx, &def, catalog_id);
+    replication::replicate_set(ctx, &def, catalog_id);
     let outcome = match res {
         Ok(Ready {
             mut filter,
@@ -338,7 +337,7 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
             let swap = Instant::now();
             let bits = filter.bloom.bits();
             filter.bloom.add_many(&journal);
-            internal::replicate_built_filter(ctx, &key, &payload.0, &journal);
+            replication::replicate_built_filter(ctx, &key, &payload.0, &journal);
             payload.free_later(ctx);
             let id = filter_store::install(ctx, &key, filter);
             metrics::global(|m| m.rebuilds_done += 1);

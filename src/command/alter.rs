@@ -7,7 +7,7 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use super::settings::{self, Given};
 use super::Answer;
-use super::{block_timeout, internal, may_block, set_name};
+use super::{block_timeout, may_block, set_name};
 use crate::block::Blocked;
 use crate::db::sql::{self, Altered};
 use crate::db::{pool, DbErr};
@@ -183,7 +183,7 @@ fn apply(ctx: &Context, altered: &Altered, removals: u64) -> bool {
     }
     // Starts the rebuild when ERROR or CAPACITY changed (`catalog::learn`).
     catalog::learn(ctx, row.def.clone(), Some(row.id));
-    internal::replicate_set(ctx, &row.def, Some(row.id));
+    crate::replication::replicate_set(ctx, &row.def, Some(row.id));
     state::with(|r| {
         if let Some(s) = r.sets.get_mut(&row.def.name) {
             s.altered_version = s.altered_version.max(version);

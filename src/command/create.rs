@@ -10,7 +10,7 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use super::settings::{self, Given};
 use super::Answer;
-use super::{block_timeout, internal, may_block, set_name};
+use super::{block_timeout, may_block, set_name};
 use crate::block::Blocked;
 use crate::canon::Normalize;
 use crate::config;
@@ -181,7 +181,7 @@ fn catalog_done(ctx: &Context, id: u64, res: Result<CatalogRow, DbErr>) {
     let key = keys::filter_key(&def.name);
     let complete = filter_store::with(ctx, &key, |f| f.cov.complete).unwrap_or(false);
     if complete {
-        internal::replicate_set(ctx, &def, Some(row.id));
+        crate::replication::replicate_set(ctx, &def, Some(row.id));
     } else if unusable.is_some() {
         rebuild::start(&def.name, rebuild::Reason::Create);
     }

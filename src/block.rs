@@ -29,6 +29,16 @@ pub trait Completion: Send + 'static {
     fn reply(&mut self, ctx: &Context) -> RedisResult;
 }
 
+/// A completion that only answers with an error.
+pub struct Fail(pub String);
+
+impl Completion for Fail {
+    fn apply(&mut self, _ctx: &Context) {}
+    fn reply(&mut self, _ctx: &Context) -> RedisResult {
+        Err(RedisError::String(self.0.clone()))
+    }
+}
+
 /// A finished job on its way to the reply callback, and when its client was blocked (for the
 /// LATENCY monitor: `None` for waits that are not database resolutions).
 struct Slot(Option<Box<dyn Completion>>, Option<Instant>);

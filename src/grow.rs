@@ -107,7 +107,7 @@ pub fn check(ctx: &Context, now: Instant) {
         // The rows are about the filter's items: a grown filter that cannot fit is not
         // tried (each try would stream the whole table), only reported.
         let members = items.saturating_mul(2);
-        let fits = crate::command::settings::check_filter_size(members, rate).and_then(|()| {
+        let fits = crate::limits::check_filter_size(members, rate).and_then(|()| {
             crate::limits::check_memory(
                 crate::filter::bytes_for(members, rate),
                 crate::limits::memory_budget(),

@@ -57,6 +57,14 @@ pub fn check_memory(bytes: u64, budget: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// Refuses settings whose filter would not fit under `member.max-filter-bytes` (a smaller
+/// one would break the promised rate): `members` at `error_rate`. The reason, without the
+/// `ERR ` prefix.
+pub fn check_filter_size(members: u64, error_rate: f64) -> Result<(), String> {
+    crate::filter::check_size(members, error_rate, config::max_filter_bytes())
+        .map_err(|e| e.to_string())
+}
+
 /// Refuses calls that would need to block where the server forbids it (MULTI/EXEC, Lua,
 /// functions), or past `member.max-blocked-clients`.
 pub fn may_block(ctx: &Context) -> Result<(), RedisError> {

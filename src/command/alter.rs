@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
-use super::settings::{self, Given};
+use super::settings::Given;
 use super::Answer;
 use super::{block_timeout, may_block, set_name};
 use crate::block::Blocked;
@@ -74,7 +74,7 @@ pub fn alter(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         .unwrap_or(0);
     let check = move |d: &SetDef| -> Result<(), String> {
         let members = d.capacity.max(items);
-        settings::check_filter_size(members, d.error_rate)?;
+        crate::limits::check_filter_size(members, d.error_rate)?;
         limits::check_memory(crate::filter::bytes_for(members, d.error_rate), budget)
     };
     // Without SYNC the reply waits for the catalog step only, bounded like any database call;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
-use super::settings::{self, Given};
+use super::settings::Given;
 use super::Answer;
 use super::{block_timeout, may_block, set_name};
 use crate::block::Blocked;
@@ -117,7 +117,7 @@ pub fn create(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// Whether the filter `def` needs fits under `member.max-filter-bytes` (a smaller one would
 /// break the promised rate) and in `budget`, the bytes left under maxmemory.
 fn fits(def: &SetDef, budget: u64) -> Result<(), String> {
-    settings::check_filter_size(def.capacity, def.error_rate)?;
+    crate::limits::check_filter_size(def.capacity, def.error_rate)?;
     crate::limits::check_memory(
         crate::filter::bytes_for(def.capacity, def.error_rate),
         budget,

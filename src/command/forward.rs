@@ -7,9 +7,8 @@ use std::time::Duration;
 use redis_module::{Context, RedisResult, RedisValue};
 
 use super::{block_timeout, may_block};
-use crate::block::Blocked;
+use crate::block::{Blocked, Fail};
 use crate::canon::Canon;
-use crate::catalog::Fail;
 use crate::cluster::bus;
 use crate::cluster::slot::keyslot;
 use crate::cluster::wire::{Op, Request};

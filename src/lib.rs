@@ -5,7 +5,6 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod acl;
-pub mod acl_cache;
 pub mod alloc;
 pub mod attach_allow;
 pub mod block;

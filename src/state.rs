@@ -161,7 +161,7 @@ impl SetState {
             incarnation,
             filter_key: keys::filter_key(&def.name),
             filter_ref: Default::default(),
-            acl_key: RedisString::create(None, crate::acl::acl_key(&def.name)),
+            acl_key: RedisString::create(None, crate::set_def::acl_key(&def.name)),
             cache_prefix: keys::cache_prefix(&def.name),
             catalog_id: None,
             altered_version: 0,

@@ -267,7 +267,9 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         ],
     );
     db::pool::start();
-    mainq::batch_per_iteration(ctx);
+    if mainq::batch_per_iteration(ctx, db::pool::flush) {
+        db::pool::flush_before_sleep();
+    }
     mainq::start(ctx, housekeeping::tick);
     notify::started();
     Status::Ok

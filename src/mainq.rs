@@ -77,8 +77,11 @@ fn tick(ctx: &Context, _: ()) {
     ctx.create_timer(TICK, tick, ());
 }
 
-/// Flushes the jobs submitted during an event-loop iteration just before the server sleeps,
-/// so one iteration's database work reaches the workers in one envelope and one wake-up.
+/// What runs just before the server sleeps, set by `batch_per_iteration`.
+static BEFORE_SLEEP: OnceLock<fn()> = OnceLock::new();
+
+/// Runs the flush that `batch_per_iteration` was handed just before the server sleeps, so one
+/// iteration's database work reaches the workers in one envelope and one wake-up.
 ///
 /// # Safety
 /// Called by the server on the main thread for the event-loop event we subscribed to.
@@ -89,13 +92,17 @@ unsafe extern "C" fn before_sleep(
     _data: *mut std::os::raw::c_void,
 ) {
     if subevent == redis_module::raw::REDISMODULE_SUBEVENT_EVENTLOOP_BEFORE_SLEEP {
-        crate::db::pool::flush();
+        if let Some(flush) = BEFORE_SLEEP.get() {
+            flush();
+        }
     }
 }
 
-/// Subscribes `before_sleep`; on success `pool::submit` batches per iteration, otherwise it
-/// keeps sending each job at once.
-pub fn batch_per_iteration(ctx: &Context) {
+/// Makes `flush` run just before the server sleeps, at the end of every event-loop iteration
+/// (`pool::flush`, which sends the iteration's database jobs). True when subscribed: then
+/// `pool::submit` may batch per iteration; otherwise it must keep sending each job at once.
+pub fn batch_per_iteration(ctx: &Context, flush: fn()) -> bool {
+    let _ = BEFORE_SLEEP.set(flush);
     let event = redis_module::raw::RedisModuleEvent {
         id: redis_module::raw::REDISMODULE_EVENT_EVENTLOOP,
         dataver: 1,
@@ -108,9 +115,7 @@ pub fn batch_per_iteration(ctx: &Context) {
             Some(before_sleep),
         )
     };
-    if rc == redis_module::raw::REDISMODULE_OK as i32 {
-        crate::db::pool::flush_before_sleep();
-    }
+    rc == redis_module::raw::REDISMODULE_OK as i32
 }
 
 /// The nice value of the threads that rebuild or fill filters and report here: measured with

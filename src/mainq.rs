@@ -1,17 +1,14 @@
 //! The main-thread queue: work that must touch keys but has no client to reply to (completions
 //! of timed-out clients, finished rebuilds, the catalog load) runs here from a 10 ms timer,
-//! followed by the upkeep that module load hands to [`start`].
-//! The threads that rebuild or fill filters run at a lower priority than the server
-//! ([`yield_to_the_server`]).
+//! followed by the upkeep that module load hands to [`start`]. Every main-thread entry runs
+//! with DB 0 selected ([`with_db0`]). The threads that rebuild or fill filters run at a lower
+//! priority than the server ([`yield_to_the_server`]).
 
 use std::time::Duration;
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use redis_module::Context;
+use redis_module::{raw, Context};
 use std::sync::OnceLock;
-
-use crate::block::Completion;
-use crate::keys;
 
 /// A piece of work for the main thread.
 pub type Task = Box<dyn FnOnce(&Context) + Send>;
@@ -29,13 +26,31 @@ pub fn post(task: Task) {
     let _ = queue().0.send(task);
 }
 
-/// Applies a completion whose client is gone.
-pub fn defer(mut done: Box<dyn Completion>) {
-    post(Box::new(move |ctx| done.apply(ctx)));
-}
-
 /// The upkeep that runs after the queued tasks on every tick, set by `start`.
 static UPKEEP: OnceLock<fn(&Context)> = OnceLock::new();
+
+/// Runs `f` with DB 0 selected, restoring the caller's DB afterwards: libmember's keys live in
+/// DB 0 whatever database the client has selected.
+pub fn with_db0<R>(ctx: &Context, f: impl FnOnce(&Context) -> R) -> R {
+    /// Puts the client's own DB back however `f` ends (a panic contained further up must
+    /// not leave the client in DB 0).
+    struct Restore<'a>(&'a Context, i32);
+    impl Drop for Restore<'_> {
+        fn drop(&mut self) {
+            if self.1 != 0 {
+                // SAFETY: the same live context, on the main thread.
+                unsafe { raw::RedisModule_SelectDb.unwrap()(self.0.ctx, self.1) };
+            }
+        }
+    }
+    // SAFETY: ctx is a live context with a client (command, reply callback or timer).
+    let current = unsafe { raw::RedisModule_GetSelectedDb.unwrap()(ctx.ctx) };
+    if current != 0 {
+        unsafe { raw::RedisModule_SelectDb.unwrap()(ctx.ctx, 0) };
+    }
+    let _restore = Restore(ctx, current);
+    f(ctx)
+}
 
 /// Starts the recurring timer, which runs the queued tasks and then `upkeep` on every tick.
 /// Call once from module load.
@@ -45,7 +60,7 @@ pub fn start(ctx: &Context, upkeep: fn(&Context)) {
 }
 
 fn tick(ctx: &Context, _: ()) {
-    keys::with_db0(ctx, |ctx| {
+    with_db0(ctx, |ctx| {
         // Bound the work per tick so the main thread never stalls on a burst.
         for task in queue().1.try_iter().take(10_000) {
             // A panicking task must not unwind into the server (that aborts it); it is lost,

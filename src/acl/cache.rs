@@ -1,6 +1,6 @@
-//! Per-connection memory of `acl::check_set`'s grants (and the `Access` they are for), so that a connection asking about the
-//! same set again skips the server's user lookup and key-pattern check (measured: the check
-//! was 14 % of a pipelined MEMBER.EXISTS).
+//! Per-connection memory of `acl::check_set`'s grants (and the `Access` they are for), so
+//! that a connection asking about the same set again skips the server's user lookup and
+//! key-pattern check (measured: the check was 14 % of a pipelined MEMBER.EXISTS).
 //!
 //! A grant is remembered for a connection (its client id), the user it was authenticated as
 //! when asked (by name), the set and the access, and is believed only while:

@@ -14,10 +14,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use redis_module::{raw, Context};
 
 use crate::conninfo::{ConnInfo, MASK};
-use crate::pg_link;
-
-/// What replaces a value that cannot be read (its password could not be found to mask).
-pub const UNREADABLE: &str = "(unreadable connection string: not shown)";
+use crate::pg_link::{self, UNREADABLE};
 
 /// Registers the filter (module load).
 pub fn register(ctx: &Context) {

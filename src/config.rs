@@ -36,11 +36,7 @@ fn shown(s: &str) -> RedisString {
     RedisString::create_from_slice(std::ptr::null_mut(), s.as_bytes())
 }
 
-/// A setter's refusal as the server will quote it: printable ASCII only (the framework turns
-/// it into a C string, where a NUL byte would abort the server).
-pub fn refusal(msg: String) -> RedisError {
-    RedisError::String(crate::reply::printable(&msg))
-}
+pub use crate::config_text::refusal;
 
 /// The `member.pg-password-file` config: the path, checked as text always and, once the
 /// module is loaded, by reading the file (`pg_link::read_password_file`).

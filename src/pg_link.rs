@@ -159,14 +159,14 @@ impl PgUrl {
 
 impl ConfigurationValue<RedisString> for PgUrl {
     fn get(&self, _: &ConfigurationContext) -> RedisString {
-        // The bytes as they are, not through a C string (`config::refusal` says why).
+        // The bytes as they are, not through a C string (`config_text::refusal` says why).
         RedisString::create_from_slice(std::ptr::null_mut(), self.shown().as_bytes())
     }
 
     fn set(&self, _: &ConfigurationContext, val: RedisString) -> Result<(), RedisError> {
-        let text =
-            crate::config_text::check(self.name, val.as_slice()).map_err(crate::config::refusal)?;
-        self.store(text).map_err(crate::config::refusal)
+        let text = crate::config_text::check(self.name, val.as_slice())
+            .map_err(crate::config_text::refusal)?;
+        self.store(text).map_err(crate::config_text::refusal)
     }
 }
 

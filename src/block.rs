@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use redis_module::{raw, Context, RedisError, RedisResult};
 
-use crate::{error, keys, mainq, metrics, reply};
+use crate::{error, mainq, metrics, reply};
 
 /// The result of a worker's job, finished on the main thread.
 pub trait Completion: Send + 'static {
@@ -27,6 +27,21 @@ pub trait Completion: Send + 'static {
     fn apply(&mut self, ctx: &Context);
     /// The reply for the waiting client, after `apply`. Not called if the client is gone.
     fn reply(&mut self, ctx: &Context) -> RedisResult;
+}
+
+/// A completion that only answers with an error.
+pub struct Fail(pub String);
+
+impl Completion for Fail {
+    fn apply(&mut self, _ctx: &Context) {}
+    fn reply(&mut self, _ctx: &Context) -> RedisResult {
+        Err(RedisError::String(self.0.clone()))
+    }
+}
+
+/// Applies a completion whose client is gone, on the main thread within about one tick.
+pub fn defer(mut done: Box<dyn Completion>) {
+    mainq::post(Box::new(move |ctx| done.apply(ctx)));
 }
 
 /// A finished job on its way to the reply callback, and when its client was blocked (for the
@@ -110,7 +125,7 @@ impl Blocked {
         self.fallback = None;
         if let Err(done) = unblock(&self.bc, done, self.since) {
             // The timer answered first.
-            mainq::defer(done);
+            defer(done);
         }
     }
 }
@@ -181,7 +196,7 @@ unsafe extern "C" fn reply_cb(
             // A panic must not unwind into the server (that aborts it): the client gets an
             // error instead, still exactly one reply.
             let reply = catch_unwind(AssertUnwindSafe(|| {
-                keys::with_db0(&ctx, |ctx| {
+                mainq::with_db0(&ctx, |ctx| {
                     done.apply(ctx);
                     done.reply(ctx)
                 })
@@ -236,6 +251,6 @@ unsafe extern "C" fn free_cb(_ctx: *mut raw::RedisModuleCtx, privdata: *mut c_vo
     // SAFETY: privdata is the Box<Slot> leaked in `unblock`, freed only here.
     let slot = unsafe { Box::from_raw(privdata.cast::<Slot>()) };
     if let Some(done) = slot.0 {
-        mainq::defer(done);
+        defer(done);
     }
 }

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisValue};
 
-use crate::block::{Blocked, Completion};
-use crate::command::may_block;
+use crate::block::{Blocked, Fail};
 use crate::db::sql::{self, CatalogRow};
 use crate::db::{pool, DbErr};
+use crate::limits::may_block;
 use crate::state::{self, SetDef};
 use crate::{config, error, keys, mainq};
 
@@ -437,16 +437,6 @@ fn answered(
             let text = refusal.clone().unwrap_or_else(|| error::UNKNOWN_SET.into());
             blocked.finish(Box::new(Fail(text)));
         }
-    }
-}
-
-/// A completion that only answers with an error.
-pub struct Fail(pub String);
-
-impl Completion for Fail {
-    fn apply(&mut self, _ctx: &Context) {}
-    fn reply(&mut self, _ctx: &Context) -> RedisResult {
-        Err(RedisError::String(self.0.clone()))
     }
 }
 

@@ -2,7 +2,7 @@
 //! All are settable on the command line, in a config file and with CONFIG SET.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use redis_module::configuration::ConfigurationContext;
 use redis_module::{ConfigurationValue, RedisError, RedisString};
@@ -36,11 +36,7 @@ fn shown(s: &str) -> RedisString {
     RedisString::create_from_slice(std::ptr::null_mut(), s.as_bytes())
 }
 
-/// A setter's refusal as the server will quote it: printable ASCII only (the framework turns
-/// it into a C string, where a NUL byte would abort the server).
-pub fn refusal(msg: String) -> RedisError {
-    RedisError::String(crate::reply::printable(&msg))
-}
+pub use crate::config_text::refusal;
 
 /// The `member.pg-password-file` config: the path, checked as text always and, once the
 /// module is loaded, by reading the file (`pg_link::read_password_file`).
@@ -269,21 +265,41 @@ pub const TOKEN_KEY_FILE_DEFAULT: &str = "";
 /// so another key is loaded by naming another file); an unreadable or malformed file is
 /// refused and the key held before stays (at start-up it is kept without a key, and logged).
 /// CONFIG GET shows the path, never the key.
-pub static TOKEN_KEY_FILE: KeyFile = KeyFile(Mutex::new(String::new()));
+pub static TOKEN_KEY_FILE: KeyFile = KeyFile {
+    path: Mutex::new(String::new()),
+    load: OnceLock::new(),
+};
 
-/// The `member.token-key-file` config: its value is the path; the key goes to `token_key`.
-pub struct KeyFile(Mutex<String>);
+/// What takes a key file's path (`token_key::set_file`): refuses a file it cannot use.
+pub type KeyLoader = fn(&str) -> Result<(), String>;
+
+/// The `member.token-key-file` config: its value is the path; the key goes to the loader set
+/// with `loads_with` (`token_key::set_file`), which refuses a file it cannot use.
+pub struct KeyFile {
+    path: Mutex<String>,
+    load: OnceLock<KeyLoader>,
+}
+
+impl KeyFile {
+    /// Makes every path set from now on go to `load`. Call once, before the configs are
+    /// registered (`config_load.rs`).
+    pub fn loads_with(&self, load: KeyLoader) {
+        let _ = self.load.set(load);
+    }
+}
 
 impl ConfigurationValue<RedisString> for KeyFile {
     fn get(&self, _: &ConfigurationContext) -> RedisString {
-        shown(self.0.lock().unwrap_or_else(|e| e.into_inner()).as_str())
+        shown(self.path.lock().unwrap_or_else(|e| e.into_inner()).as_str())
     }
     fn set(&self, _: &ConfigurationContext, val: RedisString) -> Result<(), RedisError> {
         // Refused even at start-up: such a path could not be shown or opened.
         let path =
             crate::config_text::check("member.token-key-file", val.as_slice()).map_err(refusal)?;
-        crate::token_key::set_file(path).map_err(refusal)?;
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = path.to_string();
+        if let Some(load) = self.load.get() {
+            load(path).map_err(refusal)?;
+        }
+        *self.path.lock().unwrap_or_else(|e| e.into_inner()) = path.to_string();
         Ok(())
     }
 }

@@ -1,6 +1,6 @@
 //! The one room of the command filter: it takes the passwords of member.pg-url and
 //! member.pg-rebuild-url out of CONFIG SET's arguments before the server records them
-//! (SLOWLOG, MONITOR, crash reports' argv), tells `acl_cache` before a command that may
+//! (SLOWLOG, MONITOR, crash reports' argv), tells `acl::cache` before a command that may
 //! change ACL rules runs, and tells `cluster::owner` before a `CLUSTER SETSLOT` runs.
 //!
 //! The server's own redaction of SENSITIVE configs does not reach module configs (Valkey 8.0,
@@ -14,10 +14,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use redis_module::{raw, Context};
 
 use crate::conninfo::{ConnInfo, MASK};
-use crate::pg_link;
-
-/// What replaces a value that cannot be read (its password could not be found to mask).
-pub const UNREADABLE: &str = "(unreadable connection string: not shown)";
+use crate::pg_link::{self, UNREADABLE};
 
 /// Registers the filter (module load).
 pub fn register(ctx: &Context) {
@@ -54,8 +51,8 @@ unsafe fn run(fctx: *mut raw::RedisModuleCommandFilterCtx) {
         }
     };
     let name = if argc >= 1 { arg(0) } else { &[][..] };
-    if crate::acl_cache::changes_rules(name) {
-        crate::acl_cache::rules_may_change();
+    if crate::acl::cache::changes_rules(name) {
+        crate::acl::cache::rules_may_change();
     }
     // `CLUSTER SETSLOT <slot> MIGRATING <40-hex node id>`: the node must stop believing its
     // filter for the slot before the migration's first ASK (cluster::owner).

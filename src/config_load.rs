@@ -49,6 +49,8 @@ fn on_sync_notify_changed<T>(_: &ConfigurationContext, _: &str, _: &'static T) {
 pub fn register_and_load(ctx: &Context, args: &[RedisString]) -> Result<(), String> {
     let raw: Vec<&[u8]> = args.iter().map(RedisString::as_slice).collect();
     let given = crate::module_args::ModuleArgs::parse(&raw)?;
+    // The key file's path is read at once, from the first value registered on.
+    TOKEN_KEY_FILE.loads_with(crate::token_key::set_file);
     // Text fit for a string config (no NUL: the framework makes a C string of a default).
     let text = |name: &str, v: &[u8]| {
         crate::config_text::check(name, v)

@@ -1,6 +1,9 @@
 //! What a string config (and a module argument) may hold: UTF-8 text without control
 //! characters, at most `MAX_TEXT` bytes. Checked before a value is stored anywhere, so no
-//! path from a config to a reply, a log line or a C string meets a NUL byte.
+//! path from a config to a reply, a log line or a C string meets a NUL byte; a refused value
+//! is answered in printable text (`refusal`).
+
+use redis_module::RedisError;
 
 /// Longest value a string config takes (a path or a connection string), in bytes.
 pub const MAX_TEXT: usize = 4096;
@@ -38,6 +41,12 @@ pub fn check<'a>(name: &str, bytes: &'a [u8]) -> Result<&'a str, String> {
         // problem() has just checked it is UTF-8.
         None => std::str::from_utf8(bytes).map_err(|_| format!("{name}: {NOT_TEXT}")),
     }
+}
+
+/// A setter's refusal as the server will quote it: printable ASCII only (the framework turns
+/// it into a C string, where a NUL byte would abort the server).
+pub fn refusal(msg: String) -> RedisError {
+    RedisError::String(crate::reply::printable(&msg))
 }
 
 #[cfg(test)]

@@ -10,14 +10,16 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::os::raw::{c_int, c_void};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use redis_module::{raw, Context, RedisString};
 
-use crate::filter_type::{free_later, FilterValue, FILTER_TYPE};
+use crate::filter_type::{self, free_later, FilterValue, FILTER_TYPE};
 use crate::funnel::FilterView;
 use crate::known_absent::KnownAbsent;
+
+pub use crate::filter_type::keys_changed;
 
 thread_local! {
     /// Cluster mode: every filter this node holds, by the name its key would have.
@@ -35,22 +37,9 @@ fn mem<R>(key: &[u8], f: impl FnOnce(Option<&mut FilterValue>) -> R) -> R {
     MEMORY.with(|m| f(m.borrow_mut().get_mut(key).map(|b| &mut **b)))
 }
 
-/// Changes whenever a filter key may have been deleted, overwritten, moved or replaced: the
-/// filter type's `unlink` callback (which Valkey 8 and Redis 7.0 call for every delete,
-/// expiry, eviction, RENAME, MOVE and overwrite of a key, before the value can be freed), the
-/// FlushDB, SwapDB and Loading events (which replace a whole keyspace without a callback per
-/// key) and this file's own installs. A pointer remembered under an older generation is never
-/// followed.
-static GENERATION: AtomicU64 = AtomicU64::new(0);
-
-/// Called wherever a filter key may have changed (see `GENERATION`). Any thread.
-pub fn keys_changed() {
-    GENERATION.fetch_add(1, Ordering::Relaxed);
-}
-
 /// A set's filter value as last found at its key (standalone mode), so that a lookup does not
 /// open the key again: opening it was 0.06 µs of a 0.85 µs pipelined EXISTS
-/// (bench/PROFILE.md). Valid only while `GENERATION` has not moved.
+/// (bench/PROFILE.md). Valid only while `filter_type::generation` has not moved.
 #[derive(Default)]
 pub struct Remembered(Cell<Option<(NonNull<FilterValue>, u64)>>);
 
@@ -60,8 +49,9 @@ impl Remembered {
         let (p, generation) = self.0.get()?;
         // SAFETY: the value was at the set's key when remembered, under this generation; it
         // can only leave the keyspace (and then be freed) through a path that moves the
-        // generation first (see `GENERATION`), and only the main thread follows the pointer.
-        if generation != GENERATION.load(Ordering::Relaxed) {
+        // generation first (see `filter_type::keys_changed`), and only the main thread follows
+        // the pointer.
+        if generation != filter_type::generation() {
             return None;
         }
         Some(unsafe { p.as_ref() })
@@ -91,7 +81,7 @@ pub fn view(
     if let Some(f) = remembered.get() {
         return judge(Some(f), hash, trusted);
     }
-    let generation = GENERATION.load(Ordering::Relaxed);
+    let generation = filter_type::generation();
     let k = ctx.open_key(key);
     let f = k.get_value::<FilterValue>(&FILTER_TYPE).ok().flatten();
     remembered.0.set(f.map(|f| (NonNull::from(f), generation)));

@@ -207,7 +207,7 @@ impl FilterValue {
                     .split_first()
                     .ok_or("filter payload truncated in its set name")?;
                 let len = len as usize;
-                if rest.len() < len || !crate::command::valid_set_name(&rest[..len]) {
+                if rest.len() < len || !crate::set_def::valid_set_name(&rest[..len]) {
                     return Err("filter payload has a bad set name".into());
                 }
                 let name = String::from_utf8_lossy(&rest[..len]).into_owned();
@@ -355,10 +355,29 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
     }
 }
 
+/// Changes whenever a filter key may have been deleted, overwritten, moved or replaced: the
+/// filter type's `unlink` callback (which Valkey 8 and Redis 7.0 call for every delete,
+/// expiry, eviction, RENAME, MOVE and overwrite of a key, before the value can be freed), the
+/// FlushDB, SwapDB and Loading events (which replace a whole keyspace without a callback per
+/// key) and `filter_store`'s own installs. A pointer remembered under an older generation is
+/// never followed.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// Called wherever a filter key may have changed (see `GENERATION`). Any thread.
+pub fn keys_changed() {
+    GENERATION.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The current generation (see `GENERATION`).
+#[inline]
+pub fn generation() -> u64 {
+    GENERATION.load(Ordering::Relaxed)
+}
+
 /// A filter key was deleted, expired, evicted, renamed, moved or overwritten: pointers to
 /// filter values remembered by sets are no longer followed (`filter_store::Remembered`).
 unsafe extern "C" fn unlink(_key: *mut raw::RedisModuleString, _value: *const c_void) {
-    crate::filter_store::keys_changed();
+    keys_changed();
 }
 
 /// # Safety

@@ -144,7 +144,7 @@ fn drain(ctx: &Context) {
             !key.is_empty() && key.delete().is_ok()
         };
         if gone {
-            crate::effects::replicate(ctx, "DEL", &[&k]);
+            crate::replication::replicate(ctx, "DEL", &[&k]);
         }
     }
 }

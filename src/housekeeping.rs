@@ -12,6 +12,16 @@ use crate::{config, filter_store, rebuild};
 
 const SWEEP_EVERY: Duration = Duration::from_millis(100);
 
+/// What the main-thread timer runs after its queued tasks on every tick (handed to
+/// `mainq::start`): replication of the effects batched meanwhile, a sync pass a change
+/// notification asked for, and the periodic sweep (`run`).
+pub fn tick(ctx: &Context) {
+    crate::replication::flush_replication(ctx);
+    // A change notification starts its pass within this tick, not the next sweep.
+    crate::sync::poke(ctx);
+    run(ctx);
+}
+
 /// Periodic upkeep from the main-thread timer: drops expired marks, reads the catalog when
 /// due, and starts a rebuild for every set whose filter is missing or incomplete.
 pub fn run(ctx: &Context) {

@@ -6,10 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redis_module::{raw, Context, RedisString};
+use redis_module::{Context, RedisString};
 
 use crate::canon::Canon;
+
 use crate::cluster::slot;
+/// Runs `f` with DB 0 selected (see `mainq::with_db0`).
+pub use crate::mainq::with_db0;
 
 /// Name of a set's filter key.
 pub fn filter_key(set: &str) -> RedisString {
@@ -174,29 +177,6 @@ pub fn cache_invalidate(ctx: &Context, key: &RedisString) {
         let _ = k.delete();
     }
     crate::foreign_writes::rewritten(key.as_slice());
-}
-
-/// Runs `f` with DB 0 selected, restoring the caller's DB afterwards: libmember's keys live in
-/// DB 0 whatever database the client has selected.
-pub fn with_db0<R>(ctx: &Context, f: impl FnOnce(&Context) -> R) -> R {
-    /// Puts the client's own DB back however `f` ends (a panic contained further up must
-    /// not leave the client in DB 0).
-    struct Restore<'a>(&'a Context, i32);
-    impl Drop for Restore<'_> {
-        fn drop(&mut self) {
-            if self.1 != 0 {
-                // SAFETY: the same live context, on the main thread.
-                unsafe { raw::RedisModule_SelectDb.unwrap()(self.0.ctx, self.1) };
-            }
-        }
-    }
-    // SAFETY: ctx is a live context with a client (command, reply callback or timer).
-    let current = unsafe { raw::RedisModule_GetSelectedDb.unwrap()(ctx.ctx) };
-    if current != 0 {
-        unsafe { raw::RedisModule_SelectDb.unwrap()(ctx.ctx, 0) };
-    }
-    let _restore = Restore(ctx, current);
-    f(ctx)
 }
 
 #[cfg(test)]

@@ -5,7 +5,6 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod acl;
-pub mod acl_cache;
 pub mod alloc;
 pub mod attach_allow;
 pub mod block;
@@ -46,9 +45,11 @@ pub mod pg_link;
 pub mod rebuild;
 pub mod redact;
 pub mod replica_load;
+pub mod replication;
 pub mod reply;
 pub mod secret_file;
 pub mod set_def;
+pub mod set_upkeep;
 pub mod slot_fill;
 pub mod state;
 pub mod sync;
@@ -214,6 +215,8 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         reply::log(ctx, reply::Level::Warning, &e);
         return Status::Err;
     }
+    // The sync loop hears of every filter installed, so its next sweep looks at once.
+    state::on_installed(sync::filter_installed);
     cluster::set_enabled(
         ctx.get_flags()
             .contains(redis_module::ContextFlags::CLUSTER),
@@ -246,7 +249,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     // filter, not a cluster message receiver (its code would be unloaded under it).
     if cluster::enabled() {
         // Items whose canonical slot another node holds are forwarded to it over the bus.
-        cluster::bus::init(ctx, command::forward::serve);
+        cluster::bus::init(ctx, command::forwarded::serve);
     }
     command_info::declare(ctx, COMMAND_INFO);
     acl::declare_category(
@@ -266,8 +269,10 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         ],
     );
     db::pool::start();
-    mainq::batch_per_iteration(ctx);
-    mainq::start(ctx);
+    if mainq::batch_per_iteration(ctx, db::pool::flush) {
+        db::pool::flush_before_sleep();
+    }
+    mainq::start(ctx, housekeeping::tick);
     notify::started();
     Status::Ok
 }

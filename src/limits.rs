@@ -1,24 +1,18 @@
-//! Bounded resources: how many clients may wait on the database, how many sets a node takes
-//! from CREATE, how long a rebuild's journal may grow, and how much memory a new filter may
-//! claim under `maxmemory`. Each is checked before anything is allocated, answered with an
-//! error that names the limit, and shown with its use in `INFO member`.
+//! Bounded resources: whether a client may wait on the database and how many may, how many
+//! sets a node takes from CREATE, how long a rebuild's journal may grow, and how much memory a
+//! new filter may claim under `maxmemory`. Each is checked before anything is allocated,
+//! answered with an error that names the limit, and shown with its use in `INFO member`.
 
 use std::os::raw::c_int;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
-use redis_module::{raw, Context, RedisError};
+use redis_module::{raw, Context, ContextFlags, RedisError};
 
 use crate::config;
 
-/// Bytes the server may still allocate before `maxmemory` (`u64::MAX` without a limit),
-/// refreshed on the main thread at most once a second (`refresh_memory_budget`), read by
-/// rebuild threads before they allocate a filter.
-static MEMORY_BUDGET: AtomicU64 = AtomicU64::new(u64::MAX);
-
-/// The current budget (see `MEMORY_BUDGET`).
-pub fn memory_budget() -> u64 {
-    MEMORY_BUDGET.load(Ordering::Relaxed)
-}
+/// The current budget: bytes the server may still allocate before `maxmemory` (`u64::MAX`
+/// without a limit), as `refresh_memory_budget` last measured it.
+pub use crate::transient::memory_budget;
 
 /// Reads `used_memory` and `maxmemory` from the server and stores what is left. Main thread.
 pub fn refresh_memory_budget(ctx: &Context) -> u64 {
@@ -48,8 +42,7 @@ pub fn refresh_memory_budget(ctx: &Context) -> u64 {
             _ => u64::MAX,
         }
     };
-    MEMORY_BUDGET.store(budget, Ordering::Relaxed);
-    crate::transient::measured();
+    crate::transient::measured(budget);
     budget
 }
 
@@ -62,6 +55,26 @@ pub fn check_memory(bytes: u64, budget: u64) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Refuses settings whose filter would not fit under `member.max-filter-bytes` (a smaller
+/// one would break the promised rate): `members` at `error_rate`. The reason, without the
+/// `ERR ` prefix.
+pub fn check_filter_size(members: u64, error_rate: f64) -> Result<(), String> {
+    crate::filter::check_size(members, error_rate, config::max_filter_bytes())
+        .map_err(|e| e.to_string())
+}
+
+/// Refuses calls that would need to block where the server forbids it (MULTI/EXEC, Lua,
+/// functions), or past `member.max-blocked-clients`.
+pub fn may_block(ctx: &Context) -> Result<(), RedisError> {
+    if ctx
+        .get_flags()
+        .intersects(ContextFlags::MULTI | ContextFlags::LUA | ContextFlags::DENY_BLOCKING)
+    {
+        return Err(RedisError::Str(crate::error::NEEDS_BLOCKING));
+    }
+    admit_blocked()
 }
 
 /// Refuses to block one more client on the database past `member.max-blocked-clients`.

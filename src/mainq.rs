@@ -1,16 +1,14 @@
 //! The main-thread queue: work that must touch keys but has no client to reply to (completions
-//! of timed-out clients, finished rebuilds, the catalog load) runs here from a 10 ms timer.
-//! The threads that rebuild or fill filters run at a lower priority than the server
-//! ([`yield_to_the_server`]).
+//! of timed-out clients, finished rebuilds, the catalog load) runs here from a 10 ms timer,
+//! followed by the upkeep that module load hands to [`start`]. Every main-thread entry runs
+//! with DB 0 selected ([`with_db0`]). The threads that rebuild or fill filters run at a lower
+//! priority than the server ([`yield_to_the_server`]).
 
 use std::time::Duration;
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use redis_module::Context;
+use redis_module::{raw, Context};
 use std::sync::OnceLock;
-
-use crate::block::Completion;
-use crate::keys;
 
 /// A piece of work for the main thread.
 pub type Task = Box<dyn FnOnce(&Context) + Send>;
@@ -28,18 +26,41 @@ pub fn post(task: Task) {
     let _ = queue().0.send(task);
 }
 
-/// Applies a completion whose client is gone.
-pub fn defer(mut done: Box<dyn Completion>) {
-    post(Box::new(move |ctx| done.apply(ctx)));
+/// The upkeep that runs after the queued tasks on every tick, set by `start`.
+static UPKEEP: OnceLock<fn(&Context)> = OnceLock::new();
+
+/// Runs `f` with DB 0 selected, restoring the caller's DB afterwards: libmember's keys live in
+/// DB 0 whatever database the client has selected.
+pub fn with_db0<R>(ctx: &Context, f: impl FnOnce(&Context) -> R) -> R {
+    /// Puts the client's own DB back however `f` ends (a panic contained further up must
+    /// not leave the client in DB 0).
+    struct Restore<'a>(&'a Context, i32);
+    impl Drop for Restore<'_> {
+        fn drop(&mut self) {
+            if self.1 != 0 {
+                // SAFETY: the same live context, on the main thread.
+                unsafe { raw::RedisModule_SelectDb.unwrap()(self.0.ctx, self.1) };
+            }
+        }
+    }
+    // SAFETY: ctx is a live context with a client (command, reply callback or timer).
+    let current = unsafe { raw::RedisModule_GetSelectedDb.unwrap()(ctx.ctx) };
+    if current != 0 {
+        unsafe { raw::RedisModule_SelectDb.unwrap()(ctx.ctx, 0) };
+    }
+    let _restore = Restore(ctx, current);
+    f(ctx)
 }
 
-/// Starts the recurring timer. Call once from module load.
-pub fn start(ctx: &Context) {
+/// Starts the recurring timer, which runs the queued tasks and then `upkeep` on every tick.
+/// Call once from module load.
+pub fn start(ctx: &Context, upkeep: fn(&Context)) {
+    let _ = UPKEEP.set(upkeep);
     ctx.create_timer(TICK, tick, ());
 }
 
 fn tick(ctx: &Context, _: ()) {
-    keys::with_db0(ctx, |ctx| {
+    with_db0(ctx, |ctx| {
         // Bound the work per tick so the main thread never stalls on a burst.
         for task in queue().1.try_iter().take(10_000) {
             // A panicking task must not unwind into the server (that aborts it); it is lost,
@@ -56,10 +77,9 @@ fn tick(ctx: &Context, _: ()) {
         // Upkeep is contained the same way: a panic there must not take the server down,
         // and the timer is re-armed whatever happens.
         let upkeep = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            crate::effects::flush_replication(ctx);
-            // A change notification starts its pass within this tick, not the next sweep.
-            crate::sync::poke(ctx);
-            crate::housekeeping::run(ctx);
+            if let Some(upkeep) = UPKEEP.get() {
+                upkeep(ctx);
+            }
         }));
         if upkeep.is_err() {
             crate::reply::log(
@@ -72,8 +92,11 @@ fn tick(ctx: &Context, _: ()) {
     ctx.create_timer(TICK, tick, ());
 }
 
-/// Flushes the jobs submitted during an event-loop iteration just before the server sleeps,
-/// so one iteration's database work reaches the workers in one envelope and one wake-up.
+/// What runs just before the server sleeps, set by `batch_per_iteration`.
+static BEFORE_SLEEP: OnceLock<fn()> = OnceLock::new();
+
+/// Runs the flush that `batch_per_iteration` was handed just before the server sleeps, so one
+/// iteration's database work reaches the workers in one envelope and one wake-up.
 ///
 /// # Safety
 /// Called by the server on the main thread for the event-loop event we subscribed to.
@@ -84,13 +107,17 @@ unsafe extern "C" fn before_sleep(
     _data: *mut std::os::raw::c_void,
 ) {
     if subevent == redis_module::raw::REDISMODULE_SUBEVENT_EVENTLOOP_BEFORE_SLEEP {
-        crate::db::pool::flush();
+        if let Some(flush) = BEFORE_SLEEP.get() {
+            flush();
+        }
     }
 }
 
-/// Subscribes `before_sleep`; on success `pool::submit` batches per iteration, otherwise it
-/// keeps sending each job at once.
-pub fn batch_per_iteration(ctx: &Context) {
+/// Makes `flush` run just before the server sleeps, at the end of every event-loop iteration
+/// (`pool::flush`, which sends the iteration's database jobs). True when subscribed: then
+/// `pool::submit` may batch per iteration; otherwise it must keep sending each job at once.
+pub fn batch_per_iteration(ctx: &Context, flush: fn()) -> bool {
+    let _ = BEFORE_SLEEP.set(flush);
     let event = redis_module::raw::RedisModuleEvent {
         id: redis_module::raw::REDISMODULE_EVENT_EVENTLOOP,
         dataver: 1,
@@ -103,9 +130,7 @@ pub fn batch_per_iteration(ctx: &Context) {
             Some(before_sleep),
         )
     };
-    if rc == redis_module::raw::REDISMODULE_OK as i32 {
-        crate::db::pool::flush_before_sleep();
-    }
+    rc == redis_module::raw::REDISMODULE_OK as i32
 }
 
 /// The nice value of the threads that rebuild or fill filters and report here: measured with

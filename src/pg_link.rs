@@ -26,6 +26,10 @@ struct Stored {
     password: Option<String>,
 }
 
+/// What the command filter puts in place of a value that cannot be read (its password could
+/// not be found to mask); a setter given it refuses the value.
+pub const UNREADABLE: &str = "(unreadable connection string: not shown)";
+
 /// What the filter took out of one config's value: its password, or why the text could not
 /// be read.
 pub type Stashed = Result<String, &'static str>;
@@ -107,7 +111,7 @@ impl PgUrl {
     pub fn store(&self, text: &str) -> Result<(), String> {
         let stashed = take_stash(self.name);
         let name = self.name;
-        if text == crate::config_filter::UNREADABLE {
+        if text == UNREADABLE {
             let why = match stashed {
                 Some(Err(e)) => e,
                 _ => "unreadable",
@@ -155,14 +159,14 @@ impl PgUrl {
 
 impl ConfigurationValue<RedisString> for PgUrl {
     fn get(&self, _: &ConfigurationContext) -> RedisString {
-        // The bytes as they are, not through a C string (`config::refusal` says why).
+        // The bytes as they are, not through a C string (`config_text::refusal` says why).
         RedisString::create_from_slice(std::ptr::null_mut(), self.shown().as_bytes())
     }
 
     fn set(&self, _: &ConfigurationContext, val: RedisString) -> Result<(), RedisError> {
-        let text =
-            crate::config_text::check(self.name, val.as_slice()).map_err(crate::config::refusal)?;
-        self.store(text).map_err(crate::config::refusal)
+        let text = crate::config_text::check(self.name, val.as_slice())
+            .map_err(crate::config_text::refusal)?;
+        self.store(text).map_err(crate::config_text::refusal)
     }
 }
 
@@ -270,7 +274,7 @@ mod tests {
         u.store("host=h password=***").unwrap();
         assert_eq!(u.lock().password.as_deref(), Some("new"));
         stash(vec![(NAMES[0], Err("a quoted value is not terminated"))]);
-        let e = u.store(crate::config_filter::UNREADABLE).unwrap_err();
+        let e = u.store(UNREADABLE).unwrap_err();
         assert!(e.contains("not terminated"), "{e}");
         assert_eq!(u.lock().password.as_deref(), Some("new"));
     }

@@ -11,44 +11,15 @@ use redis_module::{raw, Context, RedisError, RedisResult, RedisString, RedisValu
 
 use crate::block::{Blocked, Completion};
 use crate::cluster::slotset::SlotSet;
-use crate::command::internal;
 use crate::db::build::Built;
 use crate::db::{self, DbErr};
 use crate::filter_origin::Origin;
 use crate::filter_store;
 use crate::filter_type::FilterValue;
 use crate::state::{self, Rebuild, SetDef};
-use crate::{config, mainq, metrics};
+use crate::{config, mainq, metrics, replication};
 
-/// Why a rebuild started (MEMBER.INFO `last_rebuild_reason`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reason {
-    /// MEMBER.CREATE's first build.
-    Create,
-    /// MEMBER.REBUILD.
-    Manual,
-    /// The filter was missing or incomplete (housekeeping).
-    Incomplete,
-    /// `member.rebuild-interval-s`.
-    Periodic,
-    /// ERROR or CAPACITY changed (MEMBER.ALTER here or on another node).
-    Alter,
-    /// The set outgrew its filter (`member.auto-grow`): sized for twice its rows.
-    AutoGrow,
-}
-
-impl Reason {
-    pub fn name(self) -> &'static str {
-        match self {
-            Reason::Create => "create",
-            Reason::Manual => "manual",
-            Reason::Incomplete => "incomplete",
-            Reason::Periodic => "periodic",
-            Reason::Alter => "alter",
-            Reason::AutoGrow => "auto-grow",
-        }
-    }
-}
+pub use crate::set_upkeep::{Reason, Reply};
 
 /// Starts a rebuild of `name` for `reason`. Returns false if one is already running (or no
 /// such set).
@@ -352,7 +323,7 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
     };
     // The definition travels with every build, ahead of the filter: a replica (or the AOF)
     // that missed it — a set whose CREATE is still building, a full resync — learns it here.
-    internal::replicate_set(ctx, &def, catalog_id);
+    replication::replicate_set(ctx, &def, catalog_id);
     let outcome = match res {
         Ok(Ready {
             mut filter,
@@ -366,7 +337,7 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
             let swap = Instant::now();
             let bits = filter.bloom.bits();
             filter.bloom.add_many(&journal);
-            internal::replicate_built_filter(ctx, &key, &payload.0, &journal);
+            replication::replicate_built_filter(ctx, &key, &payload.0, &journal);
             payload.free_later(ctx);
             let id = filter_store::install(ctx, &key, filter);
             metrics::global(|m| m.rebuilds_done += 1);
@@ -436,17 +407,6 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
             }
         }
     });
-}
-
-/// What a caller waiting for a rebuild hears when it succeeds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reply {
-    /// MEMBER.REBUILD SYNC: the number of members loaded.
-    Rows,
-    /// MEMBER.CREATE: OK.
-    Ok,
-    /// MEMBER.ALTER SYNC: OK once a filter with the settings it set is in.
-    Altered,
 }
 
 /// The reply of a rebuild's waiter: members loaded (or OK), or why the rebuild failed.

@@ -1,7 +1,20 @@
-//! A set's definition as the catalog stores it (`SetDef`), and the part of it MEMBER.ALTER may
-//! change (`SetChange`). Plain data, no server calls.
+//! A set's definition as the catalog stores it (`SetDef`), the part of it MEMBER.ALTER may
+//! change (`SetChange`), the rule for set names and the name ACL rules see for a set. Plain
+//! data, no server calls.
 
 use crate::canon::Normalize;
+
+/// True for a valid set name: `[a-z0-9_]{1,40}`.
+pub fn valid_set_name(b: &[u8]) -> bool {
+    (1..=40).contains(&b.len())
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_')
+}
+
+/// The name a user's ACL key patterns are matched against for `set` (see `acl`).
+pub fn acl_key(set: &str) -> String {
+    format!("member:{set}")
+}
 
 /// A set's settings, as stored in the `member_catalog` table.
 #[derive(Clone, Debug, PartialEq)]

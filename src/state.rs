@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use redis_module::RedisString;
@@ -68,7 +68,7 @@ struct Mark {
 pub enum Rebuild {
     Idle,
     Running {
-        reason: crate::rebuild::Reason,
+        reason: crate::set_upkeep::Reason,
         /// The definition the build sizes its filter by (ERROR, CAPACITY).
         built_for: SetDef,
         /// Promotion epoch when the build started.
@@ -79,7 +79,7 @@ pub enum Rebuild {
         /// Items added while the build ran; folded into the new filter at the swap.
         journal: Vec<u128>,
         /// MEMBER.REBUILD SYNC and MEMBER.CREATE callers waiting for the outcome.
-        waiters: Vec<(crate::block::Blocked, crate::rebuild::Reply)>,
+        waiters: Vec<(crate::block::Blocked, crate::set_upkeep::Reply)>,
         /// More adds arrived than `member.max-journal` allows: the build is abandoned at its
         /// end (the old filter received every add and keeps serving).
         overflowed: bool,
@@ -117,11 +117,11 @@ pub struct SetState {
     /// When the last rebuild ended, and its rows and duration or its error.
     pub last_rebuild: Option<(Instant, RebuildOutcome)>,
     /// Why the last rebuild ran.
-    pub last_rebuild_reason: Option<crate::rebuild::Reason>,
+    pub last_rebuild_reason: Option<crate::set_upkeep::Reason>,
     /// Automatic growth of the filter (`grow.rs`).
-    pub grow: crate::grow::Grow,
+    pub grow: crate::set_upkeep::Grow,
     pub next_rebuild_try: Option<Instant>,
-    pub sync: crate::sync::SyncState,
+    pub sync: crate::set_upkeep::SyncState,
     /// The promotion epoch in which this set's filter last caught up (see `Registry::epoch`).
     pub synced_epoch: u64,
     /// Identity (`FilterValue::id`) of the one filter value that may answer "absent" for this
@@ -161,7 +161,7 @@ impl SetState {
             incarnation,
             filter_key: keys::filter_key(&def.name),
             filter_ref: Default::default(),
-            acl_key: RedisString::create(None, crate::acl::acl_key(&def.name)),
+            acl_key: RedisString::create(None, crate::set_def::acl_key(&def.name)),
             cache_prefix: keys::cache_prefix(&def.name),
             catalog_id: None,
             altered_version: 0,
@@ -403,7 +403,18 @@ pub fn installed(r: &mut Registry, set: &str, id: u64, trust: bool) {
         s.cover_extra = None;
         s.filling = None;
     }
-    crate::sync::filter_installed();
+    if let Some(f) = ON_INSTALLED.get() {
+        f();
+    }
+}
+
+/// Told of every filter value installed (`installed`), set once at module load.
+static ON_INSTALLED: OnceLock<fn()> = OnceLock::new();
+
+/// Makes `f` hear of every filter value installed from now on (the sync loop, so that its next
+/// sweep looks at once). Call once, from module load.
+pub fn on_installed(f: fn()) {
+    let _ = ON_INSTALLED.set(f);
 }
 
 /// The filter just installed for `set` was built by a rebuild that started at `started`.

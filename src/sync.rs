@@ -18,16 +18,10 @@ use crate::state::{Source, SourceSync};
 use crate::state;
 use crate::{config, filter_store, mainq};
 
+pub use crate::set_upkeep::SyncState;
+
 mod apply;
 mod page;
-
-/// Per-set sync progress, shown by MEMBER.INFO.
-#[derive(Debug, Default)]
-pub struct SyncState {
-    pub last_ok: Option<Instant>,
-    pub last_error: Option<String>,
-    pub rows_applied: u64,
-}
 
 /// The node's loop: at most one pass in flight, and what the last one cost.
 #[derive(Debug, Default)]

@@ -6,7 +6,7 @@ use std::sync::{Mutex, RwLock};
 
 use crate::canon::{self, Canon};
 use crate::error;
-use crate::state::SetDef;
+use crate::set_def::SetDef;
 use crate::token::{Key, Tokenize, MAX_KEY_BYTES};
 
 /// The loaded key, if any. Written by the config (main thread), read by commands.

@@ -49,8 +49,13 @@ static NODE: Gauge = Gauge {
     peak: AtomicU64::new(0),
 };
 
-/// The node's transient bytes when the headroom was last read (`limits::memory_budget` was
-/// measured with them already allocated): what was taken since counts against the headroom.
+/// Bytes the server may still allocate before `maxmemory` (`u64::MAX` without a limit),
+/// measured on the main thread at most once a second (`limits::refresh_memory_budget`), read
+/// by rebuild threads before they allocate a filter.
+static MEMORY_BUDGET: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// The node's transient bytes when the headroom was last read (`MEMORY_BUDGET` was measured
+/// with them already allocated): what was taken since counts against the headroom.
 static AT_REFRESH: AtomicU64 = AtomicU64::new(0);
 
 /// Steps that were refused, or waited, because they did not fit under `maxmemory`.
@@ -168,11 +173,11 @@ fn admit_to(bytes: u64, set: Option<&str>) -> Result<Held, String> {
 }
 
 /// Bytes the module may still take before `maxmemory` (`u64::MAX` without a limit): the
-/// budget last measured on the main thread (`crate::limits::memory_budget`, about once a
-/// second), less what the module's transient memory grew by since.
+/// budget last measured on the main thread ([`memory_budget`], about once a second), less
+/// what the module's transient memory grew by since.
 pub fn headroom() -> u64 {
     headroom_from(
-        crate::limits::memory_budget(),
+        memory_budget(),
         current(),
         AT_REFRESH.load(Ordering::Relaxed),
     )
@@ -185,9 +190,16 @@ fn headroom_from(budget: u64, current: u64, at_refresh: u64) -> u64 {
     budget.saturating_sub(current.saturating_sub(at_refresh))
 }
 
-/// The headroom was just measured: it already accounts for what is held now. Main thread,
-/// with `limits::refresh_memory_budget`.
-pub fn measured() {
+/// The budget last measured: bytes the server may still allocate before `maxmemory`
+/// (`u64::MAX` without a limit, or before the first measure).
+pub fn memory_budget() -> u64 {
+    MEMORY_BUDGET.load(Ordering::Relaxed)
+}
+
+/// The server's budget was just measured as `budget`: it already accounts for what is held
+/// now. Main thread, from `limits::refresh_memory_budget`.
+pub fn measured(budget: u64) {
+    MEMORY_BUDGET.store(budget, Ordering::Relaxed);
     AT_REFRESH.store(current(), Ordering::Relaxed);
 }
 

@@ -15,8 +15,7 @@ use std::time::{Duration, Instant};
 use redis_module::{raw, Context, RedisError, RedisResult, RedisValue};
 
 use super::wire::{self, Answer, Message, Request};
-use crate::block::{Blocked, Completion};
-use crate::catalog::Fail;
+use crate::block::{Blocked, Completion, Fail};
 use crate::{error, keys, mainq, reply};
 
 /// The module message type of libmember's requests and answers (types are per module).

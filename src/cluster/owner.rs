@@ -22,7 +22,7 @@ use super::nodes;
 use super::sentinel::{Sentinel, SENTINEL_TYPE};
 use super::slot::{keyslot, tag_for_slot, SLOTS};
 use super::slotset::SlotSet;
-use crate::{config, effects, reply};
+use crate::{config, replication, reply};
 
 #[derive(Clone, Copy, Debug)]
 struct Accepted {
@@ -350,7 +350,7 @@ pub fn poll(ctx: &Context) -> Option<Instant> {
         o.migrating = migrating;
     });
     for slot in created {
-        effects::replicate(ctx, "MEMBER._OWN", &[sentinel_name(slot).as_bytes()]);
+        replication::replicate(ctx, "MEMBER._OWN", &[sentinel_name(slot).as_bytes()]);
     }
     accepted_any.then_some(ready_at)
 }

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
-use super::settings::{self, Given};
+use super::settings::Given;
 use super::Answer;
-use super::{block_timeout, internal, may_block, set_name};
+use super::{block_timeout, may_block, set_name};
 use crate::block::Blocked;
 use crate::db::sql::{self, Altered};
 use crate::db::{pool, DbErr};
@@ -74,7 +74,7 @@ pub fn alter(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         .unwrap_or(0);
     let check = move |d: &SetDef| -> Result<(), String> {
         let members = d.capacity.max(items);
-        settings::check_filter_size(members, d.error_rate)?;
+        crate::limits::check_filter_size(members, d.error_rate)?;
         limits::check_memory(crate::filter::bytes_for(members, d.error_rate), budget)
     };
     // Without SYNC the reply waits for the catalog step only, bounded like any database call;
@@ -183,7 +183,7 @@ fn apply(ctx: &Context, altered: &Altered, removals: u64) -> bool {
     }
     // Starts the rebuild when ERROR or CAPACITY changed (`catalog::learn`).
     catalog::learn(ctx, row.def.clone(), Some(row.id));
-    internal::replicate_set(ctx, &row.def, Some(row.id));
+    crate::replication::replicate_set(ctx, &row.def, Some(row.id));
     state::with(|r| {
         if let Some(s) = r.sets.get_mut(&row.def.name) {
             s.altered_version = s.altered_version.max(version);

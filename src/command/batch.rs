@@ -6,9 +6,10 @@ use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, 
 use super::lookup::{decide_item, LookupDone, Step};
 use super::write::{begin, expiry, Op, WriteDone};
 use super::{block_timeout, may_block, ManyArgs, PointDone};
+use crate::block::Fail;
 use crate::block::{Blocked, Completion};
 use crate::canon::Canon;
-use crate::catalog::{self, Fail};
+use crate::catalog;
 use crate::db::{pool, sql, DbErr};
 use crate::{error, filter_store, keys, state, token_key};
 

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
-use super::settings::{self, Given};
+use super::settings::Given;
 use super::Answer;
-use super::{block_timeout, internal, may_block, set_name};
+use super::{block_timeout, may_block, set_name};
 use crate::block::Blocked;
 use crate::canon::Normalize;
 use crate::config;
@@ -117,7 +117,7 @@ pub fn create(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// Whether the filter `def` needs fits under `member.max-filter-bytes` (a smaller one would
 /// break the promised rate) and in `budget`, the bytes left under maxmemory.
 fn fits(def: &SetDef, budget: u64) -> Result<(), String> {
-    settings::check_filter_size(def.capacity, def.error_rate)?;
+    crate::limits::check_filter_size(def.capacity, def.error_rate)?;
     crate::limits::check_memory(
         crate::filter::bytes_for(def.capacity, def.error_rate),
         budget,
@@ -181,7 +181,7 @@ fn catalog_done(ctx: &Context, id: u64, res: Result<CatalogRow, DbErr>) {
     let key = keys::filter_key(&def.name);
     let complete = filter_store::with(ctx, &key, |f| f.cov.complete).unwrap_or(false);
     if complete {
-        internal::replicate_set(ctx, &def, Some(row.id));
+        crate::replication::replicate_set(ctx, &def, Some(row.id));
     } else if unusable.is_some() {
         rebuild::start(&def.name, rebuild::Reason::Create);
     }

@@ -7,7 +7,7 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 use super::{block_timeout, may_block, set_name};
 use crate::block::{Blocked, Completion};
 use crate::db::{pool, sql, DbErr};
-use crate::{catalog, effects, error};
+use crate::{catalog, error, replication};
 
 /// MEMBER.DROP <set> [DELETE-DATA] — `OK`, or `ERR no such set` when the catalog has none.
 pub fn drop(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
@@ -49,7 +49,7 @@ impl Completion for DropDone {
                 crate::reply::log(ctx, crate::reply::Level::Warning, note);
             }
             catalog::forget(ctx, &self.name);
-            effects::replicate(ctx, "MEMBER._DROP", &[self.name.as_bytes()]);
+            replication::replicate(ctx, "MEMBER._DROP", &[self.name.as_bytes()]);
         }
     }
 

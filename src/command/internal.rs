@@ -10,12 +10,12 @@ use crate::filter_type::FilterValue;
 use crate::replica_load;
 use crate::state::{self, SetDef, Source, SourceSync};
 use crate::token::Tokenize;
-use crate::{config, effects};
+use crate::{config, effects, replication};
 
 const NOT_INTERNAL: &str = "ERR internal command: only accepted from a primary or the AOF";
 
 fn guard(ctx: &Context) -> Result<(), RedisError> {
-    if effects::from_replication_or_load(ctx) {
+    if replication::from_replication_or_load(ctx) {
         Ok(())
     } else {
         Err(RedisError::Str(NOT_INTERNAL))
@@ -119,24 +119,6 @@ fn set_of_filter_key(key: &[u8]) -> Option<&str> {
     std::str::from_utf8(set).ok()
 }
 
-/// Replicates a rebuilt filter as `MEMBER._LOAD`: `payload` was serialized before `adds`
-/// (the journal) were folded into the filter now installed, so they travel with it.
-pub fn replicate_built_filter(
-    ctx: &Context,
-    key: &RedisString,
-    payload: &RedisString,
-    adds: &[u128],
-) {
-    if adds.is_empty() {
-        effects::replicate_strings(ctx, "MEMBER._LOAD", &[key, payload]);
-    } else {
-        let blob: Vec<u8> = adds.iter().flat_map(|h| h.to_le_bytes()).collect();
-        // Binary: not `create_string`, which goes through a C string and rejects NUL bytes.
-        let blob = RedisString::create_from_slice(ctx.ctx, &blob);
-        effects::replicate_strings(ctx, "MEMBER._LOAD", &[key, payload, &blob]);
-    }
-}
-
 /// MEMBER._SET <set> <error_rate> <capacity> <cache_ttl> <recent_ttl> <normalize> [<id>
 /// [<tokenize> <fingerprint>]] — a set definition created on the primary, with the identity of
 /// its catalog row (absent in files written before it was sent, empty when unknown) and, for a
@@ -232,54 +214,10 @@ pub fn drop(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     Ok(RedisValue::SimpleStringStatic("OK"))
 }
 
-/// Replicates a set definition as `MEMBER._SET`, with its catalog row's identity.
-pub fn replicate_set(ctx: &Context, d: &SetDef, id: Option<i64>) {
-    let mut fields = vec![
-        d.name.clone(),
-        d.error_rate.to_string(),
-        d.capacity.to_string(),
-        d.cache_ttl.to_string(),
-        d.recent_ttl.to_string(),
-        d.normalize.name().to_string(),
-    ];
-    match d.tokenize.fingerprint() {
-        // An attached set: every field (unreadable to versions without SOURCE, which must not
-        // serve it from a `member_<set>` table).
-        _ if d.source.is_some() => {
-            let src = d.source.as_ref().expect("checked");
-            let updated = match &src.sync {
-                SourceSync::Updated(u) => u.clone(),
-                SourceSync::Log => String::new(),
-            };
-            fields.extend([
-                id.map(|id| id.to_string()).unwrap_or_default(),
-                d.tokenize.name().to_string(),
-                d.tokenize.fingerprint().unwrap_or_default().to_string(),
-                src.schema.clone(),
-                src.table.clone(),
-                src.column.clone(),
-                src.scope_column.clone().unwrap_or_default(),
-                updated,
-                src.sync.name().to_string(),
-            ]);
-        }
-        // The form earlier versions wrote and read.
-        None => fields.extend(id.map(|id| id.to_string())),
-        // Unreadable to versions without tokenization: they must not serve the set as plain.
-        Some(fp) => fields.extend([
-            id.map(|id| id.to_string()).unwrap_or_default(),
-            d.tokenize.name().to_string(),
-            fp.to_string(),
-        ]),
-    }
-    let args: Vec<&[u8]> = fields.iter().map(|f| f.as_bytes()).collect();
-    effects::replicate(ctx, "MEMBER._SET", &args);
-}
-
 /// Replicates a whole filter as `MEMBER._LOAD`.
 pub fn replicate_filter(ctx: &Context, key: &RedisString, v: &FilterValue) {
     let payload = v.to_bytes();
-    effects::replicate(ctx, "MEMBER._LOAD", &[key.as_slice(), &payload]);
+    replication::replicate(ctx, "MEMBER._LOAD", &[key.as_slice(), &payload]);
 }
 
 /// MEMBER._OWN <key> — a primary wrote a slot sentinel (cluster mode): the replica (or the

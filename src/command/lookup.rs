@@ -7,7 +7,8 @@ use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, 
 use super::forward::{self, Elsewhere};
 use super::{block_on_point, block_timeout, may_block, point_for, ItemArgs, PointDone};
 use crate::block::Completion;
-use crate::catalog::{self, Fail};
+use crate::block::Fail;
+use crate::catalog;
 use crate::cluster::owner;
 use crate::cluster::slot::keyslot;
 use crate::cluster::wire::Op;

@@ -7,6 +7,7 @@ pub mod batch;
 pub mod create;
 pub mod drop;
 pub mod forward;
+pub mod forwarded;
 pub mod info;
 pub mod internal;
 pub mod lookup;
@@ -16,13 +17,16 @@ pub mod write;
 
 use std::time::Duration;
 
-use redis_module::{Context, ContextFlags, RedisError, RedisString};
+use redis_module::{Context, RedisError, RedisString};
 
 use crate::block::{Blocked, Completion};
 use crate::cluster::bus::Responder;
 use crate::db::pool::Point;
 use crate::db::DbErr;
 use crate::{config, error};
+
+pub use crate::limits::may_block;
+pub use crate::set_def::valid_set_name;
 
 fn err(msg: &'static str) -> RedisError {
     RedisError::Str(msg)
@@ -53,13 +57,6 @@ pub enum Shown {
     /// By its position in the call only; the option pairs start at this argument (commands
     /// that carry items).
     Position(usize),
-}
-
-/// True for a valid set name: `[a-z0-9_]{1,40}`.
-pub fn valid_set_name(b: &[u8]) -> bool {
-    (1..=40).contains(&b.len())
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_')
 }
 
 /// Validates a set name argument.
@@ -205,18 +202,6 @@ impl<A: Arg> ManyArgs<A> {
     pub fn scope(&self) -> &[u8] {
         self.opts.get("SCOPE").map(|s| &**s).unwrap_or(b"")
     }
-}
-
-/// Refuses calls that would need to block where the server forbids it (MULTI/EXEC, Lua,
-/// functions), or past `member.max-blocked-clients`.
-pub fn may_block(ctx: &Context) -> Result<(), RedisError> {
-    if ctx
-        .get_flags()
-        .intersects(ContextFlags::MULTI | ContextFlags::LUA | ContextFlags::DENY_BLOCKING)
-    {
-        return Err(err(error::NEEDS_BLOCKING));
-    }
-    crate::limits::admit_blocked()
 }
 
 pub fn block_timeout() -> Duration {

@@ -5,8 +5,9 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 use std::time::Duration;
 
 use super::{block_timeout, may_block, set_name};
+use crate::block::Fail;
 use crate::block::{Blocked, Completion};
-use crate::catalog::{self, Fail};
+use crate::catalog;
 use crate::rebuild::{self, RebuildReply, Reply};
 use crate::{error, state};
 

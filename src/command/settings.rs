@@ -105,11 +105,3 @@ fn tokenize(v: &RedisString) -> Result<Tokenize, RedisError> {
         _ => Err(RedisError::Str(error::BAD_TOKENIZE)),
     }
 }
-
-/// Refuses settings whose filter would not fit under `member.max-filter-bytes` (a smaller
-/// one would break the promised rate): `members` at `error_rate`. The reason, without the
-/// `ERR ` prefix.
-pub fn check_filter_size(members: u64, error_rate: f64) -> Result<(), String> {
-    crate::filter::check_size(members, error_rate, config::max_filter_bytes())
-        .map_err(|e| e.to_string())
-}

@@ -6,11 +6,12 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 use super::forward;
 use super::{block_on_point, block_timeout, may_block, point_for, ItemArgs, Options, PointDone};
 use crate::block::Completion;
+use crate::block::Fail;
 use crate::canon::Canon;
-use crate::catalog::{self, Fail};
+use crate::catalog;
 use crate::db::pool::{self, Job, Point};
 use crate::db::{sql, DbErr};
-use crate::{effects, error, funnel, keys, state, token_key};
+use crate::{effects, error, funnel, keys, replication, state, token_key};
 
 /// Longest TTL or EXPIREAT horizon accepted: 10 years.
 const MAX_TTL_S: i64 = 315_360_000;
@@ -94,7 +95,7 @@ impl Completion for WriteDone {
                 // The filter bit goes in whatever the outcome: if the insert committed it
                 // must, and if it did not, a stray bit is only a false positive.
                 effects::added(ctx, &self.set, &canon);
-                effects::replicate(ctx, "MEMBER._ADD", &args);
+                replication::replicate(ctx, "MEMBER._ADD", &args);
                 state::with(|r| {
                     if let Some(set) = r.sets.get_mut(&self.set) {
                         set.mark_end(self.hash);
@@ -107,7 +108,7 @@ impl Completion for WriteDone {
             }
             Op::Del => {
                 effects::removed(ctx, &self.set, &canon);
-                effects::replicate(ctx, "MEMBER._DEL", &args);
+                replication::replicate(ctx, "MEMBER._DEL", &args);
                 state::with(|r| {
                     if let Some(set) = r.sets.get_mut(&self.set) {
                         set.stats.dels += 1;

@@ -16,7 +16,7 @@ use crate::filter::rows::Rows;
 use crate::filter::Bloom;
 use crate::filter_static::Budget;
 use crate::pg_link::Link;
-use crate::state::{SetDef, SourceSync};
+use crate::set_def::{SetDef, SourceSync};
 
 /// Attached sets are refused in cluster mode (docs/attach.md).
 pub const ATTACHED_IN_CLUSTER: &str =

@@ -11,7 +11,7 @@ use std::sync::{Arc, RwLock};
 use super::sql::{read_pages, Sink};
 use super::{prepared, Db, DbErr};
 use crate::canon::Normalize;
-use crate::state::{SetDef, Source, SourceSync};
+use crate::set_def::{SetDef, Source, SourceSync};
 
 /// A time watermark (UPDATED-COLUMN sets) is stored in the filter's watermark field as this
 /// plus microseconds since the epoch (the database's clock). Transaction-id watermarks stay far

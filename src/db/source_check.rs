@@ -8,7 +8,7 @@ use postgres::Transaction;
 use super::source::{point_sql, shown, shown_table};
 use super::DbErr;
 use crate::canon::Normalize;
-use crate::state::{SetDef, Source, SourceSync};
+use crate::set_def::{SetDef, Source, SourceSync};
 
 /// Checks an attached set's source at CREATE (docs/attach.md): the table, its columns and
 /// their types, a unique key the point query can use, the module's SELECT privilege, and for

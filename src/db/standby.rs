@@ -14,7 +14,7 @@ use super::{classify, link, DbErr};
 use crate::canon;
 use crate::cluster::slotset::SlotSet;
 use crate::pg_link::Link;
-use crate::state::SetDef;
+use crate::set_def::SetDef;
 
 /// How often the snapshot is taken again while the standby does not show the set's table
 /// and triggers yet.

@@ -6,7 +6,7 @@ use super::{table, ADVISORY_KEY};
 use crate::canon::Normalize;
 use crate::db::{prepared, Db, DbErr};
 use crate::error;
-use crate::state::{SetChange, SetDef, Source, SourceSync};
+use crate::set_def::{SetChange, SetDef, Source, SourceSync};
 use crate::token::Tokenize;
 
 const CATALOG_DDL: &str = "CREATE TABLE IF NOT EXISTS member_catalog (

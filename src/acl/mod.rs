@@ -8,17 +8,10 @@ use std::os::raw::c_int;
 
 use redis_module::{raw, Context, RedisError, RedisString};
 
-/// What a command does to its set.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Access {
-    Read,
-    Write,
-}
+pub mod cache;
 
-/// The name a user's key patterns are matched against for `set`.
-pub fn acl_key(set: &str) -> String {
-    format!("member:{set}")
-}
+pub use crate::set_def::acl_key;
+pub use cache::Access;
 
 /// The refusal a user without the permission gets (standard `NOPERM` prefix).
 pub fn refusal(set: &str, access: Access) -> String {
@@ -58,7 +51,7 @@ pub fn check_set(ctx: &Context, set: &str, access: Access) -> Result<(), RedisEr
         let p = raw::RedisModule_StringPtrLen.unwrap()(name, &mut len);
         let user_name = std::slice::from_raw_parts(p.cast::<u8>(), len);
         let client = raw::RedisModule_GetClientId.map_or(0, |f| f(ctx.ctx));
-        if client != 0 && crate::acl_cache::granted(client, user_name, set, access) {
+        if client != 0 && cache::granted(client, user_name, set, access) {
             free_str(ctx.ctx, name);
             return Ok(());
         }
@@ -87,7 +80,7 @@ pub fn check_set(ctx: &Context, set: &str, access: Access) -> Result<(), RedisEr
         });
         free_user(user);
         if ok && client != 0 {
-            crate::acl_cache::remember(client, user_name, set, access);
+            cache::remember(client, user_name, set, access);
         }
         free_str(ctx.ctx, name);
         if ok {

@@ -584,7 +584,9 @@ fn a_create_whose_client_timed_out_completes_into_a_usable_set_or_frees_everythi
 #[test]
 fn a_panicking_worker_job_answers_its_client_once_and_the_worker_goes_on() {
     const PANIC_ITEM: &str = "libmember-test-failpoint-panic-in-worker";
-    let env = Env::with(&[("member.workers", "1")]);
+    // A generous database timeout: on a busy machine the default one can end the wait before
+    // the worker's panic is reported, and the reply would be the timeout's.
+    let env = Env::with(&[("member.workers", "1"), ("member.db-timeout-ms", "30000")]);
     let mut c = env.conn();
     assert_eq!(cmd(&mut c, &["MEMBER.CREATE", "p"]).unwrap(), Value::Okay);
     for _ in 0..3 {

@@ -145,8 +145,8 @@ impl Drop for Paused {
     }
 }
 
-/// The backend of the rebuild's COPY of `set`, stopped mid-stream, or None when the rebuild
-/// ended before it could be caught (then nothing was paused).
+/// The backend of the rebuild's COPY of `set` (in `pg`'s database), stopped mid-stream, or
+/// None when the rebuild ended before it could be caught (then nothing was paused).
 fn pause_the_copy(
     c: &mut redis::Connection,
     pg: &mut postgres::Client,
@@ -156,9 +156,12 @@ fn pause_the_copy(
     while std::time::Instant::now() < deadline {
         let pid: Option<i32> = pg
             .query_opt(
+                // This test's database and set only: the PostgreSQL cluster is shared with
+                // tests running beside this one, whose rebuilds must not be stopped.
                 "SELECT pid FROM pg_stat_activity WHERE application_name = 'libmember-rebuild' \
-                   AND state = 'active' AND query LIKE 'COPY%' LIMIT 1",
-                &[],
+                   AND datname = current_database() AND state = 'active' \
+                   AND query LIKE 'COPY%' AND strpos(query, $1) > 0 LIMIT 1",
+                &[&format!("member_{set}")],
             )
             .unwrap()
             .map(|r| r.get(0));

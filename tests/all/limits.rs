@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use redis::Value;
 use support::member::*;
+use support::OwnPg;
 use support::wait_until;
 
 fn config_set(c: &mut redis::Connection, name: &str, value: &str) {
@@ -180,13 +181,19 @@ fn pause_the_copy(
 
 #[test]
 fn a_rebuild_whose_journal_overflows_is_abandoned_and_the_old_filter_serves() {
+    // A PostgreSQL of its own: a backend stopped with SIGSTOP may hold one of the cluster's
+    // shared locks, which would stall every other test's sessions on a shared one.
+    let own = OwnPg::start_new();
     // A generous database timeout: the ADDs share a busy machine with the rebuild.
-    let env = Env::with(&[
-        ("member.max-journal", "10"),
-        ("member.db-timeout-ms", "20000"),
-    ]);
-    let mut c = env.conn();
-    let mut pg = env.pg();
+    let vk = start_loaded(
+        &own.url(),
+        &[
+            ("member.max-journal", "10"),
+            ("member.db-timeout-ms", "20000"),
+        ],
+    );
+    let mut c = vk.conn();
+    let mut pg = own.client();
     assert_eq!(
         cmd(
             &mut c,

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use redis::Value;
 use support::member::*;
-use support::OwnPg;
 use support::wait_until;
+use support::OwnPg;
 
 fn config_set(c: &mut redis::Connection, name: &str, value: &str) {
     let _: () = redis::cmd("CONFIG")

@@ -292,32 +292,109 @@ pub fn final_check(cl: &Cluster, set: &str, ops: &[Op], rules: &Rules) -> Vec<Vi
     let table = cl.slot_table();
     let owner = |item: &str| table[keyslot(item.as_bytes()) as usize];
     let items: Vec<&str> = writes_of.keys().copied().collect();
+    // Items with a write that got no answer (UNAVAILABLE, a lost connection): its statement
+    // may still land after the truth above was read.
+    let unsettled: BTreeSet<&str> = writes_of
+        .iter()
+        .filter(|(_, w)| w.iter().any(|o| o.outcome.answer().is_none()))
+        .map(|(item, _)| *item)
+        .collect();
     let deadline = Instant::now() + Duration::from_secs(30);
     let members = &members;
-    let (items, owner) = (&items, &owner);
+    let (items, owner, unsettled) = (&items, &owner, &unsettled);
+    let mut mismatched = Vec::new();
     thread::scope(|sc| {
         let asked: Vec<_> = cl
             .primaries()
-            .map(|n| sc.spawn(move || ask_node(n, set, items, members, owner, deadline)))
+            .map(|n| sc.spawn(move || ask_node(n, set, items, members, owner, unsettled, deadline)))
             .collect();
         for a in asked {
-            out.extend(a.join().expect("final check thread"));
+            let (violations, again) = a.join().expect("final check thread");
+            out.extend(violations);
+            mismatched.extend(again);
         }
     });
+    // An unsettled item whose answer differed: the truth and the answer again, until the
+    // truth read before and after the answer agree with it, for up to 30 s. A late write has
+    // landed by then; a stale cache entry (300 s) or a filter that lost a member would not
+    // have healed.
+    for (port, item) in mismatched {
+        let node = cl.primaries().find(|n| n.port() == port).unwrap();
+        if let Some(v) = settle(cl, node, set, item, deadline + Duration::from_secs(30)) {
+            out.push(v);
+        }
+    }
     out
+}
+
+/// Whether `item` is an active member of `set`, in the database now.
+fn is_member(pg: &mut postgres::Client, set: &str, item: &str) -> bool {
+    pg.query_one(
+        &format!(
+            "SELECT EXISTS (SELECT FROM member_{set} WHERE entity_id = $1 AND scope = '' \
+               AND status = 1 AND (expires_at IS NULL OR expires_at > now()))"
+        ),
+        &[&item],
+    )
+    .expect("read the truth")
+    .get(0)
+}
+
+/// Asks `node`, the owner of `item`, until its answer agrees with the database read just
+/// before and just after it (None), or `deadline` passes (the last disagreement).
+fn settle(
+    cl: &Cluster,
+    node: &Node,
+    set: &str,
+    item: &str,
+    deadline: Instant,
+) -> Option<Violation> {
+    let mut pg = cl.db.client();
+    let mut c = node.conn();
+    loop {
+        let before = is_member(&mut pg, set, item);
+        let got = redis::cmd("MEMBER.EXISTS")
+            .arg(set)
+            .arg(item)
+            .query::<Value>(&mut c);
+        let after = is_member(&mut pg, set, item);
+        match got {
+            Ok(Value::Int(a)) if before == after && (a == 1) == after => return None,
+            _ if Instant::now() < deadline => thread::sleep(Duration::from_millis(200)),
+            Ok(Value::Int(a)) => {
+                return Some(Violation {
+                    rule: "final: answer differs from the database",
+                    text: format!(
+                        "{item}: owner :{} answers {a}, the database says {} (after its \
+                         unanswered writes had 30 s to land)",
+                        node.port(),
+                        after as u8
+                    ),
+                })
+            }
+            other => {
+                return Some(Violation {
+                    rule: "final: no answer",
+                    text: format!("{item}: owner :{} replies {}", node.port(), shown(&other)),
+                })
+            }
+        }
+    }
 }
 
 /// One primary's part of the final check: its own items answered as the database says,
 /// everyone else's redirected to their owner.
-fn ask_node(
+fn ask_node<'a>(
     n: &Node,
     set: &str,
-    items: &[&str],
+    items: &[&'a str],
     members: &BTreeSet<String>,
     owner: &(impl Fn(&str) -> u16 + Sync),
+    unsettled: &BTreeSet<&str>,
     deadline: Instant,
-) -> Vec<Violation> {
+) -> (Vec<Violation>, Vec<(u16, &'a str)>) {
     let mut out = Vec::new();
+    let mut mismatched = Vec::new();
     let port = n.port();
     let mut c = n.conn();
     let mut again: Vec<&str> = Vec::new();
@@ -329,6 +406,10 @@ fn ask_node(
             let moved_home = format!("127.0.0.1:{home}");
             let (rule, text) = match got {
                 Value::Int(a) if port == home && (a == 1) == truth => continue,
+                Value::Int(_) if port == home && unsettled.contains(item) => {
+                    mismatched.push((port, *item));
+                    continue;
+                }
                 Value::Int(a) if port == home => (
                     "final: answer differs from the database",
                     format!(
@@ -378,6 +459,10 @@ fn ask_node(
         }
         let (rule, text) = match got {
             Ok(Value::Int(a)) if (a == 1) == truth => continue,
+            Ok(Value::Int(_)) if unsettled.contains(item) => {
+                mismatched.push((port, item));
+                continue;
+            }
             Ok(Value::Int(a)) => (
                 "final: answer differs from the database",
                 format!(
@@ -392,5 +477,5 @@ fn ask_node(
         };
         out.push(Violation { rule, text });
     }
-    out
+    (out, mismatched)
 }

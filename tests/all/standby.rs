@@ -323,10 +323,9 @@ fn a_rebuild_url_that_points_at_a_primary_is_refused_and_never_shown_with_its_pa
 
 #[test]
 fn an_unreachable_rebuild_url_is_a_clear_error_and_the_old_filter_serves() {
-    let env = Env::with(&[
-        ("member.db-timeout-ms", "500"),
-        ("member.attach-allow", "app.users"),
-    ]);
+    // The sets are made under the default timeout (a CREATE on a busy machine can take longer
+    // than 500 ms); the failing rebuild below runs under a short one.
+    let env = Env::with(&[("member.attach-allow", "app.users")]);
     let set = "u";
     let items = serving_set(&env, set);
     let mut c = env.conn();
@@ -358,6 +357,7 @@ fn an_unreachable_rebuild_url_is_a_clear_error_and_the_old_filter_serves() {
         set_info(&mut c, set, "rebuild_source").as_deref(),
         Some("standby")
     );
+    ok(&mut c, &["CONFIG", "SET", "member.db-timeout-ms", "500"]);
     let e = err(&mut c, &["MEMBER.REBUILD", set, "SYNC"]);
     assert!(e.starts_with("UNAVAILABLE"), "{e}");
     assert!(e.contains("member.pg-rebuild-url"), "{e}");

@@ -3,7 +3,7 @@
 
 use postgres::{Client, Transaction};
 
-use super::sql::table;
+use super::sql::{slot_triggers_ddl, table, LOG_TRIGGERS};
 use crate::cluster::slot::CRC16_TABLE;
 
 /// Marker in the function's body: a body without it (absent, or an older one) is replaced.
@@ -87,24 +87,36 @@ pub fn slot_index_ddl(set: &str) -> String {
     )
 }
 
-/// What a set table lacks of its slot column and index; nothing when the table is absent
-/// (the rebuild reports that).
+/// What a set table lacks of its slot column, its index and change-log triggers that log the
+/// slot; nothing when the table is absent (the rebuild reports that).
 struct Missing {
     column: bool,
     index: bool,
+    triggers: bool,
+}
+
+impl Missing {
+    fn any(&self) -> bool {
+        self.column || self.index || self.triggers
+    }
 }
 
 fn missing(c: &mut impl postgres::GenericClient, t: &str) -> Result<Missing, postgres::Error> {
+    let names: Vec<&str> = LOG_TRIGGERS.to_vec();
     let row = c.query_one(
         "SELECT to_regclass($1) IS NOT NULL AND NOT EXISTS (
                     SELECT FROM pg_attribute WHERE attrelid = to_regclass($1)
                        AND attname = 'slot' AND NOT attisdropped),
-                to_regclass($1) IS NOT NULL AND to_regclass($1 || '_slot') IS NULL",
-        &[&t],
+                to_regclass($1) IS NOT NULL AND to_regclass($1 || '_slot') IS NULL,
+                EXISTS (SELECT FROM pg_trigger WHERE tgrelid = to_regclass($1)
+                           AND tgname = ANY($2) AND tgnargs <> 2
+                           AND tgfoid = to_regproc('member_log_change'))",
+        &[&t, &names],
     )?;
     Ok(Missing {
         column: row.get(0),
         index: row.get(1),
+        triggers: row.get(2),
     })
 }
 
@@ -117,16 +129,16 @@ fn missing(c: &mut impl postgres::GenericClient, t: &str) -> Result<Missing, pos
 /// about 0.4 s per 100 000 rows); building the index blocks writers only. Waiting for the
 /// table's lock is bounded by `lock_timeout_ms`, after which this fails and the rebuild is
 /// retried. Nodes meeting the table together serialize on an advisory lock per table, so one
-/// does the work and the others find it done. The rebuild then gives the table's change-log
-/// triggers the argument that logs the slot (`sql::changes::guarded_ddl`).
+/// does the work and the others find it done. In the same transaction, the table's change-log
+/// triggers made before the column get the argument that logs the slot
+/// (`sql::changes::slot_triggers_ddl`); nothing else drops them.
 pub fn ensure_slot_column(
     c: &mut Client,
     set: &str,
     lock_timeout_ms: u64,
 ) -> Result<(), postgres::Error> {
     let t = table(set);
-    let m = missing(c, &t)?;
-    if !m.column && !m.index {
+    if !missing(c, &t)?.any() {
         return Ok(());
     }
     let mut tx = c.transaction()?;
@@ -145,6 +157,9 @@ pub fn ensure_slot_column(
         tx.batch_execute(&format!(
             "CREATE INDEX IF NOT EXISTS {t}_slot ON {t} (slot)"
         ))?;
+    }
+    if m.column || m.triggers {
+        tx.batch_execute(&slot_triggers_ddl(set))?;
     }
     tx.commit()
 }

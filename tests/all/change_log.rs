@@ -232,4 +232,22 @@ fn rows_are_logged_with_their_slot_and_a_table_without_one_still_feeds_the_log()
         logged_slots(&mut pg, "ls", "c"),
         vec![Some(c_slot), Some(c_slot)]
     );
+
+    // The column there but a trigger from before it: a CREATE of the set (which runs its DDL
+    // again) leaves the trigger alone, so it cannot race a rebuild's remaking of it; the
+    // rebuild remakes it under the column's lock.
+    pg.batch_execute(
+        "DROP TRIGGER member_log_upd ON member_ls;
+         CREATE TRIGGER member_log_upd AFTER UPDATE ON member_ls REFERENCING NEW TABLE AS new_rows
+           FOR EACH STATEMENT EXECUTE FUNCTION member_log_change('ls');",
+    )
+    .unwrap();
+    ok(&mut c, &["MEMBER.CREATE", "ls"]);
+    assert_eq!(trigger_args(&mut pg, "ls"), vec![2, 2, 1]);
+    let _: i64 = redis::cmd("MEMBER.REBUILD")
+        .arg("ls")
+        .arg("SYNC")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(trigger_args(&mut pg, "ls"), vec![2, 2, 2]);
 }

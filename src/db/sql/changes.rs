@@ -189,12 +189,13 @@ pub(super) fn guarded_ddl(set: &str, before: &str) -> String {
         // A trigger of the name that runs another function is not this set's change-log
         // trigger, whoever put it there (an earlier version let an attached set `log` take
         // these names on another set's table): replaced, else the set would look fed.
-        // One that does not say whether the table has its slot column (an older trigger, or
-        // the table gained the column since) is made again, in this transaction.
+        // One made before the table had its slot column keeps logging rows without their
+        // slot (read by every node) until `keyslot::ensure_slot_column` remakes it under its
+        // own lock: dropping it here, in a CREATE or a rebuild racing another node's, made
+        // the two transactions deadlock on the table and its triggers.
         format!(
             "IF EXISTS (SELECT FROM pg_trigger WHERE tgrelid = '{t}'::regclass AND tgname = '{name}'
-                          AND (tgfoid <> 'member_log_change'::regproc
-                               OR tgnargs <> CASE WHEN {has_slot} THEN 2 ELSE 1 END)) THEN
+                          AND tgfoid <> 'member_log_change'::regproc) THEN
                DROP TRIGGER {name} ON {t};
              END IF;
              IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = '{t}'::regclass AND tgname = '{name}') THEN
@@ -231,6 +232,35 @@ pub(super) fn guarded_ddl(set: &str, before: &str) -> String {
         upd = ensure(LOG_TRIGGERS[1], "UPDATE"),
         del = ensure(LOG_TRIGGERS[2], "DELETE"),
         msg = blind_reason(set, "%").replace('\'', "''"),
+    )
+}
+
+/// Makes again, with the argument that logs the slot, each change-log trigger of a set table
+/// that lacks it (made before the table had its `slot` column). For
+/// `keyslot::ensure_slot_column`, inside its transaction: after the column exists, under its
+/// per-table advisory lock and lock timeout.
+pub(in crate::db) fn slot_triggers_ddl(set: &str) -> String {
+    let t = table(set);
+    let remake = |name: &str, event: &str| {
+        let rows = if event == "DELETE" {
+            "OLD TABLE AS old_rows"
+        } else {
+            "NEW TABLE AS new_rows"
+        };
+        format!(
+            "IF EXISTS (SELECT FROM pg_trigger WHERE tgrelid = '{t}'::regclass AND tgname = '{name}'
+                          AND tgfoid = 'member_log_change'::regproc AND tgnargs <> 2) THEN
+               DROP TRIGGER {name} ON {t};
+               CREATE TRIGGER {name} AFTER {event} ON {t} REFERENCING {rows}
+                 FOR EACH STATEMENT EXECUTE FUNCTION member_log_change('{set}', 'slot');
+             END IF;"
+        )
+    };
+    format!(
+        "DO $do$ BEGIN {} {} {} END $do$",
+        remake(LOG_TRIGGERS[0], "INSERT"),
+        remake(LOG_TRIGGERS[1], "UPDATE"),
+        remake(LOG_TRIGGERS[2], "DELETE"),
     )
 }
 

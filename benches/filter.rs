@@ -10,10 +10,10 @@
 //! * `fuse8` / `fuse16`: xorf's static binary fuse filters (build once, no adds), 4 KiB pages;
 //! * `fuse8 + blocked delta`: a fuse8 over 98 % of the members and a blocked Bloom over the
 //!   2 % added since the build (what a rebuild followed by live adds leaves);
-//! * `libmember`: `src/filter.rs` as it ships (a fuse8 static part and a classic Bloom delta),
+//! * `libmember`: `src/filter/bloom/mod.rs` as it ships (a fuse8 static part and a classic Bloom delta),
 //!   right after a build of all members, built from 98 % with 2 % added since (also probed
 //!   the measured alternative way, `contains_branch_free`), and as a Bloom filter alone; each
-//!   with its large arrays on huge pages (`src/large_array.rs`) and on 4 KiB pages.
+//!   with its large arrays on huge pages (`src/filter/bloom/large_array.rs`) and on 4 KiB pages.
 //!
 //! Per row: bits per member, measured FPR over 4 194 304 never-added items, ns per absent and
 //! per present probe one at a time (a fence after each, as one command after another on a
@@ -31,16 +31,10 @@ use xorf::{BinaryFuse16, BinaryFuse8, Filter};
 
 /// The module's own filter, as it ships (`Bloom::build` then adds), and its parts.
 #[allow(dead_code)]
-#[path = "../src/filter.rs"]
+#[path = "../src/filter/bloom/mod.rs"]
 mod filter;
-#[allow(dead_code)]
-#[path = "../src/filter_static.rs"]
-mod filter_static;
-#[allow(dead_code)]
-#[path = "../src/large_array.rs"]
-mod large_array;
 
-use large_array::{LargeArray, HUGE_PAGES};
+use filter::large_array::{LargeArray, HUGE_PAGES};
 use std::sync::atomic::Ordering;
 
 /// Builds with large arrays advised for huge pages (`huge`) or left on 4 KiB pages.
@@ -94,7 +88,7 @@ trait Candidate {
     }
 }
 
-/// Today's filter (src/filter.rs at the time of issue 11), probe for probe.
+/// Today's filter (src/filter/bloom/mod.rs at the time of issue 11), probe for probe.
 struct Standard {
     bits: LargeArray<u64>,
     k: u32,

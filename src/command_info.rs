@@ -10,7 +10,7 @@ use std::ptr;
 
 use redis_module::{raw, Context};
 
-use crate::reply::{self, Level};
+use crate::server::reply::{self, Level};
 
 /// argv position of the item in `MEMBER.ADD|EXISTS|DEL|EXPLAIN <set> <item> …`.
 pub const ITEM_POS: c_int = 2;

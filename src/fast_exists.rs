@@ -10,7 +10,7 @@ use std::os::raw::c_int;
 use redis_module::{raw, Context, Status};
 
 use crate::command::lookup;
-use crate::redact::{self, Shape};
+use crate::hooks::redact::{self, Shape};
 
 /// Longest argument vector read in place: `MEMBER.EXISTS <set> <item> SCOPE <scope>`.
 const MAX_ARGS: usize = 5;
@@ -24,7 +24,7 @@ unsafe extern "C" fn exists_cmd(
 ) -> c_int {
     let context = Context::new(ctx);
     // guard has replied (the answer or a contained panic's error); its NoReply is for wrappers.
-    let _ = crate::reply::guard(&context, "MEMBER.EXISTS", || {
+    let _ = crate::server::reply::guard(&context, "MEMBER.EXISTS", || {
         let argc = argc.max(0) as usize;
         let fast = if argc <= MAX_ARGS {
             let mut buf: [&[u8]; MAX_ARGS] = [&[]; MAX_ARGS];

@@ -1,68 +1,33 @@
 //! libmember: "is X a member of set S?" in one round trip, never wrong. Registration only:
-//! commands, the filter data type and the INFO section (the configs: `config_load.rs`, first
+//! commands, the filter data type and the INFO section (the configs: `config/load.rs`, first
 //! thing in `init`). The funnel lives in `command/lookup.rs` → `funnel.rs`; the database in
 //! `db/`.
 #![deny(unsafe_op_in_unsafe_fn)]
 
-pub mod acl;
-pub mod alloc;
-pub mod attach_allow;
-pub mod block;
-pub mod canon;
-pub mod catalog;
 pub mod cluster;
 pub mod command;
 pub mod command_info;
 pub mod config;
-pub mod config_filter;
-pub mod config_load;
-pub mod config_text;
-pub mod conninfo;
 pub mod db;
-pub mod effects;
-pub mod error;
-pub mod events;
 pub mod fast_exists;
 pub mod filter;
-pub mod filter_origin;
-pub mod filter_static;
-pub mod filter_store;
-pub mod filter_type;
-pub mod foreign_writes;
-pub mod funnel;
-pub mod grow;
-pub mod housekeeping;
-pub mod keys;
-pub mod known_absent;
-pub mod large_array;
-pub mod latency;
-pub mod limits;
-pub mod mainq;
-pub mod metrics;
-pub mod module_args;
-pub mod notify;
-pub mod pg_link;
-pub mod rebuild;
-pub mod redact;
-pub mod replica_load;
-pub mod replication;
-pub mod reply;
-pub mod secret_file;
-pub mod set_def;
-pub mod set_upkeep;
-pub mod slot_fill;
-pub mod state;
-pub mod sync;
-pub mod token;
-pub mod token_key;
-pub mod transient;
+pub mod hooks;
+pub mod model;
+pub mod server;
+pub mod sets;
+pub mod upkeep;
 
 use redis_module::{redis_module, Context, InfoContext, RedisResult, RedisString, Status};
 
 use command::{create, info, internal, lookup, write};
 use command_info::{Info, Item};
-use filter_type::FILTER_TYPE;
-use redact::Shape;
+use config::{load as config_load, token_key};
+use filter::data_type::FILTER_TYPE;
+use hooks::redact::{self, Shape};
+use hooks::{config_filter, events};
+use server::{mainq, reply};
+use sets::{acl, catalog, state};
+use upkeep::{housekeeping, notify, sync};
 
 /// MEMBER.CREATE <set> [ERROR <rate>] [CAPACITY <n>] [CACHE-TTL <s>] [RECENT-TTL <s>] [NORMALIZE none|lower|username] [TOKENIZE none|hmac-sha256]
 fn member_create(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
@@ -150,9 +115,9 @@ fn member_info(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResu
 // Unit tests and the fuzz targets (cargo-fuzz compiles with `--cfg fuzzing`) run outside the
 // server, where its allocator does not exist.
 #[cfg(not(any(test, fuzzing)))]
-type Alloc = alloc::ServerAlloc;
+type Alloc = server::alloc::ServerAlloc;
 #[cfg(not(any(test, fuzzing)))]
-const ALLOC: Alloc = alloc::ServerAlloc;
+const ALLOC: Alloc = server::alloc::ServerAlloc;
 #[cfg(any(test, fuzzing))]
 type Alloc = std::alloc::System;
 #[cfg(any(test, fuzzing))]
@@ -210,7 +175,7 @@ const COMMAND_INFO: &[Info] = &[
 ];
 
 fn init(ctx: &Context, args: &[RedisString]) -> Status {
-    // First: a refused value must fail the load before anything of ours runs (config_load.rs).
+    // First: a refused value must fail the load before anything of ours runs (config/load.rs).
     if let Err(e) = config_load::register_and_load(ctx, args) {
         reply::log(ctx, reply::Level::Warning, &e);
         return Status::Err;

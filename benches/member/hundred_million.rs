@@ -1,7 +1,7 @@
 //! `--hundred-million`: the filter-level rows at 100 000 000 members. This machine cannot hold
 //! the server-level sections at that size (the set's table alone would take about an hour to
 //! load and most of the disk), which the issue allows. The module's own filter code
-//! (`src/filter.rs`, `src/filter_static.rs`: what MEMBER.REBUILD builds and MEMBER.INFO
+//! (`src/filter/bloom/`: what MEMBER.REBUILD builds and MEMBER.INFO
 //! reports on) is built from uniform 128-bit hashes, like the canonical item hashes, and the
 //! rate measured over never-added probes is compared with the rate MEMBER.INFO promises
 //! (`filter_fpr_est`, the same `estimated_fpr`): right after the build, and once the delta

@@ -32,16 +32,10 @@
 mod support;
 
 /// The module's filter code itself, for `--hundred-million` (`filter::Bloom`); the
-/// paths inside it name `super::filter_static` and `super::large_array`.
+/// static part and large arrays are its children.
 #[allow(dead_code)]
-#[path = "../../src/filter.rs"]
+#[path = "../../src/filter/bloom/mod.rs"]
 mod filter;
-#[allow(dead_code)]
-#[path = "../../src/filter_static.rs"]
-mod filter_static;
-#[allow(dead_code)]
-#[path = "../../src/large_array.rs"]
-mod large_array;
 
 mod client;
 mod hundred_million;

@@ -6,8 +6,8 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use member::canon::{canonicalize, hash_parts, Normalize};
-use member::token::Key;
+use member::model::canon::{canonicalize, hash_parts, Normalize};
+use member::model::token::Key;
 
 #[derive(Arbitrary, Debug)]
 struct Input {

@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use member::canon::{canonicalize, Normalize};
+use member::model::canon::{canonicalize, Normalize};
 use member::command::lookup::fast_shape;
 use member::command::{valid_set_name, ItemArgs, ManyArgs, Options};
 use member::config::parse_error_rate;

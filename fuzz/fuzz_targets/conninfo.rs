@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use member::conninfo::{ConnInfo, MASK, TLS_KEYS};
+use member::config::conninfo::{ConnInfo, MASK, TLS_KEYS};
 
 fuzz_target!(|text: &str| {
     let Ok(c) = ConnInfo::parse(text) else {

@@ -8,11 +8,11 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use member::cluster::slotset::SlotSet;
 use member::filter::{Bloom, Coverage, FORMAT_VERSION};
-use member::filter_origin::Origin;
-use member::filter_type::FilterValue;
+use member::filter::origin::Origin;
+use member::filter::data_type::FilterValue;
 use xxhash_rust::xxh3::xxh3_64;
 
-/// Offsets in the Bloom payload (src/filter.rs `write_bytes`).
+/// Offsets in the Bloom payload (src/filter/bloom/mod.rs `write_bytes`).
 const ONES_AT: usize = 24;
 const SUM_AT: usize = 57;
 const HEADER_LEN: usize = 65;

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use redis_module::{raw, Context, RedisError, RedisResult, RedisValue};
 
 use super::wire::{self, Answer, Message, Request};
-use crate::block::{Blocked, Completion, Fail};
-use crate::{error, keys, mainq, reply};
+use crate::server::block::{Blocked, Completion, Fail};
+use crate::{model::error, server::mainq, server::reply, sets::keys};
 
 /// The module message type of libmember's requests and answers (types are per module).
 const MSG_TYPE: u8 = 1;

@@ -22,7 +22,7 @@ use super::nodes;
 use super::sentinel::{Sentinel, SENTINEL_TYPE};
 use super::slot::{keyslot, tag_for_slot, SLOTS};
 use super::slotset::SlotSet;
-use crate::{config, replication, reply};
+use crate::{config, server::replication, server::reply};
 
 #[derive(Clone, Copy, Debug)]
 struct Accepted {

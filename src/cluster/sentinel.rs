@@ -5,7 +5,7 @@
 //! that migrates away takes its sentinel with it, so one that comes back brings a value of a
 //! new identity: the node notices at its next lookup, however briefly the slot was away
 //! (docs/cluster-placement.md, step 4). The type's RDB aux field carries the node's
-//! module-memory filters (`filter_store.rs`), written before the keyspace.
+//! module-memory filters (`filter/store.rs`), written before the keyspace.
 
 use std::ffi::CString;
 use std::os::raw::{c_int, c_void};
@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use redis_module::native_types::RedisType;
 use redis_module::raw;
 
-use crate::filter_type::FilterValue;
+use crate::filter::data_type::FilterValue;
 
 /// A slot sentinel: nothing but its identity.
 #[derive(Debug)]
@@ -80,7 +80,7 @@ unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, _value: *mut c_void)
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
     if encver != ENCVER || raw::load_unsigned(rdb).is_err() {
         // SAFETY: rdb is the live handle of this callback.
-        unsafe { crate::reply::log_io_error(rdb, "libmember: slot sentinel unreadable") };
+        unsafe { crate::server::reply::log_io_error(rdb, "libmember: slot sentinel unreadable") };
         return std::ptr::null_mut();
     }
     Box::into_raw(Box::new(Sentinel::new())).cast()
@@ -128,7 +128,7 @@ unsafe extern "C" fn aux_save(rdb: *mut raw::RedisModuleIO, when: c_int) {
     if when != raw::Aux::Before as c_int {
         return;
     }
-    crate::filter_store::save_each(
+    crate::filter::store::save_each(
         |n| raw::save_unsigned(rdb, n as u64),
         |name, payload| {
             raw::save_slice(rdb, name);
@@ -146,7 +146,9 @@ unsafe extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when:
     let err = raw::Status::Err as c_int;
     if encver != AUX_ENCVER {
         // SAFETY: rdb is the live handle of this callback.
-        unsafe { crate::reply::log_io_error(rdb, "libmember: filter aux data of unknown version") };
+        unsafe {
+            crate::server::reply::log_io_error(rdb, "libmember: filter aux data of unknown version")
+        };
         return err;
     }
     if when != raw::Aux::Before as c_int {
@@ -161,10 +163,12 @@ unsafe extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when:
             return err;
         };
         match FilterValue::from_bytes(payload.as_ref()) {
-            Ok(v) => crate::filter_store::restore(name.as_ref().to_vec(), v),
+            Ok(v) => crate::filter::store::restore(name.as_ref().to_vec(), v),
             Err(e) => {
                 // SAFETY: rdb is the live handle of this callback.
-                unsafe { crate::reply::log_io_error(rdb, &format!("libmember: {e} (skipped)")) };
+                unsafe {
+                    crate::server::reply::log_io_error(rdb, &format!("libmember: {e} (skipped)"))
+                };
             }
         }
     }

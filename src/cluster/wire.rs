@@ -162,7 +162,7 @@ pub fn decode(b: &[u8]) -> Result<Message, &'static str> {
             let id = r.u64()?;
             let op = Op::from_code(r.u8()?).ok_or("unknown op")?;
             let set = r.text()?;
-            if !crate::set_def::valid_set_name(set.as_bytes()) {
+            if !crate::model::set_def::valid_set_name(set.as_bytes()) {
                 return Err("bad set name");
             }
             let entity = r.text()?;

@@ -8,12 +8,14 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 use super::settings::Given;
 use super::Answer;
 use super::{block_timeout, may_block, set_name};
-use crate::block::Blocked;
 use crate::db::sql::{self, Altered};
 use crate::db::{pool, DbErr};
-use crate::rebuild::{self, Reply};
-use crate::state::{self, Rebuild, SetChange, SetDef};
-use crate::{catalog, error, filter_store, keys, limits, mainq};
+use crate::server::block::Blocked;
+use crate::sets::state::{self, Rebuild, SetChange, SetDef};
+use crate::upkeep::rebuild::{self, Reply};
+use crate::{
+    filter::store, model::error, server::limits, server::mainq, sets::catalog, sets::keys,
+};
 
 /// A parsed MEMBER.ALTER.
 #[derive(Debug)]
@@ -63,18 +65,18 @@ fn parse(mut args: Vec<RedisString>) -> Result<Request, RedisError> {
 /// (not the server) waits for that swap.
 pub fn alter(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let Request { name, change, sync } = parse(args)?;
-    crate::acl::check_set(ctx, &name, crate::acl::Access::Write)?;
+    crate::sets::acl::check_set(ctx, &name, crate::sets::acl::Access::Write)?;
     may_block(ctx)?;
     // The new filter must fit, for CAPACITY or for the members this node's filter holds now,
     // under the ceiling and in what maxmemory leaves: checked against the stored settings the
     // change applies to, before anything is written.
     let budget = limits::refresh_memory_budget(ctx);
     let items = state::with(|r| r.sets.get(&name).map(|s| s.filter_key.clone()))
-        .and_then(|k| keys::with_db0(ctx, |ctx| filter_store::with(ctx, &k, |f| f.bloom.items())))
+        .and_then(|k| keys::with_db0(ctx, |ctx| store::with(ctx, &k, |f| f.bloom.items())))
         .unwrap_or(0);
     let check = move |d: &SetDef| -> Result<(), String> {
         let members = d.capacity.max(items);
-        crate::limits::check_filter_size(members, d.error_rate)?;
+        crate::server::limits::check_filter_size(members, d.error_rate)?;
         limits::check_memory(crate::filter::bytes_for(members, d.error_rate), budget)
     };
     // Without SYNC the reply waits for the catalog step only, bounded like any database call;
@@ -183,7 +185,7 @@ fn apply(ctx: &Context, altered: &Altered, removals: u64) -> bool {
     }
     // Starts the rebuild when ERROR or CAPACITY changed (`catalog::learn`).
     catalog::learn(ctx, row.def.clone(), Some(row.id));
-    crate::replication::replicate_set(ctx, &row.def, Some(row.id));
+    crate::server::replication::replicate_set(ctx, &row.def, Some(row.id));
     state::with(|r| {
         if let Some(s) = r.sets.get_mut(&row.def.name) {
             s.altered_version = s.altered_version.max(version);

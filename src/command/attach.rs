@@ -6,10 +6,10 @@
 
 use redis_module::{RedisError, RedisString};
 
-use crate::canon::Normalize;
-use crate::error;
-use crate::state::{Source, SourceSync};
-use crate::token::Tokenize;
+use crate::model::canon::Normalize;
+use crate::model::error;
+use crate::model::token::Tokenize;
+use crate::sets::state::{Source, SourceSync};
 
 /// The attach options, in the order they are looked for.
 const NAMES: [&str; 5] = ["SOURCE", "COLUMN", "SCOPE-COLUMN", "UPDATED-COLUMN", "SYNC"];
@@ -91,7 +91,7 @@ pub fn check(normalize: Normalize, tokenize: &Tokenize) -> Result<(), RedisError
 /// The operator's `member.attach-allow` must list the source (checked at every CREATE that
 /// gives SOURCE, before the database is asked: a refusal changes nothing).
 pub fn allowed(src: &Source) -> Result<(), RedisError> {
-    if crate::attach_allow::allowed(&src.schema, &src.table) {
+    if crate::config::attach_allow::allowed(&src.schema, &src.table) {
         Ok(())
     } else {
         Err(RedisError::Str(error::SOURCE_NOT_ALLOWED))

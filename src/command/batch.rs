@@ -6,12 +6,12 @@ use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, 
 use super::lookup::{decide_item, LookupDone, Step};
 use super::write::{begin, expiry, Op, WriteDone};
 use super::{block_timeout, may_block, ManyArgs, PointDone};
-use crate::block::Fail;
-use crate::block::{Blocked, Completion};
-use crate::canon::Canon;
-use crate::catalog;
 use crate::db::{pool, sql, DbErr};
-use crate::{error, filter_store, keys, state, token_key};
+use crate::model::canon::Canon;
+use crate::server::block::Fail;
+use crate::server::block::{Blocked, Completion};
+use crate::sets::catalog;
+use crate::{config::token_key, filter::store, model::error, sets::keys, sets::state};
 
 /// Most items one MEXISTS or MADD may name (`error::TOO_MANY_ITEMS`): it bounds the
 /// main-thread work of one call (probes, or each ADD's effects) to about a millisecond.
@@ -20,7 +20,7 @@ pub const MAX_ITEMS: usize = 1000;
 /// MEMBER.MEXISTS <set> [SCOPE <scope>] ITEMS <item> [<item> …]
 pub fn mexists(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let a = parse(ctx, args, &[])?;
-    crate::acl::check_set(ctx, &a.set, crate::acl::Access::Read)?;
+    crate::sets::acl::check_set(ctx, &a.set, crate::sets::acl::Access::Read)?;
     let items: Vec<&[u8]> = a.items.iter().map(|i| i.as_slice()).collect();
     keys::with_db0(ctx, |ctx| {
         let Some(mut done) = plan_lookups(ctx, &a.set, &items, a.scope(), false)? else {
@@ -39,7 +39,7 @@ pub fn mexists(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// MEMBER.MADD <set> [SCOPE <scope>] [TTL <s> | EXPIREAT <unix-s>] ITEMS <item> [<item> …]
 pub fn madd(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let a = parse(ctx, args, &["TTL", "EXPIREAT"])?;
-    crate::acl::check_set(ctx, &a.set, crate::acl::Access::Write)?;
+    crate::sets::acl::check_set(ctx, &a.set, crate::sets::acl::Access::Write)?;
     let expires_at = expiry(&a.opts)?;
     let items: Vec<&[u8]> = a.items.iter().map(|i| i.as_slice()).collect();
     keys::with_db0(ctx, |ctx| {
@@ -149,7 +149,7 @@ fn plan_lookups(
             result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
         };
         // The filter key is looked up once for the whole call.
-        let probe = filter_store::Probe::open(ctx, &set.filter_key);
+        let probe = store::Probe::open(ctx, &set.filter_key);
         // Each item's filter lines are asked for `PREFETCH_AHEAD` items before its probe, so
         // the misses of a filter larger than the caches overlap instead of queueing.
         let hashes: Vec<u128> = canons.iter().map(|c| c.hash).collect();

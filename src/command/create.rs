@@ -11,15 +11,17 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 use super::settings::Given;
 use super::Answer;
 use super::{block_timeout, may_block, set_name};
-use crate::block::Blocked;
-use crate::canon::Normalize;
 use crate::config;
+use crate::config::token_key;
 use crate::db::sql::CatalogRow;
 use crate::db::{pool, sql, DbErr};
-use crate::state::{self, SetDef};
-use crate::token::Tokenize;
-use crate::token_key;
-use crate::{error, filter_store, keys, mainq, metrics, rebuild};
+use crate::model::canon::Normalize;
+use crate::model::token::Tokenize;
+use crate::server::block::Blocked;
+use crate::sets::state::{self, SetDef};
+use crate::{
+    filter::store, model::error, server::mainq, server::metrics, sets::keys, upkeep::rebuild,
+};
 
 fn parse(args: Vec<RedisString>) -> Result<(SetDef, [bool; 6]), RedisError> {
     if args.len() < 2 || !args.len().is_multiple_of(2) {
@@ -75,7 +77,7 @@ thread_local! {
 /// server does not.
 pub fn create(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let (def, explicit) = parse(args)?;
-    crate::acl::check_set(ctx, &def.name, crate::acl::Access::Write)?;
+    crate::sets::acl::check_set(ctx, &def.name, crate::sets::acl::Access::Write)?;
     may_block(ctx)?;
     // A set new to this node counts against member.max-sets, and the filter its settings need
     // must fit under the ceiling (a smaller one would break the promised rate) and under
@@ -85,9 +87,9 @@ pub fn create(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     // The catalog step checks the same for any row it inserts (this node may still know a
     // set that was dropped elsewhere).
     let (is_new, known) = state::with(|r| (!r.sets.contains_key(&def.name), r.sets.len()));
-    let budget = crate::limits::refresh_memory_budget(ctx);
+    let budget = crate::server::limits::refresh_memory_budget(ctx);
     if is_new {
-        crate::limits::admit_set(known)?;
+        crate::server::limits::admit_set(known)?;
         fits(&def, budget).map_err(|e| RedisError::String(format!("ERR {e}")))?;
     }
     let id = NEXT_ID.with(|n| {
@@ -117,8 +119,8 @@ pub fn create(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// Whether the filter `def` needs fits under `member.max-filter-bytes` (a smaller one would
 /// break the promised rate) and in `budget`, the bytes left under maxmemory.
 fn fits(def: &SetDef, budget: u64) -> Result<(), String> {
-    crate::limits::check_filter_size(def.capacity, def.error_rate)?;
-    crate::limits::check_memory(
+    crate::server::limits::check_filter_size(def.capacity, def.error_rate)?;
+    crate::server::limits::check_memory(
         crate::filter::bytes_for(def.capacity, def.error_rate),
         budget,
     )
@@ -159,9 +161,9 @@ fn catalog_done(ctx: &Context, id: u64, res: Result<CatalogRow, DbErr>) {
             // A set table the module may not attach the change log to is refused loudly: it
             // could not keep its sync bound (docs/sync.md).
             if e.reply_text().contains("change-log triggers") {
-                crate::reply::log(
+                crate::server::reply::log(
                     ctx,
-                    crate::reply::Level::Warning,
+                    crate::server::reply::Level::Warning,
                     &format!("libmember: MEMBER.CREATE refused: {}", e.reply_text()),
                 );
             }
@@ -177,11 +179,11 @@ fn catalog_done(ctx: &Context, id: u64, res: Result<CatalogRow, DbErr>) {
     let unusable = token_key::check(&def.tokenize).err();
     // New here, or replacing what this node held for a set of the same name that was dropped
     // and created again elsewhere.
-    crate::catalog::learn(ctx, def.clone(), Some(row.id));
+    crate::sets::catalog::learn(ctx, def.clone(), Some(row.id));
     let key = keys::filter_key(&def.name);
-    let complete = filter_store::with(ctx, &key, |f| f.cov.complete).unwrap_or(false);
+    let complete = store::with(ctx, &key, |f| f.cov.complete).unwrap_or(false);
     if complete {
-        crate::replication::replicate_set(ctx, &def, Some(row.id));
+        crate::server::replication::replicate_set(ctx, &def, Some(row.id));
     } else if unusable.is_some() {
         rebuild::start(&def.name, rebuild::Reason::Create);
     }

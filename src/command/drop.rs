@@ -5,9 +5,9 @@
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use super::{block_timeout, may_block, set_name};
-use crate::block::{Blocked, Completion};
 use crate::db::{pool, sql, DbErr};
-use crate::{catalog, error, replication};
+use crate::server::block::{Blocked, Completion};
+use crate::{model::error, server::replication, sets::catalog};
 
 /// MEMBER.DROP <set> [DELETE-DATA] — `OK`, or `ERR no such set` when the catalog has none.
 pub fn drop(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
@@ -15,7 +15,7 @@ pub fn drop(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         return Err(RedisError::WrongArity);
     }
     let name = set_name(&args[1])?;
-    crate::acl::check_set(ctx, &name, crate::acl::Access::Write)?;
+    crate::sets::acl::check_set(ctx, &name, crate::sets::acl::Access::Write)?;
     let delete_data = match args.get(2) {
         None => false,
         Some(a) if a.as_slice().eq_ignore_ascii_case(b"DELETE-DATA") => true,
@@ -46,7 +46,7 @@ impl Completion for DropDone {
     fn apply(&mut self, ctx: &Context) {
         if let Ok((_, note)) = &self.result {
             if let Some(note) = note {
-                crate::reply::log(ctx, crate::reply::Level::Warning, note);
+                crate::server::reply::log(ctx, crate::server::reply::Level::Warning, note);
             }
             catalog::forget(ctx, &self.name);
             replication::replicate(ctx, "MEMBER._DROP", &[self.name.as_bytes()]);

@@ -7,13 +7,13 @@ use std::time::Duration;
 use redis_module::{Context, RedisResult, RedisValue};
 
 use super::{block_timeout, may_block};
-use crate::block::{Blocked, Fail};
-use crate::canon::Canon;
 use crate::cluster::bus;
 use crate::cluster::slot::keyslot;
 use crate::cluster::wire::{Op, Request};
 use crate::cluster::{self, owner};
-use crate::error;
+use crate::model::canon::Canon;
+use crate::model::error;
+use crate::server::block::{Blocked, Fail};
 
 /// A request for the node that holds the item's canonical slot.
 pub(super) struct Elsewhere {

@@ -11,14 +11,14 @@ use redis_module::{Context, RedisError};
 use super::lookup::{self, Step};
 use super::point_remote;
 use super::write::{self, Op as WriteOp};
-use crate::canon::{hash_parts, Canon};
-use crate::catalog;
 use crate::cluster::bus::{self, Responder};
 use crate::cluster::owner;
 use crate::cluster::slot::keyslot;
 use crate::cluster::wire::{Op, Request};
 use crate::db::pool::{self, Job};
-use crate::error;
+use crate::model::canon::{hash_parts, Canon};
+use crate::model::error;
+use crate::sets::catalog;
 
 /// Runs a request forwarded by another node, if this node holds the canonical slot (else a
 /// `TRYAGAIN`): the same lookup or write a local client gets, answered through `to`.

@@ -5,8 +5,8 @@ use std::sync::atomic::Ordering;
 use redis_module::{raw, Context, InfoContext, RedisError, RedisResult, RedisString, RedisValue};
 
 use super::set_name;
-use crate::state::{self, Rebuild};
-use crate::{config, db, filter_store, keys, metrics};
+use crate::sets::state::{self, Rebuild};
+use crate::{config, db, filter::store, server::metrics, sets::keys};
 
 fn f(x: f64) -> String {
     format!("{x:.6}")
@@ -18,13 +18,13 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         return Err(RedisError::WrongArity);
     }
     let name = set_name(&args[1])?;
-    crate::acl::check_set(ctx, &name, crate::acl::Access::Read)?;
+    crate::sets::acl::check_set(ctx, &name, crate::sets::acl::Access::Read)?;
     if state::with(|r| r.serving(&name, false).is_none()) {
         let later = InfoLater(name.clone());
-        let then: crate::catalog::Then = Box::new(move |_ctx, blocked| {
+        let then: crate::sets::catalog::Then = Box::new(move |_ctx, blocked| {
             blocked.finish(Box::new(later));
         });
-        return crate::catalog::ask(ctx, &name, super::block_timeout(), then);
+        return crate::sets::catalog::ask(ctx, &name, super::block_timeout(), then);
     }
     set_info(ctx, &name)
 }
@@ -32,7 +32,7 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// MEMBER.INFO of a set this node learned from the catalog while the client waited.
 struct InfoLater(String);
 
-impl crate::block::Completion for InfoLater {
+impl crate::server::block::Completion for InfoLater {
     fn apply(&mut self, _ctx: &Context) {}
     fn reply(&mut self, ctx: &Context) -> RedisResult {
         set_info(ctx, &self.0)
@@ -62,7 +62,7 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
                     let scope = src.scope_column.clone().unwrap_or_default();
                     out.push(("source_scope_column", scope));
                     out.push(("sync_mode", src.sync.name().into()));
-                    if let crate::state::SourceSync::Updated(u) = &src.sync {
+                    if let crate::sets::state::SourceSync::Updated(u) = &src.sync {
                         out.push(("source_updated_column", u.clone()));
                         let ms = crate::config::source_lookback_ms();
                         out.push(("source_lookback_ms", ms.to_string()));
@@ -74,7 +74,10 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
             if let Some(fp) = d.tokenize.fingerprint() {
                 // The set's key fingerprint, and whether the key loaded here is that one.
                 out.push(("token_key_fp", fp.to_string()));
-                out.push(("token_key", crate::token_key::status(&d.tokenize).into()));
+                out.push((
+                    "token_key",
+                    crate::config::token_key::status(&d.tokenize).into(),
+                ));
             }
             out.push(("error_rate", d.error_rate.to_string()));
             out.push(("capacity", d.capacity.to_string()));
@@ -84,7 +87,7 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
         })?;
         let (key, trusted, current, set_id) = key;
         let node = crate::db::identity::node();
-        let filter = filter_store::with(ctx, &key, |v| {
+        let filter = store::with(ctx, &key, |v| {
             let b = &v.bloom;
             vec![
                 ("filter_present", "1".to_string()),
@@ -190,7 +193,10 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
                     out.push(("last_rebuild_error", e.clone()));
                 }
             }
-            out.push(("rebuild_source", crate::rebuild::source_of(&s.def).into()));
+            out.push((
+                "rebuild_source",
+                crate::upkeep::rebuild::source_of(&s.def).into(),
+            ));
             out.push((
                 "last_rebuild_reason",
                 s.last_rebuild_reason.map_or("none", |r| r.name()).into(),
@@ -203,13 +209,13 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
             out.push(("recent_marks", s.recent_marks().to_string()));
             out.push((
                 "sync_age_ms",
-                crate::sync::age(&s.sync)
+                crate::upkeep::sync::age(&s.sync)
                     .map(|d| d.as_millis().to_string())
                     .unwrap_or_else(|| "never".into()),
             ));
             out.push(("sync_rows_applied", s.sync.rows_applied.to_string()));
             // What the set's pages, build parts and payloads hold now, and held at most.
-            let (held, peak) = crate::transient::of_set(&s.def.name);
+            let (held, peak) = crate::server::transient::of_set(&s.def.name);
             out.push(("transient_bytes", held.to_string()));
             out.push(("transient_peak_bytes", peak.to_string()));
             if crate::cluster::enabled() {
@@ -234,7 +240,10 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
                     out.push(("cluster_poll_error", e));
                 }
             }
-            out.push(("sync_horizon", crate::sync::horizon(Some(name)).into()));
+            out.push((
+                "sync_horizon",
+                crate::upkeep::sync::horizon(Some(name)).into(),
+            ));
             if let Some(e) = &s.sync.last_error {
                 out.push(("sync_last_error", e.clone()));
             }
@@ -290,9 +299,12 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
             .sum();
         (r.sets.len(), r.catalog.loaded, v, journaled)
     });
-    let sync = crate::sync::with_loop(|l| {
+    let sync = crate::upkeep::sync::with_loop(|l| {
         [
-            ("sync_horizon", crate::sync::horizon(None).to_string()),
+            (
+                "sync_horizon",
+                crate::upkeep::sync::horizon(None).to_string(),
+            ),
             ("sync_blind_sets", l.blind.len().to_string()),
             ("sync_passes", l.passes.to_string()),
             ("sync_statements", l.statements.to_string()),
@@ -300,19 +312,26 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
             ("sync_rows_read", l.rows_read.to_string()),
             ("sync_statements_per_pass", l.last_statements.to_string()),
             ("sync_rows_per_pass", l.last_rows.to_string()),
-            ("sync_notify", crate::notify::state().name().to_string()),
+            (
+                "sync_notify",
+                crate::upkeep::notify::state().name().to_string(),
+            ),
             (
                 "sync_notify_received",
-                crate::notify::RECEIVED.load(Ordering::Relaxed).to_string(),
+                crate::upkeep::notify::RECEIVED
+                    .load(Ordering::Relaxed)
+                    .to_string(),
             ),
             ("sync_notify_passes", l.woken_passes.to_string()),
             (
                 "sync_notify_connects",
-                crate::notify::CONNECTS.load(Ordering::Relaxed).to_string(),
+                crate::upkeep::notify::CONNECTS
+                    .load(Ordering::Relaxed)
+                    .to_string(),
             ),
             (
                 "sync_notify_error",
-                crate::notify::last_error()
+                crate::upkeep::notify::last_error()
                     .unwrap_or_else(|| "none".into())
                     .replace(['\r', '\n'], " "),
             ),
@@ -326,13 +345,13 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
             ("catalog_version", catalog_version),
             (
                 "catalog_asks",
-                crate::catalog::ASKS_SENT
+                crate::sets::catalog::ASKS_SENT
                     .load(Ordering::Relaxed)
                     .to_string(),
             ),
             (
                 "catalog_unknown_cached",
-                crate::catalog::unknown_cached().to_string(),
+                crate::sets::catalog::unknown_cached().to_string(),
             ),
             ("db_queue", db::pool::queued().to_string()),
             (
@@ -363,7 +382,10 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
                 "exists_p999_us",
                 m.exists_latency.quantile(0.999).to_string(),
             ),
-            ("blocked_clients", crate::block::waiting().to_string()),
+            (
+                "blocked_clients",
+                crate::server::block::waiting().to_string(),
+            ),
             (
                 "max_blocked_clients",
                 config::MAX_BLOCKED_CLIENTS
@@ -381,23 +403,32 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
             ),
             (
                 "memory_budget",
-                match crate::limits::memory_budget() {
+                match crate::server::limits::memory_budget() {
                     u64::MAX => "unlimited".to_string(),
                     b => b.to_string(),
                 },
             ),
-            ("transient_bytes", crate::transient::current().to_string()),
-            ("transient_peak_bytes", crate::transient::peak().to_string()),
-            ("memory_waits", crate::transient::memory_waits().to_string()),
+            (
+                "transient_bytes",
+                crate::server::transient::current().to_string(),
+            ),
+            (
+                "transient_peak_bytes",
+                crate::server::transient::peak().to_string(),
+            ),
+            (
+                "memory_waits",
+                crate::server::transient::memory_waits().to_string(),
+            ),
             ("rebuilds_done", m.rebuilds_done.to_string()),
             ("auto_grow_rebuilds", m.auto_grow_rebuilds.to_string()),
             (
                 "slot_fills_done",
-                crate::slot_fill::counters().0.to_string(),
+                crate::upkeep::slot_fill::counters().0.to_string(),
             ),
             (
                 "slot_fills_failed",
-                crate::slot_fill::counters().1.to_string(),
+                crate::upkeep::slot_fill::counters().1.to_string(),
             ),
             ("loads_off_thread", m.loads_off_thread.to_string()),
             ("rebuilds_failed", m.rebuilds_failed.to_string()),
@@ -408,7 +439,10 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
     let link_error = db::link::last_error().unwrap_or_else(|| "none".into());
     fields.push(("db_link_error", link_error.replace(['\r', '\n'], " ")));
     // Where rebuilds read (member.pg-rebuild-url), and why it could not be used last time.
-    fields.push(("rebuild_source", crate::rebuild::source().to_string()));
+    fields.push((
+        "rebuild_source",
+        crate::upkeep::rebuild::source().to_string(),
+    ));
     let rebuild_error = db::link::last_rebuild_error().unwrap_or_else(|| "none".into());
     fields.push((
         "rebuild_link_error",
@@ -429,7 +463,7 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
     for (k, v) in fields {
         // Printable ASCII only: the framework makes a C string of each value (a NUL byte
         // there aborts the server), and some carry config or driver text.
-        b = match b.field(k, crate::reply::printable(&v)) {
+        b = match b.field(k, crate::server::reply::printable(&v)) {
             Ok(b) => b,
             Err(_) => return,
         };

@@ -5,12 +5,12 @@
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
 use super::set_name;
-use crate::canon::{self, Canon, Normalize};
-use crate::filter_type::FilterValue;
-use crate::replica_load;
-use crate::state::{self, SetDef, Source, SourceSync};
-use crate::token::Tokenize;
-use crate::{config, effects, replication};
+use crate::filter::data_type::FilterValue;
+use crate::model::canon::{self, Canon, Normalize};
+use crate::model::token::Tokenize;
+use crate::sets::state::{self, SetDef, Source, SourceSync};
+use crate::upkeep::replica_load;
+use crate::{config, server::effects, server::replication};
 
 const NOT_INTERNAL: &str = "ERR internal command: only accepted from a primary or the AOF";
 
@@ -174,7 +174,7 @@ pub fn set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         tokenize,
         source: source_of(&source).ok_or_else(bad)?,
     };
-    crate::catalog::learn(ctx, def, id);
+    crate::sets::catalog::learn(ctx, def, id);
     Ok(RedisValue::SimpleStringStatic("OK"))
 }
 
@@ -210,7 +210,7 @@ fn source_of(f: &[RedisString]) -> Option<Option<Source>> {
 pub fn drop(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard(ctx)?;
     let [_, name] = <[RedisString; 2]>::try_from(args).map_err(|_| RedisError::WrongArity)?;
-    crate::catalog::forget(ctx, &set_name(&name)?);
+    crate::sets::catalog::forget(ctx, &set_name(&name)?);
     Ok(RedisValue::SimpleStringStatic("OK"))
 }
 

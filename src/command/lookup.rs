@@ -6,16 +6,16 @@ use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, 
 
 use super::forward::{self, Elsewhere};
 use super::{block_on_point, block_timeout, may_block, point_for, ItemArgs, PointDone};
-use crate::block::Completion;
-use crate::block::Fail;
-use crate::catalog;
 use crate::cluster::owner;
 use crate::cluster::slot::keyslot;
 use crate::cluster::wire::Op;
 use crate::db::pool::{self, Job};
 use crate::db::DbErr;
-use crate::funnel::{self, Gate, Path};
-use crate::{error, filter_store, keys, metrics, state};
+use crate::model::funnel::{self, Gate, Path};
+use crate::server::block::Completion;
+use crate::server::block::Fail;
+use crate::sets::catalog;
+use crate::{filter::store, model::error, server::metrics, sets::keys, sets::state};
 
 pub(super) fn reply(explain: bool, present: bool, path: Path) -> RedisValue {
     if explain {
@@ -99,7 +99,7 @@ fn funnel(
     explain: bool,
     started: Option<Instant>,
 ) -> RedisResult {
-    crate::acl::check_set(ctx, set_name, crate::acl::Access::Read)?;
+    crate::sets::acl::check_set(ctx, set_name, crate::sets::acl::Access::Read)?;
     keys::with_db0(ctx, |ctx| {
         match decide(ctx, set_name, item, scope, explain, started, false)? {
             Step::Done(present, path) => Ok(reply(explain, present, path)),
@@ -151,7 +151,8 @@ fn decide(
         let Some(set) = set else {
             return Ok(Step::Unknown);
         };
-        let canon = crate::token_key::canonical(&set.def, item, scope).map_err(RedisError::Str)?;
+        let canon =
+            crate::config::token_key::canonical(&set.def, item, scope).map_err(RedisError::Str)?;
         let op = if explain { Op::Explain } else { Op::Exists };
         if let Some(e) = forward::elsewhere(item, &canon, set_name, op, None) {
             return Ok(Step::Forward(Box::new(e)));
@@ -165,7 +166,7 @@ fn decide(
 pub(super) fn decide_canonical(
     ctx: &Context,
     set_name: &str,
-    canon: crate::canon::Canon,
+    canon: crate::model::canon::Canon,
     explain: bool,
 ) -> Step {
     state::with(|r| {
@@ -185,8 +186,8 @@ pub(super) fn decide_item(
     ctx: &Context,
     set: &mut state::SetState,
     epoch: u64,
-    probe: Option<&filter_store::Probe>,
-    canon: crate::canon::Canon,
+    probe: Option<&store::Probe>,
+    canon: crate::model::canon::Canon,
     explain: bool,
     started: Option<Instant>,
 ) -> Step {
@@ -195,7 +196,7 @@ pub(super) fn decide_item(
     let (mut view, mut filter_id) = if set.synced_epoch == epoch {
         match probe {
             Some(p) => p.view(canon.hash, set.trusted),
-            None => filter_store::view(
+            None => store::view(
                 ctx,
                 (&set.filter_key, &set.filter_ref),
                 canon.hash,
@@ -359,12 +360,12 @@ impl Completion for LookupDone {
             if let (Ok(None), Some(id)) = (&self.result, self.remember) {
                 let (key, ttl, trusted) = (&set.filter_key, set.def.cache_ttl, set.trusted);
                 let (hash, asked) = (self.hash, self.asked);
-                crate::filter_store::remember_absent(ctx, key, id, trusted, hash, asked, ttl);
+                crate::filter::store::remember_absent(ctx, key, id, trusted, hash, asked, ttl);
                 return;
             }
             if let Ok(Some(_)) = self.result {
                 // Present now: an older lookup's "absent" must not outlive this answer.
-                crate::filter_store::forget_absent(ctx, &set.filter_key, self.hash);
+                crate::filter::store::forget_absent(ctx, &set.filter_key, self.hash);
             }
             // Cache-aside fill, unless an ADD/DEL of this set landed since the lookup began
             // (it may have read a row a concurrent DEL removed), or this node is a replica.
@@ -377,7 +378,7 @@ impl Completion for LookupDone {
                 }
                 let now = funnel::now_s();
                 if let Some(ttl) = funnel::cache_ttl_ms(set.def.cache_ttl, expires_at, now) {
-                    let canon = crate::canon::Canon {
+                    let canon = crate::model::canon::Canon {
                         hash: 0,
                         entity: std::borrow::Cow::Borrowed(&self.entity),
                         scope: &self.scope,

@@ -19,14 +19,14 @@ use std::time::Duration;
 
 use redis_module::{Context, RedisError, RedisString};
 
-use crate::block::{Blocked, Completion};
 use crate::cluster::bus::Responder;
 use crate::db::pool::Point;
 use crate::db::DbErr;
-use crate::{config, error};
+use crate::server::block::{Blocked, Completion};
+use crate::{config, model::error};
 
-pub use crate::limits::may_block;
-pub use crate::set_def::valid_set_name;
+pub use crate::model::set_def::valid_set_name;
+pub use crate::server::limits::may_block;
 
 fn err(msg: &'static str) -> RedisError {
     RedisError::Str(msg)
@@ -37,7 +37,7 @@ fn err(msg: &'static str) -> RedisError {
 pub fn unknown_option(given: &[u8]) -> RedisError {
     RedisError::String(format!(
         "ERR unknown option '{}'",
-        crate::reply::escape(given)
+        crate::server::reply::escape(given)
     ))
 }
 
@@ -274,7 +274,7 @@ struct Remote<D: Completion> {
 impl<D: Completion> Drop for Remote<D> {
     fn drop(&mut self) {
         if let (Some(mut done), Some(to)) = (self.done.take(), self.to.take()) {
-            crate::mainq::post(Box::new(move |ctx| {
+            crate::server::mainq::post(Box::new(move |ctx| {
                 done.apply(ctx);
                 let reply = done.reply(ctx);
                 to.answer(ctx, reply);
@@ -286,7 +286,7 @@ impl<D: Completion> Drop for Remote<D> {
 /// The reply of a set-wide write that answers OK or why not (MEMBER.CREATE, MEMBER.ALTER).
 pub(super) struct Answer(pub(super) Result<(), String>);
 
-impl crate::block::Completion for Answer {
+impl crate::server::block::Completion for Answer {
     fn apply(&mut self, _ctx: &Context) {}
     fn reply(&mut self, _ctx: &Context) -> redis_module::RedisResult {
         match &self.0 {

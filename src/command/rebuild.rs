@@ -5,11 +5,11 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 use std::time::Duration;
 
 use super::{block_timeout, may_block, set_name};
-use crate::block::Fail;
-use crate::block::{Blocked, Completion};
-use crate::catalog;
-use crate::rebuild::{self, RebuildReply, Reply};
-use crate::{error, state};
+use crate::server::block::Fail;
+use crate::server::block::{Blocked, Completion};
+use crate::sets::catalog;
+use crate::upkeep::rebuild::{self, RebuildReply, Reply};
+use crate::{model::error, sets::state};
 
 /// MEMBER.REBUILD <set> [SYNC] — `OK` at once, or with SYNC the number of members loaded
 /// once the new filter is in place (the client waits, the server does not).
@@ -18,7 +18,7 @@ pub fn rebuild(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         return Err(RedisError::WrongArity);
     }
     let name = set_name(&args[1])?;
-    crate::acl::check_set(ctx, &name, crate::acl::Access::Write)?;
+    crate::sets::acl::check_set(ctx, &name, crate::sets::acl::Access::Write)?;
     let sync = match args.get(2) {
         None => false,
         Some(a) if a.as_slice().eq_ignore_ascii_case(b"SYNC") => true,

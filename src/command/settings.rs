@@ -4,10 +4,10 @@
 use redis_module::{RedisError, RedisString};
 
 use super::Options;
-use crate::canon::Normalize;
-use crate::state::SetChange;
-use crate::token::Tokenize;
-use crate::{config, error, token_key};
+use crate::model::canon::Normalize;
+use crate::model::token::Tokenize;
+use crate::sets::state::SetChange;
+use crate::{config, config::token_key, model::error};
 
 /// Every settings option, in the order of `SetDef::conflicts_with`'s `explicit` flags.
 pub const NAMES: [&str; 6] = [

@@ -5,13 +5,16 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use super::forward;
 use super::{block_on_point, block_timeout, may_block, point_for, ItemArgs, Options, PointDone};
-use crate::block::Completion;
-use crate::block::Fail;
-use crate::canon::Canon;
-use crate::catalog;
 use crate::db::pool::{self, Job, Point};
 use crate::db::{sql, DbErr};
-use crate::{effects, error, funnel, keys, replication, state, token_key};
+use crate::model::canon::Canon;
+use crate::server::block::Completion;
+use crate::server::block::Fail;
+use crate::sets::catalog;
+use crate::{
+    config::token_key, model::error, model::funnel, server::effects, server::replication,
+    sets::keys, sets::state,
+};
 
 /// Longest TTL or EXPIREAT horizon accepted: 10 years.
 const MAX_TTL_S: i64 = 315_360_000;
@@ -133,7 +136,7 @@ fn write(ctx: &Context, args: Vec<RedisString>, op: Op) -> RedisResult {
         &[]
     };
     let a = ItemArgs::parse(args, extra)?;
-    crate::acl::check_set(ctx, &a.set, crate::acl::Access::Write)?;
+    crate::sets::acl::check_set(ctx, &a.set, crate::sets::acl::Access::Write)?;
     let expires_at = expiry(&a.opts)?;
     keys::with_db0(ctx, |ctx| {
         let plan = prepare(&a.set, a.item.as_slice(), a.scope(), op, expires_at, false)?;

@@ -9,14 +9,14 @@ use postgres::{Client, Transaction};
 
 use super::sql::{log_triggers_ddl, table, ACTIVE, XMIN};
 use super::{source, DbErr};
-use crate::canon::{self, Normalize};
 use crate::cluster::slot::SLOTS;
 use crate::cluster::slotset::SlotSet;
+use crate::config::pg_link::Link;
+use crate::filter::fuse::Budget;
 use crate::filter::rows::Rows;
 use crate::filter::Bloom;
-use crate::filter_static::Budget;
-use crate::pg_link::Link;
-use crate::set_def::{SetDef, SourceSync};
+use crate::model::canon::{self, Normalize};
+use crate::model::set_def::{SetDef, SourceSync};
 
 /// Attached sets are refused in cluster mode (docs/attach.md).
 pub const ATTACHED_IN_CLUSTER: &str =
@@ -39,7 +39,7 @@ pub struct Built {
     pub spilled: u64,
     /// The new filter, counted as the set's transient memory until it is swapped in (so that
     /// what is admitted after it, its payload, sees the headroom it left).
-    pub held: crate::transient::Held,
+    pub held: crate::server::transient::Held,
 }
 
 fn tx_error(e: postgres::Error) -> DbErr {
@@ -88,9 +88,9 @@ pub fn build_filter(
     .map_err(|e| DbErr::Invalid(e.to_string()))?;
     // Nor is a build started whose filter, sized for CAPACITY alone, does not fit in what
     // maxmemory leaves: the rows could only make it larger.
-    crate::limits::check_memory(
+    crate::server::limits::check_memory(
         crate::filter::bytes_for(sized_for(def.capacity, slots, 0, false), def.error_rate),
-        crate::limits::memory_budget(),
+        crate::server::limits::memory_budget(),
     )
     .map_err(DbErr::Invalid)?;
     // An attached set's table is not one the standby path checks (its own triggers, its
@@ -118,22 +118,22 @@ pub fn build_filter(
     };
     let copy_time = copy_started.elapsed();
     let members = sized_for(def.capacity, slots, rows.len(), grow);
-    crate::limits::check_memory(
+    crate::server::limits::check_memory(
         crate::filter::bytes_for(members, def.error_rate),
-        crate::limits::memory_budget(),
+        crate::server::limits::memory_budget(),
     )
     .map_err(DbErr::Invalid)?;
     // The rows read go into the filter's static part, later adds into its delta.
     let construct_started = std::time::Instant::now();
     let budget = Budget::of(build_share() / 2);
     // The set's transient memory while it builds: the rows held and the constructions.
-    let _held = crate::transient::hold_for(
+    let _held = crate::server::transient::hold_for(
         &def.name,
         rows.held_bytes() + budget.peak_scratch(rows.len()),
     );
     let bloom = Bloom::build_rows(members, def.error_rate, max_bytes, &rows, budget)
         .map_err(|e| DbErr::Invalid(e.to_string()))?;
-    let held = crate::transient::hold_for(&def.name, bloom.bytes() as u64);
+    let held = crate::server::transient::hold_for(&def.name, bloom.bytes() as u64);
     Ok(Built {
         held,
         bloom,
@@ -188,7 +188,7 @@ fn new_rows() -> Rows {
 /// into evicting keys. Never below 1 MiB: the steps do not shrink to nothing.
 pub fn build_share() -> u64 {
     crate::config::build_memory()
-        .min(crate::limits::memory_budget() / 2)
+        .min(crate::server::limits::memory_budget() / 2)
         .max(1 << 20)
 }
 
@@ -325,7 +325,7 @@ fn stream(
     let norm = def.normalize;
     let mut rows = new_rows();
     // The rows held in memory are the set's transient memory while the COPY runs.
-    let mut held = crate::transient::hold_for(&def.name, 0);
+    let mut held = crate::server::transient::hold_for(&def.name, 0);
     let mut failed = None;
     let mut n = 0u64;
     super::copy_stream::each_row(tx, link, super::build_lock_timeout_ms(), sql, |line| {

@@ -14,7 +14,7 @@ use futures_util::StreamExt;
 use postgres::Transaction;
 
 use super::{classify, DbErr};
-use crate::pg_link::Link;
+use crate::config::pg_link::Link;
 
 /// Calls `row` with each line of the COPY `sql` (text format, the newline removed), read in
 /// the snapshot of `tx` over a new connection to `link` (where `tx` runs), with no statement

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use postgres::Client;
 
-use crate::filter_origin::NodeDb;
+use crate::filter::origin::NodeDb;
 
 static NODE: Mutex<NodeDb> = Mutex::new(NodeDb::NotYet);
 

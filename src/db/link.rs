@@ -14,8 +14,8 @@ use tokio_postgres::config::SslMode as DriverSslMode;
 use tokio_postgres::{Config, NoTls};
 
 use super::DbErr;
-use crate::conninfo::{ConnInfo, SslMode, Tls, TLS_KEYS};
-use crate::pg_link::{scrub, Link};
+use crate::config::conninfo::{ConnInfo, SslMode, Tls, TLS_KEYS};
+use crate::config::pg_link::{scrub, Link};
 
 /// Largest `sslrootcert` file read, in bytes (a bundle of a few hundred certificates).
 const MAX_ROOT_CERT_FILE: usize = 1 << 20;
@@ -45,7 +45,7 @@ pub fn set_rebuild_error(e: Option<String>) {
 }
 
 fn error_slot(link: &Link) -> &'static Mutex<Option<String>> {
-    if link.name == crate::pg_link::NAMES[1] {
+    if link.name == crate::config::pg_link::NAMES[1] {
         &LAST_REBUILD_ERROR
     } else {
         &LAST_ERROR
@@ -185,7 +185,7 @@ fn build(tls: &Tls) -> Result<MakeTlsConnector, String> {
         (SslMode::VerifyCa | SslMode::VerifyFull, Some(file)) => {
             // A regular file of bounded size, opened without blocking: a FIFO or a device
             // named here would hang or exhaust the worker that reads it.
-            let pem = crate::secret_file::read(file, MAX_ROOT_CERT_FILE)
+            let pem = crate::config::secret_file::read(file, MAX_ROOT_CERT_FILE)
                 .map_err(|e| format!("cannot read sslrootcert {file}: {e}"))?;
             let load = |e: &dyn std::fmt::Display| format!("cannot load sslrootcert {file}: {e}");
             let certs = X509::stack_from_pem(&pem).map_err(|e| load(&e))?;

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use postgres::{Client, Statement};
 
-use crate::{config, error};
+use crate::{config, model::error};
 
 /// Why a database call failed, with the reply text for the client.
 #[derive(Clone, Debug, PartialEq)]
@@ -116,7 +116,7 @@ pub fn build_lock_timeout_ms() -> u64 {
 /// Opens a connection with `link` (the primary's, or the rebuild source's), the server-side
 /// statement and lock timeouts `(statement, lock)` and `application_name` `app`.
 pub fn open_link(
-    link: &crate::pg_link::Link,
+    link: &crate::config::pg_link::Link,
     (statement_timeout_ms, lock_timeout_ms): (u64, u64),
     generic_plans: bool,
     app: &str,

@@ -8,8 +8,8 @@ use std::collections::HashMap;
 
 use super::source_triggers::trigger_names;
 use super::sql::{reserved_set_name, table, LOG_TRIGGERS};
-use crate::canon::{canonicalize, Normalize};
-use crate::keys::{cache_key_bytes, cache_prefix, filter_key_name, is_cache_key};
+use crate::model::canon::{canonicalize, Normalize};
+use crate::sets::keys::{cache_key_bytes, cache_prefix, filter_key_name, is_cache_key};
 
 /// PostgreSQL truncates longer names (NAMEDATALEN - 1), which could make two names one.
 const MAX_NAME: usize = 63;

@@ -229,10 +229,10 @@ fn contained(db: &mut Db, f: impl FnOnce(&mut Db)) {
             .or_else(|| panic.downcast_ref::<&str>().copied())
             .unwrap_or("no message")
             .to_string();
-        crate::mainq::post(Box::new(move |ctx| {
-            crate::reply::log(
+        crate::server::mainq::post(Box::new(move |ctx| {
+            crate::server::reply::log(
                 ctx,
-                crate::reply::Level::Warning,
+                crate::server::reply::Level::Warning,
                 &format!(
                     "libmember: a database job panicked (contained; its clients got \
                      UNAVAILABLE): {what}"

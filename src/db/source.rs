@@ -10,8 +10,8 @@ use std::sync::{Arc, RwLock};
 
 use super::sql::{read_pages, Sink};
 use super::{prepared, Db, DbErr};
-use crate::canon::Normalize;
-use crate::set_def::{SetDef, Source, SourceSync};
+use crate::model::canon::Normalize;
+use crate::model::set_def::{SetDef, Source, SourceSync};
 
 /// A time watermark (UPDATED-COLUMN sets) is stored in the filter's watermark field as this
 /// plus microseconds since the epoch (the database's clock). Transaction-id watermarks stay far
@@ -39,7 +39,7 @@ pub fn quote_literal(s: &str) -> String {
 
 /// A name as an error reply shows it: quoted, then escaped to printable ASCII.
 pub fn shown(s: &str) -> String {
-    crate::reply::escape(quote_ident(s).as_bytes())
+    crate::server::reply::escape(quote_ident(s).as_bytes())
 }
 
 /// `"schema"."table"`.

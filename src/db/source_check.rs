@@ -7,8 +7,8 @@ use postgres::Transaction;
 
 use super::source::{point_sql, shown, shown_table};
 use super::DbErr;
-use crate::canon::Normalize;
-use crate::set_def::{SetDef, Source, SourceSync};
+use crate::model::canon::Normalize;
+use crate::model::set_def::{SetDef, Source, SourceSync};
 
 /// Checks an attached set's source at CREATE (docs/attach.md): the table, its columns and
 /// their types, a unique key the point query can use, the module's SELECT privilege, and for
@@ -71,7 +71,7 @@ pub fn validate(tx: &mut Transaction, def: &SetDef) -> Result<(), DbErr> {
                 "{what} {} is of type {}: an attached set's {} must be text, varchar, char or \
                  citext",
                 shown(name),
-                crate::reply::escape(full.as_bytes()),
+                crate::server::reply::escape(full.as_bytes()),
                 what.to_lowercase()
             )))
         }
@@ -92,7 +92,7 @@ pub fn validate(tx: &mut Transaction, def: &SetDef) -> Result<(), DbErr> {
             return bad(format!(
                 "UPDATED-COLUMN {} is of type {}: it must be timestamptz or timestamp",
                 shown(u),
-                crate::reply::escape(uc.2.as_bytes())
+                crate::server::reply::escape(uc.2.as_bytes())
             ));
         }
         names.push(u.clone());

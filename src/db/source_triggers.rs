@@ -10,8 +10,8 @@ use postgres::{GenericClient, Transaction};
 
 use super::source::{qualified, quote_ident, quote_literal, shown_table};
 use super::DbErr;
-use crate::error;
-use crate::set_def::{SetDef, Source};
+use crate::model::error;
+use crate::model::set_def::{SetDef, Source};
 
 /// Names of the change-log triggers an attached set puts on its source table,
 /// `member_<set>$<op>`: one set of three per set, so several sets may attach to one table.
@@ -222,7 +222,7 @@ fn privilege(e: postgres::Error, src: &Source) -> DbErr {
             "SYNC log cannot install the change-log triggers on {}: the module's database \
              role must own it or hold TRIGGER on it ({})",
             shown_table(src),
-            crate::reply::escape(e.as_db_error().map_or("", |d| d.message()).as_bytes())
+            crate::server::reply::escape(e.as_db_error().map_or("", |d| d.message()).as_bytes())
         )),
         _ => super::classify(&e),
     }

@@ -11,10 +11,10 @@ use postgres::Client;
 use super::build::{copy_rows, snapshot};
 use super::sql::{blind_reason, table, LOG_TRIGGERS};
 use super::{classify, link, DbErr};
-use crate::canon;
 use crate::cluster::slotset::SlotSet;
-use crate::pg_link::Link;
-use crate::set_def::SetDef;
+use crate::config::pg_link::Link;
+use crate::model::canon;
+use crate::model::set_def::SetDef;
 
 /// How often the snapshot is taken again while the standby does not show the set's table
 /// and triggers yet.

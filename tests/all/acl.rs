@@ -157,7 +157,7 @@ fn commands_join_the_member_category_where_the_server_allows_it() {
     assert_eq!(e.code(), Some("NOPERM"), "{e}");
 }
 
-/// Grants are remembered per connection (src/acl/cache.rs); none outlives a change of the
+/// Grants are remembered per connection (src/sets/acl/cache.rs); none outlives a change of the
 /// rules or of the connection's user, however the change arrives.
 #[test]
 fn a_remembered_grant_never_outlives_a_change_of_rules_or_user() {

@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use redis::Connection;
 use support::member::*;
 
-// The reply texts, quoted from src/error.rs.
+// The reply texts, quoted from src/model/error.rs.
 const WRONG_ARITY: &str = "ERR wrong number of arguments";
 const BAD_SET_NAME: &str = "ERR invalid set name: use 1 to 40 characters from [a-z0-9_]";
 const UNKNOWN_SET: &str = "ERR no such set: create it with MEMBER.CREATE";

@@ -66,7 +66,7 @@ fn debug_reload_keeps_both_parts_of_a_rebuilt_filter() {
     let field = |c: &mut Connection, f: &str| set_info(c, "s", f).unwrap_or_default();
     assert_eq!(field(&mut c, "filter_design"), "fuse8+bloom-delta");
     assert_eq!(field(&mut c, "filter_static_items"), "1000");
-    // Below 2 097 152 rows a build stays one fuse filter (src/filter_static.rs).
+    // Below 2 097 152 rows a build stays one fuse filter (src/filter/bloom/fuse.rs).
     assert_eq!(field(&mut c, "filter_static_parts"), "1");
     assert_eq!(field(&mut c, "filter_delta_items"), "15");
     let before: Vec<String> = ["filter_bits", "filter_static_bits", "filter_delta_bits"]

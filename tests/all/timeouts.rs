@@ -188,7 +188,7 @@ fn concurrent_timeouts_each_get_one_reply() {
 /// Answers that arrive just as their client's timeout expires are never lost. Redis 7.0 drops
 /// the reply of a client that a module unblocks in the same event-loop iteration in which the
 /// server's own timeout for it fires: the client then waits for ever. The module times its
-/// waits itself (src/block.rs); here a lock toggled at the timeout's own period makes lookups
+/// waits itself (src/server/block.rs); here a lock toggled at the timeout's own period makes lookups
 /// end on both sides of it, many times, and every call must be answered.
 #[test]
 fn answers_at_the_timeout_boundary_are_never_lost() {

@@ -14,7 +14,7 @@ const TOKENIZED: &str = "tok_hmac";
 const KEY_HEX: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
 const SECTION: &str = "Tokenization (TOKENIZE hmac-sha256)";
 
-/// Nanoseconds per token of a 20-byte item, made as the module makes it (`src/token.rs`: the
+/// Nanoseconds per token of a 20-byte item, made as the module makes it (`src/model/token.rs`: the
 /// keyed HMAC state cloned per call, `item NUL scope` absorbed, the digest hex-encoded).
 fn hmac_ns() -> f64 {
     let key: Vec<u8> = (0u8..32).collect();

@@ -3,11 +3,11 @@
 
 use super::changes::{guarded_ddl, CHANGE_LOG_DDL, NOTIFY_FN_DDL};
 use super::{table, ADVISORY_KEY};
-use crate::canon::Normalize;
 use crate::db::{prepared, Db, DbErr};
-use crate::error;
-use crate::set_def::{SetChange, SetDef, Source, SourceSync};
-use crate::token::Tokenize;
+use crate::model::canon::Normalize;
+use crate::model::error;
+use crate::model::set_def::{SetChange, SetDef, Source, SourceSync};
+use crate::model::token::Tokenize;
 
 const CATALOG_DDL: &str = "CREATE TABLE IF NOT EXISTS member_catalog (
     name text PRIMARY KEY,

@@ -6,9 +6,9 @@ use std::collections::HashMap;
 
 use super::pages::{read_pages, Sink};
 use super::{table, ADVISORY_KEY};
-use crate::canon::Normalize;
 use crate::cluster::slotset::SlotSet;
 use crate::db::{Db, DbErr};
+use crate::model::canon::Normalize;
 
 /// The change log every set table feeds (docs/sync.md): one row per row inserted, updated or
 /// deleted (`alive` when it was left with `status = 1`), stamped with its writer's transaction

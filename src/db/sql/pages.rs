@@ -4,9 +4,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::canon::{self, Normalize};
 use crate::db::DbErr;
-use crate::transient::{self, Held};
+use crate::model::canon::{self, Normalize};
+use crate::server::transient::{self, Held};
 
 /// Rows a sync pass reads from PostgreSQL at a time (one `Execute` of its portal) when the
 /// headroom under `maxmemory` allows: what the pass holds in the worker is one page of rows,

@@ -1,0 +1,116 @@
+//! The server's events that can put a value the module did not write onto its keys: keyspace
+//! notifications for the writes of other commands (SET, APPEND, COPY, RENAME, MOVE, RESTORE,
+//! EXPIRE, PERSIST …), SWAPDB, loading a snapshot. The only room that subscribes to
+//! them. Filters carry an identity; the pointers to them that sets remember are dropped on
+//! every one of these (`store::keys_changed`).
+
+use std::os::raw::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use redis_module::server_events::LoadingSubevent;
+use redis_module::{raw, Context, NotifyEvent};
+
+use crate::sets::keys;
+
+/// Generic keyspace events (`event_handlers` in lib.rs). A value put onto an exact-match key
+/// by another command (COPY, RENAME, MOVE, RESTORE: maybe an entry the module wrote before a
+/// DEL removed it) or a TTL changed there (EXPIRE, PERSIST: an entry must not outlive its
+/// membership) is not believed (`foreign_writes`); a key that only went away is harmless.
+pub fn on_generic(ctx: &Context, _kind: NotifyEvent, event: &str, key: &[u8]) {
+    let gone = matches!(event, "del" | "rename_from" | "move_from");
+    if !gone && keys::is_cache_key(key) {
+        crate::sets::foreign_writes::written(ctx, key);
+    }
+    sentinel_event(key);
+}
+
+/// String-class events (SET, SETRANGE, APPEND, GETSET, MSET, INCR, BITOP …): the only
+/// commands that can put a string onto a key, and only a string equal to the module's own can
+/// be believed as an exact-match entry (`foreign_writes`); a value of another type there never
+/// reads as one, and the next fill replaces it. The list, set, hash, sorted set and stream
+/// classes are not subscribed to: their writes cost the module nothing. Onto a slot sentinel,
+/// a SET replaces it: the slot looks at its key again.
+pub fn on_write(ctx: &Context, _kind: NotifyEvent, _event: &str, key: &[u8]) {
+    if keys::is_cache_key(key) {
+        crate::sets::foreign_writes::written(ctx, key);
+    }
+    sentinel_event(key);
+}
+
+/// Any event on a slot sentinel (generic: deleted, migrated away, renamed, restored or copied
+/// over; expired; evicted) means it may no longer be the value its node accepted: the next
+/// lookup of that slot looks at the key again (`cluster/owner.rs`).
+pub fn on_sentinel_gone(_ctx: &Context, _kind: NotifyEvent, _event: &str, key: &[u8]) {
+    sentinel_event(key);
+}
+
+#[inline]
+fn sentinel_event(key: &[u8]) {
+    if crate::cluster::enabled() && crate::cluster::owner::is_sentinel_name(key) {
+        crate::cluster::owner::sentinel_touched(crate::cluster::slot::keyslot(key));
+    }
+}
+
+/// FLUSHALL / FLUSHDB remove every key without an event per key.
+#[redis_module_macros::flush_event_handler]
+fn on_flush(_ctx: &Context, _sub: redis_module::server_events::FlushSubevent) {
+    crate::filter::store::keys_changed();
+    if crate::cluster::enabled() {
+        crate::cluster::owner::sentinels_touched();
+    }
+}
+
+/// Loading a snapshot (DEBUG RELOAD, a replica's full sync) may bring back entries written
+/// by this process before a DEL.
+#[redis_module_macros::loading_event_handler]
+fn on_loading(_ctx: &Context, sub: LoadingSubevent) {
+    crate::filter::store::keys_changed();
+    if sub != LoadingSubevent::Ended && sub != LoadingSubevent::Failed {
+        keys::distrust_cache();
+        // The filters held in module memory come back with the dataset (its aux field), and
+        // every sentinel is a new value.
+        if crate::cluster::enabled() {
+            crate::filter::store::clear();
+            crate::cluster::owner::sentinels_touched();
+        }
+    }
+}
+
+/// Subscribes to SWAPDB (the crate has no wrapper for it). Call once from module load.
+pub fn subscribe(ctx: &Context) -> Result<(), &'static str> {
+    let event = raw::RedisModuleEvent {
+        id: raw::REDISMODULE_EVENT_SWAPDB,
+        dataver: 1,
+    };
+    // SAFETY: module load, main thread; the callback is a plain extern "C" fn.
+    let rc = unsafe {
+        raw::RedisModule_SubscribeToServerEvent.unwrap()(ctx.ctx, event, Some(on_swapdb))
+    };
+    if rc == raw::REDISMODULE_OK as i32 {
+        Ok(())
+    } else {
+        Err("libmember: cannot subscribe to SWAPDB events")
+    }
+}
+
+/// SWAPDB involving DB 0 replaces every exact-match key at once, entries set aside before a
+/// DEL included.
+///
+/// # Safety
+/// Called by the server on the main thread; `data` is a `RedisModuleSwapDbInfo`.
+unsafe extern "C" fn on_swapdb(
+    _ctx: *mut raw::RedisModuleCtx,
+    _eid: raw::RedisModuleEvent,
+    _sub: u64,
+    data: *mut c_void,
+) {
+    // SAFETY: for this event the server passes a RedisModuleSwapDbInfo (or null).
+    let dbs = unsafe { data.cast::<raw::RedisModuleSwapDbInfo>().as_ref() }
+        .map(|i| (i.dbnum_first, i.dbnum_second));
+    crate::filter::store::keys_changed();
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        if dbs.is_none_or(|(a, b)| a == 0 || b == 0) {
+            keys::distrust_cache();
+        }
+    }));
+}

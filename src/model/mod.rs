@@ -1,0 +1,10 @@
+//! The pure core: code that makes no server or database call, so unit tests cover it whole.
+//! Canonicalization, tokenization, set definitions and their name rules, the funnel's
+//! decisions, the upkeep records' decisions and every error text.
+
+pub mod canon;
+pub mod error;
+pub mod funnel;
+pub mod set_def;
+pub mod set_upkeep;
+pub mod token;

@@ -1,0 +1,282 @@
+//! HMAC tokenization, pure: the key (parsed from its file's text, never printed), its
+//! fingerprint, and the token that stands in for a canonical item and scope in every tier.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::Sha256;
+
+use crate::model::canon::{hash_parts, Canon};
+
+/// Fewest key bytes accepted (64 hex digits): the strength of HMAC-SHA-256 itself.
+pub const MIN_KEY_BYTES: usize = 32;
+/// Most key bytes accepted (128 hex digits): SHA-256's block size, above which HMAC would
+/// hash the key first.
+pub const MAX_KEY_BYTES: usize = 64;
+/// The label whose HMAC under a key is that key's fingerprint. It holds no NUL, and every
+/// token is the HMAC of a message that does, so no item can have the fingerprint as token.
+pub const FINGERPRINT_LABEL: &[u8] = b"libmember token key fingerprint v1";
+/// Hex digits of the fingerprint kept (64 bits): enough to tell keys apart, nothing to guess from.
+const FINGERPRINT_HEX: usize = 16;
+
+/// How a set turns canonical items into what it stores. Fixed when the set is created.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Tokenize {
+    /// The canonical item itself.
+    None,
+    /// `hex(HMAC-SHA-256(key, entity NUL scope))`, under the key whose fingerprint is kept.
+    HmacSha256 { fingerprint: String },
+}
+
+impl Tokenize {
+    /// The mode's name as MEMBER.CREATE and the catalog spell it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::HmacSha256 { .. } => "hmac-sha256",
+        }
+    }
+
+    /// From the catalog's two columns (`tokenize`, `token_key_fp`); `None` for anything else.
+    pub fn from_stored(mode: &str, fingerprint: Option<&str>) -> Option<Self> {
+        match (mode, fingerprint) {
+            ("none", _) => Some(Self::None),
+            ("hmac-sha256", Some(fp)) if valid_fingerprint(fp) => Some(Self::HmacSha256 {
+                fingerprint: fp.to_string(),
+            }),
+            _ => None,
+        }
+    }
+
+    pub fn is_on(&self) -> bool {
+        !matches!(self, Self::None)
+    }
+
+    /// The stored fingerprint, if tokenized.
+    pub fn fingerprint(&self) -> Option<&str> {
+        match self {
+            Self::None => None,
+            Self::HmacSha256 { fingerprint } => Some(fingerprint),
+        }
+    }
+}
+
+/// True for a fingerprint as `Key::fingerprint` writes it.
+pub fn valid_fingerprint(fp: &str) -> bool {
+    fp.len() == FINGERPRINT_HEX && fp.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// Why a key file's text is not a key. The text is the reply after `member.token-key-file: `.
+#[derive(Debug, PartialEq, Eq)]
+pub enum KeyError {
+    Empty,
+    NotHex,
+    TooShort,
+    TooLong,
+}
+
+impl KeyError {
+    pub fn text(&self) -> &'static str {
+        match self {
+            Self::Empty => "the file is empty",
+            Self::NotHex => {
+                "the file must hold the key as hex digits only (e.g. `openssl rand -hex 32`)"
+            }
+            Self::TooShort => "the key is shorter than 32 bytes (64 hex digits)",
+            Self::TooLong => "the key is longer than 64 bytes (128 hex digits)",
+        }
+    }
+}
+
+/// A tokenization key, ready to use: the HMAC state after the key was absorbed (cloned per
+/// token, so a token costs the message's compressions and the outer one) and the fingerprint.
+/// Neither `Debug` nor anything else shows the key.
+#[derive(Clone)]
+pub struct Key {
+    mac: Hmac<Sha256>,
+    fingerprint: String,
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key(fingerprint {})", self.fingerprint)
+    }
+}
+
+impl Key {
+    /// Parses a key file's text: hex digits (either case), surrounding white space ignored,
+    /// 32 to 64 bytes once decoded.
+    pub fn from_file_text(text: &[u8]) -> Result<Key, KeyError> {
+        let hex = text.trim_ascii();
+        if hex.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        if !hex.len().is_multiple_of(2) || !hex.iter().all(u8::is_ascii_hexdigit) {
+            return Err(KeyError::NotHex);
+        }
+        let bytes: Vec<u8> = hex
+            .chunks_exact(2)
+            .map(|p| (digit(p[0]) << 4) | digit(p[1]))
+            .collect();
+        if bytes.len() < MIN_KEY_BYTES {
+            return Err(KeyError::TooShort);
+        }
+        if bytes.len() > MAX_KEY_BYTES {
+            return Err(KeyError::TooLong);
+        }
+        Ok(Key::from_bytes(&bytes))
+    }
+
+    fn from_bytes(key: &[u8]) -> Key {
+        let mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC takes any key");
+        let mut fp = mac.clone();
+        fp.update(FINGERPRINT_LABEL);
+        let mut fingerprint = to_hex(&fp.finalize().into_bytes());
+        fingerprint.truncate(FINGERPRINT_HEX);
+        Key { mac, fingerprint }
+    }
+
+    /// `hex(HMAC-SHA-256(key, FINGERPRINT_LABEL))`, first 16 digits: stored in the catalog
+    /// with every tokenized set, so a changed key is told from "absent".
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// The token of `entity NUL scope` (the exact-match key's own encoding): 64 lowercase hex
+    /// digits of its HMAC-SHA-256.
+    pub fn token(&self, entity: &str, scope: &str) -> String {
+        let mut m = self.mac.clone();
+        m.update(entity.as_bytes());
+        m.update(&[0]);
+        m.update(scope.as_bytes());
+        to_hex(&m.finalize().into_bytes())
+    }
+
+    /// `canon` with the token in place of its entity, the scope folded into it (stored `''`),
+    /// and the hash of the token: what every tier after canonicalization sees.
+    pub fn tokenize(&self, canon: &Canon) -> Canon<'static> {
+        let token = self.token(&canon.entity, canon.scope);
+        let hash = hash_parts(&token, "");
+        Canon {
+            entity: Cow::Owned(token),
+            scope: "",
+            hash,
+        }
+    }
+}
+
+fn digit(b: u8) -> u8 {
+    match b {
+        b'0'..=b'9' => b - b'0',
+        b'a'..=b'f' => b - b'a' + 10,
+        _ => b - b'A' + 10,
+    }
+}
+
+fn to_hex(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(HEX[(b >> 4) as usize] as char);
+        s.push(HEX[(b & 15) as usize] as char);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::canon::{canonicalize, Normalize};
+
+    const KEY_HEX: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+
+    fn key() -> Key {
+        Key::from_file_text(KEY_HEX.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn matches_rfc_4231_test_case_2() {
+        // RFC 4231 §4.3: key "Jefe", data "what do ya want for nothing?".
+        let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(b"Jefe").unwrap();
+        m.update(b"what do ya want for nothing?");
+        assert_eq!(
+            to_hex(&m.finalize().into_bytes()),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    #[test]
+    fn token_is_pinned() {
+        // Pinned: outside writers compute this with pgcrypto (README); it must never change.
+        // Checked with: printf 'alice\0' | openssl dgst -sha256 -mac HMAC -macopt hexkey:<KEY_HEX>
+        assert_eq!(
+            key().token("alice", ""),
+            "ddba9b6c0e0c40efb00e6e276d720c65321265ca0b8ba161fd2b86047a0a1e3c"
+        );
+    }
+
+    #[test]
+    fn scope_and_separator_change_the_token() {
+        let k = key();
+        assert_ne!(k.token("card", "m1"), k.token("card", "m2"));
+        assert_ne!(k.token("card", "m1"), k.token("card", ""));
+        assert_ne!(k.token("ab", ""), k.token("a", "b"));
+        assert_eq!(k.token("x", "").len(), 64);
+    }
+
+    #[test]
+    fn tokenize_replaces_entity_and_scope() {
+        let k = key();
+        let c = canonicalize(Normalize::Lower, b" Alice ", b"m1").unwrap();
+        let t = k.tokenize(&c);
+        assert_eq!(t.entity, k.token("alice", "m1"));
+        assert_eq!(t.scope, "");
+        assert_eq!(t.hash, hash_parts(&t.entity, ""));
+        // A stored token read back (rebuild, sync) canonicalizes to itself under any policy.
+        for n in [Normalize::None, Normalize::Lower, Normalize::Username] {
+            let again = canonicalize(n, t.entity.as_bytes(), b"").unwrap();
+            assert_eq!(again, t, "{n:?}");
+        }
+    }
+
+    #[test]
+    fn fingerprint_tells_keys_apart_and_hides_them() {
+        let a = key();
+        let b = Key::from_file_text(format!("{}0f", &KEY_HEX[..62]).as_bytes()).unwrap();
+        assert_ne!(a.fingerprint(), b.fingerprint());
+        assert!(valid_fingerprint(a.fingerprint()));
+        assert!(!format!("{a:?}").contains("0102"));
+    }
+
+    #[test]
+    fn key_file_text_is_checked() {
+        assert_eq!(Key::from_file_text(b"").unwrap_err(), KeyError::Empty);
+        assert_eq!(Key::from_file_text(b" \n").unwrap_err(), KeyError::Empty);
+        assert_eq!(Key::from_file_text(b"xyz").unwrap_err(), KeyError::NotHex);
+        assert_eq!(Key::from_file_text(b"abc").unwrap_err(), KeyError::NotHex);
+        assert_eq!(
+            Key::from_file_text(&[b'a'; 62]).unwrap_err(),
+            KeyError::TooShort
+        );
+        assert_eq!(
+            Key::from_file_text(&[b'a'; 130]).unwrap_err(),
+            KeyError::TooLong
+        );
+        // Upper case and a trailing newline are the same key.
+        let upper = format!("{}\n", KEY_HEX.to_uppercase());
+        let k = Key::from_file_text(upper.as_bytes()).unwrap();
+        assert_eq!(k.fingerprint(), key().fingerprint());
+    }
+
+    #[test]
+    fn stored_modes_round_trip() {
+        let fp = key().fingerprint().to_string();
+        let t = Tokenize::from_stored("hmac-sha256", Some(&fp)).unwrap();
+        assert_eq!(t.fingerprint(), Some(fp.as_str()));
+        assert_eq!(Tokenize::from_stored("none", None), Some(Tokenize::None));
+        assert_eq!(Tokenize::from_stored("hmac-sha256", None), None);
+        assert_eq!(Tokenize::from_stored("hmac-sha256", Some("xyz")), None);
+        assert_eq!(Tokenize::from_stored("md5", None), None);
+    }
+}

@@ -1,0 +1,8 @@
+//! The sets this node knows: the main-thread registry (`state`), the catalog it is read from,
+//! the keys the module owns and who else wrote them, and who may touch which set (`acl`).
+
+pub mod acl;
+pub mod catalog;
+pub mod foreign_writes;
+pub mod keys;
+pub mod state;

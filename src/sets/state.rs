@@ -1,0 +1,475 @@
+//! Main-thread state: the sets this node knows (from the catalog), their recent-writes marks,
+//! invalidation generations, rebuild progress and counters. Thread-local: only the server's
+//! main thread (commands, callbacks, timers) ever touches it, so no lock is taken.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use redis_module::RedisString;
+
+use crate::cluster::slotset::SlotSet;
+use crate::server::metrics::PathCounters;
+use crate::{config, sets::keys};
+
+pub use crate::model::set_def::{SetChange, SetDef, Source, SourceSync};
+
+/// Hasher for keys that are already uniform hashes (the 128-bit canonical hash).
+#[derive(Default)]
+pub struct IdHasher(u64);
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ *b as u64;
+        }
+    }
+    fn write_u128(&mut self, v: u128) {
+        self.0 = v as u64 ^ (v >> 64) as u64;
+    }
+}
+/// FNV-1a for set names: a handful of short keys looked up on every call, where SipHash's
+/// setup cost shows in profiles and flooding is not a concern (names are validated).
+pub struct NameHasher(u64);
+impl Default for NameHasher {
+    fn default() -> Self {
+        NameHasher(0xcbf2_9ce4_8422_2325)
+    }
+}
+impl Hasher for NameHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+type IdMap<V> = HashMap<u128, V, BuildHasherDefault<IdHasher>>;
+
+/// A recent-writes mark: held while ADDs of the item are in flight, and for the set's
+/// RECENT-TTL after the last one finished.
+#[derive(Clone, Copy, Debug)]
+struct Mark {
+    pending: u32,
+    until: Instant,
+}
+
+/// A running or finished filter build.
+// One per set, mostly Idle: the definition a running build carries is not worth a box.
+#[allow(clippy::large_enum_variant)]
+pub enum Rebuild {
+    Idle,
+    Running {
+        reason: crate::model::set_upkeep::Reason,
+        /// The definition the build sizes its filter by (ERROR, CAPACITY).
+        built_for: SetDef,
+        /// Promotion epoch when the build started.
+        epoch: u64,
+        started: Instant,
+        rows: Arc<AtomicU64>,
+        estimate: Arc<AtomicU64>,
+        /// Items added while the build ran; folded into the new filter at the swap.
+        journal: Vec<u128>,
+        /// MEMBER.REBUILD SYNC and MEMBER.CREATE callers waiting for the outcome.
+        waiters: Vec<(
+            crate::server::block::Blocked,
+            crate::model::set_upkeep::Reply,
+        )>,
+        /// More adds arrived than `member.max-journal` allows: the build is abandoned at its
+        /// end (the old filter received every add and keeps serving).
+        overflowed: bool,
+    },
+}
+
+/// Rows loaded and time taken, or why it failed.
+pub type RebuildOutcome = Result<(u64, Duration), String>;
+
+/// Source of `SetState::incarnation`.
+static NEXT_INCARNATION: AtomicU64 = AtomicU64::new(1);
+
+/// Everything the main thread knows about one set.
+pub struct SetState {
+    pub def: SetDef,
+    /// Never reused in this process: work started for a set that was then dropped (and maybe
+    /// created again) is recognised as stale when it ends.
+    pub incarnation: u64,
+    pub filter_key: RedisString,
+    /// The filter value last found at `filter_key` (see `store::Remembered`).
+    pub filter_ref: crate::filter::store::Remembered,
+    /// `member:<set>`, the name ACL key patterns are matched against (see `acl.rs`), made once.
+    pub acl_key: RedisString,
+    pub cache_prefix: Vec<u8>,
+    /// Identity of the catalog row this set was learned from, when known (see
+    /// `sql::CatalogRow`): a different one means the set was dropped and created again.
+    pub catalog_id: Option<i64>,
+    /// The catalog version of the last MEMBER.ALTER applied here (0: none).
+    pub altered_version: i64,
+    marks: IdMap<Mark>,
+    /// Bumped by every ADD/DEL effect; a lookup that started under an older generation does
+    /// not fill the cache (it may have read a row that a concurrent DEL just removed).
+    pub generation: u64,
+    pub rebuild: Rebuild,
+    /// When the last rebuild ended, and its rows and duration or its error.
+    pub last_rebuild: Option<(Instant, RebuildOutcome)>,
+    /// Why the last rebuild ran.
+    pub last_rebuild_reason: Option<crate::model::set_upkeep::Reason>,
+    /// Automatic growth of the filter (`grow.rs`).
+    pub grow: crate::model::set_upkeep::Grow,
+    pub next_rebuild_try: Option<Instant>,
+    pub sync: crate::model::set_upkeep::SyncState,
+    /// The promotion epoch in which this set's filter last caught up (see `Registry::epoch`).
+    pub synced_epoch: u64,
+    /// Identity (`FilterValue::id`) of the one filter value that may answer "absent" for this
+    /// set: the value this process installed (CREATE, rebuild, live replication) or the sync
+    /// loop caught up from its own watermark, and that has received every ADD since. Any
+    /// other value found at the key (renamed or moved back, copied over, swapped in,
+    /// restored) falls through to cache and database until a sync pass catches it up.
+    pub trusted: Option<u64>,
+    /// When the work that last brought the trusted filter current (a sync pass that caught it
+    /// up, or the rebuild that built it) started. In a cluster, a slot's negatives count only
+    /// when this is late enough after the slot was taken (`cluster/owner.rs`).
+    pub covered_since: Option<Instant>,
+    /// Cluster mode: slots whose sync rows are applied to the filter besides those it covers:
+    /// the slots of a slot fill or a rebuild in flight, whose rows must not be missed meanwhile.
+    pub cover_extra: Option<SlotSet>,
+    /// Cluster mode: the slots a slot fill in flight reads (`slot_fill.rs`).
+    pub filling: Option<SlotSet>,
+    /// A filter the primary replicated, being verified off the main thread
+    /// (`replica_load.rs`): the adds applied meanwhile, folded in at the swap.
+    pub pending_load: Option<PendingLoad>,
+    pub stats: PathCounters,
+}
+
+/// A replicated filter in flight on a replica (see `replica_load.rs`).
+#[derive(Debug)]
+pub struct PendingLoad {
+    /// Which `MEMBER._LOAD` this is: a later one supersedes it.
+    pub seq: u64,
+    /// Items added while it was parsed.
+    pub journal: Vec<u128>,
+}
+
+impl SetState {
+    pub fn new(def: SetDef) -> Self {
+        let incarnation = NEXT_INCARNATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        SetState {
+            incarnation,
+            filter_key: keys::filter_key(&def.name),
+            filter_ref: Default::default(),
+            acl_key: RedisString::create(None, crate::model::set_def::acl_key(&def.name)),
+            cache_prefix: keys::cache_prefix(&def.name),
+            catalog_id: None,
+            altered_version: 0,
+            def,
+            marks: IdMap::default(),
+            generation: 0,
+            rebuild: Rebuild::Idle,
+            last_rebuild: None,
+            last_rebuild_reason: None,
+            grow: Default::default(),
+            next_rebuild_try: None,
+            sync: Default::default(),
+            synced_epoch: 0,
+            trusted: None,
+            covered_since: None,
+            cover_extra: None,
+            filling: None,
+            pending_load: None,
+            stats: PathCounters::default(),
+        }
+    }
+
+    /// Items were just added to the filter value `at` at this set's key (`None`: there was
+    /// none of ours). If that is not the trusted value, the trusted value is elsewhere (moved
+    /// or renamed away) and missed them: it is trusted no more, wherever it is.
+    pub fn filter_added(&mut self, at: Option<u64>) {
+        if at.is_none() || self.trusted != at {
+            self.trusted = None;
+        }
+    }
+
+    /// A sync pass applied `rows` rows to the value at the key, which it caught up
+    /// (`caught`, see `FilterValue::apply_sync`) or not.
+    /// `started`: when the pass started.
+    pub fn filter_synced(&mut self, caught: Option<u64>, rows: bool, started: Instant) {
+        if caught.is_some() {
+            self.trusted = caught;
+            self.covered_since = Some(started);
+        } else if rows {
+            self.trusted = None;
+        }
+    }
+
+    /// An ADD of `hash` is starting: from now until its effects are applied (and RECENT-TTL
+    /// after), a filter negative for it is not trusted.
+    pub fn mark_begin(&mut self, hash: u128) {
+        let until = Instant::now() + Duration::from_secs(self.def.recent_ttl);
+        let m = self.marks.entry(hash).or_insert(Mark { pending: 0, until });
+        m.pending += 1;
+        m.until = m.until.max(until);
+    }
+
+    /// An ADD of `hash` finished (its filter bit, if any, is set).
+    pub fn mark_end(&mut self, hash: u128) {
+        let until = Instant::now() + Duration::from_secs(self.def.recent_ttl);
+        if let Some(m) = self.marks.get_mut(&hash) {
+            m.pending = m.pending.saturating_sub(1);
+            m.until = m.until.max(until);
+        }
+    }
+
+    /// True when a write of `hash` is in flight or finished within RECENT-TTL.
+    #[inline]
+    pub fn is_recent(&self, hash: u128) -> bool {
+        if self.marks.is_empty() {
+            return false;
+        }
+        self.marks
+            .get(&hash)
+            .is_some_and(|m| m.pending > 0 || Instant::now() < m.until)
+    }
+
+    pub fn recent_marks(&self) -> usize {
+        self.marks.len()
+    }
+
+    pub(crate) fn purge_marks(&mut self, now: Instant) {
+        self.marks.retain(|_, m| m.pending > 0 || now < m.until);
+    }
+
+    /// Records an item whose effects were just applied, so a running rebuild (or a replicated
+    /// filter still being verified) includes it.
+    pub fn journal(&mut self, hash: u128) {
+        let max = crate::server::limits::max_journal();
+        if let Rebuild::Running {
+            journal,
+            overflowed,
+            ..
+        } = &mut self.rebuild
+        {
+            if journal.len() < max {
+                journal.push(hash);
+            } else {
+                *overflowed = true;
+            }
+        }
+        if let Some(p) = &mut self.pending_load {
+            if p.journal.len() < max {
+                p.journal.push(hash);
+            } else {
+                // Abandoned: its result is dropped on arrival; the current filter serves on.
+                self.pending_load = None;
+            }
+        }
+    }
+}
+
+/// How current this node's copy of the set catalog is (see `catalog.rs`).
+#[derive(Debug, Default)]
+pub struct Catalog {
+    /// The catalog has been read since start-up.
+    pub loaded: bool,
+    /// A read (full or periodic check) is in flight.
+    pub loading: bool,
+    pub last_error: Option<String>,
+    /// No read before this (after a failure).
+    pub next_try: Option<Instant>,
+    /// The catalog version the registry reflects (of the last read applied).
+    pub version: Option<i64>,
+    /// A full re-read is due: a dataset was loaded or this node was promoted.
+    pub reread: bool,
+    /// When the next periodic version check is due.
+    pub next_check: Option<Instant>,
+    /// Bumped whenever a set is added to or removed from the registry: a catalog read sent
+    /// before such a change is not applied over it.
+    pub changes: u64,
+    /// Bumped whenever a set is removed from the registry.
+    pub removals: u64,
+    /// Promoted and not re-read since: no set serves before the catalog has confirmed it (a
+    /// command naming one asks the catalog, as for an unknown name).
+    pub hold: bool,
+}
+
+#[derive(Default)]
+pub struct Registry {
+    pub sets: HashMap<String, SetState, BuildHasherDefault<NameHasher>>,
+    pub catalog: Catalog,
+    pub(crate) last_sweep: Option<Instant>,
+    /// Bumped each time this node is promoted to primary. A filter answers "absent" only if
+    /// its set has been caught up (sync pass or rebuild) by work *started* in the current
+    /// epoch: the old primary may have acknowledged ADDs whose effects never arrived here.
+    pub epoch: u64,
+    /// Set by a promotion or a dataset load; the next sweep starts sync passes for every set
+    /// at once.
+    pub(crate) promoted: bool,
+    /// When this node was last promoted.
+    promoted_at: Option<Instant>,
+    /// Times at which a handover grace ends (a promotion, slots taken in a cluster): a sync
+    /// pass starts then, whatever the interval, so the filter serves "absent" again promptly.
+    pub(crate) catch_ups: Vec<Instant>,
+    /// When a sweep last started sync passes early for a filter value no set trusts yet.
+    pub(crate) strangers_seen: Option<Instant>,
+}
+
+impl Registry {
+    /// The set named `name` if it may serve right now without asking the catalog: known,
+    /// and not held back after a promotion, unless `confirmed` (the catalog was just asked
+    /// about it, which lifts the hold for this name).
+    #[inline]
+    pub fn serving(&mut self, name: &str, confirmed: bool) -> Option<&mut SetState> {
+        if self.catalog.hold && !confirmed {
+            return None;
+        }
+        self.sets.get_mut(name)
+    }
+
+    /// The set named `name`, or the error a client should get.
+    pub fn find(&mut self, name: &str) -> Result<&mut SetState, redis_module::RedisError> {
+        // The error is decided first so that the hot path is a single map lookup.
+        let missing = redis_module::RedisError::Str(if self.catalog.loaded {
+            crate::model::error::UNKNOWN_SET
+        } else {
+            crate::model::error::CATALOG_NOT_LOADED
+        });
+        self.sets.get_mut(name).ok_or(missing)
+    }
+}
+
+thread_local! {
+    static REGISTRY: RefCell<Registry> = RefCell::new(Registry::default());
+}
+
+/// Access to the registry. Main thread only; never call back into it from inside `f`.
+pub fn with<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
+    REGISTRY.with(|r| f(&mut r.borrow_mut()))
+}
+
+/// This node just became a primary (called from the role-change event, before any command
+/// runs in the new role): no filter is trusted for "absent" until it has caught up again.
+pub fn on_promoted() {
+    with(|r| {
+        r.epoch += 1;
+        r.promoted = true;
+        r.promoted_at = Some(Instant::now());
+    });
+    catch_up_at(Instant::now() + config::handover_grace());
+}
+
+/// Starts a sync pass for every set at `at` (the end of a handover grace), not an interval
+/// later.
+pub fn catch_up_at(at: Instant) {
+    with(|r| {
+        if !r.catch_ups.contains(&at) {
+            r.catch_ups.push(at);
+        }
+    });
+}
+
+/// A dataset was just loaded (full synchronization, DEBUG RELOAD): its filters start not
+/// caught up, so the next sweep starts a sync pass for every set at once instead of waiting
+/// for each set's next interval.
+pub fn after_load() {
+    with(|r| r.promoted = true);
+}
+
+/// Records that `set`'s filter was caught up by work started at `started`, in `epoch`. Work
+/// counts for a new epoch only when it started a handover grace after the promotion: the old
+/// primary may still acknowledge an ADD it took before (within its `member.db-timeout-ms`),
+/// and only work started after that reads it.
+pub fn synced(r: &mut Registry, set: &str, epoch: u64, started: Instant) {
+    let late_enough = r
+        .promoted_at
+        .is_none_or(|p| started >= p + config::handover_grace());
+    if epoch == r.epoch && late_enough {
+        if let Some(s) = r.sets.get_mut(set) {
+            s.synced_epoch = epoch;
+        }
+    }
+}
+
+/// `id` is the filter value the module just installed at `set`'s key: trusted for "absent" if
+/// `trust` (it is current: a build, or a live replica's copy of one), else nothing is.
+/// What it covers is not known here: a build says so with [`built_since`].
+pub fn installed(r: &mut Registry, set: &str, id: u64, trust: bool) {
+    if let Some(s) = r.sets.get_mut(set) {
+        s.trusted = trust.then_some(id);
+        s.covered_since = None;
+        // A fill in flight was for the value replaced (it checks the identity when it ends).
+        s.cover_extra = None;
+        s.filling = None;
+    }
+    if let Some(f) = ON_INSTALLED.get() {
+        f();
+    }
+}
+
+/// Told of every filter value installed (`installed`), set once at module load.
+static ON_INSTALLED: OnceLock<fn()> = OnceLock::new();
+
+/// Makes `f` hear of every filter value installed from now on (the sync loop, so that its next
+/// sweep looks at once). Call once, from module load.
+pub fn on_installed(f: fn()) {
+    let _ = ON_INSTALLED.set(f);
+}
+
+/// The filter just installed for `set` was built by a rebuild that started at `started`.
+pub fn built_since(r: &mut Registry, set: &str, started: Instant) {
+    if let Some(s) = r.sets.get_mut(set) {
+        s.covered_since = Some(started);
+    }
+}
+
+/// Registers (or updates) a set definition. True when the set is new to this node.
+pub fn register(def: SetDef) -> bool {
+    with(|r| match r.sets.get_mut(&def.name) {
+        Some(s) => {
+            if s.def != def {
+                s.def = def;
+                // A catalog read sent before this change is not applied over it.
+                r.catalog.changes += 1;
+            }
+            false
+        }
+        None => {
+            // A set first seen now has no filter older than this epoch to distrust (one
+            // loaded from disk is held back until a sync pass trusts it).
+            let mut s = SetState::new(def);
+            s.synced_epoch = r.epoch;
+            r.sets.insert(s.def.name.clone(), s);
+            r.catalog.changes += 1;
+            true
+        }
+    })
+}
+
+/// Removes a set from the registry (it was dropped), returning what this node held for it.
+pub fn remove(name: &str) -> Option<SetState> {
+    with(|r| {
+        let s = r.sets.remove(name)?;
+        r.catalog.changes += 1;
+        r.catalog.removals += 1;
+        Some(s)
+    })
+}
+
+/// True when `name`'s current incarnation on this node is `incarnation`.
+pub fn is_current(r: &Registry, name: &str, incarnation: u64) -> bool {
+    r.sets
+        .get(name)
+        .is_some_and(|s| s.incarnation == incarnation)
+}
+
+const RETRY_AFTER: Duration = Duration::from_secs(2);
+
+/// Delay before retrying a failed catalog load or rebuild.
+pub fn retry_at() -> Instant {
+    Instant::now() + RETRY_AFTER
+}

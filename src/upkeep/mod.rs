@@ -1,0 +1,11 @@
+//! Work off the request path that keeps each set's filter complete: rebuilds, auto-grow, the
+//! sync loop and its change notification, the periodic housekeeping, cluster slot fills and
+//! filters loaded from the primary.
+
+pub mod grow;
+pub mod housekeeping;
+pub mod notify;
+pub mod rebuild;
+pub mod replica_load;
+pub mod slot_fill;
+pub mod sync;

@@ -1,5 +1,5 @@
 //! libmember: "is X a member of set S?" in one round trip, never wrong. Registration only:
-//! commands, the filter data type and the INFO section (the configs: `config/load.rs`, first
+//! commands, the filter data type and the INFO section (the configs: `hooks/config_load.rs`, first
 //! thing in `init`). The funnel lives in `command/lookup.rs` → `funnel.rs`; the database in
 //! `db/`.
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -21,8 +21,9 @@ use redis_module::{redis_module, Context, InfoContext, RedisResult, RedisString,
 
 use command::{create, info, internal, lookup, write};
 use command_info::{Info, Item};
-use config::{load as config_load, token_key};
+use config::token_key;
 use filter::data_type::FILTER_TYPE;
+use hooks::config_load;
 use hooks::redact::{self, Shape};
 use hooks::{config_filter, events};
 use server::{mainq, reply};
@@ -175,20 +176,20 @@ const COMMAND_INFO: &[Info] = &[
 ];
 
 fn init(ctx: &Context, args: &[RedisString]) -> Status {
-    // First: a refused value must fail the load before anything of ours runs (config/load.rs).
+    // First: a refused value must fail the load before anything of ours runs (hooks/config_load.rs).
     if let Err(e) = config_load::register_and_load(ctx, args) {
         reply::log(ctx, reply::Level::Warning, &e);
         return Status::Err;
     }
     // The sync loop hears of every filter installed, so its next sweep looks at once.
     state::on_installed(sync::filter_installed);
-    cluster::set_enabled(
+    crate::server::cluster_mode::set_enabled(
         ctx.get_flags()
             .contains(redis_module::ContextFlags::CLUSTER),
     );
     // Cluster mode only: slot sentinels, and the RDB aux field that carries the filters held
     // in module memory (standalone RDB files stay loadable as before).
-    if cluster::enabled() {
+    if crate::server::cluster_mode::enabled() {
         if let Err(e) = cluster::sentinel::SENTINEL_TYPE.create_data_type(ctx.ctx) {
             reply::log(ctx, reply::Level::Warning, &format!("libmember: {e}"));
             return Status::Err;
@@ -212,7 +213,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     }
     // Nothing below fails the load: a failed load cleans up commands, events, configs and the
     // filter, not a cluster message receiver (its code would be unloaded under it).
-    if cluster::enabled() {
+    if crate::server::cluster_mode::enabled() {
         // Items whose canonical slot another node holds are forwarded to it over the bus.
         cluster::bus::init(ctx, command::forwarded::serve);
     }

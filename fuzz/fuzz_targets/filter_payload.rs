@@ -6,7 +6,7 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use member::cluster::slotset::SlotSet;
+use member::model::slotset::SlotSet;
 use member::filter::{Bloom, Coverage, FORMAT_VERSION};
 use member::filter::origin::Origin;
 use member::filter::data_type::FilterValue;

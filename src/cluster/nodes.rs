@@ -1,7 +1,7 @@
 //! Which hash slots this node answers for, and which primary serves each slot, read from
 //! `CLUSTER NODES` text. Pure.
 
-use super::slot::SLOTS;
+use crate::model::slot::SLOTS;
 
 /// What one `CLUSTER NODES` reply says about this node.
 #[derive(Debug, PartialEq, Eq)]

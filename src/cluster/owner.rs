@@ -20,8 +20,8 @@ use redis_module::{raw, Context, RedisString, RedisValue};
 
 use super::nodes;
 use super::sentinel::{Sentinel, SENTINEL_TYPE};
-use super::slot::{keyslot, tag_for_slot, SLOTS};
-use super::slotset::SlotSet;
+use crate::model::slot::{keyslot, tag_for_slot, SLOTS};
+use crate::model::slotset::SlotSet;
 use crate::{config, server::replication, server::reply};
 
 #[derive(Clone, Copy, Debug)]
@@ -414,7 +414,7 @@ mod tests {
     fn sentinel_names_sit_in_their_slot_and_are_recognised() {
         for slot in [0u16, 1, 5460, 16383] {
             let n = sentinel_name(slot);
-            assert_eq!(super::super::slot::keyslot(n.as_bytes()), slot);
+            assert_eq!(crate::model::slot::keyslot(n.as_bytes()), slot);
             assert!(is_sentinel_name(n.as_bytes()));
         }
         assert!(!is_sentinel_name(b"member:{}:owner"));

@@ -13,9 +13,7 @@ use crate::db::{pool, DbErr};
 use crate::server::block::Blocked;
 use crate::sets::state::{self, Rebuild, SetChange, SetDef};
 use crate::upkeep::rebuild::{self, Reply};
-use crate::{
-    filter::store, model::error, server::limits, server::mainq, sets::catalog, sets::keys,
-};
+use crate::{filter::store, model::error, server::mainq, sets::catalog, sets::keys, sets::limits};
 
 /// A parsed MEMBER.ALTER.
 #[derive(Debug)]
@@ -76,8 +74,11 @@ pub fn alter(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         .unwrap_or(0);
     let check = move |d: &SetDef| -> Result<(), String> {
         let members = d.capacity.max(items);
-        crate::server::limits::check_filter_size(members, d.error_rate)?;
-        limits::check_memory(crate::filter::bytes_for(members, d.error_rate), budget)
+        crate::sets::limits::check_filter_size(members, d.error_rate)?;
+        crate::server::transient::check_memory(
+            crate::filter::bytes_for(members, d.error_rate),
+            budget,
+        )
     };
     // Without SYNC the reply waits for the catalog step only, bounded like any database call;
     // with SYNC for the rebuild too, like MEMBER.REBUILD SYNC.

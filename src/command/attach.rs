@@ -82,7 +82,7 @@ pub fn check(normalize: Normalize, tokenize: &Tokenize) -> Result<(), RedisError
     if tokenize.is_on() {
         return Err(RedisError::Str(error::SOURCE_TOKENIZE));
     }
-    if crate::cluster::enabled() {
+    if crate::server::cluster_mode::enabled() {
         return Err(RedisError::Str(error::SOURCE_IN_CLUSTER));
     }
     Ok(())

@@ -87,9 +87,9 @@ pub fn create(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     // The catalog step checks the same for any row it inserts (this node may still know a
     // set that was dropped elsewhere).
     let (is_new, known) = state::with(|r| (!r.sets.contains_key(&def.name), r.sets.len()));
-    let budget = crate::server::limits::refresh_memory_budget(ctx);
+    let budget = crate::sets::limits::refresh_memory_budget(ctx);
     if is_new {
-        crate::server::limits::admit_set(known)?;
+        crate::sets::limits::admit_set(known)?;
         fits(&def, budget).map_err(|e| RedisError::String(format!("ERR {e}")))?;
     }
     let id = NEXT_ID.with(|n| {
@@ -119,8 +119,8 @@ pub fn create(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// Whether the filter `def` needs fits under `member.max-filter-bytes` (a smaller one would
 /// break the promised rate) and in `budget`, the bytes left under maxmemory.
 fn fits(def: &SetDef, budget: u64) -> Result<(), String> {
-    crate::server::limits::check_filter_size(def.capacity, def.error_rate)?;
-    crate::server::limits::check_memory(
+    crate::sets::limits::check_filter_size(def.capacity, def.error_rate)?;
+    crate::server::transient::check_memory(
         crate::filter::bytes_for(def.capacity, def.error_rate),
         budget,
     )

@@ -8,11 +8,11 @@ use redis_module::{Context, RedisResult, RedisValue};
 
 use super::{block_timeout, may_block};
 use crate::cluster::bus;
-use crate::cluster::slot::keyslot;
+use crate::cluster::owner;
 use crate::cluster::wire::{Op, Request};
-use crate::cluster::{self, owner};
 use crate::model::canon::Canon;
 use crate::model::error;
+use crate::model::slot::keyslot;
 use crate::server::block::{Blocked, Fail};
 
 /// A request for the node that holds the item's canonical slot.
@@ -31,7 +31,7 @@ pub(super) fn elsewhere(
     op: Op,
     expires_at: Option<f64>,
 ) -> Option<Elsewhere> {
-    if !cluster::enabled() || raw == canon.entity.as_bytes() {
+    if !crate::server::cluster_mode::enabled() || raw == canon.entity.as_bytes() {
         return None;
     }
     let slot = keyslot(canon.entity.as_bytes());

@@ -13,11 +13,11 @@ use super::point_remote;
 use super::write::{self, Op as WriteOp};
 use crate::cluster::bus::{self, Responder};
 use crate::cluster::owner;
-use crate::cluster::slot::keyslot;
 use crate::cluster::wire::{Op, Request};
 use crate::db::pool::{self, Job};
 use crate::model::canon::{hash_parts, Canon};
 use crate::model::error;
+use crate::model::slot::keyslot;
 use crate::sets::catalog;
 
 /// Runs a request forwarded by another node, if this node holds the canonical slot (else a

@@ -218,7 +218,7 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
             let (held, peak) = crate::server::transient::of_set(&s.def.name);
             out.push(("transient_bytes", held.to_string()));
             out.push(("transient_peak_bytes", peak.to_string()));
-            if crate::cluster::enabled() {
+            if crate::server::cluster_mode::enabled() {
                 // Everything below is this node's part of the set, and says which node that is.
                 let me = match ctx.call("CLUSTER", &["MYID"]) {
                     Ok(redis_module::RedisValue::BulkString(s))
@@ -403,7 +403,7 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
             ),
             (
                 "memory_budget",
-                match crate::server::limits::memory_budget() {
+                match crate::server::transient::memory_budget() {
                     u64::MAX => "unlimited".to_string(),
                     b => b.to_string(),
                 },
@@ -448,7 +448,7 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
         "rebuild_link_error",
         rebuild_error.replace(['\r', '\n'], " "),
     ));
-    if crate::cluster::enabled() {
+    if crate::server::cluster_mode::enabled() {
         use crate::cluster::bus;
         let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed).to_string();
         fields.extend([

@@ -10,7 +10,7 @@ use crate::model::canon::{self, Canon, Normalize};
 use crate::model::token::Tokenize;
 use crate::sets::state::{self, SetDef, Source, SourceSync};
 use crate::upkeep::replica_load;
-use crate::{config, server::effects, server::replication};
+use crate::{config, server::replication, sets::effects};
 
 const NOT_INTERNAL: &str = "ERR internal command: only accepted from a primary or the AOF";
 
@@ -225,10 +225,12 @@ pub fn replicate_filter(ctx: &Context, key: &RedisString, v: &FilterValue) {
 pub fn own(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard(ctx)?;
     let [_, key] = <[RedisString; 2]>::try_from(args).map_err(|_| RedisError::WrongArity)?;
-    if !crate::cluster::enabled() || !crate::cluster::owner::is_sentinel_name(key.as_slice()) {
+    if !crate::server::cluster_mode::enabled()
+        || !crate::cluster::owner::is_sentinel_name(key.as_slice())
+    {
         return Err(RedisError::Str("ERR libmember: not a slot sentinel"));
     }
-    crate::cluster::owner::sentinel_touched(crate::cluster::slot::keyslot(key.as_slice()));
+    crate::cluster::owner::sentinel_touched(crate::model::slot::keyslot(key.as_slice()));
     crate::cluster::owner::write_sentinel(ctx, &key);
     Ok(RedisValue::SimpleStringStatic("OK"))
 }

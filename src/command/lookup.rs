@@ -7,11 +7,11 @@ use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, 
 use super::forward::{self, Elsewhere};
 use super::{block_on_point, block_timeout, may_block, point_for, ItemArgs, PointDone};
 use crate::cluster::owner;
-use crate::cluster::slot::keyslot;
 use crate::cluster::wire::Op;
 use crate::db::pool::{self, Job};
 use crate::db::DbErr;
 use crate::model::funnel::{self, Gate, Path};
+use crate::model::slot::keyslot;
 use crate::server::block::Completion;
 use crate::server::block::Fail;
 use crate::sets::catalog;
@@ -191,7 +191,7 @@ pub(super) fn decide_item(
     explain: bool,
     started: Option<Instant>,
 ) -> Step {
-    let cluster = crate::cluster::enabled();
+    let cluster = crate::server::cluster_mode::enabled();
     let slot = cluster.then(|| keyslot(canon.entity.as_bytes()));
     let (mut view, mut filter_id) = if set.synced_epoch == epoch {
         match probe {
@@ -373,7 +373,7 @@ impl Completion for LookupDone {
                 if set.generation != self.generation || is_replica {
                     return;
                 }
-                if crate::cluster::enabled() && !owner::may_cache(ctx, &self.entity) {
+                if crate::server::cluster_mode::enabled() && !owner::may_cache(ctx, &self.entity) {
                     return;
                 }
                 let now = funnel::now_s();

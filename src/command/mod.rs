@@ -26,7 +26,7 @@ use crate::server::block::{Blocked, Completion};
 use crate::{config, model::error};
 
 pub use crate::model::set_def::valid_set_name;
-pub use crate::server::limits::may_block;
+pub use crate::sets::limits::may_block;
 
 fn err(msg: &'static str) -> RedisError {
     RedisError::Str(msg)

@@ -12,8 +12,8 @@ use crate::server::block::Completion;
 use crate::server::block::Fail;
 use crate::sets::catalog;
 use crate::{
-    config::token_key, model::error, model::funnel, server::effects, server::replication,
-    sets::keys, sets::state,
+    config::token_key, model::error, model::funnel, server::replication, sets::effects, sets::keys,
+    sets::state,
 };
 
 /// Longest TTL or EXPIREAT horizon accepted: 10 years.

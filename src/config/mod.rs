@@ -3,7 +3,6 @@
 
 pub mod attach_allow;
 pub mod conninfo;
-pub mod load;
 pub mod module_args;
 pub mod pg_link;
 pub mod secret_file;
@@ -291,7 +290,7 @@ pub struct KeyFile {
 
 impl KeyFile {
     /// Makes every path set from now on go to `load`. Call once, before the configs are
-    /// registered (`config/load.rs`).
+    /// registered (`hooks/config_load.rs`).
     pub fn loads_with(&self, load: KeyLoader) {
         let _ = self.load.set(load);
     }

@@ -1,6 +1,6 @@
 //! The module's own load arguments (`--loadmodule libmember.so workers 8 batch-size 64`): name
 //! value pairs, each name a config of the module, given once and with a value. Anything else
-//! fails the load with the reason (`config/load.rs`), instead of being ignored.
+//! fails the load with the reason (`hooks/config_load.rs`), instead of being ignored.
 
 /// The arguments split into pairs, checked for shape (not yet for known names).
 pub struct ModuleArgs<'a> {

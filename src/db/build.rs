@@ -9,14 +9,14 @@ use postgres::{Client, Transaction};
 
 use super::sql::{log_triggers_ddl, table, ACTIVE, XMIN};
 use super::{source, DbErr};
-use crate::cluster::slot::SLOTS;
-use crate::cluster::slotset::SlotSet;
 use crate::config::pg_link::Link;
 use crate::filter::fuse::Budget;
 use crate::filter::rows::Rows;
 use crate::filter::Bloom;
 use crate::model::canon::{self, Normalize};
 use crate::model::set_def::{SetDef, SourceSync};
+use crate::model::slot::SLOTS;
+use crate::model::slotset::SlotSet;
 
 /// Attached sets are refused in cluster mode (docs/attach.md).
 pub const ATTACHED_IN_CLUSTER: &str =
@@ -88,9 +88,9 @@ pub fn build_filter(
     .map_err(|e| DbErr::Invalid(e.to_string()))?;
     // Nor is a build started whose filter, sized for CAPACITY alone, does not fit in what
     // maxmemory leaves: the rows could only make it larger.
-    crate::server::limits::check_memory(
+    crate::server::transient::check_memory(
         crate::filter::bytes_for(sized_for(def.capacity, slots, 0, false), def.error_rate),
-        crate::server::limits::memory_budget(),
+        crate::server::transient::memory_budget(),
     )
     .map_err(DbErr::Invalid)?;
     // An attached set's table is not one the standby path checks (its own triggers, its
@@ -118,9 +118,9 @@ pub fn build_filter(
     };
     let copy_time = copy_started.elapsed();
     let members = sized_for(def.capacity, slots, rows.len(), grow);
-    crate::server::limits::check_memory(
+    crate::server::transient::check_memory(
         crate::filter::bytes_for(members, def.error_rate),
-        crate::server::limits::memory_budget(),
+        crate::server::transient::memory_budget(),
     )
     .map_err(DbErr::Invalid)?;
     // The rows read go into the filter's static part, later adds into its delta.
@@ -188,7 +188,7 @@ fn new_rows() -> Rows {
 /// into evicting keys. Never below 1 MiB: the steps do not shrink to nothing.
 pub fn build_share() -> u64 {
     crate::config::build_memory()
-        .min(crate::server::limits::memory_budget() / 2)
+        .min(crate::server::transient::memory_budget() / 2)
         .max(1 << 20)
 }
 

@@ -4,7 +4,7 @@
 use postgres::{Client, Transaction};
 
 use super::sql::{slot_triggers_ddl, table, LOG_TRIGGERS};
-use crate::cluster::slot::CRC16_TABLE;
+use crate::model::slot::CRC16_TABLE;
 
 /// Marker in the function's body: a body without it (absent, or an older one) is replaced.
 /// Raise it only for a body that computes the same slots faster: stored `slot` values are not

@@ -11,10 +11,10 @@ use postgres::Client;
 use super::build::{copy_rows, snapshot};
 use super::sql::{blind_reason, table, LOG_TRIGGERS};
 use super::{classify, link, DbErr};
-use crate::cluster::slotset::SlotSet;
 use crate::config::pg_link::Link;
 use crate::model::canon;
 use crate::model::set_def::SetDef;
+use crate::model::slotset::SlotSet;
 
 /// How often the snapshot is taken again while the standby does not show the set's table
 /// and triggers yet.
@@ -195,7 +195,7 @@ pub fn catch_up(
             continue;
         };
         if let Some(slots) = slots {
-            if !slots.contains(crate::cluster::slot::keyslot(k.entity.as_bytes())) {
+            if !slots.contains(crate::model::slot::keyslot(k.entity.as_bytes())) {
                 continue;
             }
         }

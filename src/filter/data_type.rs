@@ -9,10 +9,10 @@ use redis_module::raw;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::cluster::slotset::{self, SlotSet};
 use crate::filter::known_absent::KnownAbsent;
 use crate::filter::origin::{self, NodeDb, Origin, Verdict};
 use crate::filter::{Bloom, Coverage, Out};
+use crate::model::slotset::{self, SlotSet};
 
 /// A set's filter and what it covers. Whether it may answer "absent" is not stored here: the
 /// set's state names the one value it trusts (`state::SetState::trusted`), so a value that
@@ -218,7 +218,7 @@ impl FilterValue {
         let (slots, payload) = match payload.strip_prefix(SLOTS_TAG.as_slice()) {
             Some(rest) => {
                 let slots = SlotSet::read(rest).ok_or("filter payload truncated in its slots")?;
-                (Some(slots), &rest[crate::cluster::slotset::BYTES..])
+                (Some(slots), &rest[crate::model::slotset::BYTES..])
             }
             None => (None, payload),
         };

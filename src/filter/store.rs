@@ -28,7 +28,7 @@ thread_local! {
 
 #[inline]
 fn in_memory() -> bool {
-    crate::cluster::enabled()
+    crate::server::cluster_mode::enabled()
 }
 
 /// Runs `f` on the module-memory filter named `key`, if any.

@@ -46,8 +46,8 @@ pub fn on_sentinel_gone(_ctx: &Context, _kind: NotifyEvent, _event: &str, key: &
 
 #[inline]
 fn sentinel_event(key: &[u8]) {
-    if crate::cluster::enabled() && crate::cluster::owner::is_sentinel_name(key) {
-        crate::cluster::owner::sentinel_touched(crate::cluster::slot::keyslot(key));
+    if crate::server::cluster_mode::enabled() && crate::cluster::owner::is_sentinel_name(key) {
+        crate::cluster::owner::sentinel_touched(crate::model::slot::keyslot(key));
     }
 }
 
@@ -55,7 +55,7 @@ fn sentinel_event(key: &[u8]) {
 #[redis_module_macros::flush_event_handler]
 fn on_flush(_ctx: &Context, _sub: redis_module::server_events::FlushSubevent) {
     crate::filter::store::keys_changed();
-    if crate::cluster::enabled() {
+    if crate::server::cluster_mode::enabled() {
         crate::cluster::owner::sentinels_touched();
     }
 }
@@ -69,7 +69,7 @@ fn on_loading(_ctx: &Context, sub: LoadingSubevent) {
         keys::distrust_cache();
         // The filters held in module memory come back with the dataset (its aux field), and
         // every sentinel is a new value.
-        if crate::cluster::enabled() {
+        if crate::server::cluster_mode::enabled() {
             crate::filter::store::clear();
             crate::cluster::owner::sentinels_touched();
         }

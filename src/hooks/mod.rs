@@ -2,5 +2,6 @@
 //! command filters that keep passwords and raw items out of logs.
 
 pub mod config_filter;
+pub mod config_load;
 pub mod events;
 pub mod redact;

@@ -7,4 +7,6 @@ pub mod error;
 pub mod funnel;
 pub mod set_def;
 pub mod set_upkeep;
+pub mod slot;
+pub mod slotset;
 pub mod token;

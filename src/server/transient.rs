@@ -214,9 +214,31 @@ pub fn fits(bytes: u64, headroom: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// Refuses a filter of `bytes` that would take the server past `maxmemory`.
+pub fn check_memory(bytes: u64, budget: u64) -> Result<(), String> {
+    if bytes > budget {
+        return Err(format!(
+            "the filter would need {bytes} bytes, more than the {budget} bytes left under \
+             maxmemory; raise maxmemory, lower CAPACITY or raise ERROR"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_check_names_both_sizes() {
+        assert!(check_memory(10, u64::MAX).is_ok());
+        assert!(check_memory(10, 10).is_ok());
+        let e = check_memory(11, 10).unwrap_err();
+        assert!(
+            e.contains("11 bytes") && e.contains("10 bytes left under maxmemory"),
+            "{e}"
+        );
+    }
 
     // The node gauge is shared by the tests of this binary running in parallel: only the
     // per-set gauges (one name per test) are checked exactly.

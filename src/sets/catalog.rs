@@ -13,7 +13,7 @@ use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisValue};
 use crate::db::sql::{self, CatalogRow};
 use crate::db::{pool, DbErr};
 use crate::server::block::{Blocked, Fail};
-use crate::server::limits::may_block;
+use crate::sets::limits::may_block;
 use crate::sets::state::{self, SetDef};
 use crate::{config, model::error, server::mainq, sets::keys};
 

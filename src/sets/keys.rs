@@ -10,7 +10,7 @@ use redis_module::{Context, RedisString};
 
 use crate::model::canon::Canon;
 
-use crate::cluster::slot;
+use crate::model::slot;
 /// Runs `f` with DB 0 selected (see `mainq::with_db0`).
 pub use crate::server::mainq::with_db0;
 
@@ -67,7 +67,7 @@ pub fn cache_key_bytes(prefix: &[u8], canon: &Canon, in_cluster: bool) -> Vec<u8
 
 /// True when the server runs in cluster mode (fixed at start-up, so read once).
 fn cluster_mode(_ctx: &Context) -> bool {
-    crate::cluster::enabled()
+    crate::server::cluster_mode::enabled()
 }
 
 /// The value this process writes into exact-match keys. Entries are trusted only when they

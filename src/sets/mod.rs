@@ -3,6 +3,8 @@
 
 pub mod acl;
 pub mod catalog;
+pub mod effects;
 pub mod foreign_writes;
 pub mod keys;
+pub mod limits;
 pub mod state;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use redis_module::RedisString;
 
-use crate::cluster::slotset::SlotSet;
+use crate::model::slotset::SlotSet;
 use crate::server::metrics::PathCounters;
 use crate::{config, sets::keys};
 
@@ -248,7 +248,7 @@ impl SetState {
     /// Records an item whose effects were just applied, so a running rebuild (or a replicated
     /// filter still being verified) includes it.
     pub fn journal(&mut self, hash: u128) {
-        let max = crate::server::limits::max_journal();
+        let max = crate::sets::limits::max_journal();
         if let Rebuild::Running {
             journal,
             overflowed,

@@ -107,10 +107,10 @@ pub fn check(ctx: &Context, now: Instant) {
         // The rows are about the filter's items: a grown filter that cannot fit is not
         // tried (each try would stream the whole table), only reported.
         let members = items.saturating_mul(2);
-        let fits = crate::server::limits::check_filter_size(members, rate).and_then(|()| {
-            crate::server::limits::check_memory(
+        let fits = crate::sets::limits::check_filter_size(members, rate).and_then(|()| {
+            crate::server::transient::check_memory(
                 crate::filter::bytes_for(members, rate),
-                crate::server::limits::memory_budget(),
+                crate::server::transient::memory_budget(),
             )
         });
         if let Err(why) = fits {

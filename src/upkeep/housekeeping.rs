@@ -74,7 +74,7 @@ pub fn run(ctx: &Context) {
         }
     }
     crate::upkeep::grow::check(ctx, now);
-    if crate::cluster::enabled() {
+    if crate::server::cluster_mode::enabled() {
         if let Some(at) = crate::cluster::owner::poll(ctx) {
             catch_up_at(at);
         }
@@ -83,7 +83,7 @@ pub fn run(ctx: &Context) {
     let strangers = strangers_waiting(ctx, now);
     crate::server::latency::refresh(ctx, now);
     if memory_refresh_due(now) {
-        crate::server::limits::refresh_memory_budget(ctx);
+        crate::sets::limits::refresh_memory_budget(ctx);
     }
     crate::upkeep::sync::run(ctx, promoted || strangers);
 }

@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 
 use redis_module::{raw, Context, RedisError, RedisResult, RedisString, RedisValue};
 
-use crate::cluster::slotset::SlotSet;
 use crate::db::build::Built;
 use crate::db::{self, DbErr};
 use crate::filter::data_type::FilterValue;
 use crate::filter::origin::Origin;
 use crate::filter::store;
+use crate::model::slotset::SlotSet;
 use crate::server::block::{Blocked, Completion};
 use crate::sets::state::{self, Rebuild, SetDef};
 use crate::{config, server::mainq, server::metrics, server::replication};
@@ -34,7 +34,7 @@ pub fn start(name: &str, reason: Reason) -> bool {
         let estimate = Arc::new(AtomicU64::new(0));
         // In a cluster the filter covers the slots this node owns now; their sync rows are
         // applied (and journaled) from now on, whatever the current filter covers.
-        let slots = crate::cluster::enabled().then(crate::cluster::owner::owned_set);
+        let slots = crate::server::cluster_mode::enabled().then(crate::cluster::owner::owned_set);
         if let Some(slots) = &slots {
             s.cover_extra
                 .get_or_insert_with(Default::default)
@@ -240,7 +240,7 @@ impl Ready {
         set: &str,
         db: Option<u128>,
         set_id: Option<i64>,
-        slots: Option<crate::cluster::slotset::SlotSet>,
+        slots: Option<crate::model::slotset::SlotSet>,
     ) -> Result<Ready, DbErr> {
         let serialize = Instant::now();
         let mut filter = FilterValue::built(built.bloom, built.watermark, set);
@@ -320,7 +320,7 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
         Ok(_) if overflowed => Err(DbErr::Invalid(format!(
             "more adds arrived during the rebuild than member.max-journal ({}) allows; the \
              previous filter keeps serving",
-            crate::server::limits::max_journal()
+            crate::sets::limits::max_journal()
         ))),
         res => res,
     };

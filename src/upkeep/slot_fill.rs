@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use redis_module::{Context, RedisString};
 
 use crate::cluster::owner;
-use crate::cluster::slotset::SlotSet;
 use crate::db::{self, DbErr};
+use crate::model::slotset::SlotSet;
 use crate::sets::state::{self, Rebuild, SetDef};
 use crate::{config, filter::store, server::mainq, server::reply};
 

@@ -5,7 +5,7 @@
 use crate::support;
 
 #[allow(dead_code)]
-#[path = "../../src/cluster/slot.rs"]
+#[path = "../../src/model/slot.rs"]
 mod slot;
 
 use std::time::Duration;

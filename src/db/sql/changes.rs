@@ -6,9 +6,9 @@ use std::collections::HashMap;
 
 use super::pages::{read_pages, Sink};
 use super::{table, ADVISORY_KEY};
-use crate::cluster::slotset::SlotSet;
 use crate::db::{Db, DbErr};
 use crate::model::canon::Normalize;
+use crate::model::slotset::SlotSet;
 
 /// The change log every set table feeds (docs/sync.md): one row per row inserted, updated or
 /// deleted (`alive` when it was left with `status = 1`), stamped with its writer's transaction
@@ -360,7 +360,7 @@ pub fn changes_since(
         del = LOG_TRIGGERS[2],
         from = from.max(0)
     );
-    let in_cluster = crate::cluster::enabled();
+    let in_cluster = crate::server::cluster_mode::enabled();
     let bits = slots.map(slot_bits);
     let mut out = db.run(|c, _| {
         by_index(c, |tx| {
@@ -409,7 +409,7 @@ pub fn changes_since(
 /// `slots` as the bit string `get_bit(bytea, slot)` reads: bit `s` is bit `s % 8` (from the
 /// least significant) of byte `s / 8`.
 fn slot_bits(slots: &SlotSet) -> Vec<u8> {
-    let mut bits = vec![0u8; crate::cluster::slot::SLOTS / 8];
+    let mut bits = vec![0u8; crate::model::slot::SLOTS / 8];
     for s in slots.iter() {
         bits[usize::from(s) / 8] |= 1 << (s % 8);
     }

@@ -53,7 +53,7 @@ impl Page {
             }
         }
         if cluster {
-            let slot = crate::cluster::slot::keyslot(k.entity.as_bytes());
+            let slot = crate::model::slot::keyslot(k.entity.as_bytes());
             self.slots.entry(set.to_string()).or_default().push(slot);
         }
     }

@@ -8,11 +8,11 @@ use std::time::Instant;
 use redis_module::Context;
 
 use super::{Member, LOOP};
-use crate::cluster::slotset::SlotSet;
 use crate::db::sql::{self, Changes};
 use crate::db::DbErr;
 use crate::filter::data_type::FilterValue;
 use crate::filter::origin::{NodeDb, Verdict};
+use crate::model::slotset::SlotSet;
 use crate::{filter::store, server::reply, sets::state};
 
 /// How a pass left one filter.

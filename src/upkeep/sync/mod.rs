@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use redis_module::{Context, RedisString};
 
-use crate::cluster::slotset::SlotSet;
 use crate::db::sql::{self, Changes};
 use crate::db::{pool, source, DbErr};
 use crate::model::canon::Normalize;
+use crate::model::slotset::SlotSet;
 use crate::sets::state::{Source, SourceSync};
 
 use crate::sets::state;
@@ -163,7 +163,7 @@ pub fn run(ctx: &Context, now_all: bool) {
     let mut norms = HashMap::new();
     let mut polls = Vec::new();
     // Cluster mode: the slots whose logged rows this pass reads (`apply::read_covers`).
-    let mut read = crate::cluster::enabled().then(ReadSlots::default);
+    let mut read = crate::server::cluster_mode::enabled().then(ReadSlots::default);
     for (name, incarnation, key, norm, polled, extra) in sets {
         // Only a filter with a watermark can be caught up; others wait for their rebuild.
         let Some(Some(from)) = store::with(ctx, &key, |f| f.cov.watermark) else {

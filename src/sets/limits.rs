@@ -46,17 +46,6 @@ pub fn refresh_memory_budget(ctx: &Context) -> u64 {
     budget
 }
 
-/// Refuses a filter of `bytes` that would take the server past `maxmemory`.
-pub fn check_memory(bytes: u64, budget: u64) -> Result<(), String> {
-    if bytes > budget {
-        return Err(format!(
-            "the filter would need {bytes} bytes, more than the {budget} bytes left under \
-             maxmemory; raise maxmemory, lower CAPACITY or raise ERROR"
-        ));
-    }
-    Ok(())
-}
-
 /// Refuses settings whose filter would not fit under `member.max-filter-bytes` (a smaller
 /// one would break the promised rate): `members` at `error_rate`. The reason, without the
 /// `ERR ` prefix.
@@ -103,20 +92,4 @@ pub fn admit_set(known: usize) -> Result<(), RedisError> {
 /// Most adds a running rebuild may journal (`member.max-journal`).
 pub fn max_journal() -> usize {
     config::MAX_JOURNAL.load(Ordering::Relaxed).max(1) as usize
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn memory_check_names_both_sizes() {
-        assert!(check_memory(10, u64::MAX).is_ok());
-        assert!(check_memory(10, 10).is_ok());
-        let e = check_memory(11, 10).unwrap_err();
-        assert!(
-            e.contains("11 bytes") && e.contains("10 bytes left under maxmemory"),
-            "{e}"
-        );
-    }
 }

@@ -5,14 +5,18 @@ pub mod alter;
 pub mod attach;
 pub mod batch;
 pub mod create;
+pub mod declare;
 pub mod drop;
+pub mod exists;
 pub mod forward;
 pub mod forwarded;
 pub mod info;
 pub mod internal;
 pub mod lookup;
 pub mod rebuild;
+pub mod register;
 pub mod settings;
+pub mod table;
 pub mod write;
 
 use std::time::Duration;

@@ -1,7 +1,7 @@
-//! Command metadata the `redis_module!` table cannot carry: each command's arity and its
-//! cluster routing key: the item (argv[2]) for the per-item commands, the set name (argv[1])
-//! for the catalog commands. The only room that calls `RedisModule_GetCommand` and
-//! `RedisModule_SetCommandInfo`; docs/cluster.md says why both are declared `NOT_KEY`.
+//! What COMMAND INFO shows of each row of the command table (`table.rs`) beyond its name and
+//! flags: its arity and its cluster routing key: the item (argv[2]) for the per-item
+//! commands, the set name (argv[1]) for the catalog commands. The only room that calls
+//! `RedisModule_SetCommandInfo`; docs/cluster.md says why both keys are declared `NOT_KEY`.
 
 use std::ffi::CString;
 use std::mem::MaybeUninit;
@@ -10,6 +10,7 @@ use std::ptr;
 
 use redis_module::{raw, Context};
 
+use super::table::Command;
 use crate::reply::{self, Level};
 
 /// argv position of the item in `MEMBER.ADD|EXISTS|DEL|EXPLAIN <set> <item> …`.
@@ -37,44 +38,6 @@ pub enum Route {
     /// By the set name at argv[1], the same way (1/1/1): the catalog commands, whose answer is
     /// the same on every node, so any cluster client can send them.
     BySet(Item),
-}
-
-/// One command's declared arity and routing.
-#[derive(Clone, Copy, Debug)]
-pub struct Info {
-    pub name: &'static str,
-    /// As COMMAND INFO reports it: `n` exactly n arguments (the name counted), `-n` at least n.
-    pub arity: i32,
-    pub route: Route,
-}
-
-impl Info {
-    /// A set-wide command: no key.
-    pub const fn anywhere(name: &'static str, arity: i32) -> Info {
-        Info {
-            name,
-            arity,
-            route: Route::Anywhere,
-        }
-    }
-
-    /// A per-item command routed by argv[2].
-    pub const fn by_item(name: &'static str, arity: i32, item: Item) -> Info {
-        Info {
-            name,
-            arity,
-            route: Route::ByItem(item),
-        }
-    }
-
-    /// A catalog command routed by the set name at argv[1].
-    pub const fn by_set(name: &'static str, arity: i32, access: Item) -> Info {
-        Info {
-            name,
-            arity,
-            route: Route::BySet(access),
-        }
-    }
 }
 
 /// Key-spec flags for the item: one access flag (the server requires exactly one of RO, RW,
@@ -130,11 +93,12 @@ fn route_specs(route: Route) -> Option<[raw::RedisModuleCommandKeySpec; 2]> {
     Some([spec, zeroed_spec()])
 }
 
-/// Declares arity and routing on commands already created (by `redis_module!` or raw). A
-/// failure is logged and loading goes on: the command then keeps arity -1 and no routing key,
-/// and the item never becomes an ACL key (commands are created with firstkey 0).
-pub fn declare(ctx: &Context, infos: &[Info]) {
-    for info in infos {
+/// Declares arity and routing of every command in `commands`, all already created
+/// (`register.rs`). A failure is logged and loading goes on: the command then keeps arity -1
+/// and no routing key, and the item never becomes an ACL key (commands are created with
+/// firstkey 0).
+pub fn declare(ctx: &Context, commands: &[Command]) {
+    for info in commands {
         if let Err(e) = set(ctx, info) {
             reply::log(
                 ctx,
@@ -148,7 +112,7 @@ pub fn declare(ctx: &Context, infos: &[Info]) {
     }
 }
 
-fn set(ctx: &Context, info: &Info) -> Result<(), String> {
+fn set(ctx: &Context, info: &Command) -> Result<(), String> {
     // SAFETY: reading a function pointer the server filled in before OnLoad.
     let Some(get) = (unsafe { raw::RedisModule_GetCommand }) else {
         return Err("this server has no RedisModule_GetCommand (Redis 7.0+ or Valkey)".into());
@@ -170,7 +134,10 @@ fn set(ctx: &Context, info: &Info) -> Result<(), String> {
 /// `cmd` is a live command this module created, whose info has not been set yet (the server
 /// refuses a second call with EEXIST and keeps the first). Everything passed is borrowed for
 /// the call only: the server copies what it keeps.
-unsafe fn set_command_info(cmd: *mut raw::RedisModuleCommand, info: &Info) -> Result<(), String> {
+unsafe fn set_command_info(
+    cmd: *mut raw::RedisModuleCommand,
+    info: &Command,
+) -> Result<(), String> {
     // SAFETY: reading a function pointer the server filled in before OnLoad.
     let Some(set_info) = (unsafe { raw::RedisModule_SetCommandInfo }) else {
         return Err("this server has no RedisModule_SetCommandInfo (Redis 7.0+ or Valkey)".into());

@@ -6,6 +6,7 @@ pub mod attach;
 pub mod batch;
 pub mod create;
 pub mod declare;
+pub mod docs;
 pub mod drop;
 pub mod exists;
 pub mod forward;

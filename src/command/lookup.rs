@@ -44,6 +44,11 @@ fn record(set: &mut state::SetState, explain: bool, path: Path, started: Option<
     });
 }
 
+/// MEMBER.EXPLAIN <set> <item> [SCOPE <scope>]: the answer and the path that decided it.
+pub fn explain(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    lookup(ctx, args, true)
+}
+
 /// MEMBER.EXISTS and MEMBER.EXPLAIN through the generic parser.
 pub fn lookup(ctx: &Context, args: Vec<RedisString>, explain: bool) -> RedisResult {
     let started = metrics::sample_start();

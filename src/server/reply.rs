@@ -131,7 +131,7 @@ fn send_simple(ctx: &Context, s: &str) {
     unsafe { raw::RedisModule_ReplyWithSimpleString.unwrap()(ctx.ctx, s.as_ptr()) };
 }
 
-/// Runs a command handler with panics contained: the client gets exactly one reply (the
+/// Runs a command handler (`name`: the command, in any case) with panics contained: the client gets exactly one reply (the
 /// handler's, escaped, or `error::INTERNAL`), and the server keeps running. Returns `NoReply`
 /// for the crate's command wrapper, which then sends nothing itself.
 pub fn guard(ctx: &Context, name: &str, f: impl FnOnce() -> RedisResult) -> RedisResult {
@@ -139,7 +139,10 @@ pub fn guard(ctx: &Context, name: &str, f: impl FnOnce() -> RedisResult) -> Redi
         log(
             ctx,
             Level::Warning,
-            &format!("libmember: internal error in {name} (contained)"),
+            &format!(
+                "libmember: internal error in {} (contained)",
+                name.to_ascii_uppercase()
+            ),
         );
         Err(RedisError::Str(error::INTERNAL))
     });

@@ -25,6 +25,7 @@ mod cluster_clients;
 mod cluster_forward;
 mod cluster_reshard;
 mod cluster_slots;
+mod command_docs;
 mod commands;
 mod config_values;
 mod exporter;

@@ -1,15 +1,18 @@
-//! Command metadata the `redis_module!` table cannot carry: each command's arity and its
-//! cluster routing key: the item (argv[2]) for the per-item commands, the set name (argv[1])
-//! for the catalog commands. The only room that calls `RedisModule_GetCommand` and
-//! `RedisModule_SetCommandInfo`; docs/cluster.md says why both are declared `NOT_KEY`.
+//! What COMMAND INFO and COMMAND DOCS show of each row of the command table (`table.rs`)
+//! beyond its name and flags: its arity, its cluster routing key (the item, argv[2], for the
+//! per-item commands; the set name, argv[1], for the catalog commands) and its documentation
+//! (`docs.rs`). The only room that calls `RedisModule_SetCommandInfo`; docs/cluster.md says why
+//! both keys are declared `NOT_KEY`.
 
-use std::ffi::CString;
+use std::ffi::{CString, NulError};
 use std::mem::MaybeUninit;
-use std::os::raw::c_int;
+use std::os::raw::{c_char, c_int};
 use std::ptr;
 
 use redis_module::{raw, Context};
 
+use super::docs::{Arg, Docs, Kind, SINCE};
+use super::table::Command;
 use crate::server::reply::{self, Level};
 
 /// argv position of the item in `MEMBER.ADD|EXISTS|DEL|EXPLAIN <set> <item> …`.
@@ -37,44 +40,6 @@ pub enum Route {
     /// By the set name at argv[1], the same way (1/1/1): the catalog commands, whose answer is
     /// the same on every node, so any cluster client can send them.
     BySet(Item),
-}
-
-/// One command's declared arity and routing.
-#[derive(Clone, Copy, Debug)]
-pub struct Info {
-    pub name: &'static str,
-    /// As COMMAND INFO reports it: `n` exactly n arguments (the name counted), `-n` at least n.
-    pub arity: i32,
-    pub route: Route,
-}
-
-impl Info {
-    /// A set-wide command: no key.
-    pub const fn anywhere(name: &'static str, arity: i32) -> Info {
-        Info {
-            name,
-            arity,
-            route: Route::Anywhere,
-        }
-    }
-
-    /// A per-item command routed by argv[2].
-    pub const fn by_item(name: &'static str, arity: i32, item: Item) -> Info {
-        Info {
-            name,
-            arity,
-            route: Route::ByItem(item),
-        }
-    }
-
-    /// A catalog command routed by the set name at argv[1].
-    pub const fn by_set(name: &'static str, arity: i32, access: Item) -> Info {
-        Info {
-            name,
-            arity,
-            route: Route::BySet(access),
-        }
-    }
 }
 
 /// Key-spec flags for the item: one access flag (the server requires exactly one of RO, RW,
@@ -130,11 +95,14 @@ fn route_specs(route: Route) -> Option<[raw::RedisModuleCommandKeySpec; 2]> {
     Some([spec, zeroed_spec()])
 }
 
-/// Declares arity and routing on commands already created (by `redis_module!` or raw). A
-/// failure is logged and loading goes on: the command then keeps arity -1 and no routing key,
-/// and the item never becomes an ACL key (commands are created with firstkey 0).
-pub fn declare(ctx: &Context, infos: &[Info]) {
-    for info in infos {
+/// Declares arity, routing and documentation (COMMAND DOCS: summary, since, complexity,
+/// arguments) of every command in `commands`, all already created (`register.rs`). A server
+/// that refuses the documentation gets the arity and routing alone, and the refusal is
+/// logged. Any other failure is logged and loading goes on: the command then keeps arity -1
+/// and no routing key, and the item never becomes an ACL key (commands are created with
+/// firstkey 0).
+pub fn declare(ctx: &Context, commands: &[Command]) {
+    for info in commands {
         if let Err(e) = set(ctx, info) {
             reply::log(
                 ctx,
@@ -148,7 +116,7 @@ pub fn declare(ctx: &Context, infos: &[Info]) {
     }
 }
 
-fn set(ctx: &Context, info: &Info) -> Result<(), String> {
+fn set(ctx: &Context, info: &Command) -> Result<(), String> {
     // SAFETY: reading a function pointer the server filled in before OnLoad.
     let Some(get) = (unsafe { raw::RedisModule_GetCommand }) else {
         return Err("this server has no RedisModule_GetCommand (Redis 7.0+ or Valkey)".into());
@@ -159,18 +127,126 @@ fn set(ctx: &Context, info: &Info) -> Result<(), String> {
     if cmd.is_null() {
         return Err("no such command".into());
     }
+    let docs = RawDocs::of(&info.docs).map_err(|e| e.to_string())?;
     // SAFETY: cmd was just looked up among this module's commands, during OnLoad, and `declare`
-    // visits each command once.
-    unsafe { set_command_info(cmd, info) }
+    // visits each command once; a refused call sets nothing (the server checks everything
+    // first), so the second call below is still the first that takes.
+    match unsafe { set_command_info(cmd, info, Some(&docs)) } {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            reply::log(
+                ctx,
+                Level::Warning,
+                &format!(
+                    "libmember: COMMAND DOCS of {} refused, declared without them: {e}",
+                    info.name
+                ),
+            );
+            // SAFETY: as above.
+            unsafe { set_command_info(cmd, info, None) }
+        }
+    }
 }
 
-/// Hands `info` to `RedisModule_SetCommandInfo`.
+/// A command's documentation as the module API takes it: C strings and NULL-terminated
+/// argument arrays, owned here and alive as long as this value (the server copies them).
+struct RawDocs {
+    summary: CString,
+    complexity: Option<CString>,
+    since: CString,
+    args: RawArgs,
+}
+
+struct RawArgs {
+    /// The names, tokens and display texts the entries point into.
+    _strings: Vec<CString>,
+    /// The one-ofs' and blocks' own arrays, which entries' `subargs` point into.
+    _inner: Vec<RawArgs>,
+    /// The entries, then the all-zero terminator (no name).
+    entries: Vec<raw::RedisModuleCommandArg>,
+}
+
+impl RawDocs {
+    fn of(docs: &Docs) -> Result<RawDocs, NulError> {
+        Ok(RawDocs {
+            summary: CString::new(docs.summary)?,
+            complexity: docs.complexity.map(CString::new).transpose()?,
+            since: CString::new(SINCE)?,
+            args: RawArgs::of(docs.args)?,
+        })
+    }
+}
+
+impl RawArgs {
+    fn of(args: &[Arg]) -> Result<RawArgs, NulError> {
+        let mut strings = Vec::new();
+        let mut inner = Vec::new();
+        let mut entries = Vec::with_capacity(args.len() + 1);
+        let mut keep = |s: &str| -> Result<*const c_char, NulError> {
+            let c = CString::new(s)?;
+            // The heap buffer stays where it is when the CString moves into the vector.
+            let p = c.as_ptr();
+            strings.push(c);
+            Ok(p)
+        };
+        for a in args {
+            // SAFETY: pointers, integers and an enum whose 0 is STRING: all-zero is valid.
+            let mut e: raw::RedisModuleCommandArg = unsafe { MaybeUninit::zeroed().assume_init() };
+            e.name = keep(a.name)?;
+            e.type_ = match a.kind {
+                Kind::String => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING,
+                Kind::Integer => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
+                Kind::Double => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_DOUBLE,
+                Kind::UnixTime => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_UNIX_TIME,
+                Kind::PureToken => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN,
+                Kind::OneOf(_) => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_ONEOF,
+                Kind::Block(_) => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK,
+            };
+            // No argument is a key: the routing arguments are NOT_KEY (see the top).
+            e.key_spec_index = -1;
+            if let Some(t) = a.token {
+                e.token = keep(t)?;
+            }
+            if let Some(d) = a.display {
+                e.display_text = keep(d)?;
+            }
+            let mut flags = raw::REDISMODULE_CMD_ARG_NONE;
+            if a.optional {
+                flags |= raw::REDISMODULE_CMD_ARG_OPTIONAL;
+            }
+            if a.multiple {
+                flags |= raw::REDISMODULE_CMD_ARG_MULTIPLE;
+            }
+            e.flags = flags as c_int;
+            if let Some(of) = a.inner() {
+                let mut sub = RawArgs::of(of)?;
+                // The vector's buffer stays where it is when `sub` moves into `inner`.
+                e.subargs = sub.entries.as_mut_ptr();
+                inner.push(sub);
+            }
+            entries.push(e);
+        }
+        // SAFETY: as above; a NULL name ends the array.
+        entries.push(unsafe { MaybeUninit::zeroed().assume_init() });
+        Ok(RawArgs {
+            _strings: strings,
+            _inner: inner,
+            entries,
+        })
+    }
+}
+
+/// Hands `info` (with `docs`, if given) to `RedisModule_SetCommandInfo`.
 ///
 /// # Safety
 /// `cmd` is a live command this module created, whose info has not been set yet (the server
 /// refuses a second call with EEXIST and keeps the first). Everything passed is borrowed for
 /// the call only: the server copies what it keeps.
-unsafe fn set_command_info(cmd: *mut raw::RedisModuleCommand, info: &Info) -> Result<(), String> {
+unsafe fn set_command_info(
+    cmd: *mut raw::RedisModuleCommand,
+    info: &Command,
+    docs: Option<&RawDocs>,
+) -> Result<(), String> {
     // SAFETY: reading a function pointer the server filled in before OnLoad.
     let Some(set_info) = (unsafe { raw::RedisModule_SetCommandInfo }) else {
         return Err("this server has no RedisModule_SetCommandInfo (Redis 7.0+ or Valkey)".into());
@@ -178,18 +254,21 @@ unsafe fn set_command_info(cmd: *mut raw::RedisModuleCommand, info: &Info) -> Re
     let mut specs = route_specs(info.route);
     let c_info = raw::RedisModuleCommandInfo {
         version: &VERSION,
-        summary: ptr::null(),
-        complexity: ptr::null(),
-        since: ptr::null(),
+        summary: docs.map_or(ptr::null(), |d| d.summary.as_ptr()),
+        complexity: docs
+            .and_then(|d| d.complexity.as_ref())
+            .map_or(ptr::null(), |c| c.as_ptr()),
+        since: docs.map_or(ptr::null(), |d| d.since.as_ptr()),
         history: ptr::null_mut(),
         tips: ptr::null(),
         arity: info.arity,
         // NULL leaves the key specs as created (none, firstkey 0).
         key_specs: specs.as_mut().map_or(ptr::null_mut(), |s| s.as_mut_ptr()),
-        args: ptr::null_mut(),
+        // The server only reads them (it copies the array); the API's pointer is not const.
+        args: docs.map_or(ptr::null_mut(), |d| d.args.entries.as_ptr().cast_mut()),
     };
     // SAFETY: cmd per this function's contract; c_info, the specs (terminated by an all-zero
-    // one) and the notes literal outlive the call.
+    // one), the notes literal and the documentation outlive the call.
     let rc = unsafe { set_info(cmd, &c_info) };
     if rc == raw::REDISMODULE_OK as c_int {
         Ok(())

@@ -1,30 +1,38 @@
-//! The hot path's entry point: MEMBER.EXISTS registered with the raw command API, so its
-//! arguments are read in place (no vector, no retained strings) before the funnel runs.
-//! Every other command goes through the `redis_module!` wrappers; all of them, this one too,
-//! run inside `reply::guard`. Arity and routing are declared in `command_info`. The item of a
-//! tokenized set is redacted (`redact`) before the server logs the call.
+//! The hot path's entry point: MEMBER.EXISTS's raw command function (its row in `table.rs`),
+//! so its arguments are read in place (no vector, no retained strings) before the funnel runs.
+//! Every other command goes through the generic entry point in `register.rs`; all of them,
+//! this one too, run inside `reply::guard`. The item of a tokenized set is redacted
+//! (`redact`, where its row's `items` says) before the server logs the call.
 
-use std::ffi::CString;
 use std::os::raw::c_int;
 
-use redis_module::{raw, Context, Status};
+use redis_module::{raw, Context};
 
-use crate::command::lookup;
+use super::lookup;
+use super::table::EXISTS;
 use crate::hooks::redact::{self, Shape};
 
 /// Longest argument vector read in place: `MEMBER.EXISTS <set> <item> SCOPE <scope>`.
 const MAX_ARGS: usize = 5;
 
+/// Where MEMBER.EXISTS's item sits, from its row.
+const SHAPE: Shape = match EXISTS.items {
+    Some(shape) => shape,
+    None => panic!("MEMBER.EXISTS carries an item"),
+};
+
+/// MEMBER.EXISTS's command function.
+///
 /// # Safety
 /// Called by the server on the main thread with a valid context and `argc` arguments.
-unsafe extern "C" fn exists_cmd(
+pub unsafe extern "C" fn entry(
     ctx: *mut raw::RedisModuleCtx,
     argv: *mut *mut raw::RedisModuleString,
     argc: c_int,
 ) -> c_int {
     let context = Context::new(ctx);
     // guard has replied (the answer or a contained panic's error); its NoReply is for wrappers.
-    let _ = crate::server::reply::guard(&context, "MEMBER.EXISTS", || {
+    let _ = crate::server::reply::guard(&context, EXISTS.name, || {
         let argc = argc.max(0) as usize;
         let fast = if argc <= MAX_ARGS {
             let mut buf: [&[u8]; MAX_ARGS] = [&[]; MAX_ARGS];
@@ -39,7 +47,7 @@ unsafe extern "C" fn exists_cmd(
             redact::begin();
             let res = lookup::exists_fast(&context, &buf[..argc]);
             if let Some(res) = &res {
-                redact::after(&context, Shape::Item, &buf[..argc], res.is_err());
+                redact::after(&context, SHAPE, &buf[..argc], res.is_err());
             }
             res
         } else {
@@ -47,33 +55,10 @@ unsafe extern "C" fn exists_cmd(
         };
         fast.unwrap_or_else(|| {
             let args = redis_module::decode_args(ctx, argv, argc as c_int);
-            redact::around(&context, Shape::Item, args, |args| {
+            redact::around(&context, SHAPE, args, |args| {
                 lookup::lookup(&context, args, false)
             })
         })
     });
     raw::REDISMODULE_OK as c_int
-}
-
-/// Registers MEMBER.EXISTS. Call from module load.
-pub fn register(ctx: &Context) -> Status {
-    let name = CString::new("member.exists").unwrap();
-    let flags = CString::new("readonly fast").unwrap();
-    // SAFETY: called during OnLoad with the module's context.
-    let rc = unsafe {
-        raw::RedisModule_CreateCommand.unwrap()(
-            ctx.ctx,
-            name.as_ptr(),
-            Some(exists_cmd),
-            flags.as_ptr(),
-            0,
-            0,
-            0,
-        )
-    };
-    if rc == raw::REDISMODULE_OK as c_int {
-        Status::Ok
-    } else {
-        Status::Err
-    }
 }

@@ -1,0 +1,294 @@
+//! The one list of the module's commands: one row per command, read by registration
+//! (`register.rs`: name, entry point, flags), COMMAND INFO and COMMAND DOCS (`declare.rs`:
+//! arity, routing key, summary, complexity, arguments), the `@member` ACL category (public
+//! rows), redaction (where the items sit) and the hot path (MEMBER.EXISTS's raw entry point).
+//! A new command is one row here (and its section in docs/commands.md, which a test checks).
+
+use std::os::raw::c_int;
+
+use redis_module::{raw, Context, RedisResult, RedisString};
+
+use super::declare::{Item, Route};
+use super::docs::{Arg, Docs};
+use super::{alter, batch, create, drop, exists, info, internal, lookup, rebuild, write};
+use crate::hooks::redact::Shape;
+
+/// How the server reaches a command's code.
+#[derive(Clone, Copy)]
+pub enum Run {
+    /// The generic entry point (`register.rs`): arguments as strings, the reply sent by
+    /// `reply::guard`, items redacted per the row's `items`.
+    Args(fn(&Context, Vec<RedisString>) -> RedisResult),
+    /// An entry point of its own that reads its arguments in place (the hot path). It runs
+    /// `reply::guard` and redaction itself, with its row's `items`.
+    Raw(
+        unsafe extern "C" fn(
+            *mut raw::RedisModuleCtx,
+            *mut *mut raw::RedisModuleString,
+            c_int,
+        ) -> c_int,
+    ),
+}
+
+/// Who may call a command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Audience {
+    /// Clients: in the `@member` ACL category, in docs/commands.md.
+    Public,
+    /// The replication stream and the AOF only (`MEMBER._*`).
+    Internal,
+}
+
+/// One command.
+#[derive(Clone, Copy)]
+pub struct Command {
+    /// As registered and as COMMAND INFO shows it: lower case.
+    pub name: &'static str,
+    pub run: Run,
+    /// The server's command flags.
+    pub flags: &'static str,
+    /// As COMMAND INFO reports it: `n` exactly n arguments (the name counted), `-n` at least n.
+    pub arity: i32,
+    pub route: Route,
+    pub audience: Audience,
+    /// Where the command's items sit, for redaction; `None` for commands that carry none.
+    pub items: Option<Shape>,
+    /// What COMMAND DOCS shows.
+    pub docs: Docs,
+}
+
+impl Command {
+    /// The row with its documentation.
+    const fn doc(
+        mut self,
+        summary: &'static str,
+        complexity: Option<&'static str>,
+        args: &'static [Arg],
+    ) -> Command {
+        self.docs = Docs {
+            summary,
+            complexity,
+            args,
+        };
+        self
+    }
+}
+
+/// What rows start with before `doc`: nothing (a unit test finds a row left so).
+const UNDOCUMENTED: Docs = Docs {
+    summary: "",
+    complexity: None,
+    args: &[],
+};
+
+/// MEMBER.EXISTS <set> <item> [SCOPE <scope>]: its raw entry point reads this row.
+pub const EXISTS: Command = Command {
+    name: "member.exists",
+    run: Run::Raw(exists::entry),
+    flags: "readonly fast",
+    arity: -3,
+    route: Route::ByItem(Item::Read),
+    audience: Audience::Public,
+    items: Some(Shape::Item),
+    docs: UNDOCUMENTED,
+}
+.doc(
+    "Tells whether an item is a member of a set",
+    Some("O(1); one database read when neither the filter nor the cache decides"),
+    &[SET, ITEM, SCOPE],
+);
+
+/// Every command of the module. Per-item commands route by the item (argv[2]), the catalog
+/// commands (CREATE, ALTER, DROP) by the set name (argv[1]), both declared NOT_KEY: never an
+/// ACL key. INFO, REBUILD, MEXISTS, MADD and the internal commands declare no key and run on
+/// any node (MEXISTS and MADD: many items, maybe of many slots; refused in cluster mode).
+///
+/// One row per line, its documentation on the next: a table reads better than rustfmt's one
+/// argument per line.
+#[rustfmt::skip]
+pub const COMMANDS: &[Command] = &[
+    public("member.create", create::create, "write deny-oom", -2, Route::BySet(Item::Insert), None)
+        .doc("Creates a set, or attaches one to a table of the application", Some("O(N) where N is the number of rows already in the set's table, read off the main thread"), &[SET, ERROR, CAPACITY, CACHE_TTL, RECENT_TTL, NORMALIZE, TOKENIZE, SOURCE]),
+    public("member.alter", alter::alter, "write deny-oom", -3, Route::BySet(Item::Update), None)
+        .doc("Changes a set's settings without downtime", Some("O(1); a new ERROR or CAPACITY rebuilds the filter off the main thread"), &[SET, ERROR, CAPACITY, CACHE_TTL, RECENT_TTL, SYNC]),
+    public("member.drop", drop::drop, "write", -2, Route::BySet(Item::Delete), None)
+        .doc("Removes a set, and with DELETE-DATA its table", None, &[SET, Arg::pure("delete-data", "DELETE-DATA").optional()]),
+    public("member.add", write::add, "write deny-oom", -3, Route::ByItem(Item::Insert), Some(Shape::Item))
+        .doc("Makes an item a member of a set", Some("O(1), plus one database write"), &[SET, ITEM, SCOPE, EXPIRY]),
+    EXISTS,
+    public("member.del", write::del, "write", -3, Route::ByItem(Item::Delete), Some(Shape::Item))
+        .doc("Removes an item from a set", Some("O(1), plus one database write"), &[SET, ITEM, SCOPE]),
+    public("member.explain", lookup::explain, "readonly", -3, Route::ByItem(Item::Read), Some(Shape::Item))
+        .doc("Tells whether an item is a member of a set, and which path decided it", Some("O(1); one database read when neither the filter nor the cache decides"), &[SET, ITEM, SCOPE]),
+    public("member.mexists", batch::mexists, "readonly", -4, Route::Anywhere, Some(Shape::Many))
+        .doc("Tells for each of up to 1000 items whether it is a member of a set", Some("O(N) where N is the number of items; one database query for those neither the filter nor the cache decides"), &[SET, SCOPE, ITEMS]),
+    public("member.madd", batch::madd, "write deny-oom", -4, Route::Anywhere, Some(Shape::Many))
+        .doc("Makes up to 1000 items members of a set", Some("O(N) where N is the number of items, plus one database statement"), &[SET, SCOPE, EXPIRY, ITEMS]),
+    public("member.info", info::info, "readonly", 2, Route::Anywhere, None)
+        .doc("Shows a set's settings, filter, rebuild, sync and counters", Some("O(1)"), &[SET]),
+    public("member.rebuild", rebuild::rebuild, "write", -2, Route::Anywhere, None)
+        .doc("Rebuilds a set's filter from its table", Some("O(N) where N is the number of members, read off the main thread"), &[SET, SYNC]),
+    internal("member._add", internal::add, "write deny-oom", 4)
+        .doc("Internal (replication and AOF only): a committed ADD's filter and cache effects", None, &[SET, ENTITY, Arg::string("scope")]),
+    internal("member._del", internal::del, "write", 4)
+        .doc("Internal (replication and AOF only): a committed DEL's cache invalidation", None, &[SET, ENTITY, Arg::string("scope")]),
+    internal("member._load", internal::load, "write deny-oom", -3)
+        .doc("Internal (replication and AOF only): a whole filter, then the adds that landed while its rebuild streamed", None, &[KEY, Arg::string("payload"), Arg::string("adds").optional()]),
+    internal("member._set", internal::set, "write", -7)
+        .doc("Internal (replication and AOF only): a set definition made on the primary", None, &[SET, Arg::double("error-rate"), Arg::integer("capacity"), Arg::integer("cache-ttl"), Arg::integer("recent-ttl"), Arg::string("normalize"), SET_REST]),
+    internal("member._drop", internal::drop, "write", 2)
+        .doc("Internal (replication and AOF only): a set dropped on the primary", None, &[SET]),
+    internal("member._own", internal::own, "write", 2)
+        .doc("Internal (replication and AOF only): a slot sentinel the primary wrote", None, &[KEY]),
+];
+
+// The arguments the rows share. Names are unique within a command; `shown` is the placeholder
+// docs/commands.md writes.
+const SET: Arg = Arg::string("set");
+const ITEM: Arg = Arg::string("item");
+const SCOPE: Arg = Arg::string("scope").token("SCOPE").optional();
+const ITEMS: Arg = Arg::string("item").token("ITEMS").multiple();
+const SYNC: Arg = Arg::pure("sync", "SYNC").optional();
+const EXPIRY: Arg = Arg::one_of(
+    "expiry",
+    &[
+        Arg::integer("ttl").token("TTL").shown("s"),
+        Arg::unix_time("expireat").token("EXPIREAT").shown("unix-s"),
+    ],
+)
+.optional();
+const ERROR: Arg = Arg::double("error").token("ERROR").shown("rate").optional();
+const CAPACITY: Arg = Arg::integer("capacity")
+    .token("CAPACITY")
+    .shown("n")
+    .optional();
+const CACHE_TTL: Arg = Arg::integer("cache-ttl")
+    .token("CACHE-TTL")
+    .shown("s")
+    .optional();
+const RECENT_TTL: Arg = Arg::integer("recent-ttl")
+    .token("RECENT-TTL")
+    .shown("s")
+    .optional();
+const NORMALIZE: Arg = Arg::one_of(
+    "normalize",
+    &[
+        Arg::pure("none", "none"),
+        Arg::pure("lower", "lower"),
+        Arg::pure("username", "username"),
+    ],
+)
+.token("NORMALIZE")
+.optional();
+const TOKENIZE: Arg = Arg::one_of(
+    "tokenize",
+    &[
+        Arg::pure("none", "none"),
+        Arg::pure("hmac-sha256", "hmac-sha256"),
+    ],
+)
+.token("TOKENIZE")
+.optional();
+/// CREATE's attach options (docs/attach.md).
+const SOURCE: Arg = Arg::block(
+    "source",
+    &[
+        Arg::string("table").token("SOURCE").shown("schema.table"),
+        Arg::string("column").token("COLUMN").shown("col"),
+        Arg::string("scope-column")
+            .token("SCOPE-COLUMN")
+            .shown("col")
+            .optional(),
+        Arg::one_of(
+            "sync-mode",
+            &[
+                Arg::one_of("sync", &[Arg::pure("log", "log")]).token("SYNC"),
+                Arg::string("updated-column")
+                    .token("UPDATED-COLUMN")
+                    .shown("col"),
+            ],
+        ),
+    ],
+)
+.optional();
+const ENTITY: Arg = Arg::string("entity");
+const KEY: Arg = Arg::string("key");
+/// `_SET`'s optional tail: the catalog identity, then a tokenized set's mode and key
+/// fingerprint, then an attached set's source.
+const SET_REST: Arg = Arg::block(
+    "identity",
+    &[
+        Arg::string("id"),
+        Arg::block(
+            "tokenized",
+            &[
+                Arg::string("tokenize"),
+                Arg::string("fingerprint"),
+                Arg::block(
+                    "source",
+                    &[
+                        Arg::string("schema"),
+                        Arg::string("table"),
+                        Arg::string("column"),
+                        Arg::string("scope-column"),
+                        Arg::string("updated-column"),
+                        Arg::string("sync"),
+                    ],
+                )
+                .optional(),
+            ],
+        )
+        .optional(),
+    ],
+)
+.optional();
+
+/// The row of a command name as a client spelled it (any case).
+pub fn find(name: &[u8]) -> Option<&'static Command> {
+    COMMANDS
+        .iter()
+        .find(|c| c.name.as_bytes().eq_ignore_ascii_case(name))
+}
+
+const fn public(
+    name: &'static str,
+    f: fn(&Context, Vec<RedisString>) -> RedisResult,
+    flags: &'static str,
+    arity: i32,
+    route: Route,
+    items: Option<Shape>,
+) -> Command {
+    Command {
+        name,
+        run: Run::Args(f),
+        flags,
+        arity,
+        route,
+        audience: Audience::Public,
+        items,
+        docs: UNDOCUMENTED,
+    }
+}
+
+/// A replication and AOF command: no routing key, not in `@member`, run without redaction.
+const fn internal(
+    name: &'static str,
+    f: fn(&Context, Vec<RedisString>) -> RedisResult,
+    flags: &'static str,
+    arity: i32,
+) -> Command {
+    Command {
+        name,
+        run: Run::Args(f),
+        flags,
+        arity,
+        route: Route::Anywhere,
+        audience: Audience::Internal,
+        items: None,
+        docs: UNDOCUMENTED,
+    }
+}
+
+#[cfg(test)]
+#[path = "table_tests.rs"]
+mod tests;

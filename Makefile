@@ -43,8 +43,8 @@ cluster-stop:
 # Tests start their own PostgreSQL and valkey-server; they load target/debug/libmember.so.
 # The integration tests then run once more against Redis 7.0, the second supported server.
 # Last, the Debian package is built and loaded from its extracted files (`make deb`).
-# The Python client's tests (tests/all/python_client.rs) run pytest in target/pyenv, made
-# once by scripts/python-env.sh.
+# The Python client's tests (tests/all/python_client.rs) and the sign-up example's browser test
+# (tests/all/signup_browser.rs) run pytest in target/pyenv, made once by scripts/python-env.sh.
 test: deps
 	python3 scripts/check-links.py
 	bash scripts/python-env.sh

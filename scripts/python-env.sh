@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Makes target/pyenv, the virtualenv the Python client's tests run in (tests/all/python_client.rs)
-# and the sign-up example runs in (`make demo`): Debian's python3 with redis-py >= 5, pytest,
-# psycopg 3, and clients/python installed in editable mode. Does nothing when it is there with
-# these same packages; a changed list below installs what it adds into the existing virtualenv;
-# `rm -rf target/pyenv` makes it again.
+# Makes target/pyenv, the virtualenv the Python tests run in (tests/all/python_client.rs and
+# tests/all/signup_browser.rs) and the sign-up example runs in (`make demo`): Debian's python3
+# with redis-py >= 5, pytest, psycopg 3 and selenium, and clients/python installed in editable
+# mode. Does nothing when it is there with these same packages; a changed list below installs
+# what it adds into the existing virtualenv; `rm -rf target/pyenv` makes it again.
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 env="$root/target/pyenv"
-packages=('redis>=5' pytest 'setuptools>=64' wheel 'psycopg[binary]>=3.1')
+packages=('redis>=5' pytest 'setuptools>=64' wheel 'psycopg[binary]>=3.1' 'selenium>=4.11')
 # The last step below writes the package list into this file, so an interrupted run (or a
 # list that changed since) is redone.
 done_mark="$env/.complete"

@@ -1,9 +1,11 @@
 //! Python from the tests: the virtualenv `target/pyenv` (made once per process by
-//! `scripts/python-env.sh`) and pytest runs in it.
+//! `scripts/python-env.sh`), pytest runs in it, and Python programs the tests start.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
+
+use super::process::{set_pdeathsig, spawn};
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -73,4 +75,53 @@ pub fn try_pytest(project: &str, selection: &[&str], env: &[(&str, String)]) -> 
     }
     println!("pytest {selection:?}: {summary}");
     Ok(())
+}
+
+/// A Python program of the repository running in the virtualenv; killed when dropped (and
+/// when the test process dies).
+pub struct Program {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Program {
+    /// Starts `script` (a path in the repository) with `args`; its output goes to a file
+    /// that [`Program::log`] reads.
+    pub fn start(script: &str, args: &[String]) -> Program {
+        let log = std::env::temp_dir().join(format!(
+            "member-py-{}-{}.log",
+            std::process::id(),
+            super::process::unique()
+        ));
+        let file = std::fs::File::create(&log).expect("create the program's log");
+        let mut cmd = Command::new(python());
+        cmd.arg(root().join(script))
+            .args(args)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env("PYTHONUNBUFFERED", "1")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file);
+        set_pdeathsig(&mut cmd, libc::SIGKILL);
+        let child = spawn(cmd).unwrap_or_else(|e| panic!("start {script}: {e}"));
+        Program { child, log }
+    }
+
+    /// Whether it is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// What it printed so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
 }

@@ -3,7 +3,7 @@
 # ~/.cargo/bin is not on PATH (CI, fresh shells).
 CARGO_ENV = command -v cargo >/dev/null 2>&1 || . "$$HOME/.cargo/env";
 
-.PHONY: deps build run stop cluster cluster-stop deb deb-check test lint bench chaos fuzz
+.PHONY: deps build run demo stop cluster cluster-stop deb deb-check test lint bench chaos fuzz
 
 deps:
 	bash scripts/install-deps.sh
@@ -14,7 +14,13 @@ build: deps
 run: build
 	bash scripts/run-local.sh
 
+# The sign-up example (examples/signup) on 127.0.0.1:8080 beside `make run`'s servers.
+demo: run
+	bash scripts/python-env.sh
+	bash scripts/demo.sh
+
 stop:
+	bash scripts/demo.sh stop
 	bash scripts/run-local.sh stop
 
 # The Debian package: target/debian/libmember_<version>-1_<arch>.deb (cargo-deb, installed
@@ -37,8 +43,8 @@ cluster-stop:
 # Tests start their own PostgreSQL and valkey-server; they load target/debug/libmember.so.
 # The integration tests then run once more against Redis 7.0, the second supported server.
 # Last, the Debian package is built and loaded from its extracted files (`make deb`).
-# The Python client's tests (tests/all/python_client.rs) run pytest in target/pyenv, made
-# once by scripts/python-env.sh.
+# The Python client's tests (tests/all/python_client.rs) and the sign-up example's browser test
+# (tests/all/signup_browser.rs) run pytest in target/pyenv, made once by scripts/python-env.sh.
 test: deps
 	python3 scripts/check-links.py
 	bash scripts/python-env.sh

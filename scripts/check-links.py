@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Checks every relative link of the user documentation: README.md, docs/*.md, bench/README.md.
+"""Checks every relative link of the user documentation: README.md, docs/*.md, bench/README.md,
+examples/*/README.md.
 
 A link resolves when the file (or directory) it names exists and, for a `#anchor`, when the
 target Markdown file has a heading with that anchor under GitHub's rules: the heading's text
@@ -29,6 +30,9 @@ def documents():
     files = ["README.md", os.path.join("bench", "README.md")]
     docs = os.path.join(ROOT, "docs")
     files += sorted(os.path.join("docs", f) for f in os.listdir(docs) if f.endswith(".md"))
+    examples = os.path.join(ROOT, "examples")
+    if os.path.isdir(examples):
+        files += sorted(os.path.join("examples", d, "README.md") for d in os.listdir(examples))
     return [f for f in files if os.path.isfile(os.path.join(ROOT, f))]
 
 

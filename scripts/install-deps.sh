@@ -6,7 +6,7 @@
 # redis-py (the cluster tests route through its RedisCluster, as a user's application would)
 # and venv (scripts/python-env.sh makes the virtualenv the Python client's tests run in), and
 # Prometheus' redis_exporter and promtool (the monitoring files of contrib/ are tested with
-# them).
+# them), and chromium with chromium-driver (the sign-up example's browser test drives it).
 # Idempotent; does nothing when everything is present.
 set -euo pipefail
 
@@ -22,6 +22,8 @@ command -v python3 >/dev/null 2>&1 || need+=(python3)
 /usr/bin/python3 -c 'import redis' >/dev/null 2>&1 || need+=(python3-redis)
 command -v prometheus-redis-exporter >/dev/null 2>&1 || need+=(prometheus-redis-exporter)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
 [ -f /usr/include/openssl/ssl.h ] || need+=(libssl-dev)
 ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
@@ -47,7 +49,7 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq -t bookworm-backports valkey-server valkey-tools >/dev/null
 $SUDO apt-get install -y -qq postgresql postgresql-client libclang-dev redis-server \
   openssl libssl-dev pkg-config python3 python3-redis python3-venv prometheus-redis-exporter \
-  prometheus >/dev/null
+  prometheus chromium chromium-driver >/dev/null
 # The Debian packages start system-wide servers; libmember runs its own (and the monitoring
 # test its own exporter).
 $SUDO systemctl disable --now valkey-server postgresql redis-server prometheus \

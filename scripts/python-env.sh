@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# Makes target/pyenv, the virtualenv the Python client's tests run in (tests/all/python_client.rs):
-# Debian's python3 with redis-py >= 5, pytest and clients/python installed in editable mode.
-# Does nothing when it is there and complete; `rm -rf target/pyenv` makes it again.
+# Makes target/pyenv, the virtualenv the Python tests run in (tests/all/python_client.rs and
+# tests/all/signup_browser.rs) and the sign-up example runs in (`make demo`): Debian's python3
+# with redis-py >= 5, pytest, psycopg 3 and selenium, and clients/python installed in editable
+# mode. Does nothing when it is there with these same packages; a changed list below installs
+# what it adds into the existing virtualenv; `rm -rf target/pyenv` makes it again.
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 env="$root/target/pyenv"
-# The last step below writes this file, so an interrupted run is redone.
+packages=('redis>=5' pytest 'setuptools>=64' wheel 'psycopg[binary]>=3.1' 'selenium>=4.11')
+# The last step below writes the package list into this file, so an interrupted run (or a
+# list that changed since) is redone.
 done_mark="$env/.complete"
-[ -f "$done_mark" ] && exit 0
+mkdir -p "$root/target"
+# Tests run in parallel threads: one run at a time, the others then find it done.
+exec 9>"$root/target/.pyenv.lock"
+flock 9
+[ -f "$done_mark" ] && [ "$(cat "$done_mark")" = "${packages[*]}" ] && exit 0
 
-rm -rf "$env"
-/usr/bin/python3 -m venv "$env"
-"$env/bin/pip" install --quiet --disable-pip-version-check 'redis>=5' pytest 'setuptools>=64' wheel
+[ -x "$env/bin/pip" ] || { rm -rf "$env"; /usr/bin/python3 -m venv "$env"; }
+"$env/bin/pip" install --quiet --disable-pip-version-check "${packages[@]}"
 "$env/bin/pip" install --quiet --disable-pip-version-check --no-build-isolation \
   --editable "$root/clients/python"
-touch "$done_mark"
+printf '%s' "${packages[*]}" > "$done_mark"

@@ -47,6 +47,7 @@ mod notify;
 mod pg_tls;
 mod python_client;
 mod rebuild_memory;
+mod signup_browser;
 mod standby;
 mod startup;
 mod sync;

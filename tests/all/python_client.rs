@@ -3,74 +3,19 @@
 //!
 //! pytest runs from `target/pyenv` (made by `scripts/python-env.sh`, which `make test` calls
 //! first; run here too, once per process, so `cargo test --test all python_client::` works on
-//! its own). The servers' addresses reach pytest in `MEMBER_URL` and `MEMBER_CLUSTER_PORT`;
-//! a test that needs one fails when it is missing, so nothing is skipped in silence.
+//! its own: `support::python`). The servers' addresses reach pytest in `MEMBER_URL` and
+//! `MEMBER_CLUSTER_PORT`; a test that needs one fails when it is missing, so nothing is skipped
+//! in silence.
 use crate::support;
-
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
 
 use support::cluster::Cluster;
 use support::member::*;
+use support::python;
 use support::OwnPg;
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The virtualenv's interpreter, the virtualenv made first if missing.
-fn python() -> PathBuf {
-    static MADE: OnceLock<Result<(), String>> = OnceLock::new();
-    let made = MADE.get_or_init(|| {
-        let out = Command::new("bash")
-            .arg(root().join("scripts/python-env.sh"))
-            .output()
-            .map_err(|e| format!("run scripts/python-env.sh: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "scripts/python-env.sh failed:\n{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ))
-        }
-    });
-    if let Err(e) = made {
-        panic!("{e}");
-    }
-    root().join("target/pyenv/bin/python")
-}
-
-/// Runs pytest on `selection` (paths or node ids under `clients/python/tests`) with `env`;
-/// panics with pytest's output unless every selected test ran and passed.
+/// pytest on `selection` of `clients/python/tests` (see [`python::pytest`]).
 fn pytest(selection: &[&str], env: &[(&str, String)]) {
-    let tests = root().join("clients/python/tests");
-    let out = Command::new(python())
-        .args(["-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA"])
-        .args(selection.iter().map(|s| tests.join(s)))
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .current_dir(root().join("clients/python"))
-        .output()
-        .expect("run pytest");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "pytest {selection:?} failed:\n{text}");
-    let summary = text
-        .lines()
-        .rev()
-        .find(|l| l.contains(" in "))
-        .unwrap_or("");
-    assert!(
-        summary.contains(" passed") && !summary.contains("skipped"),
-        "pytest {selection:?}: every test must run and pass:\n{text}"
-    );
-    println!("pytest {selection:?}: {summary}");
+    python::pytest("clients/python", selection, env);
 }
 
 /// Every method over `redis.Redis` and `redis.asyncio.Redis`, the typed INFO values, and

@@ -17,7 +17,8 @@
 //! `member.rs` (`Env` and libmember client helpers), `lifecycle.rs` (the filter-lifecycle
 //! tests' servers and assertions), `faults.rs` (the fault-injection tests' calls and
 //! probes), `cluster.rs` / `cluster_ops.rs` (a Valkey Cluster), `proxy.rs` (a TCP proxy that
-//! injects link faults), `tls.rs` (PostgreSQL over TLS).
+//! injects link faults), `tls.rs` (PostgreSQL over TLS), `python.rs` (the virtualenv, pytest,
+//! Python programs).
 
 mod own_pg;
 mod pg;
@@ -32,6 +33,7 @@ pub mod faults;
 pub mod lifecycle;
 pub mod member;
 pub mod proxy;
+pub mod python;
 pub mod source;
 pub mod standby;
 pub mod tls;

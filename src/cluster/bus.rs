@@ -16,7 +16,7 @@ use redis_module::{raw, Context, RedisError, RedisResult, RedisValue};
 
 use super::wire::{self, Answer, Message, Request};
 use crate::server::block::{Blocked, Completion, Fail};
-use crate::{model::error, server::mainq, server::reply, sets::keys};
+use crate::{model::error, server::mainq, server::reply};
 
 /// The module message type of libmember's requests and answers (types are per module).
 const MSG_TYPE: u8 = 1;
@@ -251,7 +251,7 @@ unsafe extern "C" fn receive(
                 done: false,
             };
             match SERVE.get() {
-                Some(serve) => keys::with_db0(&ctx, |ctx| serve(ctx, req, to)),
+                Some(serve) => mainq::with_db0(&ctx, |ctx| serve(ctx, req, to)),
                 None => drop(to),
             }
         }

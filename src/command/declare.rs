@@ -12,35 +12,13 @@ use std::ptr;
 use redis_module::{raw, Context};
 
 use super::docs::{Arg, Docs, Kind, SINCE};
-use super::table::Command;
+use super::row::{Command, Item, Route};
 use crate::server::reply::{self, Level};
 
 /// argv position of the item in `MEMBER.ADD|EXISTS|DEL|EXPLAIN <set> <item> …`.
 pub const ITEM_POS: c_int = 2;
 /// argv position of the set name in `MEMBER.CREATE|ALTER|DROP <set> …`.
 pub const SET_POS: c_int = 1;
-
-/// What a command does with what its routing argument names (the key spec's access flags).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Item {
-    Read,
-    Insert,
-    Update,
-    Delete,
-}
-
-/// How a command is routed in a cluster.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Route {
-    /// Set-wide: declares no key (firstkey 0), so any node runs it.
-    Anywhere,
-    /// By the item at argv[2]: one `NOT_KEY` key spec. The server routes by it (MOVED/ASK) and
-    /// COMMAND INFO shows it (first/last/step 2/2/1); ACL and COMMAND GETKEYS skip it.
-    ByItem(Item),
-    /// By the set name at argv[1], the same way (1/1/1): the catalog commands, whose answer is
-    /// the same on every node, so any cluster client can send them.
-    BySet(Item),
-}
 
 /// Key-spec flags for the item: one access flag (the server requires exactly one of RO, RW,
 /// OW, RM), the kind of write, and `NOT_KEY`, which is what keeps it out of ACL key checks.

@@ -9,17 +9,16 @@ use std::os::raw::c_int;
 use redis_module::{raw, Context};
 
 use super::lookup;
-use super::table::EXISTS;
 use crate::hooks::redact::{self, Shape};
 
 /// Longest argument vector read in place: `MEMBER.EXISTS <set> <item> SCOPE <scope>`.
 const MAX_ARGS: usize = 5;
 
-/// Where MEMBER.EXISTS's item sits, from its row.
-const SHAPE: Shape = match EXISTS.items {
-    Some(shape) => shape,
-    None => panic!("MEMBER.EXISTS carries an item"),
-};
+/// Where MEMBER.EXISTS's item sits: its row in `table.rs` says the same (`items`), for the
+/// generic readers of the table.
+pub const ITEMS: Shape = Shape::Item;
+/// Its name as registered (its row's `name`).
+pub const NAME: &str = "member.exists";
 
 /// MEMBER.EXISTS's command function.
 ///
@@ -32,7 +31,7 @@ pub unsafe extern "C" fn entry(
 ) -> c_int {
     let context = Context::new(ctx);
     // guard has replied (the answer or a contained panic's error); its NoReply is for wrappers.
-    let _ = crate::server::reply::guard(&context, EXISTS.name, || {
+    let _ = crate::server::reply::guard(&context, NAME, || {
         let argc = argc.max(0) as usize;
         let fast = if argc <= MAX_ARGS {
             let mut buf: [&[u8]; MAX_ARGS] = [&[]; MAX_ARGS];
@@ -47,7 +46,7 @@ pub unsafe extern "C" fn entry(
             redact::begin();
             let res = lookup::exists_fast(&context, &buf[..argc]);
             if let Some(res) = &res {
-                redact::after(&context, SHAPE, &buf[..argc], res.is_err());
+                redact::after(&context, ITEMS, &buf[..argc], res.is_err());
             }
             res
         } else {
@@ -55,7 +54,7 @@ pub unsafe extern "C" fn entry(
         };
         fast.unwrap_or_else(|| {
             let args = redis_module::decode_args(ctx, argv, argc as c_int);
-            redact::around(&context, SHAPE, args, |args| {
+            redact::around(&context, ITEMS, args, |args| {
                 lookup::lookup(&context, args, false)
             })
         })

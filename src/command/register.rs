@@ -9,7 +9,8 @@ use std::os::raw::c_int;
 use redis_module::{raw, Context, Status};
 
 use super::declare;
-use super::table::{self, Audience, Run, COMMANDS};
+use super::row::{Audience, Run};
+use super::table::{self, COMMANDS};
 use crate::{hooks::redact, server::reply, sets::acl};
 
 /// Creates every command of the table (firstkey 0: no key until `declare` says otherwise).

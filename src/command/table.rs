@@ -4,92 +4,22 @@
 //! rows), redaction (where the items sit) and the hot path (MEMBER.EXISTS's raw entry point).
 //! A new command is one row here (and its section in docs/commands.md, which a test checks).
 
-use std::os::raw::c_int;
+use redis_module::{Context, RedisResult, RedisString};
 
-use redis_module::{raw, Context, RedisResult, RedisString};
-
-use super::declare::{Item, Route};
-use super::docs::{Arg, Docs};
+use super::docs::Arg;
+use super::row::{Audience, Command, Item, Route, Run, UNDOCUMENTED};
 use super::{alter, batch, create, drop, exists, info, internal, lookup, rebuild, write};
 use crate::hooks::redact::Shape;
 
-/// How the server reaches a command's code.
-#[derive(Clone, Copy)]
-pub enum Run {
-    /// The generic entry point (`register.rs`): arguments as strings, the reply sent by
-    /// `reply::guard`, items redacted per the row's `items`.
-    Args(fn(&Context, Vec<RedisString>) -> RedisResult),
-    /// An entry point of its own that reads its arguments in place (the hot path). It runs
-    /// `reply::guard` and redaction itself, with its row's `items`.
-    Raw(
-        unsafe extern "C" fn(
-            *mut raw::RedisModuleCtx,
-            *mut *mut raw::RedisModuleString,
-            c_int,
-        ) -> c_int,
-    ),
-}
-
-/// Who may call a command.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Audience {
-    /// Clients: in the `@member` ACL category, in docs/commands.md.
-    Public,
-    /// The replication stream and the AOF only (`MEMBER._*`).
-    Internal,
-}
-
-/// One command.
-#[derive(Clone, Copy)]
-pub struct Command {
-    /// As registered and as COMMAND INFO shows it: lower case.
-    pub name: &'static str,
-    pub run: Run,
-    /// The server's command flags.
-    pub flags: &'static str,
-    /// As COMMAND INFO reports it: `n` exactly n arguments (the name counted), `-n` at least n.
-    pub arity: i32,
-    pub route: Route,
-    pub audience: Audience,
-    /// Where the command's items sit, for redaction; `None` for commands that carry none.
-    pub items: Option<Shape>,
-    /// What COMMAND DOCS shows.
-    pub docs: Docs,
-}
-
-impl Command {
-    /// The row with its documentation.
-    const fn doc(
-        mut self,
-        summary: &'static str,
-        complexity: Option<&'static str>,
-        args: &'static [Arg],
-    ) -> Command {
-        self.docs = Docs {
-            summary,
-            complexity,
-            args,
-        };
-        self
-    }
-}
-
-/// What rows start with before `doc`: nothing (a unit test finds a row left so).
-const UNDOCUMENTED: Docs = Docs {
-    summary: "",
-    complexity: None,
-    args: &[],
-};
-
 /// MEMBER.EXISTS <set> <item> [SCOPE <scope>]: its raw entry point reads this row.
 pub const EXISTS: Command = Command {
-    name: "member.exists",
+    name: exists::NAME,
     run: Run::Raw(exists::entry),
     flags: "readonly fast",
     arity: -3,
     route: Route::ByItem(Item::Read),
     audience: Audience::Public,
-    items: Some(Shape::Item),
+    items: Some(exists::ITEMS),
     docs: UNDOCUMENTED,
 }
 .doc(

@@ -118,7 +118,7 @@ pub fn canonical<'a>(
     let Some(fp) = def.tokenize.fingerprint() else {
         return canon::canonicalize(def.normalize, item, scope);
     };
-    crate::hooks::redact::needed();
+    crate::server::redaction::needed();
     let guard = KEY.read().unwrap_or_else(|e| e.into_inner());
     let key = match guard.as_ref() {
         None => return Err(error::TOKEN_NO_KEY),

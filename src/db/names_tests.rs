@@ -92,7 +92,7 @@ fn adversarial() -> Vec<String> {
 fn accepted() -> Vec<String> {
     let all = adversarial();
     for n in &all {
-        assert!(crate::command::valid_set_name(n.as_bytes()), "{n}");
+        assert!(crate::model::set_def::valid_set_name(n.as_bytes()), "{n}");
     }
     let ok: Vec<String> = all.into_iter().filter(|n| !reserved_set_name(n)).collect();
     assert!(ok.contains(&"log".to_string()) && ok.contains(&"b".to_string()));

@@ -2,20 +2,10 @@
 //! tokenized set (or one this node had to ask the catalog about) raises a flag, and its entry
 //! point redacts the item and scope arguments before the server logs or shows the call.
 
-use std::cell::Cell;
+use crate::server::redaction;
 use std::os::raw::c_int;
 
 use redis_module::{raw, Context, RedisResult, RedisString};
-
-thread_local! {
-    /// Raised by the running command when its items must not be shown; cleared at its start.
-    static NEEDED: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Marks the running command's item arguments for redaction (cheap: a thread-local flag).
-pub fn needed() {
-    NEEDED.with(|n| n.set(true));
-}
 
 /// Where a command's items are in its argument vector.
 #[derive(Clone, Copy, Debug)]
@@ -102,7 +92,7 @@ pub fn around(
 
 /// Clears the flag before a command runs (the in-place hot path).
 pub fn begin() {
-    NEEDED.with(|n| n.set(false));
+    redaction::clear();
 }
 
 /// After a command on items ran, with its arguments in place (the hot path).
@@ -114,7 +104,7 @@ pub fn after(ctx: &Context, shape: Shape, argv: &[&[u8]], failed: bool) {
 /// Redacts the command's items when it raised the flag, or when it failed (maybe before it
 /// looked at its set) and its set is not one this node knows to be plain.
 fn finish(ctx: &Context, set: &[u8], failed: bool, positions: impl FnOnce(bool) -> Vec<usize>) {
-    let raised = NEEDED.with(|n| n.replace(false));
+    let raised = redaction::take();
     // Nothing to hide: no tokenized set was touched, and the call did not fail on a set that
     // may be one.
     let maybe_tokenized = raised || (failed && !known_plain(set));

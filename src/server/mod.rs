@@ -8,6 +8,7 @@ pub mod cluster_mode;
 pub mod latency;
 pub mod mainq;
 pub mod metrics;
+pub mod redaction;
 pub mod replication;
 pub mod reply;
 pub mod transient;

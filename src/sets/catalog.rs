@@ -311,7 +311,7 @@ pub fn forget(ctx: &Context, name: &str) {
 /// without asking again for `UNKNOWN_FOR`; concurrent commands for one name share one query.
 pub fn ask(ctx: &Context, name: &str, timeout: Duration, then: Then) -> RedisResult {
     // The set may be tokenized: until the catalog says, the call's items are not shown.
-    crate::hooks::redact::needed();
+    crate::server::redaction::needed();
     if !state::with(|r| r.catalog.loaded) {
         return Err(RedisError::Str(error::CATALOG_NOT_LOADED));
     }

@@ -39,7 +39,8 @@ cluster: build
 cluster-stop:
 	bash scripts/cluster-local.sh stop
 
-# First every relative link of the documentation must resolve (scripts/check-links.py).
+# First every relative link of the documentation must resolve (scripts/check-links.py), and
+# imports in src/ must flow one way (scripts/check-layers.py, docs/architecture.md).
 # Tests start their own PostgreSQL and valkey-server; they load target/debug/libmember.so.
 # The integration tests then run once more against Redis 7.0, the second supported server.
 # Last, the Debian package is built and loaded from its extracted files (`make deb`).
@@ -47,6 +48,7 @@ cluster-stop:
 # (tests/all/signup_browser.rs) run pytest in target/pyenv, made once by scripts/python-env.sh.
 test: deps
 	python3 scripts/check-links.py
+	python3 scripts/check-layers.py
 	bash scripts/python-env.sh
 	$(CARGO_ENV) cargo build
 	$(CARGO_ENV) cargo test --all-targets -- --test-threads=4

@@ -14,13 +14,17 @@ use crate::{
 /// The module's load function: fails the load (`Status::Err`) on a refused config value or a
 /// command, data type or event the server refuses; everything after the commands only logs.
 pub fn init(ctx: &Context, args: &[RedisString]) -> Status {
-    // First: a refused value must fail the load before anything of ours runs (config/load.rs).
+    // First: a refused value must fail the load before anything of ours runs (hooks/config_load.rs).
     if let Err(e) = config_load::register_and_load(ctx, args) {
         reply::log(ctx, reply::Level::Warning, &e);
         return Status::Err;
     }
     // The sync loop hears of every filter installed, so its next sweep looks at once.
     state::on_installed(sync::filter_installed);
+    // A set resized by MEMBER.ALTER (here or on another node) gets its filter rebuilt.
+    catalog::on_resized(|set| {
+        crate::upkeep::rebuild::start(set, crate::upkeep::rebuild::Reason::Alter);
+    });
     crate::server::cluster_mode::set_enabled(
         ctx.get_flags()
             .contains(redis_module::ContextFlags::CLUSTER),

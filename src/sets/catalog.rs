@@ -6,6 +6,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisValue};
@@ -284,7 +285,18 @@ fn resized(ctx: &Context, before: &SetDef, def: &SetDef) {
             def.name, before.error_rate, def.error_rate, before.capacity, def.capacity
         ),
     );
-    crate::upkeep::rebuild::start(&def.name, crate::upkeep::rebuild::Reason::Alter);
+    if let Some(rebuild) = ON_RESIZED.get() {
+        rebuild(&def.name);
+    }
+}
+
+/// Starts the rebuild of a resized set's filter (the upkeep's), set once at module load.
+static ON_RESIZED: OnceLock<fn(&str)> = OnceLock::new();
+
+/// Makes `f` rebuild the filter of every set resized from now on. Call once, from module load,
+/// before the catalog is first read.
+pub fn on_resized(f: fn(&str)) {
+    let _ = ON_RESIZED.set(f);
 }
 
 /// Forgets a dropped set on this node: its definition, recent-writes marks and counters, a

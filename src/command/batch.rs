@@ -4,13 +4,12 @@
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
 use super::lookup::{decide_item, LookupDone, Step};
+use super::retry::after_catalog;
 use super::write::{begin, expiry, Op, WriteDone};
 use super::{block_timeout, may_block, ManyArgs, PointDone};
 use crate::db::{pool, sql, DbErr};
 use crate::model::canon::Canon;
-use crate::server::block::Fail;
 use crate::server::block::{Blocked, Completion};
-use crate::sets::catalog;
 use crate::{config::token_key, filter::store, model::error, sets::keys, sets::state};
 
 /// Most items one MEXISTS or MADD may name (`error::TOO_MANY_ITEMS`): it bounds the
@@ -82,24 +81,33 @@ fn ask_catalog(ctx: &Context, a: &ManyArgs, kind: Kind) -> RedisResult {
     let name = a.set.clone();
     let scope = a.scope().to_vec();
     let items: Vec<Vec<u8>> = a.items.iter().map(|i| i.as_slice().to_vec()).collect();
-    let then: catalog::Then = Box::new(move |ctx, blocked| {
-        let items: Vec<&[u8]> = items.iter().map(|i| i.as_slice()).collect();
-        let unknown = || Box::new(Fail(error::UNKNOWN_SET.into()));
-        match kind {
-            Kind::Lookups => match plan_lookups(ctx, &name, &items, &scope, true) {
-                Ok(Some(done)) if done.pending.is_empty() => blocked.finish(Box::new(done)),
-                Ok(Some(done)) => send_lookups(blocked, done),
-                Ok(None) => blocked.finish(unknown()),
-                Err(e) => blocked.finish(Box::new(Fail(e.to_string()))),
-            },
-            Kind::Writes(exp) => match plan_writes(&name, &items, &scope, exp, true) {
-                Ok(Some(done)) => send_writes(blocked, done),
-                Ok(None) => blocked.finish(unknown()),
-                Err(e) => blocked.finish(Box::new(Fail(e.to_string()))),
-            },
-        }
-    });
-    catalog::ask(ctx, &a.set, block_timeout(), then)
+    after_catalog(
+        ctx,
+        &a.set,
+        block_timeout(),
+        move |ctx| {
+            let items: Vec<&[u8]> = items.iter().map(|i| i.as_slice()).collect();
+            Ok(match kind {
+                Kind::Lookups => {
+                    plan_lookups(ctx, &name, &items, &scope, true)?.map(Planned::Lookups)
+                }
+                Kind::Writes(exp) => {
+                    plan_writes(&name, &items, &scope, exp, true)?.map(Planned::Writes)
+                }
+            })
+        },
+        |_, blocked, planned| match planned {
+            Planned::Lookups(done) if done.pending.is_empty() => blocked.finish(Box::new(done)),
+            Planned::Lookups(done) => send_lookups(blocked, done),
+            Planned::Writes(done) => send_writes(blocked, done),
+        },
+    )
+}
+
+/// A call planned once its set is known.
+enum Planned {
+    Lookups(ManyLookups),
+    Writes(ManyWrites),
 }
 
 /// Canonicalizes every item under the set's policy; the first that fails fails the call,

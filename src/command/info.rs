@@ -21,10 +21,13 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     crate::sets::acl::check_set(ctx, &name, crate::sets::acl::Access::Read)?;
     if state::with(|r| r.serving(&name, false).is_none()) {
         let later = InfoLater(name.clone());
-        let then: crate::sets::catalog::Then = Box::new(move |_ctx, blocked| {
-            blocked.finish(Box::new(later));
-        });
-        return crate::sets::catalog::ask(ctx, &name, super::block_timeout(), then);
+        return super::retry::after_catalog(
+            ctx,
+            &name,
+            super::block_timeout(),
+            |_| Ok(Some(later)),
+            |_, blocked, later| blocked.finish(Box::new(later)),
+        );
     }
     set_info(ctx, &name)
 }

@@ -5,6 +5,7 @@ use std::time::Instant;
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
 use super::forward::{self, Elsewhere};
+use super::retry::after_catalog;
 use super::{block_on_point, block_timeout, may_block, point_for, ItemArgs, PointDone};
 use crate::cluster::owner;
 use crate::cluster::wire::Op;
@@ -14,7 +15,6 @@ use crate::model::funnel::{self, Gate, Path};
 use crate::model::slot::keyslot;
 use crate::server::block::Completion;
 use crate::server::block::Fail;
-use crate::sets::catalog;
 use crate::{filter::store, model::error, server::metrics, sets::keys, sets::state};
 
 pub(super) fn reply(explain: bool, present: bool, path: Path) -> RedisValue {
@@ -53,7 +53,16 @@ pub fn explain(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 pub fn lookup(ctx: &Context, args: Vec<RedisString>, explain: bool) -> RedisResult {
     let started = metrics::sample_start();
     let a = ItemArgs::parse(args, &[])?;
-    funnel(ctx, &a.set, a.item.as_slice(), a.scope(), explain, started)
+    funnel(
+        ctx,
+        Lookup {
+            set: &a.set,
+            item: a.item.as_slice(),
+            scope: a.scope(),
+            explain,
+            started,
+        },
+    )
 }
 
 /// MEMBER.EXISTS straight from the argument bytes, with nothing copied or retained: the hot
@@ -61,7 +70,60 @@ pub fn lookup(ctx: &Context, args: Vec<RedisString>, explain: bool) -> RedisResu
 pub fn exists_fast(ctx: &Context, argv: &[&[u8]]) -> Option<RedisResult> {
     let started = metrics::sample_start();
     let (set, item, scope) = fast_shape(argv)?;
-    Some(funnel(ctx, set, item, scope, false, started))
+    Some(funnel(
+        ctx,
+        Lookup {
+            set,
+            item,
+            scope,
+            explain: false,
+            started,
+        },
+    ))
+}
+
+/// One lookup as the client sent it: the set, the item and its scope before
+/// canonicalization, whether it is an EXPLAIN, and when it started (a sampled call).
+#[derive(Clone, Copy)]
+struct Lookup<'a> {
+    set: &'a str,
+    item: &'a [u8],
+    scope: &'a [u8],
+    explain: bool,
+    started: Option<Instant>,
+}
+
+/// A [`Lookup`] kept while the catalog is asked about its set.
+struct Kept {
+    set: String,
+    item: Vec<u8>,
+    scope: Vec<u8>,
+    explain: bool,
+    started: Option<Instant>,
+}
+
+impl Lookup<'_> {
+    fn keep(self) -> Kept {
+        Kept {
+            set: self.set.to_string(),
+            item: self.item.to_vec(),
+            scope: self.scope.to_vec(),
+            explain: self.explain,
+            started: self.started,
+        }
+    }
+}
+
+impl Kept {
+    fn lookup(&self) -> Lookup<'_> {
+        Lookup {
+            set: &self.set,
+            item: &self.item,
+            scope: &self.scope,
+            explain: self.explain,
+            started: self.started,
+        }
+    }
 }
 
 /// The one shape the hot path reads in place, `<cmd> <set> <item> [SCOPE <scope>]` with a
@@ -96,43 +158,37 @@ pub(super) enum Step {
 
 /// The funnel on parsed arguments: filter → recent → cache → database. A set this node does
 /// not know is looked up in the catalog first (only this client waits).
-fn funnel(
-    ctx: &Context,
-    set_name: &str,
-    item: &[u8],
-    scope: &[u8],
-    explain: bool,
-    started: Option<Instant>,
-) -> RedisResult {
-    crate::sets::acl::check_set(ctx, set_name, crate::sets::acl::Access::Read)?;
-    keys::with_db0(ctx, |ctx| {
-        match decide(ctx, set_name, item, scope, explain, started, false)? {
-            Step::Done(present, path) => Ok(reply(explain, present, path)),
-            Step::Db(done) => {
-                may_block(ctx)?;
-                pool::submit(Job::Lookup(block_on_point(ctx, *done)));
-                Ok(RedisValue::NoReply)
-            }
-            Step::Forward(e) => forward::block_and_start(ctx, *e),
-            Step::Unknown => {
-                let (name, item, scope) = (set_name.to_string(), item.to_vec(), scope.to_vec());
-                let then: catalog::Then = Box::new(move |ctx, blocked| {
-                    match decide(ctx, &name, &item, &scope, explain, started, true) {
-                        Ok(Step::Done(present, path)) => blocked.finish(Box::new(Answered {
-                            explain,
-                            present,
-                            path,
-                        })),
-                        Ok(Step::Db(done)) => pool::submit(Job::Lookup(point_for(blocked, *done))),
-                        Ok(Step::Forward(e)) => forward::start(ctx, blocked, *e),
-                        Ok(Step::Unknown) => {
-                            blocked.finish(Box::new(Fail(error::UNKNOWN_SET.into())))
-                        }
-                        Err(e) => blocked.finish(Box::new(Fail(e.to_string()))),
-                    }
-                });
-                catalog::ask(ctx, set_name, block_timeout(), then)
-            }
+fn funnel(ctx: &Context, q: Lookup) -> RedisResult {
+    crate::sets::acl::check_set(ctx, q.set, crate::sets::acl::Access::Read)?;
+    keys::with_db0(ctx, |ctx| match decide(ctx, q, false)? {
+        Step::Done(present, path) => Ok(reply(q.explain, present, path)),
+        Step::Db(done) => {
+            may_block(ctx)?;
+            pool::submit(Job::Lookup(block_on_point(ctx, *done)));
+            Ok(RedisValue::NoReply)
+        }
+        Step::Forward(e) => forward::block_and_start(ctx, *e),
+        Step::Unknown => {
+            let (kept, explain) = (q.keep(), q.explain);
+            after_catalog(
+                ctx,
+                q.set,
+                block_timeout(),
+                move |ctx| match decide(ctx, kept.lookup(), true)? {
+                    Step::Unknown => Ok(None),
+                    step => Ok(Some(step)),
+                },
+                move |ctx, blocked, step| match step {
+                    Step::Done(present, path) => blocked.finish(Box::new(Answered {
+                        explain,
+                        present,
+                        path,
+                    })),
+                    Step::Db(done) => pool::submit(Job::Lookup(point_for(blocked, *done))),
+                    Step::Forward(e) => forward::start(ctx, blocked, *e),
+                    Step::Unknown => blocked.finish(Box::new(Fail(error::UNKNOWN_SET.into()))),
+                },
+            )
         }
     })
 }
@@ -141,28 +197,22 @@ fn funnel(
 /// memory, the lookup the database must resolve, or (cluster mode) the request for the node
 /// holding the item's canonical slot. `confirmed`: the catalog was just asked about this set
 /// (it serves even while a promotion holds sets back).
-fn decide(
-    ctx: &Context,
-    set_name: &str,
-    item: &[u8],
-    scope: &[u8],
-    explain: bool,
-    started: Option<Instant>,
-    confirmed: bool,
-) -> Result<Step, RedisError> {
+fn decide(ctx: &Context, q: Lookup, confirmed: bool) -> Result<Step, RedisError> {
     state::with(|r| {
         let epoch = r.epoch;
-        let set = r.serving(set_name, confirmed);
+        let set = r.serving(q.set, confirmed);
         let Some(set) = set else {
             return Ok(Step::Unknown);
         };
-        let canon =
-            crate::config::token_key::canonical(&set.def, item, scope).map_err(RedisError::Str)?;
-        let op = if explain { Op::Explain } else { Op::Exists };
-        if let Some(e) = forward::elsewhere(item, &canon, set_name, op, None) {
+        let canon = crate::config::token_key::canonical(&set.def, q.item, q.scope)
+            .map_err(RedisError::Str)?;
+        let op = if q.explain { Op::Explain } else { Op::Exists };
+        if let Some(e) = forward::elsewhere(q.item, &canon, q.set, op, None) {
             return Ok(Step::Forward(Box::new(e)));
         }
-        Ok(decide_item(ctx, set, epoch, None, canon, explain, started))
+        Ok(decide_item(
+            ctx, set, epoch, None, canon, q.explain, q.started,
+        ))
     })
 }
 

@@ -16,6 +16,7 @@ pub mod internal;
 pub mod lookup;
 pub mod rebuild;
 pub mod register;
+pub mod retry;
 pub mod row;
 pub mod settings;
 pub mod table;

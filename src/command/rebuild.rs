@@ -4,10 +4,10 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use std::time::Duration;
 
+use super::retry::after_catalog;
 use super::{block_timeout, may_block, set_name};
 use crate::server::block::Fail;
 use crate::server::block::{Blocked, Completion};
-use crate::sets::catalog;
 use crate::upkeep::rebuild::{self, RebuildReply, Reply};
 use crate::{model::error, sets::state};
 
@@ -33,16 +33,21 @@ pub fn rebuild(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             block_timeout()
         };
         let asked = name.clone();
-        let then: catalog::Then = Box::new(move |_ctx, blocked| {
-            if !rebuild::start(&asked, rebuild::Reason::Manual) {
-                blocked.finish(Box::new(Fail(error::REBUILD_RUNNING.into())));
-            } else if sync {
-                rebuild::wait(&asked, blocked.with_fallback(lost()), Reply::Rows);
-            } else {
-                blocked.finish(Box::new(Started));
-            }
-        });
-        return catalog::ask(ctx, &name, timeout, then);
+        return after_catalog(
+            ctx,
+            &name,
+            timeout,
+            |_| Ok(Some(())),
+            move |_, blocked, ()| {
+                if !rebuild::start(&asked, rebuild::Reason::Manual) {
+                    blocked.finish(Box::new(Fail(error::REBUILD_RUNNING.into())));
+                } else if sync {
+                    rebuild::wait(&asked, blocked.with_fallback(lost()), Reply::Rows);
+                } else {
+                    blocked.finish(Box::new(Started));
+                }
+            },
+        );
     }
     if sync {
         may_block(ctx)?;

@@ -4,13 +4,12 @@
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use super::forward;
+use super::retry::after_catalog;
 use super::{block_on_point, block_timeout, may_block, point_for, ItemArgs, Options, PointDone};
 use crate::db::pool::{self, Job, Point};
 use crate::db::{sql, DbErr};
 use crate::model::canon::Canon;
 use crate::server::block::Completion;
-use crate::server::block::Fail;
-use crate::sets::catalog;
 use crate::{
     config::token_key, model::error, model::funnel, server::replication, sets::effects, sets::keys,
     sets::state,
@@ -147,17 +146,16 @@ fn write(ctx: &Context, args: Vec<RedisString>, op: Op) -> RedisResult {
                 a.item.as_slice().to_vec(),
                 a.scope().to_vec(),
             );
-            let then: catalog::Then = Box::new(move |ctx, blocked| {
-                match prepare(&name, &item, &scope, op, expires_at, true) {
-                    Ok(Some(Plan::Here(done))) => {
-                        send(point_for(blocked, begin(done)), op, expires_at)
-                    }
-                    Ok(Some(Plan::Elsewhere(e))) => forward::start(ctx, blocked, e),
-                    Ok(None) => blocked.finish(Box::new(Fail(error::UNKNOWN_SET.into()))),
-                    Err(e) => blocked.finish(Box::new(Fail(e.to_string()))),
-                }
-            });
-            return catalog::ask(ctx, &a.set, block_timeout(), then);
+            return after_catalog(
+                ctx,
+                &a.set,
+                block_timeout(),
+                move |_| prepare(&name, &item, &scope, op, expires_at, true),
+                move |ctx, blocked, plan| match plan {
+                    Plan::Here(done) => send(point_for(blocked, begin(done)), op, expires_at),
+                    Plan::Elsewhere(e) => forward::start(ctx, blocked, e),
+                },
+            );
         };
         match plan {
             Plan::Here(done) => {

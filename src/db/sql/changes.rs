@@ -181,11 +181,8 @@ pub(super) fn guarded_ddl(set: &str, before: &str) -> String {
                    AND attname = 'slot' AND NOT attisdropped)"
     );
     let ensure = |name: &str, event: &str| {
-        let rows = if event == "DELETE" {
-            "OLD TABLE AS old_rows"
-        } else {
-            "NEW TABLE AS new_rows"
-        };
+        let with_slot = create_log_trigger(set, name, event, true);
+        let without = create_log_trigger(set, name, event, false);
         // A trigger of the name that runs another function is not this set's change-log
         // trigger, whoever put it there (an earlier version let an attached set `log` take
         // these names on another set's table): replaced, else the set would look fed.
@@ -199,13 +196,7 @@ pub(super) fn guarded_ddl(set: &str, before: &str) -> String {
                DROP TRIGGER {name} ON {t};
              END IF;
              IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = '{t}'::regclass AND tgname = '{name}') THEN
-               IF {has_slot} THEN
-                 CREATE TRIGGER {name} AFTER {event} ON {t} REFERENCING {rows}
-                   FOR EACH STATEMENT EXECUTE FUNCTION member_log_change('{set}', 'slot');
-               ELSE
-                 CREATE TRIGGER {name} AFTER {event} ON {t} REFERENCING {rows}
-                   FOR EACH STATEMENT EXECUTE FUNCTION member_log_change('{set}');
-               END IF;
+               IF {has_slot} THEN {with_slot}; ELSE {without}; END IF;
              ELSIF EXISTS (SELECT FROM pg_trigger WHERE tgrelid = '{t}'::regclass AND tgname = '{name}'
                              AND tgenabled = 'D') THEN
                ALTER TABLE {t} ENABLE TRIGGER {name};
@@ -235,6 +226,22 @@ pub(super) fn guarded_ddl(set: &str, before: &str) -> String {
     )
 }
 
+/// `CREATE TRIGGER` of one of a set table's change-log triggers (`name` on `event`), with the
+/// second argument, which logs each row's slot, when the table has its `slot` column.
+fn create_log_trigger(set: &str, name: &str, event: &str, with_slot: bool) -> String {
+    let t = table(set);
+    let rows = if event == "DELETE" {
+        "OLD TABLE AS old_rows"
+    } else {
+        "NEW TABLE AS new_rows"
+    };
+    let slot = if with_slot { ", 'slot'" } else { "" };
+    format!(
+        "CREATE TRIGGER {name} AFTER {event} ON {t} REFERENCING {rows}
+           FOR EACH STATEMENT EXECUTE FUNCTION member_log_change('{set}'{slot})"
+    )
+}
+
 /// Makes again, with the argument that logs the slot, each change-log trigger of a set table
 /// that lacks it (made before the table had its `slot` column). For
 /// `keyslot::ensure_slot_column`, inside its transaction: after the column exists, under its
@@ -242,17 +249,12 @@ pub(super) fn guarded_ddl(set: &str, before: &str) -> String {
 pub(in crate::db) fn slot_triggers_ddl(set: &str) -> String {
     let t = table(set);
     let remake = |name: &str, event: &str| {
-        let rows = if event == "DELETE" {
-            "OLD TABLE AS old_rows"
-        } else {
-            "NEW TABLE AS new_rows"
-        };
+        let create = create_log_trigger(set, name, event, true);
         format!(
             "IF EXISTS (SELECT FROM pg_trigger WHERE tgrelid = '{t}'::regclass AND tgname = '{name}'
                           AND tgfoid = 'member_log_change'::regproc AND tgnargs <> 2) THEN
                DROP TRIGGER {name} ON {t};
-               CREATE TRIGGER {name} AFTER {event} ON {t} REFERENCING {rows}
-                 FOR EACH STATEMENT EXECUTE FUNCTION member_log_change('{set}', 'slot');
+               {create};
              END IF;"
         )
     };

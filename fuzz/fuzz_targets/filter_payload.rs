@@ -9,7 +9,7 @@ use libfuzzer_sys::fuzz_target;
 use member::model::slotset::SlotSet;
 use member::filter::{Bloom, Coverage, FORMAT_VERSION};
 use member::filter::origin::Origin;
-use member::filter::data_type::FilterValue;
+use member::filter::value::FilterValue;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Offsets in the Bloom payload (src/filter/bloom/mod.rs `write_bytes`).

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use redis_module::native_types::RedisType;
 use redis_module::raw;
 
-use crate::filter::data_type::FilterValue;
+use crate::filter::value::FilterValue;
 
 /// A slot sentinel: nothing but its identity.
 #[derive(Debug)]

@@ -5,7 +5,7 @@
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
 use super::set_name;
-use crate::filter::data_type::FilterValue;
+use crate::filter::value::FilterValue;
 use crate::model::canon::{self, Canon, Normalize};
 use crate::model::token::Tokenize;
 use crate::sets::state::{self, SetDef, Source, SourceSync};

@@ -7,5 +7,6 @@ pub mod data_type;
 pub mod known_absent;
 pub mod origin;
 pub mod store;
+pub mod value;
 
 pub use bloom::*;

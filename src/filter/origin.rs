@@ -145,7 +145,7 @@ pub fn read(b: &[u8]) -> Result<(Option<Origin>, &[u8]), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::filter::data_type::FilterValue;
+    use crate::filter::value::FilterValue;
     use crate::filter::Bloom;
 
     const HERE: Origin = Origin {

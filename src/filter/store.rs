@@ -15,8 +15,9 @@ use std::time::Instant;
 
 use redis_module::{raw, Context, RedisString};
 
-use crate::filter::data_type::{self, free_later, FilterValue, FILTER_TYPE};
+use crate::filter::data_type::{self, free_later, FILTER_TYPE};
 use crate::filter::known_absent::KnownAbsent;
+use crate::filter::value::FilterValue;
 use crate::model::funnel::FilterView;
 
 pub use crate::filter::data_type::keys_changed;

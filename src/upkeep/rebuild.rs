@@ -11,9 +11,9 @@ use redis_module::{raw, Context, RedisError, RedisResult, RedisString, RedisValu
 
 use crate::db::build::Built;
 use crate::db::{self, DbErr};
-use crate::filter::data_type::FilterValue;
 use crate::filter::origin::Origin;
 use crate::filter::store;
+use crate::filter::value::FilterValue;
 use crate::model::slotset::SlotSet;
 use crate::server::block::{Blocked, Completion};
 use crate::sets::state::{self, Rebuild, SetDef};

@@ -11,9 +11,10 @@ use crossbeam_channel::{unbounded, Sender};
 
 use redis_module::{raw, Context, RedisString};
 
-use crate::filter::data_type::{self, FilterValue};
+use crate::filter::data_type;
 use crate::filter::origin::Verdict;
 use crate::filter::store;
+use crate::filter::value::FilterValue;
 use crate::sets::state::{self, PendingLoad};
 use crate::{server::mainq, server::metrics, server::reply};
 

@@ -10,8 +10,8 @@ use redis_module::Context;
 use super::{Member, LOOP};
 use crate::db::sql::{self, Changes};
 use crate::db::DbErr;
-use crate::filter::data_type::FilterValue;
 use crate::filter::origin::{NodeDb, Verdict};
+use crate::filter::value::FilterValue;
 use crate::model::slotset::SlotSet;
 use crate::{filter::store, server::reply, sets::state};
 

@@ -1,7 +1,8 @@
-//! The only home of the raw cluster-message API (step 5 of docs/cluster-placement.md): a node
-//! forwards a request about a canonical item to the primary holding its slot, and that node
-//! answers with a message back. The asking client waits in a main-thread table until exactly
-//! one of: the answer, the timeout, a failed send; a `Responder` always answers once.
+//! The only home of the raw cluster-message API (docs/cluster-placement.md, "Canonical forwarding
+//! over the cluster bus"): a node forwards a request about a canonical item to the primary holding
+//! its slot, and that node answers with a message back. The asking client waits in a main-thread
+//! table until exactly one of: the answer, the timeout, a failed send; a `Responder` always answers
+//! once.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;

@@ -1,6 +1,6 @@
 //! Which slots this node answers for, and since when a filter negative for one of them may be
-//! believed (docs/cluster-placement.md, step 4). A negative for an item whose canonical slot
-//! is `s` is trusted only when
+//! believed (docs/cluster-placement.md, "When a filter's 'absent' counts"). A negative for an
+//! item whose canonical slot is `s` is trusted only when
 //! 1. this node owns `s` (a primary: itself; a replica: its primary), as the last poll of
 //!    `CLUSTER NODES` saw it;
 //! 2. `s`'s sentinel key holds the very value this node accepted for `s` (a slot that left and
@@ -198,11 +198,11 @@ pub fn sentinels_touched() {
     OWN.with(|o| o.borrow_mut().verified.fill(false));
 }
 
-/// True when this node holds `slot` now: owned by the last poll, not being migrated away, and
-/// its sentinel is still the value accepted. A migration moves the sentinel with the slot's
-/// other keys before the handover, so a key written while this holds is moved too (never left
-/// behind to make the handover fail), and what a primary accepts while this holds is covered
-/// by the next owner's handover grace (docs/cluster-placement.md, step 5).
+/// True when this node holds `slot` now: owned by the last poll, not being migrated away, and its
+/// sentinel is still the value accepted. A migration moves the sentinel with the slot's other keys
+/// before the handover, so a key written while this holds is moved too (never left behind to make
+/// the handover fail), and what a primary accepts while this holds is covered by the next owner's
+/// handover grace (docs/cluster-placement.md, "Canonical forwarding over the cluster bus").
 pub fn holds(ctx: &Context, slot: u16) -> bool {
     OWN.with(|o| {
         let mut o = o.borrow_mut();

@@ -1,11 +1,11 @@
-//! The cluster-only data type `member-sl` (registered only when the server runs in cluster
-//! mode, so standalone RDB files are unchanged). Its values are slot sentinels: one key
-//! `member:{T(s)}:owner` per owned slot `s`, whose only content is an identity that is new
-//! every time a value is made in this process (written, loaded, restored, copied). A slot
-//! that migrates away takes its sentinel with it, so one that comes back brings a value of a
-//! new identity: the node notices at its next lookup, however briefly the slot was away
-//! (docs/cluster-placement.md, step 4). The type's RDB aux field carries the node's
-//! module-memory filters (`filter/store.rs`), written before the keyspace.
+//! The cluster-only data type `member-sl` (registered only when the server runs in cluster mode, so
+//! standalone RDB files are unchanged). Its values are slot sentinels: one key
+//! `member:{T(s)}:owner` per owned slot `s`, whose only content is an identity that is new every
+//! time a value is made in this process (written, loaded, restored, copied). A slot that migrates
+//! away takes its sentinel with it, so one that comes back brings a value of a new identity: the
+//! node notices at its next lookup, however briefly the slot was away (docs/cluster-placement.md,
+//! "Knowing which slots a node owns, without a window"). The type's RDB aux field carries the
+//! node's module-memory filters (`filter/store.rs`), written before the keyspace.
 
 use std::ffi::CString;
 use std::os::raw::{c_int, c_void};

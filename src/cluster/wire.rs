@@ -1,5 +1,6 @@
-//! The bytes of a forwarded request and of its answer on the cluster bus (step 5 of
-//! docs/cluster-placement.md): versioned, length-prefixed, checked whole on the way in. Pure.
+//! The bytes of a forwarded request and of its answer on the cluster bus ("Canonical forwarding
+//! over the cluster bus" in docs/cluster-placement.md): versioned, length-prefixed, checked whole
+//! on the way in. Pure.
 
 /// Layout version, the first byte of every message. A message of another version is refused
 /// (its sender's client times out), never guessed at.

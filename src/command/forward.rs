@@ -1,6 +1,7 @@
-//! Items whose canonical form hashes to a slot another node holds (cluster mode, step 5 of
-//! docs/cluster-placement.md), outbound: the receiving node forwards them there (`elsewhere`,
-//! `start`) and its client gets the holder's answer. The holder's side is `forwarded.rs`.
+//! Items whose canonical form hashes to a slot another node holds (cluster mode, "Canonical
+//! forwarding over the cluster bus" in docs/cluster-placement.md), outbound: the receiving node
+//! forwards them there (`elsewhere`, `start`) and its client gets the holder's answer. The holder's
+//! side is `forwarded.rs`.
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
-//! Requests another node forwarded here because this node holds the item's canonical slot
-//! (cluster mode, step 5 of docs/cluster-placement.md), inbound: the holder runs the ordinary
-//! lookup or write for them and answers through the bus (`serve`). The sending side is
-//! `forward.rs`.
+//! Requests another node forwarded here because this node holds the item's canonical slot (cluster
+//! mode, docs/cluster-placement.md, "Canonical forwarding over the cluster bus"), inbound: the
+//! holder runs the ordinary lookup or write for them and answers through the bus (`serve`). The
+//! sending side is `forward.rs`.
 
 use std::borrow::Cow;
 use std::sync::atomic::Ordering;

@@ -1,4 +1,4 @@
-//! Every name the module derives from a set name, tried against every other (issue 24): no
+//! Every name the module derives from a set name, tried against every other: no
 //! set name CREATE accepts may produce a relation, trigger or key that is another set's or
 //! the module's own. Per namespace: relations of the module's schema (tables, indexes and
 //! sequences share one), triggers of one table (a set table's, or a source table several
@@ -137,7 +137,7 @@ fn triggers_on_one_table_never_collide() {
         named.extend(trigger_names(&s).into_iter().map(|t| (s.clone(), t)));
     }
     all_distinct("triggers", named);
-    // The names of issue 24: set `log` once took every set table's triggers' names.
+    // Set `log` once took every set table's triggers' names.
     assert!(!trigger_names("log")
         .iter()
         .any(|t| LOG_TRIGGERS.contains(&t.as_str())));

@@ -1,10 +1,10 @@
 //! Where a set's filter lives, and the one way to reach it. Standalone: the key
 //! `member:<set>:bloom` (a `member-bf` value, persisted and replicated as any key). In cluster
-//! mode: module memory on each node, under the same name (docs/cluster-placement.md, step 4):
-//! a key there would sit in one hash slot, `--cluster reshard` would move it whole (or fail
-//! with BUSYKEY, every node holding one of that name), and Valkey deletes keys of slots it does
-//! not own at start-up. Cluster-mode filters persist as RDB aux data (`cluster/sentinel.rs`).
-//! Main thread only.
+//! mode: module memory on each node, under the same name (docs/cluster-placement.md, "What lives
+//! where, in cluster mode"): a key there would sit in one hash slot, `--cluster reshard` would move
+//! it whole (or fail with BUSYKEY, every node holding one of that name), and Valkey deletes keys of
+//! slots it does not own at start-up. Cluster-mode filters persist as RDB aux data
+//! (`cluster/sentinel.rs`). Main thread only.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;

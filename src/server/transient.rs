@@ -1,4 +1,4 @@
-//! The module's transient memory (issue 25): what a sync page, a rebuild's build parts or a
+//! The module's transient memory: what a sync page, a rebuild's build parts or a
 //! filter payload hold while in flight, counted per node and per set, checked against the
 //! `maxmemory` headroom before anything sizeable is allocated, and shown by INFO / MEMBER.INFO.
 //!

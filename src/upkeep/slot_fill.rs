@@ -1,10 +1,10 @@
-//! Cluster mode: slot fills (docs/cluster-placement.md, step 4b). A node's filter covers the
-//! slots it owned when it was built; a slot that arrives later (a reshard, a failover) is
-//! filled in place: its rows are read in one snapshot on a thread of its own and their bits
-//! added to the filter, which then covers the slot. From the moment a fill starts, sync passes
-//! apply the slot's rows too (`SetState::cover_extra`), so nothing committed after the fill's
-//! snapshot is missed. A fill whose filter was replaced meanwhile (a rebuild's swap, a
-//! replicated or reloaded filter) is discarded and the slots are filled again.
+//! Cluster mode: slot fills (docs/cluster-placement.md, "Each node's filter holds its own slots").
+//! A node's filter covers the slots it owned when it was built; a slot that arrives later (a
+//! reshard, a failover) is filled in place: its rows are read in one snapshot on a thread of its
+//! own and their bits added to the filter, which then covers the slot. From the moment a fill
+//! starts, sync passes apply the slot's rows too (`SetState::cover_extra`), so nothing committed
+//! after the fill's snapshot is missed. A fill whose filter was replaced meanwhile (a rebuild's
+//! swap, a replicated or reloaded filter) is discarded and the slots are filled again.
 
 use std::cell::RefCell;
 use std::collections::HashMap;

@@ -1,4 +1,4 @@
-//! The static part of a filter (issue 11): binary fuse filters with 8-bit fingerprints over
+//! The static part of a filter: binary fuse filters with 8-bit fingerprints over
 //! the low halves of the item hashes of one build, read-only until the next build.
 //!
 //! A build is split into parts by the high half of each hash: as many as keep the

@@ -1,7 +1,7 @@
 //! Arrays that may be larger than any cache: a filter's bit array and fingerprints.
 //!
 //! A probe of a 120 MB array misses the caches and, with 4 KiB pages, the TLB too: the page
-//! walk is a second miss in front of the first (bench/PROFILE.md, issue 11). An array of
+//! walk is a second miss in front of the first (bench/PROFILE.md). An array of
 //! `HUGE_FROM` bytes or more is therefore advised for transparent huge pages
 //! (`madvise(MADV_HUGEPAGE)`) before anything is written to it, so the kernel backs it with
 //! 2 MiB pages as it is first touched (in the `madvise` THP mode, which Valkey recommends over

@@ -1,7 +1,7 @@
 //! The Bloom gate as plain Rust: sizing, probing, fill estimates (the versioned binary form is
 //! `format.rs`). No server calls here; `filter/data_type.rs` wraps it as a Valkey data type.
 //!
-//! Design (issue 11, measured in bench/PROFILE.md): a build (CREATE, REBUILD) puts the rows it
+//! Design (measured in bench/PROFILE.md): a build (CREATE, REBUILD) puts the rows it
 //! read into a static binary fuse filter (8-bit fingerprints: 9.04 bits a member, 0.39 %
 //! false positives, three independent reads per probe); every add after the build (ADD, sync
 //! passes, slot fills, the rebuild's journal) goes to a classic Bloom filter, the delta, which

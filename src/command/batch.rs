@@ -7,6 +7,7 @@ use super::lookup::{decide_item, LookupDone, Step};
 use super::retry::after_catalog;
 use super::write::{begin, expiry, Op, WriteDone};
 use super::{block_timeout, may_block, ManyArgs, PointDone};
+use crate::db::sql::Found;
 use crate::db::{pool, sql, DbErr};
 use crate::model::canon::Canon;
 use crate::server::block::{Blocked, Completion};
@@ -270,7 +271,7 @@ struct ManyLookups {
     /// (position, lookup) of every item only the database can answer.
     pending: Vec<(usize, LookupDone)>,
     /// The database's answer for each of `pending`, in order.
-    result: Result<Vec<Option<Option<f64>>>, DbErr>,
+    result: Result<Vec<Found>, DbErr>,
 }
 
 impl Completion for ManyLookups {
@@ -282,7 +283,7 @@ impl Completion for ManyLookups {
                 Err(e) => Err(e.clone()),
             };
             if let Ok(found) = &res {
-                self.answers[*i] = found.is_some();
+                self.answers[*i] = found.is_member();
             }
             lookup.answered(res);
             lookup.apply(ctx);

@@ -259,6 +259,8 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
             out.push(("path_db_hit", c.db_hit.to_string()));
             out.push(("path_db_miss", c.db_miss.to_string()));
             out.push(("false_positives", c.false_positives.to_string()));
+            out.push(("lapsed_lookups", c.lapsed.to_string()));
+            out.push(("lapsed_fp_cache", c.lapsed_cached.to_string()));
             out.push(("filter_incomplete_lookups", c.filter_incomplete.to_string()));
             out.push(("db_errors", c.db_errors.to_string()));
             out.push(("adds", c.adds.to_string()));
@@ -376,6 +378,8 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
             ("path_db_hit", c.db_hit.to_string()),
             ("path_db_miss", c.db_miss.to_string()),
             ("false_positives", c.false_positives.to_string()),
+            ("lapsed_lookups", c.lapsed.to_string()),
+            ("lapsed_fp_cache", c.lapsed_cached.to_string()),
             ("db_errors", c.db_errors.to_string()),
             ("db_timeouts", m.db_timeouts.to_string()),
             ("exists_p50_us", m.exists_latency.quantile(0.50).to_string()),

@@ -10,6 +10,7 @@ use super::{block_on_point, block_timeout, may_block, point_for, ItemArgs, Point
 use crate::cluster::owner;
 use crate::cluster::wire::Op;
 use crate::db::pool::{self, Job};
+use crate::db::sql::Found;
 use crate::db::DbErr;
 use crate::model::funnel::{self, Gate, Path};
 use crate::model::slot::keyslot;
@@ -282,10 +283,16 @@ pub(super) fn decide_item(
         Gate::Recent => None,
     };
     if !explain {
+        // An fp-cache answer for a member that lapsed is not the filter's false positive.
+        let lapsed = matches!(gate, Gate::KnownAbsent) && set.lapsed.contains(canon.hash);
         // The filter's verdict and, when memory decided, the path and a latency sample: one
         // pass over the set's counters and one borrow of the module's.
         let counts = |c: &mut metrics::PathCounters| {
             c.exists += 1;
+            if lapsed {
+                c.lapsed += 1;
+                c.lapsed_cached += 1;
+            }
             match view {
                 funnel::FilterView::Incomplete => c.filter_incomplete += 1,
                 funnel::FilterView::Complete { contains: true }
@@ -362,24 +369,23 @@ pub(super) struct LookupDone {
     incarnation: u64,
     started: Option<Instant>,
     explain: bool,
-    /// `Some(expires_at)` when an active member.
-    result: Result<Option<Option<f64>>, DbErr>,
+    result: Result<Found, DbErr>,
 }
 
 impl LookupDone {
     fn path(&self) -> Option<Path> {
         match &self.result {
-            Ok(found) => Some(funnel::db_path(self.gate, found.is_some())),
+            Ok(found) => Some(funnel::db_path(self.gate, found.is_member())),
             Err(_) => None,
         }
     }
 }
 
-impl PointDone<Option<Option<f64>>> for LookupDone {
+impl PointDone<Found> for LookupDone {
     fn target(&self) -> (&str, &str, &str) {
         (&self.set, &self.entity, &self.scope)
     }
-    fn answered(&mut self, res: Result<Option<Option<f64>>, DbErr>) {
+    fn answered(&mut self, res: Result<Found, DbErr>) {
         self.result = res;
     }
 }
@@ -397,7 +403,15 @@ impl Completion for LookupDone {
             }
             // EXPLAIN's call and path are not counted; a database error it met is (that
             // counter describes the database, like db_timeouts).
-            let false_positive = self.remember.is_some() && matches!(self.result, Ok(None));
+            // A filter hit the database answers absent: the filter's false positive, or a
+            // member that lapsed since the filter was built (deleted, expired, inactive).
+            let absent = matches!(self.result, Ok(f) if !f.is_member());
+            let lapsed = matches!(self.result, Ok(Found::Lapsed))
+                || (absent && set.lapsed.contains(self.hash));
+            if matches!(self.result, Ok(Found::Lapsed)) {
+                set.lapsed.note(self.hash);
+            }
+            let passed = self.remember.is_some() && absent && !self.explain;
             match path {
                 Some(p) => record(set, self.explain, p, self.started),
                 None => {
@@ -405,26 +419,29 @@ impl Completion for LookupDone {
                     metrics::global(|m| m.paths.db_errors += 1);
                 }
             }
-            if false_positive && !self.explain {
+            if passed && lapsed {
+                set.stats.lapsed += 1;
+                metrics::global(|m| m.paths.lapsed += 1);
+            } else if passed {
                 set.stats.false_positives += 1;
                 metrics::global(|m| m.paths.false_positives += 1);
             }
             // A false positive confirmed by the database: remember it, unless the item was
             // added since the lookup was asked (it may have read the table before an ADD or
             // an outside write of it committed; remember_absent checks).
-            if let (Ok(None), Some(id)) = (&self.result, self.remember) {
+            if let (Ok(Found::Lapsed | Found::Absent), Some(id)) = (&self.result, self.remember) {
                 let (key, ttl, trusted) = (&set.filter_key, set.def.cache_ttl, set.trusted);
                 let (hash, asked) = (self.hash, self.asked);
                 crate::filter::store::remember_absent(ctx, key, id, trusted, hash, asked, ttl);
                 return;
             }
-            if let Ok(Some(_)) = self.result {
+            if let Ok(Found::Member(_)) = self.result {
                 // Present now: an older lookup's "absent" must not outlive this answer.
                 crate::filter::store::forget_absent(ctx, &set.filter_key, self.hash);
             }
             // Cache-aside fill, unless an ADD/DEL of this set landed since the lookup began
             // (it may have read a row a concurrent DEL removed), or this node is a replica.
-            if let Ok(Some(expires_at)) = self.result {
+            if let Ok(Found::Member(expires_at)) = self.result {
                 if set.generation != self.generation || is_replica {
                     return;
                 }
@@ -449,7 +466,7 @@ impl Completion for LookupDone {
     fn reply(&mut self, _ctx: &Context) -> RedisResult {
         match &self.result {
             Ok(found) => {
-                let present = found.is_some();
+                let present = found.is_member();
                 Ok(reply(
                     self.explain,
                     present,

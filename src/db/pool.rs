@@ -21,7 +21,7 @@ use crate::config;
 /// answers the client.
 pub enum Job {
     /// Is (entity, scope) an active member? Batched per set.
-    Lookup(Point<Option<Option<f64>>>),
+    Lookup(Point<sql::Found>),
     /// Make (entity, scope) a member, expiring at the given unix time. Batched per set.
     Add(Point<bool>, Option<f64>),
     /// Anything else, run alone.

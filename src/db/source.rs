@@ -8,7 +8,7 @@ use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use super::sql::{read_pages, Sink};
+use super::sql::{read_pages, Found, Sink};
 use super::{prepared, Db, DbErr};
 use crate::model::canon::Normalize;
 use crate::model::set_def::{SetDef, Source, SourceSync};
@@ -163,12 +163,12 @@ pub fn of(name: &str) -> Option<Attached> {
 }
 
 /// Point lookups in the source table, one indexed query per distinct item (prepared once per
-/// connection). For each item `Some(None)` (present, no expiry: the table has none) or `None`.
+/// connection). For each item a member without expiry (the table has none) or absent.
 pub fn lookup_many(
     db: &mut Db,
     src: &(Source, Normalize),
     items: &[(&str, &str)],
-) -> Result<Vec<Option<Option<f64>>>, DbErr> {
+) -> Result<Vec<Found>, DbErr> {
     let sql = point_sql(&src.0, src.1);
     let mut seen: HashMap<(&str, &str), bool> = HashMap::with_capacity(items.len());
     db.run(|c, st| {
@@ -182,7 +182,10 @@ pub fn lookup_many(
     })?;
     Ok(items
         .iter()
-        .map(|k| seen.get(k).copied().unwrap_or(false).then_some(None))
+        .map(|k| match seen.get(k) {
+            Some(true) => Found::Member(None),
+            _ => Found::Absent,
+        })
         .collect())
 }
 
@@ -196,7 +199,7 @@ pub fn confirm_many(
     let keys: Vec<(&str, &str)> = items.iter().map(|(e, s, _)| (*e, *s)).collect();
     Ok(lookup_many(db, src, &keys)?
         .into_iter()
-        .map(|f| f.is_some())
+        .map(Found::is_member)
         .collect())
 }
 

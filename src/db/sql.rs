@@ -110,28 +110,40 @@ pub fn add_many(
     Ok(out)
 }
 
-/// Looks memberships up with one query. For each item, `Some(expires_at)` (unix seconds, if
-/// any) when it is an active member, `None` when not. Repeated items are asked once.
-pub fn lookup_many(
-    db: &mut Db,
-    set: &str,
-    items: &[(&str, &str)],
-) -> Result<Vec<Option<Option<f64>>>, DbErr> {
+/// What the database holds of one item.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Found {
+    /// An active member, with its expiry (unix seconds), if it has one.
+    Member(Option<f64>),
+    /// A row that is a member no more: expired, or marked inactive (`status`).
+    Lapsed,
+    /// No row.
+    Absent,
+}
+
+impl Found {
+    pub fn is_member(self) -> bool {
+        matches!(self, Found::Member(_))
+    }
+}
+
+/// Looks memberships up with one query: for each item, whether it is an active member (and
+/// its expiry), a row that lapsed, or absent. Repeated items are asked once.
+pub fn lookup_many(db: &mut Db, set: &str, items: &[(&str, &str)]) -> Result<Vec<Found>, DbErr> {
     let sql = format!(
-        "SELECT m.entity_id, m.scope, EXTRACT(EPOCH FROM m.expires_at)::float8
+        "SELECT m.entity_id, m.scope, EXTRACT(EPOCH FROM m.expires_at)::float8, (m.{ACTIVE_M})
            FROM {t} m
-          WHERE (m.entity_id, m.scope) IN (SELECT * FROM unnest($1::text[], $2::text[]))
-            AND m.{ACTIVE_M}",
+          WHERE (m.entity_id, m.scope) IN (SELECT * FROM unnest($1::text[], $2::text[]))",
         t = table(set)
     );
     if let Some(src) = super::source::of(set) {
         return super::source::lookup_many(db, &src, items);
     }
-    let mut uniq: HashMap<(&str, &str), Option<Option<f64>>> = HashMap::with_capacity(items.len());
+    let mut uniq: HashMap<(&str, &str), Found> = HashMap::with_capacity(items.len());
     let (mut es, mut ss) = (Vec::new(), Vec::new());
     for &(e, s) in items {
         if let Entry::Vacant(v) = uniq.entry((e, s)) {
-            v.insert(None);
+            v.insert(Found::Absent);
             es.push(e);
             ss.push(s);
         }
@@ -143,7 +155,11 @@ pub fn lookup_many(
     for row in &rows {
         let key = (row.get::<_, &str>(0), row.get::<_, &str>(1));
         if let Some(v) = uniq.get_mut(&key) {
-            *v = Some(row.get::<_, Option<f64>>(2));
+            *v = if row.get::<_, bool>(3) {
+                Found::Member(row.get::<_, Option<f64>>(2))
+            } else {
+                Found::Lapsed
+            };
         }
     }
     Ok(items.iter().map(|k| uniq[k]).collect())

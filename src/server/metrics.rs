@@ -19,8 +19,14 @@ pub struct PathCounters {
     pub db_hit: u64,
     pub db_miss: u64,
     /// Database misses of items a complete, trusted filter let through (an incomplete or
-    /// missing filter lets everything through: those misses are not the filter's).
+    /// missing filter lets everything through: those misses are not the filter's), other than
+    /// lapsed members.
     pub false_positives: u64,
+    /// Lookups the filter let through of members that lapsed since it was built (deleted,
+    /// expired, marked inactive), answered by the database or the fp-cache.
+    pub lapsed: u64,
+    /// The part of `lapsed` answered by the fp-cache (counted in `fp_cache` too).
+    pub lapsed_cached: u64,
     pub db_errors: u64,
     pub adds: u64,
     pub adds_new: u64,
@@ -57,9 +63,11 @@ impl PathCounters {
     }
     /// Share of absent items the filter wrongly let through: filter hits the database
     /// answered "absent" (now or moments ago, `fp_cache`), over the absent items the filter
-    /// judged. Lookups past an incomplete or missing filter are not its false positives.
+    /// judged. Lookups past an incomplete or missing filter are not its false positives, nor
+    /// are lookups of members that lapsed since it was built (`lapsed`): the filter rightly
+    /// holds those, so this rate is the one to hold against the set's ERROR.
     pub fn false_positive_rate_est(&self) -> f64 {
-        let fp = self.false_positives + self.fp_cache;
+        let fp = self.false_positives + self.fp_cache.saturating_sub(self.lapsed_cached);
         Self::ratio(fp, fp + self.bloom_negative)
     }
 }
@@ -214,5 +222,10 @@ mod tests {
         assert_eq!(c.bloom_exists_true_rate(), 0.1);
         assert_eq!(c.db_fallback_rate(), 0.05);
         assert!((c.false_positive_rate_est() - 1.0 / 91.0).abs() < 1e-12);
+        // Lapsed members answered by the fp-cache are not the filter's false positives.
+        c.fp_cache = 3;
+        c.lapsed = 4;
+        c.lapsed_cached = 2;
+        assert!((c.false_positive_rate_est() - 2.0 / 92.0).abs() < 1e-12);
     }
 }

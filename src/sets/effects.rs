@@ -35,11 +35,12 @@ pub fn added(ctx: &Context, set: &str, canon: &Canon) {
 }
 
 /// `canon` stopped being a member of `set`: drop its cache entry (the filter keeps its bits
-/// until the next rebuild; a stale bit is only a false positive).
+/// until the next rebuild; a lookup of it is counted as lapsed, not as a false positive).
 pub fn removed(ctx: &Context, set: &str, canon: &Canon) {
     let prefix = state::with(|r| match r.sets.get_mut(set) {
         Some(s) => {
             s.generation += 1;
+            s.lapsed.note(canon.hash);
             s.cache_prefix.clone()
         }
         None => keys::cache_prefix(set),

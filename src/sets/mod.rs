@@ -6,5 +6,6 @@ pub mod catalog;
 pub mod effects;
 pub mod foreign_writes;
 pub mod keys;
+pub mod lapsed;
 pub mod limits;
 pub mod state;

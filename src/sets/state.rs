@@ -13,6 +13,7 @@ use redis_module::RedisString;
 
 use crate::model::slotset::SlotSet;
 use crate::server::metrics::PathCounters;
+use crate::sets::lapsed::Lapsed;
 use crate::{config, sets::keys};
 
 pub use crate::model::set_def::{SetChange, SetDef, Source, SourceSync};
@@ -145,6 +146,9 @@ pub struct SetState {
     /// A filter the primary replicated, being verified off the main thread
     /// (`replica_load.rs`): the adds applied meanwhile, folded in at the swap.
     pub pending_load: Option<PendingLoad>,
+    /// Members that lapsed since the filter was built (`lapsed.rs`): their lookups are not
+    /// the filter's false positives.
+    pub lapsed: Lapsed,
     pub stats: PathCounters,
 }
 
@@ -183,6 +187,7 @@ impl SetState {
             cover_extra: None,
             filling: None,
             pending_load: None,
+            lapsed: Lapsed::default(),
             stats: PathCounters::default(),
         }
     }
@@ -424,6 +429,8 @@ pub fn on_installed(f: fn()) {
 pub fn built_since(r: &mut Registry, set: &str, started: Instant) {
     if let Some(s) = r.sets.get_mut(set) {
         s.covered_since = Some(started);
+        // Built from the table: the members that had lapsed are not in it.
+        s.lapsed.clear();
     }
 }
 

@@ -249,3 +249,45 @@ fn misses_past_a_missing_filter_are_not_false_positives() {
     assert_eq!(set_info(&mut c, "s", field).as_deref(), Some("0.000000"));
     assert_eq!(info_field(&mut c, field).as_deref(), Some("0.000000"));
 }
+
+/// Members deleted or expired since the filter was built still pass it, rightly: their
+/// lookups are counted as lapsed, not as the filter's false positives, so
+/// false_positive_rate_est stays comparable with ERROR after deletions.
+#[test]
+fn lookups_of_deleted_or_expired_members_are_lapsed_not_false_positives() {
+    let env = Env::new();
+    let mut c = env.conn();
+    ok(&mut c, &["MEMBER.CREATE", "lp", "RECENT-TTL", "1"]);
+    for i in 0..5 {
+        assert_eq!(int(&mut c, &["MEMBER.ADD", "lp", &format!("m{i}")]), 1);
+    }
+    assert!(wait_until(Duration::from_secs(10), || {
+        set_info(&mut c, "lp", "filter_serves_absent").as_deref() == Some("1")
+    }));
+    assert_eq!(int(&mut c, &["MEMBER.DEL", "lp", "m0"]), 1);
+    // Past the recent-writes mark of its ADD: the filter lets it through, the database says
+    // it is gone, then the fp-cache does.
+    thread::sleep(Duration::from_millis(1100));
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "lp", "m0"]), 0);
+    assert_eq!(info_num(&mut c, "lp", "path_db_miss"), 1);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "lp", "m0"]), 0);
+    assert_eq!(info_num(&mut c, "lp", "path_fp_cache"), 1);
+    assert_eq!(info_num(&mut c, "lp", "lapsed_lookups"), 2);
+    assert_eq!(info_num(&mut c, "lp", "lapsed_fp_cache"), 1);
+
+    // An expired member: the database still holds its row, no longer active.
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "lp", "brief", "TTL", "1"]), 1);
+    assert!(wait_until(Duration::from_secs(10), || int(
+        &mut c,
+        &["MEMBER.EXISTS", "lp", "brief"]
+    ) == 0));
+    assert!(info_num(&mut c, "lp", "lapsed_lookups") >= 3);
+
+    assert_eq!(info_num(&mut c, "lp", "false_positives"), 0);
+    let rate: f64 = set_info(&mut c, "lp", "false_positive_rate_est")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(rate, 0.0);
+    assert!(info_field(&mut c, "lapsed_lookups").is_some_and(|n| n != "0"));
+}

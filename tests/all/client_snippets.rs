@@ -2,6 +2,9 @@
 //! `examples/node` against a standalone server, one whose PostgreSQL this test stops, and the
 //! shared cluster; `examples/rust/members.rs` (also the `members` example) called directly
 //! against the same three; and the README's quotes of both checked against those files.
+use std::collections::HashSet;
+use std::fs;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::support;
@@ -150,4 +153,53 @@ fn rust_cluster() {
     .expect("the cluster calls");
     assert_eq!(added, [true, true, true]);
     assert_eq!(found, [true, true, false]);
+}
+
+/// The lines of the README's fenced blocks marked `lang`.
+fn readme_blocks(readme: &str, lang: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut inside = false;
+    for line in readme.lines() {
+        if inside && line.trim_end() == "```" {
+            inside = false;
+        } else if inside {
+            lines.push(line.to_string());
+        } else if line.trim_end() == format!("```{lang}") {
+            inside = true;
+        }
+    }
+    lines
+}
+
+/// The README's Node and Rust snippets are quotes of the files tested above: every line of
+/// its `js` and `rust` blocks is a line of `examples/node/*.js` or `examples/rust/*.rs`
+/// (compared without indentation; `// …` marks what a quote leaves out).
+#[test]
+fn readme_quotes_the_tested_files() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = fs::read_to_string(root.join("README.md")).expect("read README.md");
+    for (lang, dir, ext) in [
+        ("js", "examples/node", "js"),
+        ("rust", "examples/rust", "rs"),
+    ] {
+        let mut known = HashSet::new();
+        for entry in fs::read_dir(root.join(dir)).expect("list the examples") {
+            let path = entry.expect("an example").path();
+            if path.extension().is_some_and(|e| e == ext) {
+                let text = fs::read_to_string(&path).expect("read an example");
+                known.extend(text.lines().map(|l| l.trim().to_string()));
+            }
+        }
+        let quoted = readme_blocks(&readme, lang);
+        assert!(quoted.len() >= 10, "README quotes no {lang} snippet");
+        for line in quoted.iter().map(|l| l.trim()) {
+            if line.is_empty() || line.starts_with("// …") {
+                continue;
+            }
+            assert!(
+                known.contains(line),
+                "README's {lang} line is not in {dir}: {line:?}"
+            );
+        }
+    }
 }

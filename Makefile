@@ -45,11 +45,14 @@ cluster-stop:
 # The integration tests then run once more against Redis 7.0, the second supported server.
 # Last, the Debian package is built and loaded from its extracted files (`make deb`).
 # The Python client's tests (tests/all/python_client.rs) and the sign-up example's browser test
-# (tests/all/signup_browser.rs) run pytest in target/pyenv, made once by scripts/python-env.sh.
+# (tests/all/signup_browser.rs) run pytest in target/pyenv, made once by scripts/python-env.sh;
+# the Node example (tests/all/client_snippets.rs) runs with the ioredis that
+# scripts/node-env.sh installs.
 test: deps
 	python3 scripts/check-links.py
 	python3 scripts/check-layers.py
 	bash scripts/python-env.sh
+	bash scripts/node-env.sh
 	$(CARGO_ENV) cargo build
 	$(CARGO_ENV) cargo test --all-targets -- --test-threads=4
 	$(CARGO_ENV) MEMBER_SERVER=redis-server cargo test --tests -- --test-threads=4

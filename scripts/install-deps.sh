@@ -6,8 +6,9 @@
 # redis-py (the cluster tests route through its RedisCluster, as a user's application would)
 # and venv (scripts/python-env.sh makes the virtualenv the Python client's tests run in), and
 # Prometheus' redis_exporter and promtool (the monitoring files of contrib/ are tested with
-# them), and chromium with chromium-driver (the sign-up example's browser test drives it).
-# Idempotent; does nothing when everything is present.
+# them), chromium with chromium-driver (the sign-up example's browser test drives it), and
+# Node.js with npm (the Node example runs under the tests; scripts/node-env.sh installs its
+# ioredis). Idempotent; does nothing when everything is present.
 set -euo pipefail
 
 need=()
@@ -25,6 +26,12 @@ command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
+# Node.js and npm only when missing: a Node.js from elsewhere may bring its own npm, which
+# Debian's npm package would conflict with.
+node=()
+command -v node >/dev/null 2>&1 || node+=(nodejs)
+command -v npm >/dev/null 2>&1 || node+=(npm)
+need+=(${node[@]+"${node[@]}"})
 [ -f /usr/include/openssl/ssl.h ] || need+=(libssl-dev)
 ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
 [ ${#need[@]} -eq 0 ] && exit 0
@@ -50,6 +57,7 @@ $SUDO apt-get install -y -qq -t bookworm-backports valkey-server valkey-tools >/
 $SUDO apt-get install -y -qq postgresql postgresql-client libclang-dev redis-server \
   openssl libssl-dev pkg-config python3 python3-redis python3-venv prometheus-redis-exporter \
   prometheus chromium chromium-driver >/dev/null
+[ ${#node[@]} -eq 0 ] || $SUDO apt-get install -y -qq "${node[@]}" >/dev/null
 # The Debian packages start system-wide servers; libmember runs its own (and the monitoring
 # test its own exporter).
 $SUDO systemctl disable --now valkey-server postgresql redis-server prometheus \

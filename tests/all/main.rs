@@ -20,6 +20,7 @@ mod big_filters;
 mod catalog;
 mod change_log;
 mod chaos;
+mod client_snippets;
 mod cluster;
 mod cluster_clients;
 mod cluster_forward;

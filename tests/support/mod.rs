@@ -18,7 +18,7 @@
 //! tests' servers and assertions), `faults.rs` (the fault-injection tests' calls and
 //! probes), `cluster.rs` / `cluster_ops.rs` (a Valkey Cluster), `proxy.rs` (a TCP proxy that
 //! injects link faults), `tls.rs` (PostgreSQL over TLS), `python.rs` (the virtualenv, pytest,
-//! Python programs).
+//! Python programs), `node.rs` (the Node example's dependencies and scripts).
 
 mod own_pg;
 mod pg;
@@ -32,6 +32,7 @@ pub mod cluster_ops;
 pub mod faults;
 pub mod lifecycle;
 pub mod member;
+pub mod node;
 pub mod proxy;
 pub mod python;
 pub mod source;

@@ -1,0 +1,37 @@
+// libmember from ioredis on a Valkey Cluster: node cluster.js [127.0.0.1:7001] [set]
+// (`make cluster` serves 7001-7006). Prints each answer.
+//
+// ioredis knows no key positions for module commands (its table is built in), so it sends
+// each single call to a random primary and follows the MOVED that the server answers for a
+// node that does not own the routing argument: the item for ADD, EXISTS, DEL and EXPLAIN,
+// the set name for CREATE, ALTER and DROP. Do not pipeline them through the cluster client:
+// a pipeline's MOVED errors reach the application (docs/cluster-commands.md).
+const Redis = require("ioredis");
+const { retrying } = require("./unavailable");
+
+async function main(node = "127.0.0.1:7001", set = "users") {
+  const [host, port] = node.split(":");
+  const cluster = new Redis.Cluster([{ host, port: Number(port) }]);
+  try {
+    // Set-wide: CREATE lands on the owner of the set name's slot through one MOVED.
+    await retrying(() => cluster.call("MEMBER.CREATE", set, "NORMALIZE", "username"));
+    // Per item: one call each (MEXISTS and MADD are refused in cluster mode), each routed by its item.
+    const names = ["alice", "bob", "carol"];
+    const added = await Promise.all(names.map((n) => retrying(() => cluster.call("MEMBER.ADD", set, n))));
+    const asked = ["ALICE", "Bob", "dave"];
+    const found = await Promise.all(asked.map((n) => retrying(() => cluster.call("MEMBER.EXISTS", set, n))));
+    // MEMBER.INFO and REBUILD answer for the node that receives them: ask every primary.
+    const infos = await Promise.all(cluster.nodes("master").map((n) => n.call("MEMBER.INFO", set)));
+    const slots = infos.map((fields) => Number(fields[fields.indexOf("cluster_slots_owned") + 1]));
+    console.log(`added ${names.join(" ")}: ${JSON.stringify(added)}`);
+    console.log(`exists ${asked.join(" ")}: ${JSON.stringify(found)}`);
+    console.log(`slots owned by the ${infos.length} primaries: ${slots.reduce((a, b) => a + b, 0)}`);
+  } finally {
+    cluster.disconnect();
+  }
+}
+
+main(...process.argv.slice(2)).catch((err) => {
+  console.error(err);
+  process.exitCode = 1;
+});

@@ -1,5 +1,6 @@
 //! Issue 8, step 4a (docs/cluster-placement.md): in a real cluster (3 primaries, 3 replicas,
-//! one for the whole file), filters live in module memory, every owned slot holds a sentinel,
+//! shared by the cluster tests; the test that moves a slot uses the second one kept for
+//! that), filters live in module memory, every owned slot holds a sentinel,
 //! and a filter negative counts only for a slot the node has held — the same sentinel value —
 //! for longer than the grace. Writes whose canonical form lies in another node's slot are
 //! forwarded to that slot's holder.

@@ -1,12 +1,14 @@
 //! A real cluster for the cluster tests: 3 primaries and 3 replicas of the server under test
 //! (`valkey-server`, or `MEMBER_SERVER`), each with libmember loaded and pointed at one fresh
 //! database, joined by `<cli> --cluster create … --cluster-replicas 1`. Started once per test
-//! process ([`Cluster::shared`]) and killed with it, like every server of the harness; a test
-//! or the benchmark may start its own ([`Cluster::start`], [`Cluster::start_primaries_only`]).
+//! process ([`Cluster::shared`]) and killed with it, like every server of the harness; a second
+//! one, started on first use too, is for the tests that move or mark a slot
+//! ([`Cluster::shared_exclusive`]); a test or the benchmark may start its own
+//! ([`Cluster::start`], [`Cluster::start_primaries_only`]).
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::{Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use redis::{Connection, Value};
@@ -52,11 +54,8 @@ pub struct SlotRange {
     pub primary_port: u16,
 }
 
-/// Who uses the shared cluster's slot layout: every test of it shared, a test that moves a slot
-/// alone.
-static LAYOUT: RwLock<()> = RwLock::new(());
-
-/// The shared cluster, with the test's hold on its slot layout.
+/// A shared cluster, with the test's hold on its slot layout (`()` for [`Cluster::shared`],
+/// whose layout never changes).
 pub struct Shared<G> {
     cluster: &'static Cluster,
     _layout: G,
@@ -113,30 +112,29 @@ impl Cluster {
     /// `cluster_state:ok` and all 16384 slots, every replica is linked to its primary, and the
     /// module's catalog is loaded everywhere.
     ///
-    /// The returned handle holds the shared cluster's slot layout shared for as long as the test
-    /// keeps it: a test that moves or marks a slot ([`Cluster::shared_exclusive`]) waits until no
-    /// other test uses the cluster, and the others wait for it.
-    pub fn shared() -> Shared<RwLockReadGuard<'static, ()>> {
-        let layout = LAYOUT.read().unwrap_or_else(|e| e.into_inner());
-        Shared {
-            cluster: Self::shared_cluster(),
-            _layout: layout,
-        }
-    }
-
-    /// [`Cluster::shared`] for a test that moves a slot or marks one migrating: it runs alone
-    /// on the shared cluster and leaves every slot where and as it found it.
-    pub fn shared_exclusive() -> Shared<RwLockWriteGuard<'static, ()>> {
-        let layout = LAYOUT.write().unwrap_or_else(|e| e.into_inner());
-        Shared {
-            cluster: Self::shared_cluster(),
-            _layout: layout,
-        }
-    }
-
-    fn shared_cluster() -> &'static Cluster {
+    /// No test moves a slot of this cluster or marks one migrating: its slot layout is the
+    /// one `--cluster create` made for as long as the process runs, and any number of tests
+    /// use it at once.
+    pub fn shared() -> Shared<()> {
         static CLUSTER: OnceLock<Cluster> = OnceLock::new();
-        CLUSTER.get_or_init(|| Cluster::start(&[]))
+        Shared {
+            cluster: CLUSTER.get_or_init(|| Cluster::start(&[])),
+            _layout: (),
+        }
+    }
+
+    /// A second cluster like [`Cluster::shared`] (3 primaries, 3 replicas, the same configs),
+    /// for the tests that move a slot or mark one migrating: one such test at a time, each
+    /// leaving every slot where and as it found it. Kept apart from the shared one, so no test
+    /// of that one ever waits for a slot move, nor a slot move for every test using it.
+    pub fn shared_exclusive() -> Shared<MutexGuard<'static, ()>> {
+        static TURN: Mutex<()> = Mutex::new(());
+        static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+        let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+        Shared {
+            cluster: CLUSTER.get_or_init(|| Cluster::start(&[])),
+            _layout: turn,
+        }
     }
 
     /// A cluster of the caller's own, ready like [`Cluster::shared`], for tests that reshard it

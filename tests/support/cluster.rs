@@ -71,6 +71,9 @@ impl<G> std::ops::Deref for Shared<G> {
 pub struct Cluster {
     pub db: TestDb,
     pub nodes: Vec<Node>,
+    /// The connection kept for the harness's own questions ([`Cluster::keyslot`],
+    /// [`Cluster::slots`]), with the port it goes to.
+    kept: Mutex<Option<(u16, Connection)>>,
 }
 
 /// The cluster-mode CLI that goes with the server under test.
@@ -250,7 +253,11 @@ impl Cluster {
                 n.vk.log()
             );
         }
-        let cluster = Cluster { db, nodes };
+        let cluster = Cluster {
+            db,
+            nodes,
+            kept: Mutex::new(None),
+        };
         assert_eq!(cluster.primaries().count(), PRIMARIES);
         let layout = cluster.slots();
         assert_eq!(layout.len(), PRIMARIES, "{layout:?}");
@@ -284,7 +291,28 @@ impl Cluster {
     /// `CLUSTER SLOTS` as the first primary sees it. Replicas are listed there only once gossip
     /// has carried their replication offset (seconds after start): use [`Cluster::replica_of`].
     pub fn slots(&self) -> Vec<SlotRange> {
-        read_slots(&mut self.primaries().next().unwrap().conn())
+        let mut q = redis::cmd("CLUSTER");
+        q.arg("SLOTS");
+        parse_slots(self.ask(self.primaries().next().unwrap().port(), &q, "CLUSTER SLOTS"))
+    }
+
+    /// `q`'s reply from the node on `port`, over the one connection the harness keeps to the
+    /// cluster (a new connection for each question made thousands of them per test, slow on a
+    /// busy machine). A kept connection that fails (its node restarted, say) is replaced once.
+    fn ask<T: redis::FromRedisValue>(&self, port: u16, q: &redis::Cmd, what: &str) -> T {
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, c)) = kept.as_mut().filter(|(p, _)| *p == port) {
+            if let Ok(v) = q.query(c) {
+                return v;
+            }
+        }
+        *kept = None;
+        let mut c = self.node_by_port(port).conn();
+        let v = q
+            .query(&mut c)
+            .unwrap_or_else(|e| panic!("{what} on 127.0.0.1:{port}: {e}"));
+        *kept = Some((port, c));
+        v
     }
 
     /// Waits until every node answers "absent" from the filter for every slot it serves
@@ -309,12 +337,10 @@ impl Cluster {
 
     /// `CLUSTER KEYSLOT <text>`, asked of a node.
     pub fn keyslot(&self, text: &str) -> u16 {
-        let mut c = self.nodes.iter().find(|n| !n.down).unwrap().conn();
-        redis::cmd("CLUSTER")
-            .arg("KEYSLOT")
-            .arg(text)
-            .query(&mut c)
-            .expect("CLUSTER KEYSLOT")
+        let mut q = redis::cmd("CLUSTER");
+        q.arg("KEYSLOT").arg(text);
+        let port = self.nodes.iter().find(|n| !n.down).unwrap().port();
+        self.ask(port, &q, "CLUSTER KEYSLOT")
     }
 
     /// The primary serving `slot`.
@@ -400,10 +426,15 @@ fn int_of(v: &Value) -> i64 {
 }
 
 pub(super) fn read_slots(c: &mut Connection) -> Vec<SlotRange> {
-    let v: Vec<Value> = redis::cmd("CLUSTER")
-        .arg("SLOTS")
-        .query(c)
-        .expect("CLUSTER SLOTS");
+    parse_slots(
+        redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query(c)
+            .expect("CLUSTER SLOTS"),
+    )
+}
+
+fn parse_slots(v: Vec<Value>) -> Vec<SlotRange> {
     let mut out: Vec<SlotRange> = v
         .iter()
         .map(|r| {

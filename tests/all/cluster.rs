@@ -1,4 +1,5 @@
-//! Issue 8, first step: in a real cluster (3 primaries, 3 replicas, one for the whole file), the
+//! Issue 8, first step: in a real cluster (3 primaries, 3 replicas, shared; a slot marked
+//! migrating on the second one kept for slot moves), the
 //! per-item commands are routed by the item, set-wide ones run anywhere, and cluster-aware
 //! clients land every call on the node that owns the item's slot.
 use crate::support;

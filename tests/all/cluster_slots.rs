@@ -1,8 +1,10 @@
 //! Issue 8, step 4a (docs/cluster-placement.md): in a real cluster (3 primaries, 3 replicas,
-//! one for the whole file), filters live in module memory, every owned slot holds a sentinel,
+//! shared by the cluster tests; the test that moves a slot uses the second one kept for
+//! that), filters live in module memory, every owned slot holds a sentinel,
 //! and a filter negative counts only for a slot the node has held — the same sentinel value —
 //! for longer than the grace. Writes whose canonical form lies in another node's slot are
 //! forwarded to that slot's holder.
+use crate::chaos_harness::router::keyslot;
 use crate::support;
 
 use std::time::Duration;
@@ -55,6 +57,18 @@ fn probe(cl: &Cluster, prefix: &str) -> (String, u16) {
     let item = format!("{prefix}-absent");
     let slot = cl.keyslot(&item);
     (item, slot)
+}
+
+/// The first item `prefix-<i>` of `slot`. One in 16 384 items lands there: the search hashes
+/// locally (asking the server about each, on a connection of its own, took minutes on a busy
+/// machine), and the server confirms the item it found.
+fn item_in_slot(cl: &Cluster, prefix: &str, slot: u16) -> String {
+    let item = (0..)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|m| keyslot(m.as_bytes()) == slot)
+        .unwrap();
+    assert_eq!(cl.keyslot(&item), slot, "CLUSTER KEYSLOT {item}");
+    item
 }
 
 #[test]
@@ -425,10 +439,7 @@ fn a_slot_that_arrives_is_filled_and_one_that_returns_is_still_covered() {
     let src = cl.owner(slot);
     let dst = cl.primaries().find(|n| n.port() != src.port()).unwrap();
     // A member of the slot, added on its owner before the move.
-    let member = (0..)
-        .map(|i| format!("arrivals-member-{i}"))
-        .find(|m| cl.keyslot(m) == slot)
-        .unwrap();
+    let member = item_in_slot(cl, "arrivals-member", slot);
     assert_eq!(int(&mut src.conn(), &["MEMBER.ADD", set, &member]), 1);
     let fills = |n: &Node| info_field(&mut n.conn(), "slot_fills_done").unwrap();
     let fills_before = fills(dst);
@@ -450,10 +461,7 @@ fn a_slot_that_arrives_is_filled_and_one_that_returns_is_still_covered() {
         set_info(&mut d, set, "cluster_slots_owned")
     );
     // Added where the slot is now, then the slot goes back.
-    let later = (0..)
-        .map(|i| format!("arrivals-later-{i}"))
-        .find(|m| cl.keyslot(m) == slot)
-        .unwrap();
+    let later = item_in_slot(cl, "arrivals-later", slot);
     assert_eq!(int(&mut d, &["MEMBER.ADD", set, &later]), 1);
     let fills_src = fills(src);
     move_slot(cl, slot, dst, src);

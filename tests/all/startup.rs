@@ -13,7 +13,9 @@ use support::{fresh_db, start_with};
 fn a_set_created_at_start_is_complete_when_create_replies() {
     let db = fresh_db();
     for round in 0..6 {
-        let vk = start_with(&db.url(), &[]);
+        // A generous database timeout: this test is about the catalog load racing the
+        // CREATE, not about a CREATE that a busy machine slows past the default 2 s.
+        let vk = start_with(&db.url(), &[("member.db-timeout-ms", "20000")]);
         let mut c = vk.conn();
         let set = format!("early{round}");
         // At once: the catalog load (which also reads the sets of earlier rounds) is in flight.

@@ -1,12 +1,14 @@
 //! A real cluster for the cluster tests: 3 primaries and 3 replicas of the server under test
 //! (`valkey-server`, or `MEMBER_SERVER`), each with libmember loaded and pointed at one fresh
 //! database, joined by `<cli> --cluster create … --cluster-replicas 1`. Started once per test
-//! process ([`Cluster::shared`]) and killed with it, like every server of the harness; a test
-//! or the benchmark may start its own ([`Cluster::start`], [`Cluster::start_primaries_only`]).
+//! process ([`Cluster::shared`]) and killed with it, like every server of the harness; a second
+//! one, started on first use too, is for the tests that move or mark a slot
+//! ([`Cluster::shared_exclusive`]); a test or the benchmark may start its own
+//! ([`Cluster::start`], [`Cluster::start_primaries_only`]).
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::{Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use redis::{Connection, Value};
@@ -52,11 +54,8 @@ pub struct SlotRange {
     pub primary_port: u16,
 }
 
-/// Who uses the shared cluster's slot layout: every test of it shared, a test that moves a slot
-/// alone.
-static LAYOUT: RwLock<()> = RwLock::new(());
-
-/// The shared cluster, with the test's hold on its slot layout.
+/// A shared cluster, with the test's hold on its slot layout (`()` for [`Cluster::shared`],
+/// whose layout never changes).
 pub struct Shared<G> {
     cluster: &'static Cluster,
     _layout: G,
@@ -72,6 +71,9 @@ impl<G> std::ops::Deref for Shared<G> {
 pub struct Cluster {
     pub db: TestDb,
     pub nodes: Vec<Node>,
+    /// The connection kept for the harness's own questions ([`Cluster::keyslot`],
+    /// [`Cluster::slots`]), with the port it goes to.
+    kept: Mutex<Option<(u16, Connection)>>,
 }
 
 /// The cluster-mode CLI that goes with the server under test.
@@ -113,30 +115,29 @@ impl Cluster {
     /// `cluster_state:ok` and all 16384 slots, every replica is linked to its primary, and the
     /// module's catalog is loaded everywhere.
     ///
-    /// The returned handle holds the shared cluster's slot layout shared for as long as the test
-    /// keeps it: a test that moves or marks a slot ([`Cluster::shared_exclusive`]) waits until no
-    /// other test uses the cluster, and the others wait for it.
-    pub fn shared() -> Shared<RwLockReadGuard<'static, ()>> {
-        let layout = LAYOUT.read().unwrap_or_else(|e| e.into_inner());
-        Shared {
-            cluster: Self::shared_cluster(),
-            _layout: layout,
-        }
-    }
-
-    /// [`Cluster::shared`] for a test that moves a slot or marks one migrating: it runs alone
-    /// on the shared cluster and leaves every slot where and as it found it.
-    pub fn shared_exclusive() -> Shared<RwLockWriteGuard<'static, ()>> {
-        let layout = LAYOUT.write().unwrap_or_else(|e| e.into_inner());
-        Shared {
-            cluster: Self::shared_cluster(),
-            _layout: layout,
-        }
-    }
-
-    fn shared_cluster() -> &'static Cluster {
+    /// No test moves a slot of this cluster or marks one migrating: its slot layout is the
+    /// one `--cluster create` made for as long as the process runs, and any number of tests
+    /// use it at once.
+    pub fn shared() -> Shared<()> {
         static CLUSTER: OnceLock<Cluster> = OnceLock::new();
-        CLUSTER.get_or_init(|| Cluster::start(&[]))
+        Shared {
+            cluster: CLUSTER.get_or_init(|| Cluster::start(&[])),
+            _layout: (),
+        }
+    }
+
+    /// A second cluster like [`Cluster::shared`] (3 primaries, 3 replicas, the same configs),
+    /// for the tests that move a slot or mark one migrating: one such test at a time, each
+    /// leaving every slot where and as it found it. Kept apart from the shared one, so no test
+    /// of that one ever waits for a slot move, nor a slot move for every test using it.
+    pub fn shared_exclusive() -> Shared<MutexGuard<'static, ()>> {
+        static TURN: Mutex<()> = Mutex::new(());
+        static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+        let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+        Shared {
+            cluster: CLUSTER.get_or_init(|| Cluster::start(&[])),
+            _layout: turn,
+        }
     }
 
     /// A cluster of the caller's own, ready like [`Cluster::shared`], for tests that reshard it
@@ -252,7 +253,11 @@ impl Cluster {
                 n.vk.log()
             );
         }
-        let cluster = Cluster { db, nodes };
+        let cluster = Cluster {
+            db,
+            nodes,
+            kept: Mutex::new(None),
+        };
         assert_eq!(cluster.primaries().count(), PRIMARIES);
         let layout = cluster.slots();
         assert_eq!(layout.len(), PRIMARIES, "{layout:?}");
@@ -286,7 +291,28 @@ impl Cluster {
     /// `CLUSTER SLOTS` as the first primary sees it. Replicas are listed there only once gossip
     /// has carried their replication offset (seconds after start): use [`Cluster::replica_of`].
     pub fn slots(&self) -> Vec<SlotRange> {
-        read_slots(&mut self.primaries().next().unwrap().conn())
+        let mut q = redis::cmd("CLUSTER");
+        q.arg("SLOTS");
+        parse_slots(self.ask(self.primaries().next().unwrap().port(), &q, "CLUSTER SLOTS"))
+    }
+
+    /// `q`'s reply from the node on `port`, over the one connection the harness keeps to the
+    /// cluster (a new connection for each question made thousands of them per test, slow on a
+    /// busy machine). A kept connection that fails (its node restarted, say) is replaced once.
+    fn ask<T: redis::FromRedisValue>(&self, port: u16, q: &redis::Cmd, what: &str) -> T {
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, c)) = kept.as_mut().filter(|(p, _)| *p == port) {
+            if let Ok(v) = q.query(c) {
+                return v;
+            }
+        }
+        *kept = None;
+        let mut c = self.node_by_port(port).conn();
+        let v = q
+            .query(&mut c)
+            .unwrap_or_else(|e| panic!("{what} on 127.0.0.1:{port}: {e}"));
+        *kept = Some((port, c));
+        v
     }
 
     /// Waits until every node answers "absent" from the filter for every slot it serves
@@ -311,12 +337,10 @@ impl Cluster {
 
     /// `CLUSTER KEYSLOT <text>`, asked of a node.
     pub fn keyslot(&self, text: &str) -> u16 {
-        let mut c = self.nodes.iter().find(|n| !n.down).unwrap().conn();
-        redis::cmd("CLUSTER")
-            .arg("KEYSLOT")
-            .arg(text)
-            .query(&mut c)
-            .expect("CLUSTER KEYSLOT")
+        let mut q = redis::cmd("CLUSTER");
+        q.arg("KEYSLOT").arg(text);
+        let port = self.nodes.iter().find(|n| !n.down).unwrap().port();
+        self.ask(port, &q, "CLUSTER KEYSLOT")
     }
 
     /// The primary serving `slot`.
@@ -402,10 +426,15 @@ fn int_of(v: &Value) -> i64 {
 }
 
 pub(super) fn read_slots(c: &mut Connection) -> Vec<SlotRange> {
-    let v: Vec<Value> = redis::cmd("CLUSTER")
-        .arg("SLOTS")
-        .query(c)
-        .expect("CLUSTER SLOTS");
+    parse_slots(
+        redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query(c)
+            .expect("CLUSTER SLOTS"),
+    )
+}
+
+fn parse_slots(v: Vec<Value>) -> Vec<SlotRange> {
     let mut out: Vec<SlotRange> = v
         .iter()
         .map(|r| {

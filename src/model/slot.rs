@@ -191,13 +191,10 @@ mod tests {
     }
 
     #[test]
-    fn the_tag_table_is_quick_to_build() {
-        let t = std::time::Instant::now();
+    fn every_slot_gets_a_tag() {
+        // Built once per process (measured 0.35 ms optimized, 4 ms in a debug build: how fast
+        // is not asserted here, tests on a loaded machine time nothing).
         let tags = build_tags();
-        let took = t.elapsed();
         assert!(tags.len.iter().all(|&n| n > 0));
-        // Measured 0.35 ms optimized, 4 ms in a debug build; the bound leaves room for a loaded
-        // machine.
-        assert!(took < std::time::Duration::from_millis(500), "{took:?}");
     }
 }

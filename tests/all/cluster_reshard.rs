@@ -100,6 +100,12 @@ fn paths(c: &mut redis::Connection, set: &str) -> String {
         .join(" ")
 }
 
+/// The load goes on until it has made enough operations for the history check to mean
+/// something (`finish` requires more than 1000), however slow the machine is today.
+fn enough_operations(rec: &Recorder) {
+    wait_until(Duration::from_secs(180), || rec.op_count() > 1000);
+}
+
 /// Waits for the load to settle, checks the history and the final state, prints the summary,
 /// and fails with every problem found.
 fn finish(
@@ -204,6 +210,7 @@ fn resharding_under_load_keeps_the_contract() {
             problems.push(format!("the reshard failed:\n{}{held}", run.text));
         }
         thread::sleep(Duration::from_secs(3));
+        enough_operations(&rec);
     });
     let check = cl.wait_check_clean(Duration::from_secs(10));
     if !check.ok {
@@ -283,6 +290,7 @@ fn failover_under_load_keeps_the_contract() {
             ));
         }
         thread::sleep(Duration::from_secs(3));
+        enough_operations(&rec);
     });
     cl.restart(victim);
     cl.refresh_roles();

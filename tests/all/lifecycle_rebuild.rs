@@ -36,7 +36,7 @@ fn replica_and_promotion() {
         log_tail(&replica)
     );
     assert!(
-        wait_until(Duration::from_secs(5), || {
+        wait_until(Duration::from_secs(30), || {
             let info = info_all(&mut r, "s");
             field(&info, "sync_age_ms").is_some_and(|v| v != "never")
                 || field(&info, "sync_last_error").is_some()
@@ -208,7 +208,7 @@ fn rebuild_sync_and_races() {
     // The replica learns the set and runs its one sync pass: from then on its filter is
     // trusted, so a raced ADD missing from it would answer bloom-negative.
     assert!(
-        wait_until(Duration::from_secs(5), || {
+        wait_until(Duration::from_secs(30), || {
             let info = info_all(&mut r, "s");
             field(&info, "sync_age_ms").is_some_and(|v| v != "never")
         }),

@@ -222,7 +222,7 @@ fn a_rebuild_whose_journal_overflows_is_abandoned_and_the_old_filter_serves() {
     }
     drop(paused);
     assert!(
-        wait_until(Duration::from_secs(60), || set_info(
+        wait_until(Duration::from_secs(180), || set_info(
             &mut c,
             "s",
             "rebuild_state"

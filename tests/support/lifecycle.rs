@@ -24,7 +24,7 @@ pub const PAST_RECENT: Duration = Duration::from_millis(1200);
 pub const SETTLE: Duration = Duration::from_secs(10);
 
 /// How long a rebuild of ~310k rows may take (a debug build on a busy machine).
-pub const REBUILD_TIMEOUT: Duration = Duration::from_secs(60);
+pub const REBUILD_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// A fresh database and a Valkey with `extra` configs, and the fast sync loop unless `extra`
 /// sets the interval.

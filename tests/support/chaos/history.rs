@@ -138,6 +138,11 @@ impl Recorder {
         self.ops.lock().unwrap().clone()
     }
 
+    /// How many operations were recorded so far.
+    pub fn op_count(&self) -> usize {
+        self.ops.lock().unwrap().len()
+    }
+
     pub fn faults(&self) -> Vec<Fault> {
         self.faults.lock().unwrap().clone()
     }

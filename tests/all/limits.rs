@@ -139,7 +139,11 @@ fn a_filter_that_would_pass_maxmemory_is_refused_before_anything_is_written() {
 /// The advisory lock under which a rebuild gives a set table what it lacks of its slot column
 /// and index (`db::keyslot::ensure_slot_column`), held by `pg`'s session.
 fn hold_slot_column_lock(pg: &mut postgres::Client, set: &str, hold: bool) {
-    let f = if hold { "pg_advisory_lock" } else { "pg_advisory_unlock" };
+    let f = if hold {
+        "pg_advisory_lock"
+    } else {
+        "pg_advisory_unlock"
+    };
     pg.execute(
         &format!("SELECT {f}(hashtextextended('libmember slot column ' || $1, 0))"),
         &[&format!("member_{set}")],

@@ -6,8 +6,8 @@ use crate::support;
 use support::member::*;
 use support::python::{self, Program};
 
-/// Taken, available, a sign-up seen from a second window, a duplicate sign-up refused, and
-/// two sign-ups at once of which exactly one wins.
+/// Taken, available, a sign-up seen from a second browser session, a duplicate sign-up
+/// refused, and two sign-ups at once of which exactly one wins.
 #[test]
 fn signup_page_in_a_browser() {
     // The operator's decision the example needs: its table may be attached.

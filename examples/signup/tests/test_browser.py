@@ -31,7 +31,7 @@ WAIT_S = 15
 @pytest.fixture
 def app():
     """Waits until the app answers: it starts while pytest and the browser do (so a test
-    asks for `browser` before `app`)."""
+    asks for `browsers` before `app`)."""
     def answers():
         try:
             with urllib.request.urlopen(URL + "check?username=probe", timeout=WAIT_S) as r:
@@ -46,30 +46,38 @@ def app():
 
 
 @pytest.fixture
-def browser():
-    """A headless chromium with a profile of its own, quit at the end."""
-    profile = tempfile.mkdtemp(prefix="signup-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--no-first-run", "--disable-extensions", "--disable-background-networking",
-                "--disable-component-update", "--window-size=640,520",
-                f"--user-data-dir={profile}"):
-        options.add_argument(arg)
-    service = Service(executable_path=os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver"))
-    driver = webdriver.Chrome(options=options, service=service)
-    yield driver
-    driver.quit()
-    shutil.rmtree(profile, ignore_errors=True)
+def browsers():
+    """Opens headless chromium sessions, each with a profile of its own (one visitor each);
+    all are quit at the end."""
+    opened = []
+
+    def open_one():
+        profile = tempfile.mkdtemp(prefix="signup-chromium-")
+        options = webdriver.ChromeOptions()
+        options.binary_location = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+        for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                    "--disable-gpu", "--no-first-run", "--disable-extensions",
+                    "--disable-background-networking", "--disable-component-update",
+                    "--window-size=640,520", f"--user-data-dir={profile}"):
+            options.add_argument(arg)
+        service = Service(
+            executable_path=os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver"))
+        driver = webdriver.Chrome(options=options, service=service)
+        opened.append((driver, profile))
+        return driver
+
+    # The first session starts at once, while the app does (see `app`).
+    first = [open_one()]
+    yield lambda: first.pop() if first else open_one()
+    for driver, profile in opened:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
 
 
 class Page:
-    """The sign-up page in a window of its own: one visitor (the app keeps no session, so
-    two windows are two visitors)."""
+    """The sign-up page in a browser session of its own: one visitor."""
 
-    def __init__(self, driver, new_window):
-        if new_window:
-            driver.switch_to.new_window("window")
+    def __init__(self, driver):
         driver.get(URL)
         self.driver = driver
         self.window = driver.current_window_handle
@@ -120,17 +128,17 @@ def rows(name):
                           (name,)).fetchone()[0]
 
 
-def test_taken_available_sign_up_and_a_duplicate(browser, app):
+def test_taken_available_sign_up_and_a_duplicate(browsers, app):
     assert post_signup("alice") == (201, {"username": "alice", "status": "created",
                                           "message": "Welcome, alice!"})
-    first = Page(browser, new_window=False)
+    first = Page(browsers())
     first.type("Alice")  # NORMALIZE lower: the same name
     assert first.shown("status", "Alice", "taken") == "Alice is taken"
     first.type("carol")
     assert first.shown("status", "carol", "available") == "carol is available"
 
     # A second visitor sees "carol" free too, before the first one signs up.
-    second = Page(browser, new_window=True)
+    second = Page(browsers())
     second.type("carol")
     second.shown("status", "carol", "available")
 
@@ -147,7 +155,7 @@ def test_taken_available_sign_up_and_a_duplicate(browser, app):
     if os.environ.get("SIGNUP_SCREENSHOT"):
         first.type("dave")
         first.shown("status", "dave", "available")
-        browser.save_screenshot(os.environ["SIGNUP_SCREENSHOT"])
+        first.driver.save_screenshot(os.environ["SIGNUP_SCREENSHOT"])
 
 
 def test_two_sign_ups_at_once_one_wins(app):

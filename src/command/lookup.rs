@@ -401,17 +401,17 @@ impl Completion for LookupDone {
             if set.incarnation != self.incarnation {
                 return;
             }
-            // EXPLAIN's call and path are not counted; a database error it met is (that
-            // counter describes the database, like db_timeouts).
             // A filter hit the database answers absent: the filter's false positive, or a
-            // member that lapsed since the filter was built (deleted, expired, inactive).
-            let absent = matches!(self.result, Ok(f) if !f.is_member());
-            let lapsed = matches!(self.result, Ok(Found::Lapsed))
-                || (absent && set.lapsed.contains(self.hash));
-            if matches!(self.result, Ok(Found::Lapsed)) {
+            // member that lapsed since the filter was built (deleted, expired, inactive: a
+            // lapsed row is noted first, so the lapsed filter answers for both).
+            if let Ok(Found::Lapsed) = self.result {
                 set.lapsed.note(self.hash);
             }
+            let absent = matches!(self.result, Ok(f) if !f.is_member());
+            let lapsed = absent && set.lapsed.contains(self.hash);
             let passed = self.remember.is_some() && absent && !self.explain;
+            // EXPLAIN's call and path are not counted; a database error it met is (that
+            // counter describes the database, like db_timeouts).
             match path {
                 Some(p) => record(set, self.explain, p, self.started),
                 None => {

@@ -181,6 +181,17 @@ fn trigger_args(pg: &mut postgres::Client, set: &str) -> Vec<i16> {
     .collect()
 }
 
+/// Makes set `ls`'s change-log trigger `name` (on `event`) again as an earlier version made
+/// it: one argument, logging no slot.
+fn one_argument_trigger(pg: &mut postgres::Client, name: &str, event: &str) {
+    pg.batch_execute(&format!(
+        "DROP TRIGGER {name} ON member_ls;
+         CREATE TRIGGER {name} AFTER {event} ON member_ls REFERENCING NEW TABLE AS new_rows
+           FOR EACH STATEMENT EXECUTE FUNCTION member_log_change('ls');"
+    ))
+    .unwrap();
+}
+
 #[test]
 fn rows_are_logged_with_their_slot_and_a_table_without_one_still_feeds_the_log() {
     let env = Env::least_privilege(&[]);
@@ -200,13 +211,9 @@ fn rows_are_logged_with_their_slot_and_a_table_without_one_still_feeds_the_log()
     assert_eq!(logged_slots(&mut pg, "ls", "a"), vec![Some(a)]);
 
     // The table as an earlier version left it: no slot column, triggers with one argument.
-    pg.batch_execute(
-        "ALTER TABLE member_ls DROP COLUMN slot;
-         DROP TRIGGER member_log_ins ON member_ls;
-         CREATE TRIGGER member_log_ins AFTER INSERT ON member_ls REFERENCING NEW TABLE AS new_rows
-           FOR EACH STATEMENT EXECUTE FUNCTION member_log_change('ls');",
-    )
-    .unwrap();
+    pg.batch_execute("ALTER TABLE member_ls DROP COLUMN slot")
+        .unwrap();
+    one_argument_trigger(&mut pg, "member_log_ins", "INSERT");
     // Outside writes still succeed and reach the filter, logged without a slot.
     app.batch_execute("INSERT INTO member_ls (entity_id) VALUES ('b')")
         .unwrap();
@@ -214,11 +221,7 @@ fn rows_are_logged_with_their_slot_and_a_table_without_one_still_feeds_the_log()
     assert!(becomes_member(&mut c, "ls", "b"), "{}", env.vk.log());
 
     // The next rebuild gives the table its column back and the triggers their argument.
-    let _: i64 = redis::cmd("MEMBER.REBUILD")
-        .arg("ls")
-        .arg("SYNC")
-        .query(&mut c)
-        .unwrap();
+    int(&mut c, &["MEMBER.REBUILD", "ls", "SYNC"]);
     assert_eq!(trigger_args(&mut pg, "ls"), vec![2, 2, 2]);
     app.batch_execute("INSERT INTO member_ls (entity_id) VALUES ('c')")
         .unwrap();
@@ -236,18 +239,9 @@ fn rows_are_logged_with_their_slot_and_a_table_without_one_still_feeds_the_log()
     // The column there but a trigger from before it: a CREATE of the set (which runs its DDL
     // again) leaves the trigger alone, so it cannot race a rebuild's remaking of it; the
     // rebuild remakes it under the column's lock.
-    pg.batch_execute(
-        "DROP TRIGGER member_log_upd ON member_ls;
-         CREATE TRIGGER member_log_upd AFTER UPDATE ON member_ls REFERENCING NEW TABLE AS new_rows
-           FOR EACH STATEMENT EXECUTE FUNCTION member_log_change('ls');",
-    )
-    .unwrap();
+    one_argument_trigger(&mut pg, "member_log_upd", "UPDATE");
     ok(&mut c, &["MEMBER.CREATE", "ls"]);
     assert_eq!(trigger_args(&mut pg, "ls"), vec![2, 2, 1]);
-    let _: i64 = redis::cmd("MEMBER.REBUILD")
-        .arg("ls")
-        .arg("SYNC")
-        .query(&mut c)
-        .unwrap();
+    int(&mut c, &["MEMBER.REBUILD", "ls", "SYNC"]);
     assert_eq!(trigger_args(&mut pg, "ls"), vec![2, 2, 2]);
 }

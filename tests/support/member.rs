@@ -187,3 +187,17 @@ pub fn peak_allocated(c: &mut Connection) -> i64 {
         })
         .expect("MEMORY STATS has peak.allocated")
 }
+
+/// Every command the module registered, as `COMMAND LIST FILTERBY MODULE member` names them,
+/// sorted.
+pub fn module_commands(c: &mut Connection) -> Vec<String> {
+    let mut listed: Vec<String> = redis::cmd("COMMAND")
+        .arg("LIST")
+        .arg("FILTERBY")
+        .arg("MODULE")
+        .arg("member")
+        .query(c)
+        .unwrap();
+    listed.sort();
+    listed
+}

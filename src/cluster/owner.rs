@@ -51,6 +51,15 @@ struct Own {
     /// The last poll's error, for INFO.
     last_error: Option<String>,
     owned_count: usize,
+    /// `owned` as a set, kept for the fills that compare it with each filter's slots.
+    owned_set: SlotSet,
+    /// The slot map the last full poll acted on.
+    last_map: Option<nodes::Mine>,
+    /// Something since the last full poll may need a slot looked at again: an event on a
+    /// sentinel, a `SETSLOT … MIGRATING` mark, a role change, or an owned slot not yet
+    /// accepted and seen. While it is false and `CLUSTER NODES` shows the same map, a poll
+    /// has nothing to do (an idle node's poll touches no slot).
+    unsettled: bool,
 }
 
 impl Default for Own {
@@ -65,6 +74,9 @@ impl Default for Own {
             names: (0..SLOTS).map(|_| None).collect(),
             last_error: None,
             owned_count: 0,
+            owned_set: SlotSet::default(),
+            last_map: None,
+            unsettled: true,
         }
     }
 }
@@ -165,6 +177,7 @@ fn sentinel_is(ctx: &Context, o: &mut Own, slot: u16, id: u64) -> bool {
     }
     let here = with_name(o, slot, |n| sentinel_at(ctx, n)) == Some(id);
     o.verified[s] = here;
+    o.unsettled |= !here;
     here
 }
 
@@ -184,18 +197,27 @@ pub fn setslot_migrating(slot: u16) {
             let mut o = o.borrow_mut();
             o.migrating[slot as usize] = true;
             o.marked[slot as usize] = Some(Instant::now() + MARK_HOLDS);
+            o.unsettled = true;
         });
     }
 }
 
 /// A keyspace event touched the sentinel key of `slot` (it may be gone or another value).
 pub fn sentinel_touched(slot: u16) {
-    OWN.with(|o| o.borrow_mut().verified[slot as usize] = false);
+    OWN.with(|o| {
+        let mut o = o.borrow_mut();
+        o.verified[slot as usize] = false;
+        o.unsettled = true;
+    });
 }
 
 /// Every key may have gone or been replaced (FLUSHALL, a dataset load).
 pub fn sentinels_touched() {
-    OWN.with(|o| o.borrow_mut().verified.fill(false));
+    OWN.with(|o| {
+        let mut o = o.borrow_mut();
+        o.verified.fill(false);
+        o.unsettled = true;
+    });
 }
 
 /// True when this node holds `slot` now: owned by the last poll, not being migrated away, and its
@@ -224,10 +246,7 @@ pub fn may_cache(ctx: &Context, entity: &str) -> bool {
 
 /// The slots this node owns (as last polled).
 pub fn owned_set() -> SlotSet {
-    OWN.with(|o| {
-        let o = o.borrow();
-        (0..SLOTS as u16).filter(|s| o.owned[*s as usize]).collect()
-    })
+    OWN.with(|o| o.borrow().owned_set.clone())
 }
 
 /// True when this node is a primary (as last polled).
@@ -247,6 +266,7 @@ pub fn role_changed() {
     OWN.with(|o| {
         let mut o = o.borrow_mut();
         o.accepted.iter_mut().for_each(|a| *a = None);
+        o.unsettled = true;
     });
 }
 
@@ -275,6 +295,14 @@ pub fn poll(ctx: &Context) -> Option<Instant> {
     let Some(mine) = nodes::parse(&text) else {
         return failed(ctx, "CLUSTER NODES names no node as myself".into());
     };
+    let settled = OWN.with(|o| {
+        let mut o = o.borrow_mut();
+        o.last_error = None;
+        !o.unsettled && o.last_map.as_ref() == Some(&mine)
+    });
+    if settled {
+        return None;
+    }
     set_owners(&mine.owners);
     let mut now_owned = vec![false; SLOTS];
     for (a, b) in &mine.ranges {
@@ -316,7 +344,11 @@ pub fn poll(ctx: &Context) -> Option<Instant> {
                 continue;
             }
             let slot = s as u16;
-            let found = with_name(&mut o, slot, |n| sentinel_at(ctx, n));
+            // A sentinel seen since the last event on its key is still the accepted value
+            // (the hot path trusts the same bit): only slots an event touched, and slots not
+            // yet accepted, are looked up, so an idle node's poll opens no key.
+            let known = o.accepted[s].filter(|_| o.verified[s]).map(|a| a.id);
+            let found = known.or_else(|| with_name(&mut o, slot, |n| sentinel_at(ctx, n)));
             let id = match found {
                 Some(id) => id,
                 // A slot on its way out keeps no sentinel: writing one after the migration's
@@ -346,8 +378,14 @@ pub fn poll(ctx: &Context) -> Option<Instant> {
             o.verified[s] = found == Some(id);
         }
         o.owned_count = now_owned.iter().filter(|x| **x).count();
+        o.owned_set = (0..SLOTS as u16)
+            .filter(|s| now_owned[*s as usize])
+            .collect();
         o.owned = now_owned;
         o.migrating = migrating;
+        o.unsettled = o.marked.iter().any(Option::is_some)
+            || (0..SLOTS).any(|s| o.owned[s] && !(o.accepted[s].is_some() && o.verified[s]));
+        o.last_map = Some(mine);
     });
     for slot in created {
         replication::replicate(ctx, "MEMBER._OWN", &[sentinel_name(slot).as_bytes()]);

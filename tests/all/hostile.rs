@@ -511,7 +511,7 @@ fn a_filter_over_the_ceiling_is_refused_before_anything_is_allocated() {
 
 #[test]
 fn a_create_whose_client_timed_out_completes_into_a_usable_set_or_frees_everything() {
-    // The client gives up long before a 240 MB filter is built; the set must still end usable
+    // The client gives up long before a 24 MB filter is built; the set must still end usable
     // with its memory in the filter, or not exist with its memory returned.
     let env = Env::with(&[("member.db-timeout-ms", "10")]);
     let mut c = env.conn();
@@ -522,12 +522,12 @@ fn a_create_whose_client_timed_out_completes_into_a_usable_set_or_frees_everythi
             "MEMBER.CREATE",
             "big",
             "CAPACITY",
-            "200000000",
+            "20000000",
             "ERROR",
             "0.01",
         ],
     );
-    let settled = wait_until(Duration::from_secs(60), || {
+    let settled = wait_until(Duration::from_secs(120), || {
         set_info(&mut c, "big", "filter_complete").as_deref() == Some("1")
     });
     if !settled {
@@ -561,8 +561,8 @@ fn a_create_whose_client_timed_out_completes_into_a_usable_set_or_frees_everythi
         .arg("member:big:bloom")
         .query(&mut c)
         .unwrap();
-    assert!(filter > 200 << 20, "{filter}");
-    // The allocator rounds a block this large up to its size class (256 MB here), which
+    assert!(filter > 20 << 20, "{filter}");
+    // The allocator rounds a block this large up to its size class (24 MiB here), which
     // MEMORY USAGE does not show; anything beyond that would be memory held outside the set.
     // The build's serialized copy (replicated at the swap) is freed on a thread of its own a
     // moment after the set is complete, so the check waits for that, not longer.

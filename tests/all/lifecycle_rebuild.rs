@@ -196,7 +196,12 @@ fn rebuild_sync_and_races() {
     const BULK: i64 = 300_000;
     // Only the rebuild and its journal may put the raced ADDs into the filter, on the primary
     // and on its replica (which receives the swap as MEMBER._LOAD).
-    let env = env(&[SYNC_OFF, ("repl-diskless-sync-delay", "0")]);
+    // ADDs held at a lock below wait for it rather than time out.
+    let env = env(&[
+        SYNC_OFF,
+        ("repl-diskless-sync-delay", "0"),
+        ("member.db-timeout-ms", "60000"),
+    ]);
     let vk = &env.vk;
     let (replica, mut r) = start_quiet_replica(&env);
     let mut c = env.conn();
@@ -288,7 +293,35 @@ fn rebuild_sync_and_races() {
     let (adders, raced) = spawn_adders(vk, "s");
     assert!(wait_until(Duration::from_secs(30), || count(&mut pg)
         >= base as i64 + 1000));
+    // The other ADDs wait at the table (EXCLUSIVE blocks INSERT, not the rebuild's reads)
+    // until the rebuild has its snapshot: it then holds exactly the rows committed so far,
+    // whatever the machine's load, and the rest commit while it streams or after its swap.
+    let mut locker = env.pg();
+    locker
+        .batch_execute("BEGIN; LOCK TABLE member_s IN EXCLUSIVE MODE")
+        .unwrap();
+    let held = count(&mut pg);
+    let asked: std::time::SystemTime = pg
+        .query_one("SELECT clock_timestamp()", &[])
+        .unwrap()
+        .get(0);
     ok(&mut c, &["MEMBER.REBUILD", "s"]);
+    assert!(
+        wait_until(REBUILD_TIMEOUT, || {
+            let copying: i64 = pg
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE query LIKE 'COPY (SELECT entity_id, scope FROM member_s %'
+                       AND query_start > $1",
+                    &[&asked],
+                )
+                .unwrap()
+                .get(0);
+            copying > 0
+        }),
+        "the rebuild never started its COPY"
+    );
+    locker.batch_execute("COMMIT").unwrap();
     let rebuild_started = t0.elapsed();
     for h in adders {
         h.join().expect("adder thread");
@@ -310,6 +343,10 @@ fn rebuild_sync_and_races() {
         "race: rebuild started at {rebuild_started:?}, ADDs done at {adds_done:?} (rebuild then {still_running:?}), \
          its snapshot held {} of the 10000 raced ADDs",
         rows - base
+    );
+    assert_eq!(
+        rows, held as u64,
+        "the rebuild's snapshot holds the rows committed before it"
     );
     assert!(
         rows > base && rows < base + 10_000,

@@ -51,9 +51,11 @@ fn serves(c: &mut Connection, set: &str) {
     assert_eq!(int(c, &["MEMBER.EXISTS", set, "alice"]), 1);
 }
 
-/// A Valkey whose module reaches `db` through `url`, once it answered (catalog loaded).
+/// A Valkey whose module reaches `db` through `url`, once it answered (catalog loaded). The
+/// timeout is generous: a refused session fails at once, and a TLS handshake on a busy
+/// machine can take seconds.
 fn loaded(url: &str) -> Valkey {
-    start_loaded(url, &[("member.db-timeout-ms", "3000")])
+    start_loaded(url, &[("member.db-timeout-ms", "10000")])
 }
 
 #[test]
@@ -284,7 +286,15 @@ fn password_file_is_read_at_each_connection() {
     std::fs::write(&file, format!("{PASSWORD}\n")).unwrap();
     // The password comes from the file only; the URL shows none.
     let url = kv("127.0.0.1", PW_ROLE, &d, "sslmode=require");
-    let vk = start_loaded(&url, &[("member.pg-password-file", &file_s)]);
+    // A generous timeout: each session here opens TLS and SCRAM anew, which a busy machine
+    // can stretch past the default; a file that cannot be read fails at once whatever it is.
+    let vk = start_loaded(
+        &url,
+        &[
+            ("member.pg-password-file", &file_s),
+            ("member.db-timeout-ms", "10000"),
+        ],
+    );
     let mut c = vk.conn();
     serves(&mut c, "s");
     let shown: Vec<String> = redis::cmd("CONFIG")

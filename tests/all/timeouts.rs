@@ -16,11 +16,12 @@ use support::{wait_until, OwnPg};
 #[test]
 fn slow_postgres_times_out_and_late_add_still_lands() {
     let pg = OwnPg::start_new();
-    let vk = start_loaded(&pg.url(), &FAST);
+    let vk = start_loaded(&pg.url(), &[]);
     let mut c = vk.conn();
     ok(&mut c, &["MEMBER.CREATE", "s2", "RECENT-TTL", "1"]);
     assert_eq!(int(&mut c, &["MEMBER.ADD", "s2", "seed"]), 1);
     let item = bloom_negative_item(&mut c, "s2", "late");
+    go_fast(&mut c);
     let timeouts_before: u64 = info_field(&mut c, "db_timeouts").unwrap().parse().unwrap();
 
     // EXCLUSIVE blocks INSERT (ROW EXCLUSIVE) but not SELECT (ACCESS SHARE).
@@ -98,7 +99,7 @@ fn concurrent_timeouts_each_get_one_reply() {
     let mut c = vk.conn();
     ok(&mut c, &["MEMBER.CREATE", "s3"]);
     assert_eq!(int(&mut c, &["MEMBER.ADD", "s3", "seed"]), 1);
-    ok(&mut c, &["CONFIG", "SET", FAST[0].0, FAST[0].1]);
+    go_fast(&mut c);
 
     let mut locker = pg.client();
     locker

@@ -15,6 +15,19 @@ use super::{wait_until, Valkey};
 pub const DB_TIMEOUT_MS: u64 = 500;
 pub const FAST: [(&str, &str); 1] = [("member.db-timeout-ms", "500")];
 
+/// Switches a running server to [`DB_TIMEOUT_MS`] once the set-up is done: a CREATE, or the
+/// first statements of a fresh server, can take longer than 500 ms on a busy machine, and a
+/// test about timeouts must time out only where it puts its fault.
+pub fn go_fast(c: &mut Connection) {
+    ok(c, &["CONFIG", "SET", FAST[0].0, FAST[0].1]);
+}
+
+/// A generous `member.db-timeout-ms` (10 s), once a test's fault is gone and what it checks
+/// is that calls answer again.
+pub fn go_patient(c: &mut Connection) {
+    ok(c, &["CONFIG", "SET", FAST[0].0, "10000"]);
+}
+
 /// Upper bound for any error reply: the timeout plus generous slack. Not a performance
 /// assertion, only "no hang".
 pub fn no_hang() -> Duration {

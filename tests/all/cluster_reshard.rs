@@ -185,7 +185,9 @@ fn resharding_under_load_keeps_the_contract() {
     let moving: Vec<u16> = cl.slots_of(from).into_iter().take(MOVING).collect();
     let set = (0..)
         .map(|i| format!("reshard_{i}"))
-        .find(|s| moving[MOVING * 4 / 5..].contains(&keyslot(format!("member:{s}:bloom").as_bytes())))
+        .find(|s| {
+            moving[MOVING * 4 / 5..].contains(&keyslot(format!("member:{s}:bloom").as_bytes()))
+        })
         .unwrap();
     cl.create_everywhere_with(&set, &SET_OPTIONS);
     let cfg = load_config(moving.clone());

@@ -355,22 +355,29 @@ fn cache_entries_from_an_earlier_process_are_not_trusted() {
 fn effects_during_client_pause_write_are_held_not_fatal() {
     // With an AOF, every derived effect is propagated; propagating while writes are paused
     // aborts the server (valkey-io/valkey#1921), so the module must hold them back.
-    // The 200 000-row insert keeps the sync loop's worker busy for a while on a loaded
-    // machine: the ADDs below may wait longer than the default timeout, which this test is
-    // not about.
     let env = env(&[("appendonly", "yes"), ("member.db-timeout-ms", "20000")]);
     let mut c = env.conn();
     create(&mut c, "s", &[]);
     env.pg()
         .batch_execute(
-            "INSERT INTO member_s (entity_id) SELECT 'bulk-' || g FROM generate_series(1, 200000) g",
+            "INSERT INTO member_s (entity_id) SELECT 'bulk-' || g FROM generate_series(1, 1000) g",
         )
         .unwrap();
     add_all(&env.vk, &mut c, "s", &names("item", 20));
+    // The rebuild's COPY waits at a lock until the pause is in place; the pause, longer than
+    // any rebuild here, is lifted once the rebuild has finished (and would have replicated
+    // MEMBER._LOAD) inside it: the race is certain, whatever the load.
+    let mut locker = env.pg();
+    locker
+        .batch_execute("BEGIN; LOCK TABLE member_s IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
     ok(&mut c, &["MEMBER.REBUILD", "s"]);
-    // A pause longer than any rebuild here, lifted once the rebuild has finished (and would
-    // have replicated MEMBER._LOAD) inside it: the race is certain, whatever the load.
     ok(&mut c, &["CLIENT", "PAUSE", "600000", "WRITE"]);
+    assert_eq!(
+        set_info(&mut c, "s", "rebuild_state").as_deref(),
+        Some("running")
+    );
+    locker.batch_execute("COMMIT").unwrap();
     wait_info(
         &env.vk,
         &mut c,

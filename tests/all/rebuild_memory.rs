@@ -107,7 +107,7 @@ fn a_rebuild_under_a_tight_maxmemory_fails_cleanly_and_the_old_filter_serves() {
     let mut c = env.conn();
     create(&mut c, "tight", &["CAPACITY", "4000000"]);
     wait_info(&env.vk, &mut c, "tight", "filter_caught_up", "1", SETTLE);
-    fill(&env, &mut c, "tight", 100_000);
+    fill(&env, &mut c, "tight", 10_000);
     ok(
         &mut c,
         &["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"],
@@ -135,7 +135,7 @@ fn a_rebuild_under_a_tight_maxmemory_fails_cleanly_and_the_old_filter_serves() {
     assert!(why.contains("maxmemory"), "{why}");
     ok(&mut c, &["CONFIG", "SET", "maxmemory", "0"]);
     assert_eq!(info_number(&mut c, "stats", "evicted_keys"), 0);
-    let sample: Vec<String> = [1, 50_000, 100_000]
+    let sample: Vec<String> = [1, 5_000, 10_000]
         .iter()
         .map(|i| format!("r-{i}"))
         .collect();

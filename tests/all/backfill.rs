@@ -1,4 +1,4 @@
-//! A sync pass in bounded memory (issue 25, docs/sync.md "Paging"): a bulk INSERT of 250 000
+//! Backfills: a sync pass in bounded memory (docs/sync.md "Paging"). A bulk INSERT of a million
 //! rows made outside the module reaches the filter without the server's peak memory growing
 //! with the rows, so under `maxmemory` and `allkeys-lru` none of the application's own keys is
 //! evicted to make room for the pass. The same on every primary of a cluster, where each
@@ -14,9 +14,9 @@ use support::lifecycle::*;
 use support::member::*;
 use support::wait_until;
 
-/// Rows the outside INSERT writes: before paging, a pass held ~390 bytes a row (~95 MB here),
-/// past `MAXMEMORY` and far past `PEAK_BUDGET`.
-const ROWS: i64 = 250_000;
+/// Rows the outside INSERT writes: before paging, a pass held ~390 bytes a row (376 MB here),
+/// far past `MAXMEMORY` and `PEAK_BUDGET`.
+const ROWS: i64 = 1_000_000;
 /// `maxmemory` while the rows are synced: room for the application's keys and the filter, not
 /// for a pass that holds every row.
 const MAXMEMORY: &str = "64mb";
@@ -31,7 +31,7 @@ fn rows_applied(c: &mut Connection, set: &str) -> i64 {
         .unwrap_or(0)
 }
 
-/// The two large backfills run one at a time: together they starve the rest of the
+/// The two million-row backfills run one at a time: together they starve the rest of the
 /// suite of CPU on a two-core machine.
 static BACKFILL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -45,7 +45,7 @@ fn an_outside_bulk_insert_is_synced_without_evicting_the_applications_keys() {
     let env = env(&[]);
     let mut c = env.conn();
     // Sized for the rows: no auto-grow rebuild (a cost of its own) during the test.
-    create(&mut c, "bulk", &["CAPACITY", "500000"]);
+    create(&mut c, "bulk", &["CAPACITY", "2000000"]);
     wait_info(&env.vk, &mut c, "bulk", "filter_caught_up", "1", SETTLE);
     ok(&mut c, &["CONFIG", "SET", "maxmemory", MAXMEMORY]);
     ok(
@@ -83,7 +83,7 @@ fn an_outside_bulk_insert_is_synced_without_evicting_the_applications_keys() {
         peak_allocated(&mut c)
     );
     // Every row is in the filter, and the filter is trusted again (it caught up past them).
-    let sample: Vec<String> = [1, 2, 124_999, 125_000, 177_777, 249_999, ROWS]
+    let sample: Vec<String> = [1, 2, 499_999, 500_000, 777_777, 999_999, ROWS]
         .iter()
         .map(|i| format!("bulk-{i}"))
         .collect();
@@ -281,7 +281,7 @@ fn an_outside_bulk_insert_evicts_nothing_on_any_primary_of_a_cluster() {
             "MEMBER.CREATE",
             set,
             "CAPACITY",
-            "500000",
+            "2000000",
             "NORMALIZE",
             "none",
         ],
@@ -372,7 +372,7 @@ fn an_outside_bulk_insert_evicts_nothing_on_any_primary_of_a_cluster() {
         );
     }
     // Every row is visible, from its slot's owner's filter.
-    for i in [1, 2, 83_333, 125_000, 177_777, ROWS] {
+    for i in [1, 2, 333_333, 500_000, 777_777, ROWS] {
         let item = format!("cb-{i}");
         let owner = cl.owner(cl.keyslot(&item));
         let mut c = owner.conn();

@@ -20,7 +20,8 @@ async function main(node = "127.0.0.1:7001", set = "users") {
     const added = await Promise.all(names.map((n) => retrying(() => cluster.call("MEMBER.ADD", set, n))));
     const asked = ["ALICE", "Bob", "dave"];
     const found = await Promise.all(asked.map((n) => retrying(() => cluster.call("MEMBER.EXISTS", set, n))));
-    // MEMBER.INFO and REBUILD answer for the node that receives them: ask every primary.
+    // MEMBER.INFO answers for the node that receives it: ask every primary. (REBUILD, routed
+    // by the set name like CREATE, has every primary rebuild.)
     const infos = await Promise.all(cluster.nodes("master").map((n) => n.call("MEMBER.INFO", set)));
     const slots = infos.map((fields) => Number(fields[fields.indexOf("cluster_slots_owned") + 1]));
     console.log(`added ${names.join(" ")}: ${JSON.stringify(added)}`);

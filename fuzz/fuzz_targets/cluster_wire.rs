@@ -5,7 +5,7 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use member::cluster::wire::{decode, encode, Answer, Message, Op, Request};
+use member::cluster::wire::{decode, encode, Answer, Message, Op, Rebuild, Request};
 
 #[derive(Arbitrary, Debug)]
 enum Input {
@@ -23,6 +23,11 @@ enum Input {
         kind: u8,
         n: i64,
         text: String,
+    },
+    Rebuild {
+        id: u64,
+        set: String,
+        sync: bool,
     },
 }
 
@@ -51,12 +56,14 @@ fuzz_target!(|input: Input| {
         }),
         Input::Answer { id, kind, n, text } => Message::Answer(
             id,
-            match kind % 3 {
+            match kind % 4 {
                 0 => Answer::Int(n),
                 1 => Answer::Explain(n, text),
-                _ => Answer::Error(text),
+                2 => Answer::Error(text),
+                _ => Answer::Started,
             },
         ),
+        Input::Rebuild { id, set, sync } => Message::Rebuild(Rebuild { id, set, sync }),
     };
     let b = encode(&m);
     match decode(&b) {
@@ -90,7 +97,10 @@ fuzz_target!(|input: Input| {
                         || r.expires_at.is_some_and(|x| !x.is_finite())
                 }
                 Message::Answer(_, Answer::Explain(_, t) | Answer::Error(t)) => t.contains('\0'),
-                Message::Answer(_, Answer::Int(_)) => false,
+                Message::Answer(_, Answer::Int(_) | Answer::Started) => false,
+                Message::Rebuild(r) => {
+                    !member::command::valid_set_name(r.set.as_bytes()) || r.set.contains('\0')
+                }
             };
             assert!(refusable, "a valid message was refused: {m:?}");
         }

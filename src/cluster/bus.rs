@@ -1,13 +1,14 @@
 //! The only home of the raw cluster-message API (docs/cluster-placement.md, "Canonical forwarding
 //! over the cluster bus"): a node forwards a request about a canonical item to the primary holding
-//! its slot, and that node answers with a message back. The asking client waits in a main-thread
-//! table until exactly one of: the answer, the timeout, a failed send; a `Responder` always answers
-//! once.
+//! its slot, and that node answers with a message back; a node that received MEMBER.REBUILD asks
+//! every primary to rebuild (docs/cluster-commands.md). The asking client (or the cluster-wide
+//! call's part) waits in a main-thread table until exactly one of: the answer, the timeout, a
+//! failed send, the asked node failing; a `Responder` always answers once.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::os::raw::{c_char, c_uchar};
+use std::os::raw::{c_char, c_int, c_uchar};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use redis_module::{raw, Context, RedisError, RedisResult, RedisValue};
 
-use super::wire::{self, Answer, Message, Request};
+use super::wire::{self, Answer, Message, Rebuild, Request};
 use crate::server::block::{Blocked, Completion, Fail};
 use crate::{model::error, server::mainq, server::reply};
 
@@ -37,26 +38,54 @@ pub static REFUSED: AtomicU64 = AtomicU64::new(0);
 /// What runs a request received from another node (the command layer's).
 pub type Serve = fn(&Context, Request, Responder);
 
-static SERVE: OnceLock<Serve> = OnceLock::new();
+/// What runs a cluster-wide rebuild's request received from another node (the command layer's).
+pub type ServeRebuild = fn(&Context, Rebuild, Responder);
 
-/// Registers the message receiver; requests are handed to `serve`. Call once at load, in
-/// cluster mode only.
-pub fn init(ctx: &Context, serve: Serve) {
-    let _ = SERVE.set(serve);
+static SERVE: OnceLock<(Serve, ServeRebuild)> = OnceLock::new();
+
+/// Registers the message receiver; requests are handed to `serve`, rebuild requests to
+/// `rebuild`. Call once at load, in cluster mode only.
+pub fn init(ctx: &Context, serve: Serve, rebuild: ServeRebuild) {
+    let _ = SERVE.set((serve, rebuild));
     // SAFETY: module load, the module's context, a callback of the API's type.
     unsafe {
         raw::RedisModule_RegisterClusterMessageReceiver.unwrap()(ctx.ctx, MSG_TYPE, Some(receive))
     };
 }
 
-/// A client waiting for another node's answer.
+/// Why an asked node's answer never came.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lost {
+    /// The message could not be sent (unknown node, link down).
+    Unreachable,
+    /// No answer within the request's timeout.
+    Timeout,
+    /// The node started the work (`Answer::Started`), then the cluster marked it failing or
+    /// forgot it.
+    Failed,
+}
+
+/// What a cluster-wide call does with one node's answer (main thread, called exactly once).
+pub type Then = Box<dyn FnOnce(&Context, Result<Answer, Lost>)>;
+
+/// Who waits for an answer: a blocked client, or a part of a cluster-wide call.
+enum Waiter {
+    Client(Blocked),
+    Call(Then),
+}
+
+/// A waiter for another node's answer.
 struct Pending {
-    blocked: Blocked,
+    waiter: Waiter,
     /// The node asked: only its answer counts.
     node: Vec<u8>,
-    /// No answer is given to the client after this.
-    deadline: Instant,
+    /// No answer is given after this; `None` once the node said `Started`: then the wait
+    /// lasts while the cluster holds the node up.
+    deadline: Option<Instant>,
 }
+
+/// How often a wait without deadline checks that its node is still up.
+const LIVENESS_CHECK: Duration = Duration::from_secs(1);
 
 thread_local! {
     static PENDING: RefCell<HashMap<u64, Pending>> = RefCell::new(HashMap::new());
@@ -72,25 +101,44 @@ pub fn pending() -> usize {
 /// if none arrives within `timeout` or the message cannot be sent. The request's id is
 /// assigned here.
 pub fn forward(ctx: &Context, node: &str, blocked: Blocked, mut req: Request, timeout: Duration) {
-    let id = NEXT_ID.with(|n| {
+    let id = next_id();
+    req.id = id;
+    let payload = wire::encode(&Message::Request(req));
+    wait_for(ctx, node, id, &payload, Waiter::Client(blocked), timeout);
+}
+
+/// Asks node `node` to rebuild its slots of `req.set`; `then` gets its answer (`Int(rows)`,
+/// `Int(0)` for an ASYNC start, or an error line), or why none came: no answer within
+/// `timeout` (a SYNC request's `Started` lifts the timeout while the node stays up), a failed
+/// send, the node failing. The request's id is assigned here.
+pub fn ask_rebuild(ctx: &Context, node: &str, mut req: Rebuild, timeout: Duration, then: Then) {
+    let id = next_id();
+    req.id = id;
+    let payload = wire::encode(&Message::Rebuild(req));
+    wait_for(ctx, node, id, &payload, Waiter::Call(then), timeout);
+}
+
+fn next_id() -> u64 {
+    NEXT_ID.with(|n| {
         let id = n.get();
         n.set(id.wrapping_add(1));
         id
-    });
-    req.id = id;
-    let payload = wire::encode(&Message::Request(req));
-    if !send(ctx, node.as_bytes(), &payload) {
-        blocked.finish(Box::new(Fail(error::FORWARD_UNREACHABLE.into())));
-        return;
+    })
+}
+
+/// Sends `payload` (request `id`) to `node` and enters its waiter in the table.
+fn wait_for(ctx: &Context, node: &str, id: u64, payload: &[u8], waiter: Waiter, timeout: Duration) {
+    if !send(ctx, node.as_bytes(), payload) {
+        return give_up(ctx, waiter, Lost::Unreachable);
     }
     SENT.fetch_add(1, Ordering::Relaxed);
-    let deadline = Instant::now() + timeout;
+    let deadline = Some(Instant::now() + timeout);
     let node = node.as_bytes().to_vec();
     PENDING.with(|p| {
         p.borrow_mut().insert(
             id,
             Pending {
-                blocked,
+                waiter,
                 node,
                 deadline,
             },
@@ -99,21 +147,126 @@ pub fn forward(ctx: &Context, node: &str, blocked: Blocked, mut req: Request, ti
     ctx.create_timer(timeout, expire, id);
 }
 
-/// The request's time is up: its client gets the timeout error, if still waiting.
-fn expire(_ctx: &Context, id: u64) {
-    if let Some(p) = PENDING.with(|p| p.borrow_mut().remove(&id)) {
+/// A waiter whose answer will not come.
+fn give_up(ctx: &Context, waiter: Waiter, why: Lost) {
+    if why == Lost::Timeout {
         TIMEOUTS.fetch_add(1, Ordering::Relaxed);
-        p.blocked
-            .finish(Box::new(Fail(error::FORWARD_TIMEOUT.into())));
+    }
+    match waiter {
+        Waiter::Client(blocked) => {
+            let text = match why {
+                Lost::Unreachable => error::FORWARD_UNREACHABLE,
+                Lost::Timeout | Lost::Failed => error::FORWARD_TIMEOUT,
+            };
+            blocked.finish(Box::new(Fail(text.into())));
+        }
+        Waiter::Call(then) => then(ctx, Err(why)),
     }
 }
 
-/// An answer arrived: finish its client, unless it is gone or its time was up (an answer past
+/// The request's timer: past its deadline, its waiter gets the timeout; waiting without one
+/// (after `Started`), it gets `Failed` once the cluster marks the node failing, else the
+/// timer looks again later.
+fn expire(ctx: &Context, id: u64) {
+    let now = Instant::now();
+    let (lost, again) = PENDING.with(|p| {
+        let p = p.borrow();
+        let Some(w) = p.get(&id) else {
+            return (None, None);
+        };
+        match w.deadline {
+            Some(d) if now >= d => (Some(Lost::Timeout), None),
+            Some(d) => (None, Some(d - now)),
+            None if !node_up(ctx, &w.node) => (Some(Lost::Failed), None),
+            None => (None, Some(LIVENESS_CHECK)),
+        }
+    });
+    if let Some(after) = again {
+        ctx.create_timer(after, expire, id);
+    }
+    if let Some(why) = lost {
+        if let Some(p) = PENDING.with(|p| p.borrow_mut().remove(&id)) {
+            give_up(ctx, p.waiter, why);
+        }
+    }
+}
+
+/// True while the cluster knows node `id` and marks it neither failing nor possibly failing.
+fn node_up(ctx: &Context, id: &[u8]) -> bool {
+    let Ok(id) = CString::new(id) else {
+        return false;
+    };
+    let mut flags: c_int = 0;
+    // SAFETY: main thread; a NUL-terminated node id; the outputs not wanted are null, as the
+    // API allows.
+    let rc = unsafe {
+        raw::RedisModule_GetClusterNodeInfo.unwrap()(
+            ctx.ctx,
+            id.as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut flags,
+        )
+    };
+    let failing = (raw::REDISMODULE_NODE_PFAIL | raw::REDISMODULE_NODE_FAIL) as c_int;
+    rc == raw::REDISMODULE_OK as c_int && flags & failing == 0
+}
+
+/// `ip:port` of node `id` as the cluster knows it (what MOVED names), else the id itself.
+pub fn address(ctx: &Context, id: &str) -> String {
+    let Ok(cid) = CString::new(id) else {
+        return id.to_string();
+    };
+    // The server copies NET_IP_STR_LEN (46) bytes, NUL included.
+    let mut ip = [0 as c_char; 64];
+    let mut port: c_int = 0;
+    // SAFETY: main thread; a NUL-terminated node id; `ip` holds at least NET_IP_STR_LEN bytes.
+    let rc = unsafe {
+        raw::RedisModule_GetClusterNodeInfo.unwrap()(
+            ctx.ctx,
+            cid.as_ptr(),
+            ip.as_mut_ptr(),
+            std::ptr::null_mut(),
+            &mut port,
+            std::ptr::null_mut(),
+        )
+    };
+    if rc != raw::REDISMODULE_OK as c_int {
+        return id.to_string();
+    }
+    // SAFETY: the server wrote a NUL-terminated address into `ip`.
+    let ip = unsafe { std::ffi::CStr::from_ptr(ip.as_ptr()) }.to_string_lossy();
+    format!("{ip}:{port}")
+}
+
+/// This node's cluster id.
+pub fn my_id() -> String {
+    // SAFETY: the server's own id, NODE_ID_LEN bytes, live for the server's life.
+    let id = unsafe { raw::RedisModule_GetMyClusterID.unwrap()() };
+    if id.is_null() {
+        return String::new();
+    }
+    // SAFETY: as above.
+    let b = unsafe { std::slice::from_raw_parts(id.cast::<u8>(), NODE_ID_LEN) };
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// An answer arrived: finish its waiter, unless it is gone or its time was up (an answer past
 /// the deadline is dropped, so a forwarded ADD is acknowledged within the timeout or never).
-fn answered(sender: &[u8], id: u64, a: Answer) {
+/// `Started` only lifts the deadline of a waiter of a cluster-wide call.
+fn answered(ctx: &Context, sender: &[u8], id: u64, a: Answer) {
     let p = PENDING.with(|p| {
         let mut p = p.borrow_mut();
-        match p.get(&id) {
+        match p.get_mut(&id) {
+            Some(w) if w.node == sender && a == Answer::Started => {
+                if matches!(w.waiter, Waiter::Call(_))
+                    && w.deadline.is_some_and(|d| Instant::now() <= d)
+                {
+                    w.deadline = None;
+                }
+                None
+            }
             Some(w) if w.node == sender => p.remove(&id),
             _ => None,
         }
@@ -121,13 +274,13 @@ fn answered(sender: &[u8], id: u64, a: Answer) {
     let Some(p) = p else {
         return;
     };
-    if Instant::now() > p.deadline {
-        TIMEOUTS.fetch_add(1, Ordering::Relaxed);
-        p.blocked
-            .finish(Box::new(Fail(error::FORWARD_TIMEOUT.into())));
-        return;
+    if p.deadline.is_some_and(|d| Instant::now() > d) {
+        return give_up(ctx, p.waiter, Lost::Timeout);
     }
-    p.blocked.finish(Box::new(Answered(Some(a))));
+    match p.waiter {
+        Waiter::Client(blocked) => blocked.finish(Box::new(Answered(Some(a)))),
+        Waiter::Call(then) => then(ctx, Ok(a)),
+    }
 }
 
 /// Another node's answer, replied through the blocked-client plumbing (and `reply.rs`).
@@ -143,7 +296,7 @@ impl Completion for Answered {
                 RedisValue::SimpleString(path),
             ])),
             Some(Answer::Error(text)) => Err(RedisError::String(text)),
-            None => Err(RedisError::Str(error::INTERNAL)),
+            Some(Answer::Started) | None => Err(RedisError::Str(error::INTERNAL)),
         }
     }
 }
@@ -177,6 +330,16 @@ impl Responder {
         };
         // A failed send leaves the asking client to its timeout.
         send(ctx, &self.to, &wire::encode(&Message::Answer(self.id, a)));
+    }
+
+    /// Tells the asking node the work started and the answer follows when it ends: it then
+    /// waits while this node is up instead of for its timeout. Main thread.
+    pub fn started(&self, ctx: &Context) {
+        send(
+            ctx,
+            &self.to,
+            &wire::encode(&Message::Answer(self.id, Answer::Started)),
+        );
     }
 }
 
@@ -252,11 +415,22 @@ unsafe extern "C" fn receive(
                 done: false,
             };
             match SERVE.get() {
-                Some(serve) => mainq::with_db0(&ctx, |ctx| serve(ctx, req, to)),
+                Some((serve, _)) => mainq::with_db0(&ctx, |ctx| serve(ctx, req, to)),
                 None => drop(to),
             }
         }
-        Ok(Message::Answer(id, a)) => answered(&sender, id, a),
+        Ok(Message::Rebuild(req)) => {
+            let to = Responder {
+                to: sender,
+                id: req.id,
+                done: false,
+            };
+            match SERVE.get() {
+                Some((_, rebuild)) => rebuild(&ctx, req, to),
+                None => drop(to),
+            }
+        }
+        Ok(Message::Answer(id, a)) => answered(&ctx, &sender, id, a),
         Err(e) => reply::log(
             &ctx,
             reply::Level::Warning,

@@ -424,6 +424,12 @@ fn set_owners(ranges: &[(u16, u16, String)]) {
     });
 }
 
+/// The node ids of the primaries serving at least one slot, as last polled (where a
+/// cluster-wide REBUILD goes).
+pub fn primaries() -> Vec<String> {
+    OWNERS.with(|o| o.borrow().ids.clone())
+}
+
 /// The node id of the primary serving `slot`, as last polled (where a request about an item
 /// of that slot is forwarded).
 pub fn node_of(slot: u16) -> Option<String> {

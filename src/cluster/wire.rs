@@ -1,6 +1,6 @@
 //! The bytes of a forwarded request and of its answer on the cluster bus ("Canonical forwarding
-//! over the cluster bus" in docs/cluster-placement.md): versioned, length-prefixed, checked whole
-//! on the way in. Pure.
+//! over the cluster bus" in docs/cluster-placement.md), and of a cluster-wide rebuild's request
+//! (docs/cluster-commands.md): versioned, length-prefixed, checked whole on the way in. Pure.
 
 /// Layout version, the first byte of every message. A message of another version is refused
 /// (its sender's client times out), never guessed at.
@@ -8,6 +8,7 @@ pub const VERSION: u8 = 1;
 
 const KIND_REQUEST: u8 = 1;
 const KIND_ANSWER: u8 = 2;
+const KIND_REBUILD: u8 = 3;
 
 /// What a forwarded request asks of the owner of the item's canonical slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,12 +61,26 @@ pub enum Answer {
     Explain(i64, String),
     /// An error line, prefix included.
     Error(String),
+    /// Not an answer yet: the asked node started the work and answers when it ends (a
+    /// cluster-wide REBUILD SYNC); the asking node waits on while that node is up.
+    Started,
+}
+
+/// MEMBER.REBUILD of one set, asked of every primary by the node that received it: rebuild
+/// the slots you own. `sync`: answer the rows loaded once the rebuild ends (after a
+/// `Started`), else `Int(0)` once it runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rebuild {
+    pub id: u64,
+    pub set: String,
+    pub sync: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Message {
     Request(Request),
     Answer(u64, Answer),
+    Rebuild(Rebuild),
 }
 
 /// Longest text field: set names are at most 40 bytes, canonical entities and scopes far less
@@ -117,7 +132,14 @@ pub fn encode(m: &Message) -> Vec<u8> {
                     out.push(2);
                     put_text(&mut out, text);
                 }
+                Answer::Started => out.push(3),
             }
+        }
+        Message::Rebuild(r) => {
+            out.push(KIND_REBUILD);
+            out.extend_from_slice(&r.id.to_le_bytes());
+            put_text(&mut out, &r.set);
+            out.push(u8::from(r.sync));
         }
     }
     out
@@ -200,9 +222,23 @@ pub fn decode(b: &[u8]) -> Result<Message, &'static str> {
                     Answer::Explain(n, r.text()?)
                 }
                 2 => Answer::Error(r.text()?),
+                3 => Answer::Started,
                 _ => return Err("unknown answer"),
             };
             Message::Answer(id, a)
+        }
+        KIND_REBUILD => {
+            let id = r.u64()?;
+            let set = r.text()?;
+            if !crate::model::set_def::valid_set_name(set.as_bytes()) {
+                return Err("bad set name");
+            }
+            let sync = match r.u8()? {
+                0 => false,
+                1 => true,
+                _ => return Err("bad sync flag"),
+            };
+            Message::Rebuild(Rebuild { id, set, sync })
         }
         _ => return Err("unknown message kind"),
     };
@@ -238,6 +274,17 @@ mod tests {
             Message::Answer(2, Answer::Int(-3)),
             Message::Answer(3, Answer::Explain(0, "bloom-negative".into())),
             Message::Answer(4, Answer::Error("TRYAGAIN moving".into())),
+            Message::Answer(5, Answer::Started),
+            Message::Rebuild(Rebuild {
+                id: 6,
+                set: "users".into(),
+                sync: true,
+            }),
+            Message::Rebuild(Rebuild {
+                id: u64::MAX,
+                set: "a_1".into(),
+                sync: false,
+            }),
         ];
         for m in all {
             assert_eq!(decode(&encode(&m)), Ok(m.clone()), "{m:?}");
@@ -269,6 +316,21 @@ mod tests {
         assert_eq!(decode(&encode(&bad_set)), Err("bad set name"));
         let nan = encode(&request(Op::Add, Some(f64::NAN)));
         assert_eq!(decode(&nan), Err("bad expiry"));
+        let rebuild = |set: &str| {
+            encode(&Message::Rebuild(Rebuild {
+                id: 1,
+                set: set.into(),
+                sync: true,
+            }))
+        };
+        let b = rebuild("users");
+        for n in 0..b.len() {
+            assert!(decode(&b[..n]).is_err(), "rebuild prefix of {n} bytes");
+        }
+        let mut flag = b.clone();
+        *flag.last_mut().unwrap() = 2;
+        assert_eq!(decode(&flag), Err("bad sync flag"));
+        assert_eq!(decode(&rebuild("a b")), Err("bad set name"));
     }
 
     #[test]

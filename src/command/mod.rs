@@ -15,6 +15,7 @@ pub mod info;
 pub mod internal;
 pub mod lookup;
 pub mod rebuild;
+pub mod rebuild_wide;
 pub mod register;
 pub mod retry;
 pub mod row;

@@ -1,4 +1,5 @@
-//! MEMBER.REBUILD <set> [SYNC]: rebuild a set's filter from PostgreSQL off the main thread.
+//! MEMBER.REBUILD <set> [SYNC|ASYNC]: rebuild a set's filter from PostgreSQL off the main
+//! thread; in cluster mode on every primary (`rebuild_wide.rs`).
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
@@ -11,8 +12,10 @@ use crate::server::block::{Blocked, Completion};
 use crate::upkeep::rebuild::{self, RebuildReply, Reply};
 use crate::{model::error, sets::state};
 
-/// MEMBER.REBUILD <set> [SYNC] — `OK` at once, or with SYNC the number of members loaded
-/// once the new filter is in place (the client waits, the server does not).
+/// MEMBER.REBUILD <set> [SYNC|ASYNC] — `OK` at once (ASYNC, the default), or with SYNC the
+/// number of members loaded once the new filter is in place (the client waits, the server
+/// does not). In cluster mode every primary rebuilds its slots: `OK` once each has a rebuild
+/// running, or with SYNC the sum of their rows.
 pub fn rebuild(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if !(2..=3).contains(&args.len()) {
         return Err(RedisError::WrongArity);
@@ -22,8 +25,12 @@ pub fn rebuild(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let sync = match args.get(2) {
         None => false,
         Some(a) if a.as_slice().eq_ignore_ascii_case(b"SYNC") => true,
+        Some(a) if a.as_slice().eq_ignore_ascii_case(b"ASYNC") => false,
         Some(a) => return Err(super::unknown_option(a.as_slice())),
     };
+    if crate::server::cluster_mode::enabled() {
+        return everywhere(ctx, name, sync);
+    }
     if state::with(|r| r.serving(&name, false).is_none()) {
         // A set this node does not know: ask the catalog first (only this client waits; with
         // SYNC as long as the rebuild takes).
@@ -61,6 +68,30 @@ pub fn rebuild(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     // No timeout: a rebuild takes as long as the table takes to stream.
     let waiter = Blocked::block(ctx, Duration::ZERO, lost());
     rebuild::wait(&name, waiter, Reply::Rows);
+    Ok(RedisValue::NoReply)
+}
+
+/// Cluster mode: the client waits (once) while every primary rebuilds; a set this node does
+/// not know is asked of the catalog first, so an unknown set fails before any node is asked.
+fn everywhere(ctx: &Context, name: String, sync: bool) -> RedisResult {
+    may_block(ctx)?;
+    if state::with(|r| r.serving(&name, false).is_none()) {
+        let asked = name.clone();
+        // No client timeout: the catalog query ends within its statement timeout, and each
+        // primary's part is timed by the cluster bus.
+        return after_catalog(
+            ctx,
+            &name,
+            Duration::ZERO,
+            |_| Ok(Some(())),
+            move |ctx, blocked, ()| {
+                super::rebuild_wide::start(ctx, blocked.with_fallback(lost()), &asked, sync)
+            },
+        );
+    }
+    // No server timeout: each primary's part is timed by the cluster bus.
+    let blocked = Blocked::block(ctx, Duration::ZERO, lost());
+    super::rebuild_wide::start(ctx, blocked, &name, sync);
     Ok(RedisValue::NoReply)
 }
 

@@ -29,9 +29,10 @@ pub const EXISTS: Command = Command {
 );
 
 /// Every command of the module. Per-item commands route by the item (argv[2]), the catalog
-/// commands (CREATE, ALTER, DROP) by the set name (argv[1]), both declared NOT_KEY: never an
-/// ACL key. INFO, REBUILD, MEXISTS, MADD and the internal commands declare no key and run on
-/// any node (MEXISTS and MADD: many items, maybe of many slots; refused in cluster mode).
+/// commands (CREATE, ALTER, DROP) and REBUILD by the set name (argv[1]), both declared
+/// NOT_KEY: never an ACL key. INFO, MEXISTS, MADD and the internal commands declare no key and
+/// run on any node (MEXISTS and MADD: many items, maybe of many slots; refused in cluster
+/// mode).
 ///
 /// One row per line, its documentation on the next: a table reads better than rustfmt's one
 /// argument per line.
@@ -56,8 +57,8 @@ pub const COMMANDS: &[Command] = &[
         .doc("Makes up to 1000 items members of a set", Some("O(N) where N is the number of items, plus one database statement"), &[SET, SCOPE, EXPIRY, ITEMS]),
     public("member.info", info::info, "readonly", 2, Route::Anywhere, None)
         .doc("Shows a set's settings, filter, rebuild, sync and counters", Some("O(1)"), &[SET]),
-    public("member.rebuild", rebuild::rebuild, "write", -2, Route::Anywhere, None)
-        .doc("Rebuilds a set's filter from its table", Some("O(N) where N is the number of members, read off the main thread"), &[SET, SYNC]),
+    public("member.rebuild", rebuild::rebuild, "write", -2, Route::BySet(Item::Update), None)
+        .doc("Rebuilds a set's filter from its table, in a cluster on every primary", Some("O(N) where N is the number of members, read off the main thread"), &[SET, REBUILD_MODE]),
     internal("member._add", internal::add, "write deny-oom", 4)
         .doc("Internal (replication and AOF only): a committed ADD's filter and cache effects", None, &[SET, ENTITY, Arg::string("scope")]),
     internal("member._del", internal::del, "write", 4)
@@ -79,6 +80,11 @@ const ITEM: Arg = Arg::string("item");
 const SCOPE: Arg = Arg::string("scope").token("SCOPE").optional();
 const ITEMS: Arg = Arg::string("item").token("ITEMS").multiple();
 const SYNC: Arg = Arg::pure("sync", "SYNC").optional();
+const REBUILD_MODE: Arg = Arg::one_of(
+    "mode",
+    &[Arg::pure("sync", "SYNC"), Arg::pure("async", "ASYNC")],
+)
+.optional();
 const EXPIRY: Arg = Arg::one_of(
     "expiry",
     &[

@@ -85,6 +85,13 @@ pub const SLOT_MOVING: &str = "TRYAGAIN libmember: the item's canonical slot is 
 /// Cluster: a forwarded request named a set the owner is still learning from the catalog.
 pub const SET_BEING_LEARNED: &str =
     "TRYAGAIN libmember: the node holding the item's canonical slot is learning the set; retry";
+/// Cluster: a primary asked to rebuild its slots of a set is still learning the set from the
+/// catalog (a retry finds the rebuilds that started still running, or done).
+pub const REBUILD_SET_BEING_LEARNED: &str =
+    "TRYAGAIN libmember: a primary is learning the set from the catalog; retry";
+/// Cluster: a node asked to rebuild its slots of a set is no longer a primary.
+pub const REBUILD_NOT_PRIMARY: &str =
+    "TRYAGAIN libmember: a node asked to rebuild is no longer a primary; retry";
 
 /// The error reply for a failed database call: `UNAVAILABLE <detail>` when the database could
 /// not be reached or answered too slowly, `ERR <detail>` when it answered with an error.

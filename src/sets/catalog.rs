@@ -308,7 +308,12 @@ pub fn forget(ctx: &Context, name: &str) {
     if let Some(s) = state::remove(name) {
         if let state::Rebuild::Running { waiters, .. } = s.rebuild {
             for (w, _) in waiters {
-                w.finish(Box::new(Fail(error::UNKNOWN_SET.into())));
+                match w {
+                    state::RebuildWaiter::Client(w) => {
+                        w.finish(Box::new(Fail(error::UNKNOWN_SET.into())))
+                    }
+                    state::RebuildWaiter::Then(f) => f(ctx, Err(error::UNKNOWN_SET.into())),
+                }
             }
         }
     }

@@ -80,15 +80,24 @@ pub enum Rebuild {
         /// Items added while the build ran; folded into the new filter at the swap.
         journal: Vec<u128>,
         /// MEMBER.REBUILD SYNC and MEMBER.CREATE callers waiting for the outcome.
-        waiters: Vec<(
-            crate::server::block::Blocked,
-            crate::model::set_upkeep::Reply,
-        )>,
+        waiters: Vec<(RebuildWaiter, crate::model::set_upkeep::Reply)>,
         /// More adds arrived than `member.max-journal` allows: the build is abandoned at its
         /// end (the old filter received every add and keeps serving).
         overflowed: bool,
     },
 }
+
+/// Who waits for a running rebuild's outcome; each hears it exactly once.
+pub enum RebuildWaiter {
+    /// A blocked client: MEMBER.REBUILD SYNC, MEMBER.CREATE, MEMBER.ALTER SYNC.
+    Client(crate::server::block::Blocked),
+    /// A cluster-wide REBUILD SYNC another node asked for: given the rows loaded or why the
+    /// rebuild failed (main thread).
+    Then(RebuildThen),
+}
+
+/// What a [`RebuildWaiter::Then`] runs with the rebuild's outcome.
+pub type RebuildThen = Box<dyn FnOnce(&redis_module::Context, Result<u64, String>)>;
 
 /// Rows loaded and time taken, or why it failed.
 pub type RebuildOutcome = Result<(u64, Duration), String>;

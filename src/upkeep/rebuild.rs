@@ -16,7 +16,7 @@ use crate::filter::store;
 use crate::filter::value::FilterValue;
 use crate::model::slotset::SlotSet;
 use crate::server::block::{Blocked, Completion};
-use crate::sets::state::{self, Rebuild, SetDef};
+use crate::sets::state::{self, Rebuild, RebuildWaiter, SetDef};
 use crate::{config, server::mainq, server::metrics, server::replication};
 
 pub use crate::model::set_upkeep::{Reason, Reply};
@@ -390,14 +390,14 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
     for (w, kind) in waiters {
         if again && kind == Reply::Altered {
             // MEMBER.ALTER SYNC waits for a filter with the settings it set.
-            wait(name, w, kind);
+            wait_as(ctx, name, w, kind);
             continue;
         }
         let rows = outcome
             .as_ref()
             .map(|(rows, _)| *rows)
             .map_err(|e| e.clone());
-        w.finish(Box::new(RebuildReply(rows, kind)));
+        tell(ctx, w, rows, kind);
     }
     let ok = outcome.is_ok();
     state::with(|r| {
@@ -429,7 +429,29 @@ impl Completion for RebuildReply {
 /// Makes `waiter` get the outcome of the running rebuild of `name`. With no rebuild running
 /// (it ended in between, or there is no such set) the waiter hears so at once.
 pub fn wait(name: &str, waiter: Blocked, kind: Reply) {
-    let waiter = state::with(|r| {
+    if let Some(RebuildWaiter::Client(w)) = enlist(name, RebuildWaiter::Client(waiter), kind) {
+        w.finish(Box::new(RebuildReply(
+            Err(crate::model::error::WORKER_LOST.into()),
+            kind,
+        )));
+    }
+}
+
+/// `wait` for a caller without a client (another node's cluster-wide REBUILD SYNC): `then`
+/// gets the rows loaded or why not, on the main thread, exactly once.
+pub fn wait_then(ctx: &Context, name: &str, then: state::RebuildThen) {
+    wait_as(ctx, name, RebuildWaiter::Then(then), Reply::Rows);
+}
+
+fn wait_as(ctx: &Context, name: &str, waiter: RebuildWaiter, kind: Reply) {
+    if let Some(w) = enlist(name, waiter, kind) {
+        tell(ctx, w, Err(crate::model::error::WORKER_LOST.into()), kind);
+    }
+}
+
+/// Adds `waiter` to the running rebuild of `name`; hands it back when none runs.
+fn enlist(name: &str, waiter: RebuildWaiter, kind: Reply) -> Option<RebuildWaiter> {
+    state::with(|r| {
         if let Some(s) = r.sets.get_mut(name) {
             if let Rebuild::Running { waiters, .. } = &mut s.rebuild {
                 waiters.push((waiter, kind));
@@ -437,11 +459,13 @@ pub fn wait(name: &str, waiter: Blocked, kind: Reply) {
             }
         }
         Some(waiter)
-    });
-    if let Some(w) = waiter {
-        w.finish(Box::new(RebuildReply(
-            Err(crate::model::error::WORKER_LOST.into()),
-            kind,
-        )));
+    })
+}
+
+/// Gives a waiter its rebuild's outcome.
+fn tell(ctx: &Context, w: RebuildWaiter, rows: Result<u64, String>, kind: Reply) {
+    match w {
+        RebuildWaiter::Client(w) => w.finish(Box::new(RebuildReply(rows, kind))),
+        RebuildWaiter::Then(f) => f(ctx, rows),
     }
 }

@@ -1,8 +1,8 @@
 //! Ordinary cluster clients, without per-command options (docs/cluster.md, "Routing"): the
-//! catalog commands are routed by the set name, so redis-py's `RedisCluster` (which routes by
-//! COMMAND's key positions and refuses a command without one) and `valkey-cli -c` send CREATE,
-//! ALTER and DROP like any keyed command, and a node that does not serve the name's slot
-//! answers MOVED, replicas included, before the module runs.
+//! catalog commands and REBUILD are routed by the set name, so redis-py's `RedisCluster` (which
+//! routes by COMMAND's key positions and refuses a command without one) and `valkey-cli -c`
+//! send CREATE, ALTER, DROP and REBUILD like any keyed command, and a node that does not serve
+//! the name's slot answers MOVED, replicas included, before the module runs.
 use crate::support;
 
 use std::process::Command;
@@ -37,7 +37,7 @@ fn redis_py(port: u16, script: &str) -> String {
 }
 
 #[test]
-fn redis_py_runs_the_catalog_and_item_commands_without_target_nodes() {
+fn redis_py_runs_the_catalog_rebuild_and_item_commands_without_target_nodes() {
     let held = Cluster::shared();
     let cl: &Cluster = &held;
     // Started from a replica: the client learns the topology and routes by key position.
@@ -49,6 +49,8 @@ s = 'pyset'
 print(rc.execute_command('MEMBER.CREATE', s, 'NORMALIZE', 'none'))
 print([rc.execute_command('MEMBER.ADD', s, f'py-{i}') for i in range(12)])
 print(rc.execute_command('MEMBER.ALTER', s, 'CACHE-TTL', '60'))
+print(rc.execute_command('MEMBER.REBUILD', s, 'SYNC'))
+print(rc.execute_command('MEMBER.REBUILD', s))
 print([rc.execute_command('MEMBER.EXISTS', s, f'py-{i}') for i in range(12)])
 print(rc.execute_command('MEMBER.EXISTS', s, 'py-absent'))
 print(rc.execute_command('MEMBER.DROP', s))
@@ -57,7 +59,7 @@ print(rc.execute_command('MEMBER.DROP', s))
     let ones = format!("[{}]", ["1"; 12].join(", "));
     assert_eq!(
         out,
-        format!("OK\n{ones}\nOK\n{ones}\n0\nOK"),
+        format!("OK\n{ones}\nOK\n12\nOK\n{ones}\n0\nOK"),
         "redis-py's answers"
     );
     // The DROP reached every node: none knows the set any more.
@@ -90,6 +92,7 @@ fn a_catalog_command_off_its_slot_is_moved_to_the_owner() {
             vec!["MEMBER.CREATE", set],
             vec!["MEMBER.ALTER", set, "CACHE-TTL", "5"],
             vec!["MEMBER.DROP", set],
+            vec!["MEMBER.REBUILD", set, "SYNC"],
         ] {
             let e = err(&mut c, &args);
             assert!(

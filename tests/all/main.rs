@@ -25,6 +25,7 @@ mod client_snippets;
 mod cluster;
 mod cluster_clients;
 mod cluster_forward;
+mod cluster_rebuild;
 mod cluster_reshard;
 mod cluster_slots;
 mod command_docs;

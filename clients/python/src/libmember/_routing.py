@@ -4,17 +4,15 @@ Temporary by design: the server will route every MEMBER.* command by itself
 (docs/cluster-commands.md). When a command declares its routing argument, delete its row;
 when the table is empty, delete this file and the cluster branch of ``Sets._run`` (blocking
 and asyncio). Commands without a row (ADD, EXISTS, DEL, EXPLAIN by the item; CREATE, ALTER,
-DROP by the set name) are sent as they are, and redis-py's cluster client routes them.
+DROP, REBUILD by the set name) are sent as they are, and redis-py's cluster client routes
+them.
 """
 
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple
 
 # MEMBER.INFO declares no key: ask the node that serves the set name's slot (where CREATE,
 # ALTER and DROP of the set go).
 SET_NAME_NODE = "set-name-node"
-# MEMBER.REBUILD declares no key and rebuilds the slots of the node it reaches: send it to
-# every primary; with SYNC the reply is the sum of their rows.
-EVERY_PRIMARY = "every-primary"
 # MEXISTS and MADD are refused in cluster mode: one pipeline of the single-item command,
 # each call routed by its item (the server will fan them out itself).
 PER_ITEM = "per-item"
@@ -22,7 +20,6 @@ PER_ITEM = "per-item"
 # command -> (how, the single-item command for PER_ITEM)
 CLUSTER_ROUTES: Dict[str, Tuple[str, Optional[str]]] = {
     "MEMBER.INFO": (SET_NAME_NODE, None),
-    "MEMBER.REBUILD": (EVERY_PRIMARY, None),
     "MEMBER.MEXISTS": (PER_ITEM, "MEMBER.EXISTS"),
     "MEMBER.MADD": (PER_ITEM, "MEMBER.ADD"),
 }
@@ -32,15 +29,6 @@ def route(command: str) -> Tuple[Optional[str], Optional[str]]:
     """How ``command`` goes in cluster mode (a constant above, or None: as it is), and for
     ``PER_ITEM`` the single-item command that replaces it."""
     return CLUSTER_ROUTES.get(command, (None, None))
-
-
-def every_primary_reply(replies: Union[Dict[str, Any], Any]) -> Any:
-    """The primaries' replies (redis-py gives a dict by node, or the reply itself when there
-    is one primary) as one: the sum of the rows for ``REBUILD … SYNC``, else ``OK``."""
-    values: List[Any] = list(replies.values()) if isinstance(replies, dict) else [replies]
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        return sum(values)
-    return values[0]
 
 
 def per_item_reply(replies: List[Any]) -> List[Any]:

@@ -44,9 +44,6 @@ class Sets:
                 return c.execute_command(*args)
             if how == _routing.SET_NAME_NODE:
                 return c.execute_command(*args, target_nodes=c.get_node_from_key(args[1]))
-            if how == _routing.EVERY_PRIMARY:
-                replies = c.execute_command(*args, target_nodes=c.get_primaries())
-                return _routing.every_primary_reply(replies)
             assert how == _routing.PER_ITEM and isinstance(command, cmd.Many) and single
             pipe = c.pipeline()
             for one in command.singles(single):

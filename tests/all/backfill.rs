@@ -127,7 +127,7 @@ fn set_number(c: &mut Connection, set: &str, name: &str) -> i64 {
 
 /// What a sync page is admitted for at its largest (`PAGE_ROWS` × `ROW_BYTES`), and at its
 /// smallest (`MIN_PAGE_ROWS` × `ROW_BYTES`).
-const FULL_PAGE_BYTES: i64 = 8192 * 256;
+const FULL_PAGE_BYTES: i64 = 32768 * 256;
 const MIN_PAGE_BYTES: i64 = 512 * 256;
 
 #[test]
@@ -140,8 +140,8 @@ fn a_backfill_shows_its_transient_memory_and_gives_it_back() {
     let peak_before = member_number(&mut c, "transient_peak_bytes");
     let set_peak_before = set_number(&mut c, "backfill", "transient_peak_bytes");
 
-    // Several full pages' worth.
-    let rows = 60_000;
+    // Past the first pages, which grow from 512 rows, to at least one full page.
+    let rows = 100_000;
     env.pg()
         .batch_execute(&format!(
             "INSERT INTO member_backfill (entity_id) SELECT 'fill-' || g FROM generate_series(1, {rows}) g"

@@ -11,14 +11,14 @@ use crate::server::transient::{self, Held};
 /// Rows a sync pass reads from PostgreSQL at a time (one `Execute` of its portal) when the
 /// headroom under `maxmemory` allows: what the pass holds in the worker is one page of rows,
 /// whatever the number of rows that changed.
-pub const PAGE_ROWS: usize = 8192;
+pub const PAGE_ROWS: usize = 32768;
 
 /// The smallest page: a pass's first page, and what a page shrinks to when the headroom
 /// under `maxmemory` has no room for a larger one.
 pub const MIN_PAGE_ROWS: usize = 512;
 
 /// What one row is counted for while its page is read (the driver's row, its column ranges,
-/// the canonical form being made): a page of [`PAGE_ROWS`] is admitted for 2 MB.
+/// the canonical form being made): a page of [`PAGE_ROWS`] is admitted for 8 MB.
 pub const ROW_BYTES: u64 = 256;
 
 /// What one row is counted for once its page is read: its hash and, in cluster mode, its slot.

@@ -162,12 +162,19 @@ fn finish(
     assert!(problems.is_empty(), "{}", problems.join("\n\n"));
 }
 
-/// Slots the reshard moves: enough that the load's items fall in them all through the move
-/// (each slot takes tens of milliseconds with a debug build on an idle machine, a second or
-/// more on a busy one).
-const MOVING: usize = 300;
+/// Slots the reshard moves by default: enough that the load's items fall in them all through
+/// the move (each slot takes tens of milliseconds with a debug build on an idle machine, a
+/// second or more on a busy one). `MEMBER_RESHARD_SLOTS` asks for another number (up to the
+/// source's 5 461), for a longer run.
+fn moving_slots() -> usize {
+    std::env::var("MEMBER_RESHARD_SLOTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| (5..=5461).contains(n))
+        .unwrap_or(300)
+}
 
-/// Moves [`MOVING`] slots from one primary to another with the real CLI while the load runs. The
+/// Moves [`moving_slots`] slots from one primary to another with the real CLI while the load runs. The
 /// set is named so that a key named after it alone (`member:<set>:bloom`, which every node
 /// holds today) hashes to one of the last slots moved: whatever the module keeps in keys,
 /// a slot holding some set's key moves like any other (with many sets, some always do).
@@ -182,11 +189,12 @@ fn resharding_under_load_keeps_the_contract() {
     let from = cl.node_by_port(table[0]);
     let to = cl.primaries().find(|n| n.port() != from.port()).unwrap();
     // The CLI takes the source's lowest slots.
-    let moving: Vec<u16> = cl.slots_of(from).into_iter().take(MOVING).collect();
+    let count = moving_slots();
+    let moving: Vec<u16> = cl.slots_of(from).into_iter().take(count).collect();
     let set = (0..)
         .map(|i| format!("reshard_{i}"))
         .find(|s| {
-            moving[MOVING * 4 / 5..].contains(&keyslot(format!("member:{s}:bloom").as_bytes()))
+            moving[count * 4 / 5..].contains(&keyslot(format!("member:{s}:bloom").as_bytes()))
         })
         .unwrap();
     cl.create_everywhere_with(&set, &SET_OPTIONS);
@@ -200,7 +208,7 @@ fn resharding_under_load_keeps_the_contract() {
         let ok = if run.ok { "done" } else { "FAILED" };
         let secs = (rec.now() - start) as f64 / 1e6;
         let detail = format!(
-            "{MOVING} slots :{} -> :{}: {ok} after {secs:.3} s",
+            "{count} slots :{} -> :{}: {ok} after {secs:.3} s",
             from.port(),
             to.port()
         );

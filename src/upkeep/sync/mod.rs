@@ -105,8 +105,8 @@ struct Member {
 }
 
 /// Starts a pass over every set whose filter has a watermark, if one is due (or at once, if
-/// `now_all`: a promotion). Sends one statement (two when it also prunes), whatever the
-/// number of sets; none when no filter has a watermark.
+/// `now_all`: a promotion). Sends two statements in one snapshot (three when it also
+/// prunes), whatever the number of sets; none when no filter has a watermark.
 pub fn run(ctx: &Context, now_all: bool) {
     let now = Instant::now();
     let registered = state::with(|r| r.sets.len());

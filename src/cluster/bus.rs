@@ -310,6 +310,15 @@ pub struct Responder {
 }
 
 impl Responder {
+    /// The one answer owed to request `id` of node `to`.
+    fn new(to: Vec<u8>, id: u64) -> Responder {
+        Responder {
+            to,
+            id,
+            done: false,
+        }
+    }
+
     /// Sends `result` (an integer, an EXPLAIN pair or an error) back to the asking node.
     /// Main thread.
     pub fn answer(mut self, ctx: &Context, result: RedisResult) {
@@ -348,11 +357,7 @@ impl Drop for Responder {
         if self.done {
             return;
         }
-        let to = Responder {
-            to: std::mem::take(&mut self.to),
-            id: self.id,
-            done: false,
-        };
+        let to = Responder::new(std::mem::take(&mut self.to), self.id);
         self.done = true;
         mainq::post(Box::new(move |ctx| {
             to.answer(ctx, Err(RedisError::Str(error::WORKER_LOST)))
@@ -409,22 +414,14 @@ unsafe extern "C" fn receive(
     // A panic must not unwind into the server; whatever it owned answers by being dropped.
     let run = catch_unwind(AssertUnwindSafe(|| match wire::decode(bytes) {
         Ok(Message::Request(req)) => {
-            let to = Responder {
-                to: sender,
-                id: req.id,
-                done: false,
-            };
+            let to = Responder::new(sender, req.id);
             match SERVE.get() {
                 Some((serve, _)) => mainq::with_db0(&ctx, |ctx| serve(ctx, req, to)),
                 None => drop(to),
             }
         }
         Ok(Message::Rebuild(req)) => {
-            let to = Responder {
-                to: sender,
-                id: req.id,
-                done: false,
-            };
+            let to = Responder::new(sender, req.id);
             match SERVE.get() {
                 Some((_, rebuild)) => rebuild(&ctx, req, to),
                 None => drop(to),

@@ -8,7 +8,7 @@ use crate::support;
 use std::process::Command;
 use std::time::Duration;
 
-use support::cluster::{cli_binary, Cluster};
+use support::cluster::{cli_follow, Cluster};
 use support::member::*;
 use support::wait_until;
 
@@ -110,14 +110,6 @@ fn a_catalog_command_off_its_slot_is_moved_to_the_owner() {
         );
     }
     // valkey-cli -c follows the redirect from any node.
-    let run = |node: u16, args: &[&str]| {
-        let out = Command::new(cli_binary())
-            .args(["-p", &node.to_string(), "-c"])
-            .args(args)
-            .output()
-            .expect("run the cli");
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    };
-    assert_eq!(run(replica.port(), &["MEMBER.CREATE", set]), "OK");
-    assert_eq!(run(other.port(), &["MEMBER.DROP", set]), "OK");
+    assert_eq!(cli_follow(replica.port(), &["MEMBER.CREATE", set]), "OK");
+    assert_eq!(cli_follow(other.port(), &["MEMBER.DROP", set]), "OK");
 }

@@ -4,22 +4,11 @@
 //! address.
 use crate::support;
 
-use std::process::Command;
 use std::time::Duration;
 
-use support::cluster::{cli_binary, Cluster};
+use support::cluster::{cli_follow, Cluster};
 use support::member::*;
 use support::wait_until;
-
-/// `<cli> -c -p <port> args…`: its standard output, trimmed.
-fn cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new(cli_binary())
-        .args(["-p", &port.to_string(), "-c"])
-        .args(args)
-        .output()
-        .expect("run the cli");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
 
 fn rebuilt_by_hand(c: &mut redis::Connection, set: &str) -> bool {
     set_info(c, set, "last_rebuild_reason").as_deref() == Some("manual")
@@ -53,7 +42,10 @@ fn rebuild_from_any_node_rebuilds_every_primary_and_sync_sums_their_rows() {
     );
     // From a node that does not serve the name: the cli follows MOVED to the owner, which has
     // every primary rebuild.
-    assert_eq!(cli(other.port(), &["MEMBER.REBUILD", set, "ASYNC"]), "OK");
+    assert_eq!(
+        cli_follow(other.port(), &["MEMBER.REBUILD", set, "ASYNC"]),
+        "OK"
+    );
     for p in cl.primaries() {
         let mut c = p.conn();
         assert!(

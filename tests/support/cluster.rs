@@ -85,6 +85,16 @@ pub fn cli_binary() -> String {
     }
 }
 
+/// `<cli> -c -p <port> args…` (following redirects), its standard output trimmed.
+pub fn cli_follow(port: u16, args: &[&str]) -> String {
+    let out = std::process::Command::new(cli_binary())
+        .args(["-p", &port.to_string(), "-c"])
+        .args(args)
+        .output()
+        .expect("run the cli");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 /// (pid, dir) of every node, for the exit handler: statics are never dropped.
 pub(super) static NODES: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
 

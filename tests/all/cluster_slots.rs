@@ -206,6 +206,14 @@ fn a_sentinel_that_went_away_and_came_back_is_not_believed() {
         bloom_negative_now(&mut c, set, &item)
     }));
     assert_eq!(int(&mut c, &["PTTL", &key]), -1);
+    // Deleted while nobody asks about the slot: the event alone makes the owner look at it
+    // again and write a fresh sentinel (an idle node's check otherwise skips every slot).
+    assert_eq!(int(&mut c, &["DEL", &key]), 1);
+    assert!(
+        wait_until(Duration::from_secs(10), || int(&mut c, &["EXISTS", &key])
+            == 1),
+        "the owner never wrote slot {slot}'s sentinel again"
+    );
 }
 
 /// Only the module writes its keys, in cluster form too: the bytes of a cache entry set again

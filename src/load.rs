@@ -57,7 +57,14 @@ pub fn init(ctx: &Context, args: &[RedisString]) -> Status {
     // filter, not a cluster message receiver (its code would be unloaded under it).
     if crate::server::cluster_mode::enabled() {
         // Items whose canonical slot another node holds are forwarded to it over the bus.
-        cluster::bus::init(ctx, command::forwarded::serve, command::rebuild_wide::serve);
+        cluster::bus::init(
+            ctx,
+            cluster::bus::Handlers {
+                serve: command::forwarded::serve,
+                rebuild: command::rebuild_wide::serve,
+                many: command::forwarded::serve_many,
+            },
+        );
     }
     command::register::declare(ctx);
     db::pool::start();

@@ -4,8 +4,9 @@
 // ioredis knows no key positions for module commands (its table is built in), so it sends
 // each single call to a random primary and follows the MOVED that the server answers for a
 // node that does not own the routing argument: the item for ADD, EXISTS, DEL and EXPLAIN,
-// the set name for CREATE, ALTER and DROP. Do not pipeline them through the cluster client:
-// a pipeline's MOVED errors reach the application (docs/cluster-commands.md).
+// the set name for CREATE, ALTER, DROP, REBUILD, MEXISTS and MADD. Do not pipeline them through
+// the cluster client: a pipeline's MOVED errors reach the application
+// (docs/cluster-commands.md).
 const Redis = require("ioredis");
 const { retrying } = require("./unavailable");
 
@@ -15,9 +16,10 @@ async function main(node = "127.0.0.1:7001", set = "users") {
   try {
     // Set-wide: CREATE lands on the owner of the set name's slot through one MOVED.
     await retrying(() => cluster.call("MEMBER.CREATE", set, "NORMALIZE", "username"));
-    // Per item: one call each (MEXISTS and MADD are refused in cluster mode), each routed by its item.
+    // Many items, one call: the set name's node asks the owners of the items' slots.
     const names = ["alice", "bob", "carol"];
-    const added = await Promise.all(names.map((n) => retrying(() => cluster.call("MEMBER.ADD", set, n))));
+    const added = await retrying(() => cluster.call("MEMBER.MADD", set, "ITEMS", ...names));
+    // One item, one call, routed by its item.
     const asked = ["ALICE", "Bob", "dave"];
     const found = await Promise.all(asked.map((n) => retrying(() => cluster.call("MEMBER.EXISTS", set, n))));
     // MEMBER.INFO answers for the node that receives it: ask every primary. (REBUILD, routed

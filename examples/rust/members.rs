@@ -68,10 +68,10 @@ pub fn first_calls(con: &mut Connection, set: &str) -> RedisResult<Answers> {
     })
 }
 
-/// On a cluster: creates `set`, adds each of `add`, then answers EXISTS for each of `ask`.
-/// The crate's cluster client routes a module command by its first argument (the set name):
-/// CREATE lands at once, and each per-item call reaches the item's owner through one MOVED.
-/// MEXISTS and MADD are refused in cluster mode: one call per item.
+/// On a cluster: creates `set`, adds `add` with one MADD, then answers EXISTS for each of
+/// `ask`. The crate's cluster client routes a module command by its first argument (the set
+/// name): CREATE and MADD land at once (MADD on the set name's node, which asks the owners of
+/// the items' slots), and each per-item call reaches the item's owner through one MOVED.
 pub fn cluster_calls(
     con: &mut ClusterConnection,
     set: &str,
@@ -81,10 +81,11 @@ pub fn cluster_calls(
     redis::cmd("MEMBER.CREATE")
         .arg(&[set, "NORMALIZE", "username"])
         .query::<()>(con)?;
-    let mut added = Vec::new();
-    for item in add {
-        added.push(redis::cmd("MEMBER.ADD").arg(&[set, item]).query(con)?);
-    }
+    let added: Vec<bool> = redis::cmd("MEMBER.MADD")
+        .arg(set)
+        .arg("ITEMS")
+        .arg(add)
+        .query(con)?;
     let mut found = Vec::new();
     for item in ask {
         found.push(redis::cmd("MEMBER.EXISTS").arg(&[set, item]).query(con)?);

@@ -1,7 +1,8 @@
 //! The only home of the raw cluster-message API (docs/cluster-placement.md, "Canonical forwarding
 //! over the cluster bus"): a node forwards a request about a canonical item to the primary holding
-//! its slot, and that node answers with a message back; a node that received MEMBER.REBUILD asks
-//! every primary to rebuild (docs/cluster-commands.md). The asking client (or the cluster-wide
+//! its slot, and that node answers with a message back; a node that received MEMBER.MEXISTS or
+//! MEMBER.MADD asks each owner of the items' slots for its part, and one that received
+//! MEMBER.REBUILD asks every primary to rebuild (docs/cluster-commands.md). The asking client (or the cluster-wide
 //! call's part) waits in a main-thread table until exactly one of: the answer, the timeout, a
 //! failed send, the asked node failing; a `Responder` always answers once.
 
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use redis_module::{raw, Context, RedisError, RedisResult, RedisValue};
 
-use super::wire::{self, Answer, Message, Rebuild, Request};
+use super::wire::{self, Answer, Many, Message, Rebuild, Request};
 use crate::server::block::{Blocked, Completion, Fail};
 use crate::{model::error, server::mainq, server::reply};
 
@@ -41,12 +42,23 @@ pub type Serve = fn(&Context, Request, Responder);
 /// What runs a cluster-wide rebuild's request received from another node (the command layer's).
 pub type ServeRebuild = fn(&Context, Rebuild, Responder);
 
-static SERVE: OnceLock<(Serve, ServeRebuild)> = OnceLock::new();
+/// What runs one owner's part of a MEXISTS or MADD received from another node (the command
+/// layer's).
+pub type ServeMany = fn(&Context, Many, Responder);
 
-/// Registers the message receiver; requests are handed to `serve`, rebuild requests to
-/// `rebuild`. Call once at load, in cluster mode only.
-pub fn init(ctx: &Context, serve: Serve, rebuild: ServeRebuild) {
-    let _ = SERVE.set((serve, rebuild));
+/// The command layer's handlers of received messages.
+pub struct Handlers {
+    pub serve: Serve,
+    pub rebuild: ServeRebuild,
+    pub many: ServeMany,
+}
+
+static SERVE: OnceLock<Handlers> = OnceLock::new();
+
+/// Registers the message receiver and the handlers it passes requests to. Call once at load,
+/// in cluster mode only.
+pub fn init(ctx: &Context, handlers: Handlers) {
+    let _ = SERVE.set(handlers);
     // SAFETY: module load, the module's context, a callback of the API's type.
     unsafe {
         raw::RedisModule_RegisterClusterMessageReceiver.unwrap()(ctx.ctx, MSG_TYPE, Some(receive))
@@ -115,6 +127,16 @@ pub fn ask_rebuild(ctx: &Context, node: &str, mut req: Rebuild, timeout: Duratio
     let id = next_id();
     req.id = id;
     let payload = wire::encode(&Message::Rebuild(req));
+    wait_for(ctx, node, id, &payload, Waiter::Call(then), timeout);
+}
+
+/// Asks node `node` for its part of a MEXISTS or MADD; `then` gets its answer (`Ints`, one
+/// per item in order, or an error line), or why none came within `timeout`. The request's id
+/// is assigned here.
+pub fn ask_many(ctx: &Context, node: &str, mut req: Many, timeout: Duration, then: Then) {
+    let id = next_id();
+    req.id = id;
+    let payload = wire::encode(&Message::Many(req));
     wait_for(ctx, node, id, &payload, Waiter::Call(then), timeout);
 }
 
@@ -296,6 +318,9 @@ impl Completion for Answered {
                 RedisValue::SimpleString(path),
             ])),
             Some(Answer::Error(text)) => Err(RedisError::String(text)),
+            Some(Answer::Ints(v)) => Ok(RedisValue::Array(
+                v.into_iter().map(RedisValue::Integer).collect(),
+            )),
             Some(Answer::Started) | None => Err(RedisError::Str(error::INTERNAL)),
         }
     }
@@ -319,8 +344,8 @@ impl Responder {
         }
     }
 
-    /// Sends `result` (an integer, an EXPLAIN pair or an error) back to the asking node.
-    /// Main thread.
+    /// Sends `result` (an integer, an EXPLAIN pair, an array of integers or an error) back to
+    /// the asking node. Main thread.
     pub fn answer(mut self, ctx: &Context, result: RedisResult) {
         self.done = true;
         let a = match result {
@@ -332,7 +357,17 @@ impl Responder {
                 [RedisValue::Integer(n), RedisValue::SimpleString(p)] => {
                     Answer::Explain(*n, p.clone())
                 }
-                _ => Answer::Error(error::INTERNAL.into()),
+                all => match all
+                    .iter()
+                    .map(|v| match v {
+                        RedisValue::Integer(n) => Some(*n),
+                        _ => None,
+                    })
+                    .collect::<Option<Vec<i64>>>()
+                {
+                    Some(ints) => Answer::Ints(ints),
+                    None => Answer::Error(error::INTERNAL.into()),
+                },
             },
             Ok(_) => Answer::Error(error::INTERNAL.into()),
             Err(e) => Answer::Error(e.to_string()),
@@ -416,14 +451,21 @@ unsafe extern "C" fn receive(
         Ok(Message::Request(req)) => {
             let to = Responder::new(sender, req.id);
             match SERVE.get() {
-                Some((serve, _)) => mainq::with_db0(&ctx, |ctx| serve(ctx, req, to)),
+                Some(h) => mainq::with_db0(&ctx, |ctx| (h.serve)(ctx, req, to)),
                 None => drop(to),
             }
         }
         Ok(Message::Rebuild(req)) => {
             let to = Responder::new(sender, req.id);
             match SERVE.get() {
-                Some((_, rebuild)) => rebuild(&ctx, req, to),
+                Some(h) => (h.rebuild)(&ctx, req, to),
+                None => drop(to),
+            }
+        }
+        Ok(Message::Many(req)) => {
+            let to = Responder::new(sender, req.id);
+            match SERVE.get() {
+                Some(h) => mainq::with_db0(&ctx, |ctx| (h.many)(ctx, req, to)),
                 None => drop(to),
             }
         }

@@ -1,6 +1,7 @@
 //! The bytes of a forwarded request and of its answer on the cluster bus ("Canonical forwarding
-//! over the cluster bus" in docs/cluster-placement.md), and of a cluster-wide rebuild's request
-//! (docs/cluster-commands.md): versioned, length-prefixed, checked whole on the way in. Pure.
+//! over the cluster bus" in docs/cluster-placement.md), of one owner's part of a MEXISTS or MADD
+//! and of a cluster-wide rebuild's request (docs/cluster-commands.md): versioned,
+//! length-prefixed, checked whole on the way in. Pure.
 
 /// Layout version, the first byte of every message. A message of another version is refused
 /// (its sender's client times out), never guessed at.
@@ -9,6 +10,10 @@ pub const VERSION: u8 = 1;
 const KIND_REQUEST: u8 = 1;
 const KIND_ANSWER: u8 = 2;
 const KIND_REBUILD: u8 = 3;
+const KIND_MANY: u8 = 4;
+
+/// Most items one `Many` message may carry: a MEXISTS or MADD names at most this many.
+pub const MAX_MANY: usize = 1000;
 
 /// What a forwarded request asks of the owner of the item's canonical slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,6 +69,20 @@ pub enum Answer {
     /// Not an answer yet: the asked node started the work and answers when it ends (a
     /// cluster-wide REBUILD SYNC); the asking node waits on while that node is up.
     Started,
+    /// One integer per item of a `Many` request, in its order.
+    Ints(Vec<i64>),
+}
+
+/// One owner's part of a MEXISTS (`op` = `Exists`) or MADD (`Add`): canonical (entity, scope)
+/// pairs of slots the asked node holds, answered with `Answer::Ints` in the same order, or one
+/// error for the whole part.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Many {
+    pub id: u64,
+    pub op: Op,
+    pub set: String,
+    pub expires_at: Option<f64>,
+    pub items: Vec<(String, String)>,
 }
 
 /// MEMBER.REBUILD of one set, asked of every primary by the node that received it: rebuild
@@ -81,6 +100,7 @@ pub enum Message {
     Request(Request),
     Answer(u64, Answer),
     Rebuild(Rebuild),
+    Many(Many),
 }
 
 /// Longest text field: set names are at most 40 bytes, canonical entities and scopes far less
@@ -96,6 +116,16 @@ fn put_text(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(&s.as_bytes()[..end]);
 }
 
+fn put_expiry(out: &mut Vec<u8>, expires_at: Option<f64>) {
+    match expires_at {
+        Some(at) => {
+            out.push(1);
+            out.extend_from_slice(&at.to_bits().to_le_bytes());
+        }
+        None => out.push(0),
+    }
+}
+
 /// The bytes of `m`.
 pub fn encode(m: &Message) -> Vec<u8> {
     let mut out = vec![VERSION];
@@ -107,13 +137,7 @@ pub fn encode(m: &Message) -> Vec<u8> {
             put_text(&mut out, &r.set);
             put_text(&mut out, &r.entity);
             put_text(&mut out, &r.scope);
-            match r.expires_at {
-                Some(at) => {
-                    out.push(1);
-                    out.extend_from_slice(&at.to_bits().to_le_bytes());
-                }
-                None => out.push(0),
-            }
+            put_expiry(&mut out, r.expires_at);
         }
         Message::Answer(id, a) => {
             out.push(KIND_ANSWER);
@@ -133,6 +157,13 @@ pub fn encode(m: &Message) -> Vec<u8> {
                     put_text(&mut out, text);
                 }
                 Answer::Started => out.push(3),
+                Answer::Ints(v) => {
+                    out.push(4);
+                    out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                    for n in v {
+                        out.extend_from_slice(&n.to_le_bytes());
+                    }
+                }
             }
         }
         Message::Rebuild(r) => {
@@ -140,6 +171,18 @@ pub fn encode(m: &Message) -> Vec<u8> {
             out.extend_from_slice(&r.id.to_le_bytes());
             put_text(&mut out, &r.set);
             out.push(u8::from(r.sync));
+        }
+        Message::Many(m) => {
+            out.push(KIND_MANY);
+            out.extend_from_slice(&m.id.to_le_bytes());
+            out.push(m.op.code());
+            put_text(&mut out, &m.set);
+            put_expiry(&mut out, m.expires_at);
+            out.extend_from_slice(&(m.items.len() as u32).to_le_bytes());
+            for (entity, scope) in &m.items {
+                put_text(&mut out, entity);
+                put_text(&mut out, scope);
+            }
         }
     }
     out
@@ -161,6 +204,29 @@ impl<'a> Reader<'a> {
     }
     fn u64(&mut self) -> Result<u64, &'static str> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    fn u32(&mut self) -> Result<u32, &'static str> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    fn expiry(&mut self) -> Result<Option<f64>, &'static str> {
+        match self.u8()? {
+            0 => Ok(None),
+            1 => {
+                let at = f64::from_bits(self.u64()?);
+                if !at.is_finite() {
+                    return Err("bad expiry");
+                }
+                Ok(Some(at))
+            }
+            _ => Err("bad expiry flag"),
+        }
+    }
+    fn set_name(&mut self) -> Result<String, &'static str> {
+        let set = self.text()?;
+        if !crate::model::set_def::valid_set_name(set.as_bytes()) {
+            return Err("bad set name");
+        }
+        Ok(set)
     }
     fn text(&mut self) -> Result<String, &'static str> {
         let n = u16::from_le_bytes(self.take(2)?.try_into().unwrap()) as usize;
@@ -184,26 +250,13 @@ pub fn decode(b: &[u8]) -> Result<Message, &'static str> {
         KIND_REQUEST => {
             let id = r.u64()?;
             let op = Op::from_code(r.u8()?).ok_or("unknown op")?;
-            let set = r.text()?;
-            if !crate::model::set_def::valid_set_name(set.as_bytes()) {
-                return Err("bad set name");
-            }
+            let set = r.set_name()?;
             let entity = r.text()?;
             if entity.is_empty() {
                 return Err("empty entity");
             }
             let scope = r.text()?;
-            let expires_at = match r.u8()? {
-                0 => None,
-                1 => {
-                    let at = f64::from_bits(r.u64()?);
-                    if !at.is_finite() {
-                        return Err("bad expiry");
-                    }
-                    Some(at)
-                }
-                _ => return Err("bad expiry flag"),
-            };
+            let expires_at = r.expiry()?;
             Message::Request(Request {
                 id,
                 op,
@@ -223,22 +276,58 @@ pub fn decode(b: &[u8]) -> Result<Message, &'static str> {
                 }
                 2 => Answer::Error(r.text()?),
                 3 => Answer::Started,
+                4 => {
+                    let n = r.u32()? as usize;
+                    if n > MAX_MANY {
+                        return Err("too many answers");
+                    }
+                    let mut v = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        v.push(r.u64()? as i64);
+                    }
+                    Answer::Ints(v)
+                }
                 _ => return Err("unknown answer"),
             };
             Message::Answer(id, a)
         }
         KIND_REBUILD => {
             let id = r.u64()?;
-            let set = r.text()?;
-            if !crate::model::set_def::valid_set_name(set.as_bytes()) {
-                return Err("bad set name");
-            }
+            let set = r.set_name()?;
             let sync = match r.u8()? {
                 0 => false,
                 1 => true,
                 _ => return Err("bad sync flag"),
             };
             Message::Rebuild(Rebuild { id, set, sync })
+        }
+        KIND_MANY => {
+            let id = r.u64()?;
+            let op = match Op::from_code(r.u8()?).ok_or("unknown op")? {
+                op @ (Op::Exists | Op::Add) => op,
+                _ => return Err("op not batched"),
+            };
+            let set = r.set_name()?;
+            let expires_at = r.expiry()?;
+            let n = r.u32()? as usize;
+            if n == 0 || n > MAX_MANY {
+                return Err("bad item count");
+            }
+            let mut items = Vec::with_capacity(n);
+            for _ in 0..n {
+                let entity = r.text()?;
+                if entity.is_empty() {
+                    return Err("empty entity");
+                }
+                items.push((entity, r.text()?));
+            }
+            Message::Many(Many {
+                id,
+                op,
+                set,
+                expires_at,
+                items,
+            })
         }
         _ => return Err("unknown message kind"),
     };
@@ -285,10 +374,52 @@ mod tests {
                 set: "a_1".into(),
                 sync: false,
             }),
+            Message::Answer(7, Answer::Ints(vec![1, 0, 0, 1])),
+            Message::Answer(8, Answer::Ints(vec![])),
+            many(Op::Exists, None),
+            many(Op::Add, Some(1_900_000_000.0)),
         ];
         for m in all {
             assert_eq!(decode(&encode(&m)), Ok(m.clone()), "{m:?}");
         }
+    }
+
+    fn many(op: Op, expires_at: Option<f64>) -> Message {
+        Message::Many(Many {
+            id: 11,
+            op,
+            set: "users".into(),
+            expires_at,
+            items: vec![("alice".into(), String::new()), ("bob".into(), "m1".into())],
+        })
+    }
+
+    #[test]
+    fn a_batch_part_is_refused_when_short_long_empty_or_not_a_batch_op() {
+        let b = encode(&many(Op::Add, Some(5.0)));
+        for n in 0..b.len() {
+            assert!(decode(&b[..n]).is_err(), "many prefix of {n} bytes");
+        }
+        let mut long = b.clone();
+        long.push(0);
+        assert_eq!(decode(&long), Err("trailing bytes"));
+        let with = |f: &dyn Fn(&mut Many)| {
+            let Message::Many(mut m) = many(Op::Exists, None) else {
+                unreachable!()
+            };
+            f(&mut m);
+            decode(&encode(&Message::Many(m)))
+        };
+        assert_eq!(with(&|m| m.op = Op::Del), Err("op not batched"));
+        assert_eq!(with(&|m| m.items.clear()), Err("bad item count"));
+        assert_eq!(
+            with(&|m| m.items = vec![("a".into(), String::new()); MAX_MANY + 1]),
+            Err("bad item count")
+        );
+        assert_eq!(with(&|m| m.items[1].0 = String::new()), Err("empty entity"));
+        assert_eq!(with(&|m| m.set = "No".into()), Err("bad set name"));
+        let ints = encode(&Message::Answer(1, Answer::Ints(vec![0; MAX_MANY + 1])));
+        assert_eq!(decode(&ints), Err("too many answers"));
     }
 
     #[test]

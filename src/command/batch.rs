@@ -1,9 +1,12 @@
 //! MEMBER.MEXISTS and MEMBER.MADD: many items of one set in one call, each decided exactly as
-//! MEMBER.EXISTS / MEMBER.ADD would, with one blocked client and one database statement for all.
+//! MEMBER.EXISTS / MEMBER.ADD would, with one blocked client and one database statement for all
+//! (in a cluster, for the items of this node's slots; `batch_wide.rs` asks the other owners).
 
-use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
+use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
+use super::batch_wide;
 use super::lookup::{decide_item, LookupDone, Step};
+use super::outlet::Outlet;
 use super::retry::after_catalog;
 use super::write::{begin, expiry, Op, WriteDone};
 use super::{block_timeout, may_block, ManyArgs, PointDone};
@@ -19,50 +22,21 @@ pub const MAX_ITEMS: usize = 1000;
 
 /// MEMBER.MEXISTS <set> [SCOPE <scope>] ITEMS <item> [<item> …]
 pub fn mexists(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    let a = parse(ctx, args, &[])?;
+    let a = parse(args, &[])?;
     crate::sets::acl::check_set(ctx, &a.set, crate::sets::acl::Access::Read)?;
-    let items: Vec<&[u8]> = a.items.iter().map(|i| i.as_slice()).collect();
-    keys::with_db0(ctx, |ctx| {
-        let Some(mut done) = plan_lookups(ctx, &a.set, &items, a.scope(), false)? else {
-            return ask_catalog(ctx, &a, Kind::Lookups);
-        };
-        if done.pending.is_empty() {
-            return done.reply(ctx);
-        }
-        may_block(ctx)?;
-        let blocked = Blocked::block(ctx, block_timeout(), Box::new(done.clone()));
-        send_lookups(blocked, done);
-        Ok(RedisValue::NoReply)
-    })
+    run(ctx, a, Kind::Lookups)
 }
 
 /// MEMBER.MADD <set> [SCOPE <scope>] [TTL <s> | EXPIREAT <unix-s>] ITEMS <item> [<item> …]
 pub fn madd(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    let a = parse(ctx, args, &["TTL", "EXPIREAT"])?;
+    let a = parse(args, &["TTL", "EXPIREAT"])?;
     crate::sets::acl::check_set(ctx, &a.set, crate::sets::acl::Access::Write)?;
     let expires_at = expiry(&a.opts)?;
-    let items: Vec<&[u8]> = a.items.iter().map(|i| i.as_slice()).collect();
-    keys::with_db0(ctx, |ctx| {
-        let Some(done) = plan_writes(&a.set, &items, a.scope(), expires_at, false)? else {
-            return ask_catalog(ctx, &a, Kind::Writes(expires_at));
-        };
-        may_block(ctx)?;
-        let blocked = Blocked::block(ctx, block_timeout(), Box::new(done.clone()));
-        send_writes(blocked, done);
-        Ok(RedisValue::NoReply)
-    })
+    run(ctx, a, Kind::Writes(expires_at))
 }
 
-/// The checks every multi-item call passes before anything is done: not in cluster mode (see
-/// README, Cluster), the syntax, and the item count.
-fn parse(
-    ctx: &Context,
-    args: Vec<RedisString>,
-    extra: &[&'static str],
-) -> Result<ManyArgs, RedisError> {
-    if ctx.get_flags().contains(ContextFlags::CLUSTER) {
-        return Err(RedisError::Str(error::MANY_IN_CLUSTER));
-    }
+/// The syntax and the item count, checked before anything is done.
+fn parse(args: Vec<RedisString>, extra: &[&'static str]) -> Result<ManyArgs, RedisError> {
     let a = ManyArgs::parse(args, extra)?;
     if a.items.len() > MAX_ITEMS {
         return Err(RedisError::Str(error::TOO_MANY_ITEMS));
@@ -71,13 +45,35 @@ fn parse(
 }
 
 #[derive(Clone, Copy)]
-enum Kind {
+pub(super) enum Kind {
     Lookups,
     Writes(Option<f64>),
 }
 
-/// A set this node does not know: asks the catalog (only this client waits), then runs the
-/// call as if it had just arrived.
+/// Plans the call and starts it; a set this node does not know is asked of the catalog first
+/// (only this client waits), then the call runs as if it had just arrived.
+fn run(ctx: &Context, a: ManyArgs, kind: Kind) -> RedisResult {
+    let items: Vec<&[u8]> = a.items.iter().map(|i| i.as_slice()).collect();
+    keys::with_db0(ctx, |ctx| {
+        let Some(planned) = plan(ctx, &a.set, &items, a.scope(), kind, false)? else {
+            return ask_catalog(ctx, &a, kind);
+        };
+        if let Planned::Lookups(done) = &planned {
+            if done.pending.is_empty() {
+                return done.clone().reply(ctx);
+            }
+        }
+        may_block(ctx)?;
+        let blocked = match &planned {
+            Planned::Wide(_) => batch_wide::block(ctx),
+            Planned::Lookups(done) => Blocked::block(ctx, block_timeout(), Box::new(done.clone())),
+            Planned::Writes(done) => Blocked::block(ctx, block_timeout(), Box::new(done.clone())),
+        };
+        start(ctx, blocked, planned);
+        Ok(RedisValue::NoReply)
+    })
+}
+
 fn ask_catalog(ctx: &Context, a: &ManyArgs, kind: Kind) -> RedisResult {
     let name = a.set.clone();
     let scope = a.scope().to_vec();
@@ -88,27 +84,62 @@ fn ask_catalog(ctx: &Context, a: &ManyArgs, kind: Kind) -> RedisResult {
         block_timeout(),
         move |ctx| {
             let items: Vec<&[u8]> = items.iter().map(|i| i.as_slice()).collect();
-            Ok(match kind {
-                Kind::Lookups => {
-                    plan_lookups(ctx, &name, &items, &scope, true)?.map(Planned::Lookups)
-                }
-                Kind::Writes(exp) => {
-                    plan_writes(&name, &items, &scope, exp, true)?.map(Planned::Writes)
-                }
-            })
+            plan(ctx, &name, &items, &scope, kind, true)
         },
-        |_, blocked, planned| match planned {
-            Planned::Lookups(done) if done.pending.is_empty() => blocked.finish(Box::new(done)),
-            Planned::Lookups(done) => send_lookups(blocked, done),
-            Planned::Writes(done) => send_writes(blocked, done),
-        },
+        start,
     )
 }
 
-/// A call planned once its set is known.
-enum Planned {
+/// A call planned once its set is known: all of it here, or (cluster mode) split among the
+/// owners of its items' slots.
+pub(super) enum Planned {
     Lookups(ManyLookups),
     Writes(ManyWrites),
+    Wide(batch_wide::Wide),
+}
+
+/// Starts a planned call for its blocked client.
+fn start(ctx: &Context, blocked: Blocked, planned: Planned) {
+    match planned {
+        Planned::Lookups(done) if done.pending.is_empty() => blocked.finish(Box::new(done)),
+        Planned::Lookups(done) => send_lookups(Outlet::Client(blocked), done),
+        Planned::Writes(done) => send_writes(Outlet::Client(blocked), done),
+        Planned::Wide(wide) => wide.start(ctx, blocked),
+    }
+}
+
+/// Canonicalizes every item of the call, then decides them here or (cluster mode, items of
+/// other primaries' slots) splits them. `None` when the catalog must be asked about the set.
+fn plan(
+    ctx: &Context,
+    set_name: &str,
+    items: &[&[u8]],
+    scope: &[u8],
+    kind: Kind,
+    confirmed: bool,
+) -> Result<Option<Planned>, RedisError> {
+    state::with(|r| {
+        let epoch = r.epoch;
+        let Some(set) = r.serving(set_name, confirmed) else {
+            return Ok(None);
+        };
+        if let Kind::Writes(Some(_)) = kind {
+            if set.def.source.is_some() {
+                return Err(RedisError::Str(error::SOURCE_NO_EXPIRY));
+            }
+        }
+        let mut canons = canonical_all(set, items, scope)?;
+        if crate::server::cluster_mode::enabled() {
+            match batch_wide::split(ctx, set, epoch, canons, kind)? {
+                Ok(wide) => return Ok(Some(Planned::Wide(wide))),
+                Err(all_here) => canons = all_here,
+            }
+        }
+        Ok(Some(match kind {
+            Kind::Lookups => Planned::Lookups(decide_lookups(ctx, set, epoch, canons)),
+            Kind::Writes(expires_at) => Planned::Writes(writes(set, canons, expires_at)),
+        }))
+    })
 }
 
 /// Canonicalizes every item under the set's policy; the first that fails fails the call,
@@ -136,87 +167,65 @@ fn canonical_all<'a>(
 /// How many items ahead MEXISTS prefetches their filter lines (`benches/filter.rs`, batched).
 const PREFETCH_AHEAD: usize = 8;
 
-/// The funnel for every item (main thread, DB 0): answers from memory, and the lookups only
-/// the database can resolve. `None` when the catalog must be asked about the set first.
-fn plan_lookups(
+/// The funnel for every item of a known set (main thread, DB 0): answers from memory, and the
+/// lookups only the database can resolve.
+pub(super) fn decide_lookups(
     ctx: &Context,
-    set_name: &str,
-    items: &[&[u8]],
-    scope: &[u8],
-    confirmed: bool,
-) -> Result<Option<ManyLookups>, RedisError> {
-    state::with(|r| {
-        let epoch = r.epoch;
-        let set = r.serving(set_name, confirmed);
-        let Some(set) = set else {
-            return Ok(None);
-        };
-        let canons = canonical_all(set, items, scope)?;
-        let mut done = ManyLookups {
-            answers: Vec::with_capacity(canons.len()),
-            pending: Vec::new(),
-            result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
-        };
-        // The filter key is looked up once for the whole call.
-        let probe = store::Probe::open(ctx, &set.filter_key);
-        // Each item's filter lines are asked for `PREFETCH_AHEAD` items before its probe, so
-        // the misses of a filter larger than the caches overlap instead of queueing.
-        let hashes: Vec<u128> = canons.iter().map(|c| c.hash).collect();
-        for &h in hashes.iter().take(PREFETCH_AHEAD) {
+    set: &mut state::SetState,
+    epoch: u64,
+    canons: Vec<Canon>,
+) -> ManyLookups {
+    let mut done = ManyLookups {
+        answers: Vec::with_capacity(canons.len()),
+        pending: Vec::new(),
+        result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
+    };
+    // The filter key is looked up once for the whole call.
+    let probe = store::Probe::open(ctx, &set.filter_key);
+    // Each item's filter lines are asked for `PREFETCH_AHEAD` items before its probe, so
+    // the misses of a filter larger than the caches overlap instead of queueing.
+    let hashes: Vec<u128> = canons.iter().map(|c| c.hash).collect();
+    for &h in hashes.iter().take(PREFETCH_AHEAD) {
+        probe.prefetch(h);
+    }
+    for (i, canon) in canons.into_iter().enumerate() {
+        if let Some(&h) = hashes.get(i + PREFETCH_AHEAD) {
             probe.prefetch(h);
         }
-        for (i, canon) in canons.into_iter().enumerate() {
-            if let Some(&h) = hashes.get(i + PREFETCH_AHEAD) {
-                probe.prefetch(h);
+        match decide_item(ctx, set, epoch, Some(&probe), canon, false, None) {
+            Step::Done(present, _) => done.answers.push(present),
+            Step::Db(lookup) => {
+                done.answers.push(false);
+                done.pending.push((i, *lookup));
             }
-            match decide_item(ctx, set, epoch, Some(&probe), canon, false, None) {
-                Step::Done(present, _) => done.answers.push(present),
-                Step::Db(lookup) => {
-                    done.answers.push(false);
-                    done.pending.push((i, *lookup));
-                }
-                Step::Unknown | Step::Forward(_) => {
-                    unreachable!("decide_item answers from memory or the database")
-                }
+            Step::Unknown | Step::Forward(_) => {
+                unreachable!("decide_item answers from memory or the database")
             }
         }
-        Ok(Some(done))
-    })
+    }
+    done
 }
 
-/// Every item's write, canonicalized (nothing is marked yet). `None` when the catalog must be
-/// asked about the set first.
-fn plan_writes(
-    set_name: &str,
-    items: &[&[u8]],
-    scope: &[u8],
+/// Every item's write to a known set, canonicalized (nothing is marked yet).
+pub(super) fn writes(
+    set: &state::SetState,
+    canons: Vec<Canon>,
     expires_at: Option<f64>,
-    confirmed: bool,
-) -> Result<Option<ManyWrites>, RedisError> {
-    state::with(|r| {
-        let set = r.serving(set_name, confirmed);
-        let Some(set) = set else {
-            return Ok(None);
-        };
-        if set.def.source.is_some() && expires_at.is_some() {
-            return Err(RedisError::Str(error::SOURCE_NO_EXPIRY));
-        }
-        let writes = canonical_all(set, items, scope)?
+) -> ManyWrites {
+    ManyWrites {
+        set: set.def.name.clone(),
+        writes: canons
             .into_iter()
             .map(|canon| WriteDone::new(Op::Add, set, canon))
-            .collect();
-        Ok(Some(ManyWrites {
-            set: set_name.to_string(),
-            writes,
-            expires_at,
-        }))
-    })
+            .collect(),
+        expires_at,
+    }
 }
 
 /// One job, one statement: every lookup of the call in one `lookup_many`. However the job
-/// ends, the client gets exactly one reply (a dropped job answers with the preset error).
-fn send_lookups(blocked: Blocked, done: ManyLookups) {
-    let blocked = blocked.with_fallback(Box::new(done.clone()));
+/// ends, the outlet gets exactly one answer (a dropped job answers with the preset error).
+pub(super) fn send_lookups(out: Outlet, done: ManyLookups) {
+    let out = out.with_fallback(Box::new(done.clone()));
     pool::run(move |db| {
         let mut done = done;
         let set = done.pending[0].1.target().0.to_string();
@@ -231,16 +240,16 @@ fn send_lookups(blocked: Blocked, done: ManyLookups) {
         pool::count_batch(rows.len());
         let res = sql::lookup_many(db, &set, &rows);
         done.result = res;
-        blocked.finish(Box::new(done));
+        out.finish(Box::new(done));
     });
 }
 
 /// Marks every item as a recent write, then one job inserts them all with one multi-row
 /// statement (the primary key decides each 1 or 0).
-fn send_writes(blocked: Blocked, done: ManyWrites) {
+pub(super) fn send_writes(out: Outlet, done: ManyWrites) {
     let writes = done.writes.into_iter().map(begin).collect();
     let done = ManyWrites { writes, ..done };
-    let blocked = blocked.with_fallback(Box::new(done.clone()));
+    let out = out.with_fallback(Box::new(done.clone()));
     pool::run(move |db| {
         let mut done = done;
         let rows: Vec<(&str, &str, Option<f64>)> = done
@@ -259,17 +268,18 @@ fn send_writes(blocked: Blocked, done: ManyWrites) {
                 Err(e) => Err(e.clone()),
             });
         }
-        blocked.finish(Box::new(done));
+        out.finish(Box::new(done));
     });
 }
 
-/// A MEXISTS call: the answers from memory, and the lookups the database resolves together.
+/// A MEXISTS call (or this node's part of one): the answers from memory, and the lookups the
+/// database resolves together.
 #[derive(Clone)]
-struct ManyLookups {
+pub(super) struct ManyLookups {
     /// One per item, in call order; the places of `pending` are filled by `apply`.
-    answers: Vec<bool>,
+    pub(super) answers: Vec<bool>,
     /// (position, lookup) of every item only the database can answer.
-    pending: Vec<(usize, LookupDone)>,
+    pub(super) pending: Vec<(usize, LookupDone)>,
     /// The database's answer for each of `pending`, in order.
     result: Result<Vec<Found>, DbErr>,
 }
@@ -306,9 +316,10 @@ impl Completion for ManyLookups {
     }
 }
 
-/// A MADD call: every item's write, answered by one multi-row insert.
+/// A MADD call (or this node's part of one): every item's write, answered by one multi-row
+/// insert.
 #[derive(Clone)]
-struct ManyWrites {
+pub(super) struct ManyWrites {
     set: String,
     writes: Vec<WriteDone>,
     expires_at: Option<f64>,

@@ -1,24 +1,29 @@
 //! Requests another node forwarded here because this node holds the item's canonical slot (cluster
 //! mode, docs/cluster-placement.md, "Canonical forwarding over the cluster bus"), inbound: the
-//! holder runs the ordinary lookup or write for them and answers through the bus (`serve`). The
-//! sending side is `forward.rs`.
+//! holder runs the ordinary lookup or write for them and answers through the bus (`serve`), and
+//! its part of a MEXISTS or MADD another node split (`serve_many`, docs/cluster-commands.md).
+//! The sending sides are `forward.rs` and `batch_wide.rs`.
 
 use std::borrow::Cow;
 use std::sync::atomic::Ordering;
 
 use redis_module::{Context, RedisError};
 
+use crate::server::block::Completion;
+
+use super::batch::{decide_lookups, send_lookups, send_writes, writes};
 use super::lookup::{self, Step};
+use super::outlet::Outlet;
 use super::point_remote;
 use super::write::{self, Op as WriteOp};
 use crate::cluster::bus::{self, Responder};
 use crate::cluster::owner;
-use crate::cluster::wire::{Op, Request};
+use crate::cluster::wire::{Many, Op, Request};
 use crate::db::pool::{self, Job};
 use crate::model::canon::{hash_parts, Canon};
 use crate::model::error;
 use crate::model::slot::keyslot;
-use crate::sets::catalog;
+use crate::sets::{catalog, state};
 
 /// Runs a request forwarded by another node, if this node holds the canonical slot (else a
 /// `TRYAGAIN`): the same lookup or write a local client gets, answered through `to`.
@@ -63,6 +68,53 @@ pub fn serve(ctx: &Context, req: Request, to: Responder) {
                 None => unknown(ctx, &req.set, to),
             }
         }
+    }
+}
+
+/// Runs one part of a MEXISTS or MADD that another node split by slot owner: the same batch a
+/// local client gets, answered through `to` with one integer per item, or one error for the
+/// part. Lookups are decided whatever the slot's state (the funnel believes a negative only for
+/// a slot held long enough, and the database answers any item); writes need every slot held,
+/// else the part is refused whole (`TRYAGAIN`) and nothing is written.
+pub fn serve_many(ctx: &Context, req: Many, to: Responder) {
+    let write = req.op == Op::Add;
+    let held = |e: &String| owner::holds(ctx, keyslot(e.as_bytes()));
+    if write && (!owner::is_primary() || !req.items.iter().all(|(e, _)| held(e))) {
+        bus::REFUSED.fetch_add(1, Ordering::Relaxed);
+        return to.answer(ctx, Err(RedisError::Str(error::SLOT_MOVING)));
+    }
+    let canons: Vec<Canon> = req
+        .items
+        .iter()
+        .map(|(e, s)| Canon {
+            entity: Cow::Borrowed(e),
+            scope: s,
+            hash: hash_parts(e, s),
+        })
+        .collect();
+    let planned = state::with(|r| {
+        let epoch = r.epoch;
+        let set = r.serving(&req.set, false)?;
+        Some(if write {
+            Err(writes(set, canons, req.expires_at))
+        } else {
+            Ok(decide_lookups(ctx, set, epoch, canons))
+        })
+    });
+    let Some(planned) = planned else {
+        return unknown(ctx, &req.set, to);
+    };
+    bus::SERVED.fetch_add(1, Ordering::Relaxed);
+    match planned {
+        Ok(mut done) if done.pending.is_empty() => to.answer(ctx, done.reply(ctx)),
+        Ok(done) => send_lookups(
+            Outlet::part(Box::new(move |ctx, r| to.answer(ctx, r))),
+            done,
+        ),
+        Err(done) => send_writes(
+            Outlet::part(Box::new(move |ctx, r| to.answer(ctx, r))),
+            done,
+        ),
     }
 }
 

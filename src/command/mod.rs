@@ -4,6 +4,7 @@
 pub mod alter;
 pub mod attach;
 pub mod batch;
+pub mod batch_wide;
 pub mod create;
 pub mod declare;
 pub mod docs;
@@ -14,6 +15,7 @@ pub mod forwarded;
 pub mod info;
 pub mod internal;
 pub mod lookup;
+pub mod outlet;
 pub mod rebuild;
 pub mod rebuild_wide;
 pub mod register;

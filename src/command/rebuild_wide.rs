@@ -125,7 +125,9 @@ fn heard(res: Result<Answer, Lost>, addr: &str) -> Result<u64, String> {
     match res {
         Ok(Answer::Int(n)) => Ok(n.max(0) as u64),
         Ok(Answer::Error(e)) => Err(from(&e, addr)),
-        Ok(Answer::Explain(..) | Answer::Started) => Err(from(error::INTERNAL, addr)),
+        Ok(Answer::Explain(..) | Answer::Started | Answer::Ints(_)) => {
+            Err(from(error::INTERNAL, addr))
+        }
         Err(Lost::Timeout) => Err(format!(
             "{} primary {addr} did not answer MEMBER.REBUILD within member.db-timeout-ms; the \
              rebuilds that started go on",

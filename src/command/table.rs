@@ -29,10 +29,9 @@ pub const EXISTS: Command = Command {
 );
 
 /// Every command of the module. Per-item commands route by the item (argv[2]), the catalog
-/// commands (CREATE, ALTER, DROP) and REBUILD by the set name (argv[1]), both declared
-/// NOT_KEY: never an ACL key. INFO, MEXISTS, MADD and the internal commands declare no key and
-/// run on any node (MEXISTS and MADD: many items, maybe of many slots; refused in cluster
-/// mode).
+/// commands (CREATE, ALTER, DROP), REBUILD, MEXISTS and MADD by the set name (argv[1]), both
+/// declared NOT_KEY: never an ACL key. INFO and the internal commands declare no key and run on
+/// any node. (MEXISTS and MADD: the receiving node splits the items by slot owner.)
 ///
 /// One row per line, its documentation on the next: a table reads better than rustfmt's one
 /// argument per line.
@@ -51,9 +50,9 @@ pub const COMMANDS: &[Command] = &[
         .doc("Removes an item from a set", Some("O(1), plus one database write"), &[SET, ITEM, SCOPE]),
     public("member.explain", lookup::explain, "readonly", -3, Route::ByItem(Item::Read), Some(Shape::Item))
         .doc("Tells whether an item is a member of a set, and which path decided it", Some("O(1); one database read when neither the filter nor the cache decides"), &[SET, ITEM, SCOPE]),
-    public("member.mexists", batch::mexists, "readonly", -4, Route::Anywhere, Some(Shape::Many))
+    public("member.mexists", batch::mexists, "readonly", -4, Route::BySet(Item::Read), Some(Shape::Many))
         .doc("Tells for each of up to 1000 items whether it is a member of a set", Some("O(N) where N is the number of items; one database query for those neither the filter nor the cache decides"), &[SET, SCOPE, ITEMS]),
-    public("member.madd", batch::madd, "write deny-oom", -4, Route::Anywhere, Some(Shape::Many))
+    public("member.madd", batch::madd, "write deny-oom", -4, Route::BySet(Item::Insert), Some(Shape::Many))
         .doc("Makes up to 1000 items members of a set", Some("O(N) where N is the number of items, plus one database statement"), &[SET, SCOPE, EXPIRY, ITEMS]),
     public("member.info", info::info, "readonly", 2, Route::Anywhere, None)
         .doc("Shows a set's settings, filter, rebuild, sync and counters", Some("O(1)"), &[SET]),

@@ -42,9 +42,18 @@ pub const NO_ITEMS: &str =
     "ERR syntax error: the items must follow the options, as ITEMS <item> [<item> ...]";
 /// MEMBER.MEXISTS / MEMBER.MADD past `command::batch::MAX_ITEMS` items.
 pub const TOO_MANY_ITEMS: &str = "ERR too many items: at most 1000 per call";
-pub const MANY_IN_CLUSTER: &str = "ERR MEMBER.MEXISTS and MEMBER.MADD are refused in cluster mode \
-     (their items may belong to other nodes' slots): send one MEMBER.EXISTS or MEMBER.ADD per item, \
-     each is routed by its item";
+/// Cluster, MEXISTS/MADD: an owner of some of the call's items did not answer its part in time.
+pub const MANY_TIMEOUT: &str = "UNAVAILABLE a node holding some of the items' canonical slots did \
+     not answer within member.db-timeout-ms";
+/// Cluster, MEXISTS/MADD: an owner of some of the call's items could not be sent its part.
+pub const MANY_UNREACHABLE: &str =
+    "UNAVAILABLE a node holding some of the items' canonical slots is not reachable over the cluster bus";
+/// Cluster, MADD: no primary serves the canonical slot of one of the items (as last polled).
+pub const MANY_NO_OWNER: &str =
+    "TRYAGAIN libmember: no node serves the canonical slot of one of the items; retry";
+/// Cluster, MADD: one of the items' canonical slots is moving (a reshard): nothing was written.
+pub const MANY_MOVING: &str =
+    "TRYAGAIN libmember: the canonical slot of one of the items is moving; retry";
 pub const DUPLICATE_OPTION: &str = "ERR option given more than once";
 /// A new set whose table `member_<set>` would take the name of one of the module's own
 /// tables or of another set's index (README "Commands", MEMBER.CREATE).

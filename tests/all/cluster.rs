@@ -80,8 +80,8 @@ fn command_info_declares_arity_and_the_item_or_the_set_as_routing_key() {
         ("member.drop", -2, Some((1, DEL))),
         ("member._drop", 2, None),
         ("member._own", 2, None),
-        ("member.mexists", -4, None),
-        ("member.madd", -4, None),
+        ("member.mexists", -4, Some((1, READ))),
+        ("member.madd", -4, Some((1, ADD))),
     ];
     for (name, arity, flags) in want {
         let (first, last, step) = match flags {
@@ -152,35 +152,6 @@ fn command_getkeys_reports_no_key() {
             "ERR The command has no key arguments",
             "{cmd}"
         );
-    }
-}
-
-/// Until MEXISTS/MADD can fan out over the cluster bus, a node refuses them with a clear error
-/// (its items may belong to other nodes' slots), before anything is done.
-#[test]
-fn multi_item_calls_are_refused_in_cluster_mode_with_the_rule() {
-    let held = Cluster::shared();
-    let cl: &Cluster = &held;
-    cl.create_everywhere("many");
-    for node in cl.primaries() {
-        let mut c = node.conn();
-        for cmd in ["MEMBER.MEXISTS", "MEMBER.MADD"] {
-            let e = err(&mut c, &[cmd, "many", "ITEMS", "a", "b"]);
-            assert!(
-                e.starts_with("ERR MEMBER.MEXISTS and MEMBER.MADD are refused in cluster mode")
-                    && e.contains("send one MEMBER.EXISTS or MEMBER.ADD per item"),
-                "{cmd}: {e}"
-            );
-        }
-    }
-    let mut c = cl.client();
-    for item in ["a", "b"] {
-        let n: i64 = redis::cmd("MEMBER.EXISTS")
-            .arg("many")
-            .arg(item)
-            .query(&mut c)
-            .unwrap();
-        assert_eq!(n, 0, "{item}: the refused MADD wrote nothing");
     }
 }
 

@@ -8,17 +8,9 @@ use crate::support;
 use std::time::Duration;
 
 use redis::Connection;
-use support::cluster::{Cluster, Node};
+use support::cluster::{stall_exclusive, stall_shared as shared, Cluster, Node};
 use support::member::*;
 use support::wait_until;
-
-/// The test that stalls a node holds this exclusively; every other test holds it shared, so
-/// none of them sees that stall as a wrong timeout.
-static STALL: std::sync::RwLock<()> = std::sync::RwLock::new(());
-
-fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
-    STALL.read().unwrap_or_else(|e| e.into_inner())
-}
 
 fn create(cl: &Cluster, set: &str, normalize: &str) {
     ok(
@@ -265,7 +257,7 @@ impl Drop for Config<'_> {
 /// agrees that it did.
 #[test]
 fn a_holder_too_slow_to_answer_gives_unavailable_and_nothing_wrong_after() {
-    let _stall = STALL.write().unwrap_or_else(|e| e.into_inner());
+    let _stall = stall_exclusive();
     let held = Cluster::shared();
     let cl: &Cluster = &held;
     let set = "fwd_slow";

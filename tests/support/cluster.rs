@@ -8,13 +8,26 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use redis::{Connection, Value};
 
 use super::member::wait_catalog_loaded;
 use super::{free_port, fresh_db, server_binary, start_with, wait_until, TestDb, Valkey};
+
+/// A test that stalls a node of the shared cluster (DEBUG SLEEP) holds this exclusively
+/// ([`stall_exclusive`]); the tests that would see that stall as a wrong timeout hold it shared
+/// ([`stall_shared`]).
+static STALL: RwLock<()> = RwLock::new(());
+
+pub fn stall_shared() -> RwLockReadGuard<'static, ()> {
+    STALL.read().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn stall_exclusive() -> RwLockWriteGuard<'static, ()> {
+    STALL.write().unwrap_or_else(|e| e.into_inner())
+}
 
 /// How many primaries; each gets one replica.
 pub const PRIMARIES: usize = 3;

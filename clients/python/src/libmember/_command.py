@@ -77,8 +77,7 @@ def add(
 
 
 class Many(NamedTuple):
-    """MEXISTS or MADD: options that apply to every item, then the items. Kept apart (not
-    flattened to arguments) so a cluster can send one single-item call per item."""
+    """MEXISTS or MADD: options that apply to every item, then the items."""
 
     command: str
     name: str
@@ -87,11 +86,6 @@ class Many(NamedTuple):
 
     def args(self) -> Args:
         return [self.command, self.name, *self.options, "ITEMS", *self.items]
-
-    def singles(self, command: str) -> List[Args]:
-        """One ``command <set> <item> <options>`` per item (EXISTS and ADD take the options
-        MEXISTS and MADD take, after the item)."""
-        return [[command, self.name, i, *self.options] for i in self.items]
 
 
 def mexists(name: str, members: Sequence[Item], scope: Optional[Item]) -> Many:

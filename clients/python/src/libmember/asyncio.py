@@ -33,18 +33,13 @@ class Sets:
     async def _run(self, command: Union[cmd.Args, cmd.Many]) -> Any:
         """``libmember.Sets._run``, awaited."""
         args = command.args() if isinstance(command, cmd.Many) else command
-        how, single = _routing.route(args[0]) if self._cluster else (None, None)
+        how = _routing.route(args[0]) if self._cluster else None
         c: Any = self.client
         try:
             if how is None:
                 return await c.execute_command(*args)
-            if how == _routing.SET_NAME_NODE:
-                return await c.execute_command(*args, target_nodes=c.get_node_from_key(args[1]))
-            assert how == _routing.PER_ITEM and isinstance(command, cmd.Many) and single
-            pipe = c.pipeline()
-            for one in command.singles(single):
-                pipe.execute_command(*one)
-            return _routing.per_item_reply(await pipe.execute(raise_on_error=False))
+            assert how == _routing.SET_NAME_NODE
+            return await c.execute_command(*args, target_nodes=c.get_node_from_key(args[1]))
         except ResponseError as e:
             raise map_error(e) from e
 

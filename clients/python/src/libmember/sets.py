@@ -37,18 +37,13 @@ class Sets:
         """Sends one command (routed as ``_routing`` says in cluster mode); its error reply
         raised as a typed error."""
         args = command.args() if isinstance(command, cmd.Many) else command
-        how, single = _routing.route(args[0]) if self._cluster else (None, None)
+        how = _routing.route(args[0]) if self._cluster else None
         c: Any = self.client
         try:
             if how is None:
                 return c.execute_command(*args)
-            if how == _routing.SET_NAME_NODE:
-                return c.execute_command(*args, target_nodes=c.get_node_from_key(args[1]))
-            assert how == _routing.PER_ITEM and isinstance(command, cmd.Many) and single
-            pipe = c.pipeline()
-            for one in command.singles(single):
-                pipe.execute_command(*one)
-            return _routing.per_item_reply(pipe.execute(raise_on_error=False))
+            assert how == _routing.SET_NAME_NODE
+            return c.execute_command(*args, target_nodes=c.get_node_from_key(args[1]))
         except ResponseError as e:
             raise map_error(e) from e
 
@@ -96,8 +91,8 @@ class Sets:
     def mexists(
         self, name: str, items: Sequence[Item], scope: Optional[Item] = None
     ) -> List[bool]:
-        """MEMBER.MEXISTS: one answer per item, in the order given. In cluster mode (until
-        the server fans it out) one pipeline of EXISTS: each answer is EXISTS's."""
+        """MEMBER.MEXISTS: one answer per item, in the order given (in cluster mode the
+        receiving node asks the owners of the items' slots)."""
         if not items:
             return []
         return cmd.flags(self._run(cmd.mexists(name, items, scope)))
@@ -111,8 +106,8 @@ class Sets:
         expireat: Optional[int] = None,
     ) -> List[bool]:
         """MEMBER.MADD: True for each item this call made a member. Standalone, one statement
-        (all or none on ``Unavailable``); in cluster mode (until the server fans it out) one
-        pipeline of ADD, so an error may leave some items added: repeat the call."""
+        (all or none on ``Unavailable``); in cluster mode one statement per owner of the
+        items' slots, so an error may leave some items added: repeat the call."""
         if not items:
             return []
         return cmd.flags(self._run(cmd.madd(name, items, scope, ttl, expireat)))

@@ -1,0 +1,274 @@
+//! MEMBER.MEXISTS and MEMBER.MADD over a cluster, outbound (docs/cluster-commands.md): the
+//! receiving node splits a call's items by the primary serving each canonical slot, decides its
+//! own through the funnel (`batch.rs`), asks every other owner for its part with one cluster-bus
+//! message, and answers its client once, with the whole array in the order given or one error,
+//! never a partial array. The owner's side is `forwarded::serve_many`.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis_module::{Context, RedisError, RedisResult, RedisValue};
+
+use super::batch::ManyWrites;
+use super::batch::{decide_lookups, send_lookups, send_writes, writes, Kind, ManyLookups};
+use super::block_timeout;
+use super::outlet::Outlet;
+use crate::cluster::bus::{self, Lost};
+use crate::cluster::owner;
+use crate::cluster::wire::{Answer, Many, Op};
+use crate::model::canon::Canon;
+use crate::model::error;
+use crate::model::slot::keyslot;
+use crate::server::block::{Blocked, Completion, Fail};
+use crate::sets::state;
+
+/// A call split among owners: this node's part (positions in the call, and the part) and one
+/// request per other owner (its node id, the positions it answers for, the request).
+pub(super) struct Wide {
+    len: usize,
+    /// No part is acknowledged after this: `member.db-timeout-ms` from the split, when this
+    /// node checked that it holds its own items' slots (the bound the handover grace counts
+    /// on, docs/cluster-placement.md).
+    deadline: Instant,
+    local: Option<(Vec<usize>, Local)>,
+    remote: Vec<(String, Vec<usize>, Many)>,
+}
+
+/// This node's part of a split call.
+enum Local {
+    Lookups(ManyLookups),
+    Writes(ManyWrites),
+}
+
+/// Splits `canons` by the owner of each canonical slot (as last polled). `Err(canons)` back
+/// when every item is this node's. A write refuses at once (nothing marked, nothing sent) if
+/// one of its own slots is moving or a slot has no owner; a lookup of an item whose slot has
+/// no known owner is decided here (the database answers it on any node).
+pub(super) fn split<'a>(
+    ctx: &Context,
+    set: &mut state::SetState,
+    epoch: u64,
+    canons: Vec<Canon<'a>>,
+    kind: Kind,
+) -> Result<Result<Wide, Vec<Canon<'a>>>, RedisError> {
+    let write = matches!(kind, Kind::Writes(_));
+    let deadline = Instant::now() + block_timeout();
+    let me = bus::my_id();
+    let mut local = Vec::new();
+    let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+    for (i, c) in canons.iter().enumerate() {
+        let slot = keyslot(c.entity.as_bytes());
+        let node = if owner::owns(slot) {
+            None
+        } else {
+            owner::node_of(slot).filter(|n| *n != me)
+        };
+        match node {
+            Some(node) => match groups.iter_mut().find(|(n, _)| *n == node) {
+                Some((_, at)) => at.push(i),
+                None => groups.push((node, vec![i])),
+            },
+            None if !write => local.push(i),
+            None if !owner::owns(slot) => return Err(RedisError::Str(error::MANY_NO_OWNER)),
+            None if !owner::holds(ctx, slot) => return Err(RedisError::Str(error::MANY_MOVING)),
+            None => local.push(i),
+        }
+    }
+    if groups.is_empty() {
+        return Ok(Err(canons));
+    }
+    let len = canons.len();
+    let mut canons: Vec<Option<Canon>> = canons.into_iter().map(Some).collect();
+    let mut take = |at: &[usize]| -> Vec<Canon> {
+        at.iter()
+            .map(|&i| canons[i].take().expect("each position once"))
+            .collect()
+    };
+    let (op, expires_at) = match kind {
+        Kind::Lookups => (Op::Exists, None),
+        Kind::Writes(at) => (Op::Add, at),
+    };
+    let remote = groups
+        .into_iter()
+        .map(|(node, at)| {
+            let items = take(&at)
+                .into_iter()
+                .map(|c| (c.entity.into_owned(), c.scope.to_string()))
+                .collect();
+            let req = Many {
+                id: 0,
+                op,
+                set: set.def.name.clone(),
+                expires_at,
+                items,
+            };
+            (node, at, req)
+        })
+        .collect();
+    let local = (!local.is_empty()).then(|| {
+        let mine = take(&local);
+        let part = match kind {
+            Kind::Lookups => Local::Lookups(decide_lookups(ctx, set, epoch, mine)),
+            Kind::Writes(at) => Local::Writes(writes(set, mine, at)),
+        };
+        (local, part)
+    });
+    Ok(Ok(Wide {
+        len,
+        deadline,
+        local,
+        remote,
+    }))
+}
+
+/// Blocks the calling client for a split call. Each owner's answer is bounded by
+/// `member.db-timeout-ms` (its own error); the server's timeout, a second later, is a
+/// backstop.
+pub(super) fn block(ctx: &Context) -> Blocked {
+    let fallback = Box::new(Fail(error::WORKER_LOST.into()));
+    Blocked::block(ctx, block_timeout() + Duration::from_secs(1), fallback)
+}
+
+impl Wide {
+    /// Sends every other owner its part and starts this node's; `blocked` gets the joined
+    /// answer. Main thread.
+    pub(super) fn start(self, ctx: &Context, blocked: Blocked) {
+        let parts = self.remote.len() + usize::from(self.local.is_some());
+        let deadline = self.deadline;
+        let join = Join::new(self.len, parts, blocked, deadline);
+        for (node, at, req) in self.remote {
+            ask(ctx, node, at, req, join.clone(), deadline);
+        }
+        let Some((at, local)) = self.local else {
+            return;
+        };
+        let then = move |_: &Context, r: RedisResult| join.part(&at, ints(r));
+        match local {
+            Local::Lookups(mut done) if done.pending.is_empty() => then(ctx, done.reply(ctx)),
+            Local::Lookups(done) => send_lookups(Outlet::part(Box::new(then)), done),
+            Local::Writes(done) => send_writes(Outlet::part(Box::new(then)), done),
+        }
+    }
+}
+
+/// How long before an owner still learning the set is asked again.
+const LEARNING_RETRY: Duration = Duration::from_millis(20);
+
+/// Asks `node` for the items at `at`; a node still learning the set from the catalog is asked
+/// again until `deadline`.
+fn ask(ctx: &Context, node: String, at: Vec<usize>, req: Many, join: Join, deadline: Instant) {
+    let timeout = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    let again = req.clone();
+    let to = node.clone();
+    let then: bus::Then = Box::new(move |ctx, res| match res {
+        Ok(Answer::Ints(v)) => join.part(&at, Ok(v)),
+        Ok(Answer::Error(e))
+            if e == error::SET_BEING_LEARNED && Instant::now() + LEARNING_RETRY < deadline =>
+        {
+            ctx.create_timer(
+                LEARNING_RETRY,
+                |ctx, (node, at, req, join, deadline)| ask(ctx, node, at, req, join, deadline),
+                (to, at, again, join, deadline),
+            );
+        }
+        Ok(Answer::Error(e)) => join.part(&at, Err(e)),
+        Ok(_) => join.part(&at, Err(error::INTERNAL.into())),
+        Err(lost) => {
+            let text = match lost {
+                Lost::Unreachable => error::MANY_UNREACHABLE,
+                Lost::Timeout | Lost::Failed => error::MANY_TIMEOUT,
+            };
+            join.part(&at, Err(format!("{text} ({})", bus::address(ctx, &to))));
+        }
+    });
+    bus::ask_many(ctx, &node, req, timeout, then);
+}
+
+/// The integers of a part's reply, or its error line.
+fn ints(r: RedisResult) -> Result<Vec<i64>, String> {
+    match r {
+        Ok(RedisValue::Array(v)) => v
+            .into_iter()
+            .map(|x| match x {
+                RedisValue::Integer(n) => Ok(n),
+                _ => Err(error::INTERNAL.to_string()),
+            })
+            .collect(),
+        Ok(_) => Err(error::INTERNAL.to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The answers of a split call as its parts arrive. The client is answered once: at the first
+/// error, or with the whole array when the last part arrives. Main thread only (shared with
+/// parts that cross a worker, hence the lock, never held across anything but this struct).
+#[derive(Clone)]
+struct Join(Arc<Mutex<Joining>>);
+
+struct Joining {
+    answers: Vec<i64>,
+    left: usize,
+    /// A part answered later is a timeout (a remote one is dropped by the bus before).
+    deadline: Instant,
+    /// `None` once answered.
+    blocked: Option<Blocked>,
+}
+
+impl Join {
+    fn new(len: usize, parts: usize, blocked: Blocked, deadline: Instant) -> Join {
+        Join(Arc::new(Mutex::new(Joining {
+            answers: vec![0; len],
+            left: parts,
+            deadline,
+            blocked: Some(blocked),
+        })))
+    }
+
+    /// One part's answer for the items at `at`.
+    fn part(&self, at: &[usize], r: Result<Vec<i64>, String>) {
+        let done = {
+            let mut j = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            if j.blocked.is_none() {
+                return;
+            }
+            let r = match r {
+                Ok(_) if Instant::now() > j.deadline => Err(error::DB_TIMEOUT.to_string()),
+                r => r,
+            };
+            match r {
+                Ok(v) if v.len() == at.len() => {
+                    for (&i, n) in at.iter().zip(v) {
+                        j.answers[i] = n;
+                    }
+                    j.left -= 1;
+                    (j.left == 0).then(|| {
+                        let answers = std::mem::take(&mut j.answers);
+                        (j.blocked.take(), Ok(answers))
+                    })
+                }
+                Ok(_) => Some((j.blocked.take(), Err(error::INTERNAL.to_string()))),
+                Err(e) => Some((j.blocked.take(), Err(e))),
+            }
+        };
+        if let Some((Some(blocked), answer)) = done {
+            blocked.finish(Box::new(Joined(answer)));
+        }
+    }
+}
+
+/// The joined answer of a split call.
+struct Joined(Result<Vec<i64>, String>);
+
+impl Completion for Joined {
+    fn apply(&mut self, _ctx: &Context) {}
+    fn reply(&mut self, _ctx: &Context) -> RedisResult {
+        match &self.0 {
+            Ok(v) => Ok(RedisValue::Array(
+                v.iter().map(|&n| RedisValue::Integer(n)).collect(),
+            )),
+            Err(e) => Err(RedisError::String(e.clone())),
+        }
+    }
+}

@@ -1,0 +1,313 @@
+//! MEMBER.MEXISTS and MEMBER.MADD over a cluster (docs/cluster-commands.md): routed by the set
+//! name, the receiving node splits the items by the owner of each canonical slot, decides its
+//! own, asks the other owners over the cluster bus and answers once, in the order given, the
+//! same as one call per item; never a partial array. The shared cluster (3 primaries, 3
+//! replicas); the slot-move test on the second one kept for slot moves.
+use crate::support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use redis::Connection;
+use support::cluster::{cli_follow, stall_exclusive, stall_shared, Cluster, Node};
+use support::member::*;
+use support::wait_until;
+
+fn create(cl: &Cluster, set: &str) {
+    ok(
+        &mut cl.set_owner(set).conn(),
+        &["MEMBER.CREATE", set, "NORMALIZE", "lower"],
+    );
+    cl.wait_ready(set);
+}
+
+fn many(c: &mut impl redis::ConnectionLike, cmd: &str, set: &str, items: &[String]) -> Vec<i64> {
+    redis::cmd(cmd)
+        .arg(set)
+        .arg("ITEMS")
+        .arg(items)
+        .query(c)
+        .unwrap_or_else(|e| panic!("{cmd} {set}: {e}"))
+}
+
+fn many_err(c: &mut Connection, cmd: &str, set: &str, items: &[String]) -> String {
+    match redis::cmd(cmd)
+        .arg(set)
+        .arg("ITEMS")
+        .arg(items)
+        .query::<Vec<i64>>(c)
+    {
+        Ok(v) => panic!("{cmd} {set} answered {v:?}"),
+        Err(e) => format!(
+            "{}{}",
+            e.code().unwrap_or(""),
+            e.detail().map(|d| format!(" {d}")).unwrap_or_default()
+        ),
+    }
+}
+
+fn counter(n: &Node, name: &str) -> i64 {
+    info_field(&mut n.conn(), name)
+        .unwrap_or_else(|| panic!("no {name} on {}", n.addr()))
+        .parse()
+        .unwrap()
+}
+
+/// The primaries serving the canonical slots of `items` (lowercased, as `NORMALIZE lower`).
+fn owners(cl: &Cluster, items: &[String]) -> BTreeSet<u16> {
+    items
+        .iter()
+        .map(|i| cl.owner(cl.keyslot(&i.to_lowercase())).port())
+        .collect()
+}
+
+/// The rule: every client sends them without options, and the answers equal the
+/// per-item calls. Items in mixed case, so their canonical slots differ from the raw ones.
+#[test]
+fn mexists_and_madd_across_slots_answer_as_the_per_item_calls() {
+    let _stall = stall_shared();
+    let held = Cluster::shared();
+    let cl: &Cluster = &held;
+    let set = "wide_many";
+    create(cl, set);
+    let items: Vec<String> = (0..150).map(|i| format!("Wide-{i}")).collect();
+    let absent: Vec<String> = (0..60).map(|i| format!("Never-{i}")).collect();
+    assert_eq!(owners(cl, &items).len(), 3, "the items span every primary");
+    let receiver = cl.set_owner(set);
+    let others: Vec<&Node> = cl
+        .primaries()
+        .filter(|n| n.port() != receiver.port())
+        .collect();
+    let served: Vec<i64> = others
+        .iter()
+        .map(|n| counter(n, "forwarded_served"))
+        .collect();
+    // The `redis` crate's cluster client routes by argv[1], the set name.
+    let mut c = cl.client();
+    assert_eq!(
+        many(&mut c, "MEMBER.MADD", set, &items[..100]),
+        vec![1; 100]
+    );
+    for (n, before) in others.iter().zip(served) {
+        assert!(
+            counter(n, "forwarded_served") > before,
+            "{} served no part of the MADD",
+            n.addr()
+        );
+    }
+    // Half again, half new: 0 for the first half, 1 for the second.
+    let again = many(&mut c, "MEMBER.MADD", set, &items[50..150]);
+    let want: Vec<i64> = (50..150).map(|i| i64::from(i >= 100)).collect();
+    assert_eq!(again, want);
+    // MEXISTS of members and non-members interleaved, in any case: the order given.
+    let asked: Vec<String> = items
+        .iter()
+        .zip(&absent)
+        .flat_map(|(a, b)| [a.to_uppercase(), b.clone()])
+        .chain(items[absent.len()..].iter().cloned())
+        .collect();
+    let got = many(&mut c, "MEMBER.MEXISTS", set, &asked);
+    let per_item: Vec<i64> = asked
+        .iter()
+        .map(|i| {
+            redis::cmd("MEMBER.EXISTS")
+                .arg(set)
+                .arg(i)
+                .query(&mut c)
+                .unwrap()
+        })
+        .collect();
+    let expected: Vec<i64> = asked
+        .iter()
+        .map(|i| i64::from(!i.starts_with("Never")))
+        .collect();
+    assert_eq!(per_item, expected);
+    assert_eq!(got, expected);
+    // valkey-cli -c from a node that does not serve the set name: one MOVED, then the same.
+    let first = &asked[..8];
+    let mut args = vec!["MEMBER.MEXISTS", set, "ITEMS"];
+    args.extend(first.iter().map(String::as_str));
+    let shown = cli_follow(others[0].port(), &args);
+    let lines: Vec<i64> = shown
+        .lines()
+        .map(|l| l.trim().parse().unwrap_or_else(|_| panic!("{shown}")))
+        .collect();
+    assert_eq!(lines, expected[..8], "{shown}");
+    // A replica (READONLY) asks every primary: it owns no slot.
+    let replica = cl.replica_of(receiver);
+    let mut rc = replica.conn();
+    ok(&mut rc, &["READONLY"]);
+    assert_eq!(many(&mut rc, "MEMBER.MEXISTS", set, &asked), expected);
+    // A write sent to a replica is moved to the primary, as for any write.
+    let e = many_err(&mut rc, "MEMBER.MADD", set, &absent[..2]);
+    assert!(e.starts_with("MOVED"), "{e}");
+}
+
+/// Racing MADDs of the same items through different nodes' clients: each item gets exactly
+/// one 1 over all calls, and then every per-item call says present.
+#[test]
+fn racing_madds_add_each_item_exactly_once() {
+    let _stall = stall_shared();
+    let held = Cluster::shared();
+    let cl: &Cluster = &held;
+    let set = "wide_race";
+    create(cl, set);
+    let items: Vec<String> = (0..200).map(|i| format!("Race-{i}")).collect();
+    let answers: Vec<Vec<i64>> = std::thread::scope(|s| {
+        let runs: Vec<_> = (0..4)
+            .map(|k| {
+                let mut mine = items.clone();
+                mine.rotate_left(k * 50);
+                let held = &held;
+                let items = &items;
+                s.spawn(move || {
+                    let mut c = held.client();
+                    let got = many(&mut c, "MEMBER.MADD", set, &mine);
+                    // Back in the order of `items`.
+                    let mut out = vec![0; items.len()];
+                    for (i, n) in got.into_iter().enumerate() {
+                        out[(i + k * 50) % items.len()] = n;
+                    }
+                    out
+                })
+            })
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    for (i, item) in items.iter().enumerate() {
+        let ones: i64 = answers.iter().map(|a| a[i]).sum();
+        assert_eq!(ones, 1, "{item}: {ones} calls were told they added it");
+    }
+    let mut c = cl.client();
+    assert_eq!(many(&mut c, "MEMBER.MEXISTS", set, &items), vec![1; 200]);
+}
+
+/// An owner that does not answer within the receiving node's `member.db-timeout-ms` (its
+/// event loop sleeps): the whole call is UNAVAILABLE, never a partial array; once it is back
+/// the same call answers in full.
+#[test]
+fn an_owner_too_slow_to_answer_makes_the_whole_call_unavailable() {
+    let _stall = stall_exclusive();
+    let held = Cluster::shared();
+    let cl: &Cluster = &held;
+    let set = "wide_slow";
+    create(cl, set);
+    let receiver = cl.set_owner(set);
+    let slow = cl
+        .primaries()
+        .find(|n| n.port() != receiver.port())
+        .unwrap();
+    let items: Vec<String> = (0..40).map(|i| format!("slow-{i}")).collect();
+    assert!(owners(cl, &items).contains(&slow.port()));
+    let mut rc = receiver.conn();
+    let before: String = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("member.db-timeout-ms")
+        .query::<Vec<String>>(&mut rc)
+        .unwrap()[1]
+        .clone();
+    ok(&mut rc, &["CONFIG", "SET", "member.db-timeout-ms", "200"]);
+    let e = {
+        let mut sc = slow.conn();
+        let mut probe = slow.conn();
+        let sleep = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("1.5")
+            .get_packed_command();
+        sc.send_packed_command(&sleep).unwrap();
+        probe
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        assert!(
+            wait_until(Duration::from_secs(10), || redis::cmd("PING")
+                .query::<String>(&mut probe)
+                .is_err()),
+            "the owner never went to sleep"
+        );
+        let e = many_err(&mut rc, "MEMBER.MEXISTS", set, &items);
+        let _: redis::Value = sc.recv_response().unwrap();
+        e
+    };
+    ok(&mut rc, &["CONFIG", "SET", "member.db-timeout-ms", &before]);
+    assert!(
+        e.starts_with(
+            "UNAVAILABLE a node holding some of the items' canonical slots did not answer"
+        ) && e.contains(&format!(":{}", slow.port())),
+        "{e}"
+    );
+    assert!(wait_until(Duration::from_secs(5), || counter(
+        receiver,
+        "forwarded_waiting"
+    ) == 0));
+    assert_eq!(many(&mut rc, "MEMBER.MEXISTS", set, &items), vec![0; 40]);
+}
+
+/// One of the receiving node's own slots migrating away: a MADD naming an item of it is
+/// refused whole (TRYAGAIN) before anything is written, while MEXISTS still answers (the
+/// database decides what the filter may not); once the slot is stable again the MADD lands.
+#[test]
+fn a_madd_naming_a_moving_slot_is_refused_whole_and_writes_nothing() {
+    let held = Cluster::shared_exclusive();
+    let cl: &Cluster = &held;
+    let set = "wide_moving";
+    create(cl, set);
+    let receiver = cl.set_owner(set);
+    let other = cl
+        .primaries()
+        .find(|n| n.port() != receiver.port())
+        .unwrap();
+    let items: Vec<String> = (0..60).map(|i| format!("moving-{i}")).collect();
+    let mine = items
+        .iter()
+        .find(|i| cl.owner(cl.keyslot(i)).port() == receiver.port())
+        .expect("an item of the receiving node")
+        .clone();
+    assert!(owners(cl, &items).len() > 1);
+    let slot = cl.keyslot(&mine);
+    let id = |n: &Node| -> String {
+        redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut n.conn())
+            .unwrap()
+    };
+    struct Reopen<'a>(&'a Node, &'a Node, u16);
+    impl Drop for Reopen<'_> {
+        fn drop(&mut self) {
+            for n in [self.0, self.1] {
+                let _: redis::RedisResult<()> = redis::cmd("CLUSTER")
+                    .arg("SETSLOT")
+                    .arg(self.2)
+                    .arg("STABLE")
+                    .query(&mut n.conn());
+            }
+        }
+    }
+    let stable = Reopen(receiver, other, slot);
+    let setslot = |n: &Node, state: &str, to: &str| {
+        redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(state)
+            .arg(to)
+            .query::<()>(&mut n.conn())
+            .unwrap();
+    };
+    setslot(other, "IMPORTING", &id(receiver));
+    setslot(receiver, "MIGRATING", &id(other));
+    let mut rc = receiver.conn();
+    let e = many_err(&mut rc, "MEMBER.MADD", set, &items);
+    assert!(
+        e.starts_with("TRYAGAIN libmember: the canonical slot of one of the items is moving"),
+        "{e}"
+    );
+    assert_eq!(many(&mut rc, "MEMBER.MEXISTS", set, &items), vec![0; 60]);
+    drop(stable);
+    assert!(wait_until(Duration::from_secs(10), || {
+        redis::cmd("MEMBER.MADD")
+            .arg(set)
+            .arg("ITEMS")
+            .arg(&items)
+            .query::<Vec<i64>>(&mut rc)
+            .is_ok_and(|v| v == vec![1; 60])
+    }));
+}

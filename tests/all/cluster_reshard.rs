@@ -1,9 +1,10 @@
 //! Issue 8, "how it is shown": a set spread over a cluster of its own (3 primaries, 3 replicas)
 //! keeps the correctness contract while `valkey-cli --cluster reshard` moves 300 slots, and
 //! while primaries fail over (kill -9, then a manual `CLUSTER FAILOVER`), under writers and
-//! readers whose whole history is checked (`support/chaos/checker.rs`): no false 0, no false 1,
-//! no hang, no unexpected error, and afterwards every item answered by its slot's owner as the
-//! database says. `MEMBER_RESHARD_SEED` repeats a run's item choices;
+//! readers (single-item calls, and MADD/MEXISTS of several slots' items, each item recorded
+//! with its call's interval) whose whole history is checked (`support/chaos/checker.rs`): no
+//! false 0, no false 1, no hang, no unexpected error, and afterwards every item answered by its
+//! slot's owner as the database says. `MEMBER_RESHARD_SEED` repeats a run's item choices;
 //! `MEMBER_RESHARD_HISTORY=<dir>` writes each scenario's history there.
 use crate::chaos_harness as chaos;
 use crate::support;
@@ -62,6 +63,7 @@ fn load_config(hot: Vec<u16>) -> LoadConfig {
         db_timeout_ms: DB_TIMEOUT_MS,
         slack_ms: 3000,
         hot,
+        batch: 6,
     }
 }
 
@@ -143,6 +145,21 @@ fn finish(
         lookups += count("exists_calls");
     }
     assert!(ops.len() > 1000, "only {} operations ran", ops.len());
+    // The batch clients' items are in the history, answered as well as refused: a run where
+    // no MADD or MEXISTS was answered checked nothing of them.
+    for (client, what) in [
+        (cluster_load::BATCH_WRITER, "MADD"),
+        (cluster_load::BATCH_READER, "MEXISTS"),
+    ] {
+        let answered = ops
+            .iter()
+            .filter(|o| o.client == client && o.outcome.answer().is_some())
+            .count();
+        eprintln!("{tag}: {answered} items answered by {what} calls");
+        if answered < 100 {
+            problems.push(format!("only {answered} items answered by {what} calls"));
+        }
+    }
     if !violations.is_empty() {
         problems.push(format!(
             "{} violations of the contract (see the summary above)",

@@ -187,6 +187,7 @@ impl Bench {
         self.cluster_mixed(node, tag, &present);
         self.cluster_whole(&primaries, &tags, standalone_rps);
         self.cluster_routing(&cl);
+        self.cluster_batches(&cl);
         progress("cluster: stopping the cluster");
         drop(cl);
     }

@@ -4,6 +4,7 @@
 mod batch;
 mod big_filters;
 mod cluster;
+mod cluster_batch;
 mod cold;
 mod dbcpu;
 mod idle_sync;

@@ -30,7 +30,14 @@ pub struct LoadConfig {
     /// Half of the new items (written and never-written alike) hash to these slots: the ones
     /// being moved or failed over. Empty: no preference.
     pub hot: Vec<u16>,
+    /// Items per MADD and MEXISTS of the batch clients (one batch writer and one batch
+    /// reader, besides `writers` and `readers`); 0: none.
+    pub batch: usize,
 }
+
+/// Client numbers: writers from 0, readers from 100, the batch writer and reader these.
+pub const BATCH_WRITER: usize = 200;
+pub const BATCH_READER: usize = 300;
 
 impl LoadConfig {
     /// The checker's rules for this load.
@@ -70,7 +77,7 @@ struct Shared<'a> {
     hot: Vec<bool>,
     /// Every item whose ADD answered 1, in order.
     acked: Mutex<Vec<String>>,
-    /// Each writer's item whose ADD is in flight (or was last sent).
+    /// Each writer's item whose ADD is in flight (or was last sent); the batch writer's last.
     inflight: Vec<Mutex<String>>,
 }
 
@@ -121,6 +128,124 @@ impl Shared<'_> {
         });
         outcome
     }
+
+    /// Runs one MADD or MEXISTS of `items` through `router` (routed by the set name) and
+    /// records it as one operation per item, each with the call's interval and its own
+    /// answer, or the call's error: the checker then holds every item to what a single call
+    /// would have answered somewhere in that interval.
+    fn run_many(
+        &self,
+        router: &mut Router,
+        client: usize,
+        kind: Kind,
+        items: &[String],
+    ) -> Vec<Outcome> {
+        router.prepare();
+        let command = match kind {
+            Kind::Add => "MEMBER.MADD",
+            Kind::Exists => "MEMBER.MEXISTS",
+            Kind::Del => unreachable!("no batch DEL"),
+        };
+        let mut args = vec![command, self.set, "ITEMS"];
+        args.extend(items.iter().map(String::as_str));
+        let start = self.rec.now();
+        let (port, res) = router.call_by(self.set, &args);
+        let end = self.rec.now();
+        let failed = |t: String| vec![Outcome::Failed(t); items.len()];
+        let outcomes = match res {
+            Ok(Value::Array(v)) if v.len() == items.len() => v
+                .into_iter()
+                .map(|x| match x {
+                    Value::Int(n) => Outcome::Int(n),
+                    other => Outcome::Failed(format!("ERR unexpected element {other:?}")),
+                })
+                .collect(),
+            Ok(v) => failed(format!("ERR unexpected reply {v:?}")),
+            Err(e) if is_conn_error(&e) => failed(format!("conn: {e}")),
+            Err(e) if e.code().is_some() => failed(
+                format!("{} {}", e.code().unwrap_or(""), e.detail().unwrap_or(""))
+                    .trim()
+                    .to_string(),
+            ),
+            Err(e) => failed(format!("ERR client: {e}")),
+        };
+        for (item, outcome) in items.iter().zip(&outcomes) {
+            self.rec.op(Op {
+                client,
+                kind,
+                set: self.set.to_string(),
+                item: item.clone(),
+                port,
+                start,
+                end,
+                outcome: outcome.clone(),
+            });
+        }
+        outcomes
+    }
+
+    /// An item for a reader: never written (2 in 10), one whose write is in flight (2 in
+    /// 10), or an acknowledged one, recent ones preferred (6 in 10).
+    fn pick(&self, rng: &mut Rng, next: &mut u64, prefix: &str) -> String {
+        let chosen = match rng.below(10) {
+            2 | 3 => {
+                let w = rng.below(self.inflight.len() as u64) as usize;
+                Some(self.inflight[w].lock().unwrap().clone()).filter(|s| !s.is_empty())
+            }
+            4.. => {
+                let acked = self.acked.lock().unwrap();
+                let n = acked.len() as u64;
+                (n > 0).then(|| {
+                    let lo = if rng.below(2) == 0 {
+                        n.saturating_sub(64)
+                    } else {
+                        0
+                    };
+                    acked[(lo + rng.below(n - lo)) as usize].clone()
+                })
+            }
+            _ => None,
+        };
+        chosen.unwrap_or_else(|| self.fresh(prefix, next, rng))
+    }
+}
+
+/// The batch writer: MADD of `batch` fresh items at a time (their in-flight mark is the last
+/// of them). An item whose MADD failed is never written again.
+fn batch_writer(x: &Shared) {
+    let mut rng = Rng::new(x.cfg.seed ^ 0x3000_u64.wrapping_mul(0x9e37_79b9));
+    let mut router = x.router();
+    let mut next = 0;
+    let w = x.cfg.writers;
+    while !x.stop.load(Ordering::Relaxed) {
+        let items: Vec<String> = (0..x.cfg.batch)
+            .map(|_| x.fresh("mw", &mut next, &mut rng))
+            .collect();
+        *x.inflight[w].lock().unwrap() = items.last().unwrap().clone();
+        let got = x.run_many(&mut router, BATCH_WRITER, Kind::Add, &items);
+        let mut acked = x.acked.lock().unwrap();
+        for (it, o) in items.into_iter().zip(got) {
+            if o == Outcome::Int(1) {
+                acked.push(it);
+            }
+        }
+        drop(acked);
+        thread::sleep(Duration::from_millis(x.cfg.pause_ms));
+    }
+}
+
+/// The batch reader: MEXISTS of `batch` items chosen as a reader chooses.
+fn batch_reader(x: &Shared) {
+    let mut rng = Rng::new(x.cfg.seed ^ 0x4000_u64.wrapping_mul(0x85eb_ca6b));
+    let mut router = x.router();
+    let mut next = 0;
+    while !x.stop.load(Ordering::Relaxed) {
+        let items: Vec<String> = (0..x.cfg.batch)
+            .map(|_| x.pick(&mut rng, &mut next, "mghost"))
+            .collect();
+        x.run_many(&mut router, BATCH_READER, Kind::Exists, &items);
+        thread::sleep(Duration::from_millis(x.cfg.pause_ms / 2 + 1));
+    }
 }
 
 /// Writer `w`: ADD a fresh item (nine times in ten) or DEL one of its acknowledged members.
@@ -146,35 +271,14 @@ fn writer(w: usize, x: &Shared) {
     }
 }
 
-/// Reader `r`: EXISTS of never-written items (2 in 10), of items whose ADD is in flight (2 in
-/// 10) and of acknowledged ones, recent ones preferred (6 in 10).
+/// Reader `r`: EXISTS of items chosen by [`Shared::pick`].
 fn reader(r: usize, x: &Shared) {
     let mut rng = Rng::new(x.cfg.seed ^ (0x2000 + r as u64).wrapping_mul(0x85eb_ca6b));
     let mut router = x.router();
     let mut next = 0;
     let prefix = format!("ghost{r}");
     while !x.stop.load(Ordering::Relaxed) {
-        let pick = rng.below(10);
-        let chosen = match pick {
-            2 | 3 => {
-                let w = rng.below(x.cfg.writers as u64) as usize;
-                Some(x.inflight[w].lock().unwrap().clone()).filter(|s| !s.is_empty())
-            }
-            4.. => {
-                let acked = x.acked.lock().unwrap();
-                let n = acked.len() as u64;
-                (n > 0).then(|| {
-                    let lo = if rng.below(2) == 0 {
-                        n.saturating_sub(64)
-                    } else {
-                        0
-                    };
-                    acked[(lo + rng.below(n - lo)) as usize].clone()
-                })
-            }
-            _ => None,
-        };
-        let it = chosen.unwrap_or_else(|| x.fresh(&prefix, &mut next, &mut rng));
+        let it = x.pick(&mut rng, &mut next, &prefix);
         x.run(&mut router, 100 + r, Kind::Exists, &it);
         thread::sleep(Duration::from_millis(x.cfg.pause_ms / 10 + 1));
     }
@@ -196,7 +300,7 @@ pub fn run(cfg: &LoadConfig, set: &str, seeds: &[u16], rec: &Recorder, during: i
         stop: AtomicBool::new(false),
         hot,
         acked: Mutex::new(Vec::new()),
-        inflight: (0..cfg.writers)
+        inflight: (0..cfg.writers + usize::from(cfg.batch > 0))
             .map(|_| Mutex::new(String::new()))
             .collect(),
     };
@@ -207,6 +311,10 @@ pub fn run(cfg: &LoadConfig, set: &str, seeds: &[u16], rec: &Recorder, during: i
         }
         for r in 0..cfg.readers {
             sc.spawn(move || reader(r, x));
+        }
+        if cfg.batch > 0 {
+            sc.spawn(move || batch_writer(x));
+            sc.spawn(move || batch_reader(x));
         }
         during();
         x.stop.store(true, Ordering::SeqCst);

@@ -44,7 +44,8 @@ pub fn is_conn_error(e: &RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_connection_refusal()
 }
 
-/// Routes per-item commands (`<CMD> <set> <item> …`) by the item's slot.
+/// Routes per-item commands (`<CMD> <set> <item> …`) by the item's slot, and set-wide ones by
+/// the set name's.
 pub struct Router {
     /// Ports asked for the slot table, in order, until one answers.
     seeds: Vec<u16>,
@@ -114,7 +115,12 @@ impl Router {
     /// five redirections. Returns the port that gave the last reply (or failed) and the reply.
     /// A lost connection is returned as is (never retried: the command may have run).
     pub fn call(&mut self, args: &[&str]) -> (u16, RedisResult<Value>) {
-        let slot = keyslot(args[2].as_bytes()) as usize;
+        self.call_by(args[2], args)
+    }
+
+    /// [`Router::call`] routed by `route` (the set name, for MEXISTS and MADD).
+    pub fn call_by(&mut self, route: &str, args: &[&str]) -> (u16, RedisResult<Value>) {
+        let slot = keyslot(route.as_bytes()) as usize;
         let mut port = match self.table[slot] {
             0 => self.seeds[0],
             p => p,

@@ -55,14 +55,11 @@ pub(super) enum Kind {
 fn run(ctx: &Context, a: ManyArgs, kind: Kind) -> RedisResult {
     let items: Vec<&[u8]> = a.items.iter().map(|i| i.as_slice()).collect();
     keys::with_db0(ctx, |ctx| {
-        let Some(planned) = plan(ctx, &a.set, &items, a.scope(), kind, false)? else {
-            return ask_catalog(ctx, &a, kind);
+        let planned = match plan(ctx, &a.set, &items, a.scope(), kind, false)? {
+            None => return ask_catalog(ctx, &a, kind),
+            Some(Planned::Lookups(mut done)) if done.pending.is_empty() => return done.reply(ctx),
+            Some(planned) => planned,
         };
-        if let Planned::Lookups(done) = &planned {
-            if done.pending.is_empty() {
-                return done.clone().reply(ctx);
-            }
-        }
         may_block(ctx)?;
         let blocked = match &planned {
             Planned::Wide(_) => batch_wide::block(ctx),
@@ -180,19 +177,27 @@ pub(super) fn decide_lookups(
         pending: Vec::new(),
         result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
     };
-    // The filter key is looked up once for the whole call.
-    let probe = store::Probe::open(ctx, &set.filter_key);
+    // Standalone, the filter key is looked up once for the whole call. In cluster mode the
+    // filter lives in module memory and each item's slot must be one it covers: every item
+    // asks the store as a single lookup does.
+    let probe =
+        (!crate::server::cluster_mode::enabled()).then(|| store::Probe::open(ctx, &set.filter_key));
     // Each item's filter lines are asked for `PREFETCH_AHEAD` items before its probe, so
     // the misses of a filter larger than the caches overlap instead of queueing.
     let hashes: Vec<u128> = canons.iter().map(|c| c.hash).collect();
+    let prefetch = |h: u128| {
+        if let Some(p) = &probe {
+            p.prefetch(h);
+        }
+    };
     for &h in hashes.iter().take(PREFETCH_AHEAD) {
-        probe.prefetch(h);
+        prefetch(h);
     }
     for (i, canon) in canons.into_iter().enumerate() {
         if let Some(&h) = hashes.get(i + PREFETCH_AHEAD) {
-            probe.prefetch(h);
+            prefetch(h);
         }
-        match decide_item(ctx, set, epoch, Some(&probe), canon, false, None) {
+        match decide_item(ctx, set, epoch, probe.as_ref(), canon, false, None) {
             Step::Done(present, _) => done.answers.push(present),
             Step::Db(lookup) => {
                 done.answers.push(false);

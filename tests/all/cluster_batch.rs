@@ -99,6 +99,24 @@ fn mexists_and_madd_across_slots_answer_as_the_per_item_calls() {
     let again = many(&mut c, "MEMBER.MADD", set, &items[50..150]);
     let want: Vec<i64> = (50..150).map(|i| i64::from(i >= 100)).collect();
     assert_eq!(again, want);
+    // Lookups of absent items are answered by the owners' filters, not the database.
+    let negatives = |cl: &Cluster| -> i64 {
+        cl.primaries()
+            .map(|n| {
+                set_info(&mut n.conn(), set, "path_bloom_negative")
+                    .unwrap()
+                    .parse::<i64>()
+                    .unwrap()
+            })
+            .sum()
+    };
+    let before = negatives(cl);
+    assert_eq!(many(&mut c, "MEMBER.MEXISTS", set, &absent), vec![0; 60]);
+    let filtered = negatives(cl) - before;
+    assert!(
+        filtered >= 50,
+        "only {filtered} of 60 absent items were answered by a filter"
+    );
     // MEXISTS of members and non-members interleaved, in any case: the order given.
     let asked: Vec<String> = items
         .iter()

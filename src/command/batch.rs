@@ -2,6 +2,8 @@
 //! MEMBER.EXISTS / MEMBER.ADD would, with one blocked client and one database statement for all
 //! (in a cluster, for the items of this node's slots; `batch_wide.rs` asks the other owners).
 
+use std::time::Duration;
+
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use super::batch_wide;
@@ -13,7 +15,7 @@ use super::{block_timeout, may_block, ManyArgs, PointDone};
 use crate::db::sql::Found;
 use crate::db::{pool, sql, DbErr};
 use crate::model::canon::Canon;
-use crate::server::block::{Blocked, Completion};
+use crate::server::block::{Blocked, Completion, Fail};
 use crate::{config::token_key, filter::store, model::error, sets::keys, sets::state};
 
 /// Most items one MEXISTS or MADD may name (`error::TOO_MANY_ITEMS`): it bounds the
@@ -55,6 +57,9 @@ pub(super) enum Kind {
 fn run(ctx: &Context, a: ManyArgs, kind: Kind) -> RedisResult {
     let items: Vec<&[u8]> = a.items.iter().map(|i| i.as_slice()).collect();
     keys::with_db0(ctx, |ctx| {
+        if crate::server::cluster_mode::enabled() {
+            return defer(ctx, &a, &items, kind);
+        }
         let planned = match plan(ctx, &a.set, &items, a.scope(), kind, false)? {
             None => return ask_catalog(ctx, &a, kind),
             Some(Planned::Lookups(mut done)) if done.pending.is_empty() => return done.reply(ctx),
@@ -69,6 +74,63 @@ fn run(ctx: &Context, a: ManyArgs, kind: Kind) -> RedisResult {
         start(ctx, blocked, planned);
         Ok(RedisValue::NoReply)
     })
+}
+
+/// Cluster mode: checks the call now and runs it from a timer a moment later, its client
+/// blocked. While a command runs, Valkey 8 looks every key the module opens up in the slot of
+/// the command's routing argument (`getKeySlot` takes the client's slot), here the set name's:
+/// the items' exact-match keys and slot sentinels, which lie in the items' own slots, would
+/// not be found (and a write would land in the wrong slot). A timer runs outside any command.
+fn defer(ctx: &Context, a: &ManyArgs, items: &[&[u8]], kind: Kind) -> RedisResult {
+    let known = state::with(|r| -> Result<bool, RedisError> {
+        let Some(set) = r.serving(&a.set, false) else {
+            return Ok(false);
+        };
+        check_expiry(set, kind)?;
+        canonical_all(set, items, a.scope())?;
+        Ok(true)
+    })?;
+    if !known {
+        return ask_catalog(ctx, a, kind);
+    }
+    may_block(ctx)?;
+    let call = Deferred {
+        set: a.set.clone(),
+        items: items.iter().map(|i| i.to_vec()).collect(),
+        scope: a.scope().to_vec(),
+        kind,
+    };
+    ctx.create_timer(Duration::ZERO, run_deferred, (call, batch_wide::block(ctx)));
+    Ok(RedisValue::NoReply)
+}
+
+/// A checked call waiting for its timer.
+struct Deferred {
+    set: String,
+    items: Vec<Vec<u8>>,
+    scope: Vec<u8>,
+    kind: Kind,
+}
+
+fn run_deferred(ctx: &Context, (call, blocked): (Deferred, Blocked)) {
+    keys::with_db0(ctx, |ctx| {
+        let items: Vec<&[u8]> = call.items.iter().map(|i| i.as_slice()).collect();
+        match plan(ctx, &call.set, &items, &call.scope, call.kind, true) {
+            Ok(Some(planned)) => start(ctx, blocked, planned),
+            Ok(None) => blocked.finish(Box::new(Fail(error::UNKNOWN_SET.into()))),
+            Err(e) => blocked.finish(Box::new(Fail(e.to_string()))),
+        }
+    })
+}
+
+/// TTL and EXPIREAT are refused on an attached set (its members are its table's rows).
+fn check_expiry(set: &state::SetState, kind: Kind) -> Result<(), RedisError> {
+    match kind {
+        Kind::Writes(Some(_)) if set.def.source.is_some() => {
+            Err(RedisError::Str(error::SOURCE_NO_EXPIRY))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn ask_catalog(ctx: &Context, a: &ManyArgs, kind: Kind) -> RedisResult {
@@ -105,8 +167,9 @@ fn start(ctx: &Context, blocked: Blocked, planned: Planned) {
     }
 }
 
-/// Canonicalizes every item of the call, then decides them here or (cluster mode, items of
-/// other primaries' slots) splits them. `None` when the catalog must be asked about the set.
+/// Canonicalizes every item of the call, then decides them here or (cluster mode) splits them
+/// among the owners of their slots. `None` when the catalog must be asked about the set. In
+/// cluster mode, only outside a command (see `defer`).
 fn plan(
     ctx: &Context,
     set_name: &str,
@@ -120,17 +183,11 @@ fn plan(
         let Some(set) = r.serving(set_name, confirmed) else {
             return Ok(None);
         };
-        if let Kind::Writes(Some(_)) = kind {
-            if set.def.source.is_some() {
-                return Err(RedisError::Str(error::SOURCE_NO_EXPIRY));
-            }
-        }
-        let mut canons = canonical_all(set, items, scope)?;
+        check_expiry(set, kind)?;
+        let canons = canonical_all(set, items, scope)?;
         if crate::server::cluster_mode::enabled() {
-            match batch_wide::split(ctx, set, epoch, canons, kind)? {
-                Ok(wide) => return Ok(Some(Planned::Wide(wide))),
-                Err(all_here) => canons = all_here,
-            }
+            let wide = batch_wide::split(ctx, set, epoch, canons, kind)?;
+            return Ok(Some(Planned::Wide(wide)));
         }
         Ok(Some(match kind {
             Kind::Lookups => Planned::Lookups(decide_lookups(ctx, set, epoch, canons)),

@@ -2,7 +2,8 @@
 //! receiving node splits a call's items by the primary serving each canonical slot, decides its
 //! own through the funnel (`batch.rs`), asks every other owner for its part with one cluster-bus
 //! message, and answers its client once, with the whole array in the order given or one error,
-//! never a partial array. The owner's side is `forwarded::serve_many`.
+//! never a partial array. Runs outside the command (`batch::defer`). The owner's side is
+//! `forwarded::serve_many`.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -40,17 +41,17 @@ enum Local {
     Writes(ManyWrites),
 }
 
-/// Splits `canons` by the owner of each canonical slot (as last polled). `Err(canons)` back
-/// when every item is this node's. A write refuses at once (nothing marked, nothing sent) if
+/// Splits `canons` by the owner of each canonical slot (as last polled): this node's part
+/// (maybe all of them) and one request per other owner. A write refuses at once (nothing marked, nothing sent) if
 /// one of its own slots is moving or a slot has no owner; a lookup of an item whose slot has
 /// no known owner is decided here (the database answers it on any node).
-pub(super) fn split<'a>(
+pub(super) fn split(
     ctx: &Context,
     set: &mut state::SetState,
     epoch: u64,
-    canons: Vec<Canon<'a>>,
+    canons: Vec<Canon>,
     kind: Kind,
-) -> Result<Result<Wide, Vec<Canon<'a>>>, RedisError> {
+) -> Result<Wide, RedisError> {
     let write = matches!(kind, Kind::Writes(_));
     let deadline = Instant::now() + block_timeout();
     let me = bus::my_id();
@@ -73,9 +74,6 @@ pub(super) fn split<'a>(
             None if !owner::holds(ctx, slot) => return Err(RedisError::Str(error::MANY_MOVING)),
             None => local.push(i),
         }
-    }
-    if groups.is_empty() {
-        return Ok(Err(canons));
     }
     let len = canons.len();
     let mut canons: Vec<Option<Canon>> = canons.into_iter().map(Some).collect();
@@ -113,12 +111,12 @@ pub(super) fn split<'a>(
         };
         (local, part)
     });
-    Ok(Ok(Wide {
+    Ok(Wide {
         len,
         deadline,
         local,
         remote,
-    }))
+    })
 }
 
 /// Blocks the calling client for a split call. Each owner's answer is bounded by

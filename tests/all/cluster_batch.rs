@@ -110,6 +110,26 @@ fn mexists_and_madd_across_slots_answer_as_the_per_item_calls() {
             })
             .sum()
     };
+    // Members asked twice: the second time every owner, the receiving node included, answers
+    // from the exact-match keys (each in its item's slot), not the database.
+    let db_hits = |cl: &Cluster| -> i64 {
+        cl.primaries()
+            .map(|n| {
+                set_info(&mut n.conn(), set, "path_db_hit")
+                    .unwrap()
+                    .parse::<i64>()
+                    .unwrap()
+            })
+            .sum()
+    };
+    assert_eq!(many(&mut c, "MEMBER.MEXISTS", set, &items), vec![1; 150]);
+    let hits = db_hits(cl);
+    assert_eq!(many(&mut c, "MEMBER.MEXISTS", set, &items), vec![1; 150]);
+    assert_eq!(
+        db_hits(cl),
+        hits,
+        "members asked again went to the database"
+    );
     let before = negatives(cl);
     assert_eq!(many(&mut c, "MEMBER.MEXISTS", set, &absent), vec![0; 60]);
     let filtered = negatives(cl) - before;

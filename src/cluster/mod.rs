@@ -4,6 +4,7 @@
 //! in cluster mode is `server::cluster_mode`.
 
 pub mod bus;
+pub mod bus_nodelay;
 pub mod nodes;
 pub mod owner;
 pub mod sentinel;

@@ -66,6 +66,20 @@ pub fn parse(text: &str) -> Option<Mine> {
     })
 }
 
+/// Every other node's cluster-bus port (`ip:port@cport`) and whether this node's link to it
+/// is up (`connected`), in the order given.
+pub fn bus_links(text: &str) -> Vec<(u16, bool)> {
+    text.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() >= 8 && !flags(f).any(|x| x == "myself"))
+        .filter_map(|f| {
+            let (_, bus) = f[1].split_once('@')?;
+            let port = bus.split(',').next()?.parse().ok()?;
+            Some((port, f[7] == "connected"))
+        })
+        .collect()
+}
+
 /// `[slot->-node]`: a slot being migrated away.
 fn migrating(s: &str) -> Option<u16> {
     let inner = s.strip_prefix('[')?.strip_suffix(']')?;
@@ -104,6 +118,25 @@ mod tests {
 824f 127.0.0.1:30006@40006 slave 292f 0 1426238317741 6 connected
 e7d1 127.0.0.1:30001@40001 myself,master - 0 0 1 connected 0-5459 5460 [5460->-67ed]
 ";
+
+    #[test]
+    fn bus_links_are_the_other_nodes_bus_ports_and_link_states() {
+        let mut text = NODES.replace(
+            "292f 127.0.0.1:30003@40003 master - 0 1426238318243 3 connected",
+            "292f 127.0.0.1:30003@40003,host-c master - 0 1426238318243 3 disconnected",
+        );
+        text.push_str("garbage line\n");
+        assert_eq!(
+            bus_links(&text),
+            [
+                (40004, true),
+                (40002, true),
+                (40003, false),
+                (40005, true),
+                (40006, true)
+            ]
+        );
+    }
 
     #[test]
     fn a_primary_owns_its_ranges_including_one_it_is_migrating_away() {

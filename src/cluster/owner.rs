@@ -292,6 +292,7 @@ pub fn poll(ctx: &Context) -> Option<Instant> {
         Ok(other) => return failed(ctx, format!("CLUSTER NODES answered {other:?}")),
         Err(e) => return failed(ctx, format!("CLUSTER NODES failed: {e}")),
     };
+    super::bus_nodelay::after_poll(nodes::bus_links(&text));
     let Some(mine) = nodes::parse(&text) else {
         return failed(ctx, "CLUSTER NODES names no node as myself".into());
     };

@@ -464,6 +464,7 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
             ("forwarded_timeouts", n(&bus::TIMEOUTS)),
             ("forwarded_served", n(&bus::SERVED)),
             ("forwarded_refused", n(&bus::REFUSED)),
+            ("bus_nodelay_set", n(&crate::cluster::bus_nodelay::SET)),
         ]);
     }
     let mut b = ctx.builder().add_section("");

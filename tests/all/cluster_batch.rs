@@ -181,6 +181,25 @@ fn mexists_and_madd_across_slots_answer_as_the_per_item_calls() {
     assert!(e.starts_with("MOVED"), "{e}");
 }
 
+/// Every node turned TCP_NODELAY on for the cluster-bus links it opened, one to each other
+/// node (the server leaves Nagle's algorithm on there, and concurrent parts then wait for
+/// delayed ACKs).
+#[test]
+fn every_node_sets_nodelay_on_the_bus_links_it_opened() {
+    let held = Cluster::shared();
+    let cl: &Cluster = &held;
+    let others = cl.nodes.len() as i64 - 1;
+    for n in &cl.nodes {
+        assert!(
+            wait_until(Duration::from_secs(20), || counter(n, "bus_nodelay_set")
+                >= others),
+            "{}: bus_nodelay_set {} < {others}",
+            n.addr(),
+            counter(n, "bus_nodelay_set")
+        );
+    }
+}
+
 /// Racing MADDs of the same items through different nodes' clients: each item gets exactly
 /// one 1 over all calls, and then every per-item call says present.
 #[test]

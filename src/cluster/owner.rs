@@ -431,6 +431,17 @@ pub fn primaries() -> Vec<String> {
     OWNERS.with(|o| o.borrow().ids.clone())
 }
 
+/// Where in [`primaries`] the node serving `slot` is, as last polled (many items split by
+/// owner without a node id copied per item).
+#[inline]
+pub fn primary_index(slot: u16) -> Option<usize> {
+    OWNERS.with(|o| {
+        let o = o.borrow();
+        let at = o.of[slot as usize] as usize;
+        (at < o.ids.len()).then_some(at)
+    })
+}
+
 /// The node id of the primary serving `slot`, as last polled (where a request about an item
 /// of that slot is forwarded).
 pub fn node_of(slot: u16) -> Option<String> {

@@ -55,11 +55,11 @@ pub(super) enum Kind {
 /// Plans the call and starts it; a set this node does not know is asked of the catalog first
 /// (only this client waits), then the call runs as if it had just arrived.
 fn run(ctx: &Context, a: ManyArgs, kind: Kind) -> RedisResult {
+    if crate::server::cluster_mode::enabled() {
+        return keys::with_db0(ctx, |ctx| defer(ctx, a, kind));
+    }
     let items: Vec<&[u8]> = a.items.iter().map(|i| i.as_slice()).collect();
     keys::with_db0(ctx, |ctx| {
-        if crate::server::cluster_mode::enabled() {
-            return defer(ctx, &a, &items, kind);
-        }
         let planned = match plan(ctx, &a.set, &items, a.scope(), kind, false)? {
             None => return ask_catalog(ctx, &a, kind),
             Some(Planned::Lookups(mut done)) if done.pending.is_empty() => return done.reply(ctx),
@@ -81,22 +81,23 @@ fn run(ctx: &Context, a: ManyArgs, kind: Kind) -> RedisResult {
 /// the command's routing argument (`getKeySlot` takes the client's slot), here the set name's:
 /// the items' exact-match keys and slot sentinels, which lie in the items' own slots, would
 /// not be found (and a write would land in the wrong slot). A timer runs outside any command.
-fn defer(ctx: &Context, a: &ManyArgs, items: &[&[u8]], kind: Kind) -> RedisResult {
+/// An item's error (a bad item, a bad scope) then comes from the timer, with the same text.
+fn defer(ctx: &Context, a: ManyArgs, kind: Kind) -> RedisResult {
     let known = state::with(|r| -> Result<bool, RedisError> {
         let Some(set) = r.serving(&a.set, false) else {
             return Ok(false);
         };
         check_expiry(set, kind)?;
-        canonical_all(set, items, a.scope())?;
         Ok(true)
     })?;
     if !known {
-        return ask_catalog(ctx, a, kind);
+        return ask_catalog(ctx, &a, kind);
     }
     may_block(ctx)?;
+    // Copied: the argument strings are the command's, freed with its context.
     let call = Deferred {
         set: a.set.clone(),
-        items: items.iter().map(|i| i.to_vec()).collect(),
+        items: a.items.iter().map(|i| i.as_slice().to_vec()).collect(),
         scope: a.scope().to_vec(),
         kind,
     };
@@ -104,7 +105,7 @@ fn defer(ctx: &Context, a: &ManyArgs, items: &[&[u8]], kind: Kind) -> RedisResul
     Ok(RedisValue::NoReply)
 }
 
-/// A checked call waiting for its timer.
+/// A call waiting for its timer.
 struct Deferred {
     set: String,
     items: Vec<Vec<u8>>,

@@ -54,27 +54,31 @@ pub(super) fn split(
 ) -> Result<Wide, RedisError> {
     let write = matches!(kind, Kind::Writes(_));
     let deadline = Instant::now() + block_timeout();
+    let ids = owner::primaries();
     let me = bus::my_id();
     let mut local = Vec::new();
-    let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+    // Positions of the items of each other primary, by its place in `ids`.
+    let mut groups: Vec<Vec<usize>> = vec![Vec::new(); ids.len()];
     for (i, c) in canons.iter().enumerate() {
         let slot = keyslot(c.entity.as_bytes());
         let node = if owner::owns(slot) {
             None
         } else {
-            owner::node_of(slot).filter(|n| *n != me)
+            owner::primary_index(slot).filter(|&n| ids[n] != me)
         };
         match node {
-            Some(node) => match groups.iter_mut().find(|(n, _)| *n == node) {
-                Some((_, at)) => at.push(i),
-                None => groups.push((node, vec![i])),
-            },
+            Some(n) => groups[n].push(i),
             None if !write => local.push(i),
             None if !owner::owns(slot) => return Err(RedisError::Str(error::MANY_NO_OWNER)),
             None if !owner::holds(ctx, slot) => return Err(RedisError::Str(error::MANY_MOVING)),
             None => local.push(i),
         }
     }
+    let groups: Vec<(String, Vec<usize>)> = ids
+        .into_iter()
+        .zip(groups)
+        .filter(|(_, at)| !at.is_empty())
+        .collect();
     let len = canons.len();
     let mut canons: Vec<Option<Canon>> = canons.into_iter().map(Some).collect();
     let mut take = |at: &[usize]| -> Vec<Canon> {

@@ -171,6 +171,18 @@ fn mexists_and_madd_across_slots_answer_as_the_per_item_calls() {
         .map(|l| l.trim().parse().unwrap_or_else(|_| panic!("{shown}")))
         .collect();
     assert_eq!(lines, expected[..8], "{shown}");
+    // Bad input gets the standalone errors, and a bad MADD writes none of its items.
+    let mut oc = receiver.conn();
+    for cmd in ["MEMBER.MEXISTS", "MEMBER.MADD"] {
+        let bad = [absent[0].clone(), String::new()];
+        let e = many_err(&mut oc, cmd, set, &bad);
+        assert_eq!(e, "ERR item 2: item is empty", "{cmd}");
+    }
+    assert_eq!(
+        many(&mut oc, "MEMBER.MEXISTS", set, &absent[..1]),
+        vec![0],
+        "the refused MADD wrote its first item"
+    );
     // A replica (READONLY) asks every primary: it owns no slot.
     let replica = cl.replica_of(receiver);
     let mut rc = replica.conn();

@@ -19,10 +19,10 @@ pub(crate) fn vk_conn(port: u16) -> redis::Connection {
 }
 
 pub(crate) fn set_info_all(c: &mut redis::Connection) -> HashMap<String, String> {
-    let v: Vec<String> = redis::cmd("MEMBER.INFO")
+    let v: Vec<String> = redis::cmd("MEMBER.NODEINFO")
         .arg(SET)
         .query(c)
-        .expect("MEMBER.INFO");
+        .expect("MEMBER.NODEINFO");
     v.chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect()
 }
 

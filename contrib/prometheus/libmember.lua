@@ -4,7 +4,7 @@
 -- accepts numbers only (a single other value fails the whole scrape and sets redis_up to 0), so
 -- text fields become 0/1 gauges here and the rest are left out:
 --   member_<field>            every numeric field of INFO member (INFO prints member_<field>)
---   member_set:<set>:<field>  every numeric field of MEMBER.INFO <set>, for every set
+--   member_set:<set>:<field>  every numeric field of MEMBER.NODEINFO <set>, for every set
 -- Set names are [a-z0-9_], so the set is the part between the two colons (the alert rules and
 -- the dashboard of contrib/ take it out with label_replace). See docs/monitoring.md.
 
@@ -92,11 +92,12 @@ if #sets == 0 and not cluster then
   until cursor == '0'
 end
 
--- MEMBER.INFO <set>: alternating names and values. A set this node cannot report (dropped
--- since the scan, or unknown here) counts in member_script_set_errors.
+-- MEMBER.NODEINFO <set> (MEMBER.INFO's fields, as this node serves the set: in a cluster
+-- each node reports its own part): alternating names and values. A set this node cannot
+-- report (dropped since the scan, or unknown here) counts in member_script_set_errors.
 local reported, failed = 0, 0
 for _, set in ipairs(sets) do
-  local r = redis.pcall('MEMBER.INFO', set)
+  local r = redis.pcall('MEMBER.NODEINFO', set)
   if type(r) == 'table' and r.err == nil then
     local n, f = {}, {}
     for i = 1, #r - 1, 2 do

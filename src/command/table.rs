@@ -30,8 +30,8 @@ pub const EXISTS: Command = Command {
 
 /// Every command of the module. Per-item commands route by the item (argv[2]), the catalog
 /// commands (CREATE, ALTER, DROP), REBUILD, MEXISTS and MADD by the set name (argv[1]), both
-/// declared NOT_KEY: never an ACL key. INFO and the internal commands declare no key and run on
-/// any node. (MEXISTS and MADD: the receiving node splits the items by slot owner.)
+/// declared NOT_KEY: never an ACL key. INFO, NODEINFO and the internal commands declare no key
+/// and run on any node. (MEXISTS and MADD: the receiving node splits the items by slot owner.)
 ///
 /// One row per line, its documentation on the next: a table reads better than rustfmt's one
 /// argument per line.
@@ -56,6 +56,8 @@ pub const COMMANDS: &[Command] = &[
         .doc("Makes up to 1000 items members of a set", Some("O(N) where N is the number of items, plus one database statement"), &[SET, SCOPE, EXPIRY, ITEMS]),
     public("member.info", info::info, "readonly", 2, Route::Anywhere, None)
         .doc("Shows a set's settings, filter, rebuild, sync and counters", Some("O(1)"), &[SET]),
+    public("member.nodeinfo", info::info, "readonly", 2, Route::Anywhere, None)
+        .doc("Shows a set as the node that receives the call serves it", Some("O(1)"), &[SET]),
     public("member.rebuild", rebuild::rebuild, "write", -2, Route::BySet(Item::Update), None)
         .doc("Rebuilds a set's filter from its table, in a cluster on every primary", Some("O(N) where N is the number of members, read off the main thread"), &[SET, REBUILD_MODE]),
     internal("member._add", internal::add, "write deny-oom", 4)

@@ -64,7 +64,7 @@ fn command_info_declares_arity_and_the_item_or_the_set_as_routing_key() {
     const READ: &[&str] = &["RO", "not_key"];
     /// The routing argument's position and its key spec's flags.
     type Route = Option<(i64, &'static [&'static str])>;
-    let want: [(&str, i64, Route); 17] = [
+    let want: [(&str, i64, Route); 18] = [
         ("member.create", -2, Some((1, ADD))),
         ("member.alter", -3, Some((1, UPDATE))),
         ("member.add", -3, Some((2, ADD))),
@@ -72,6 +72,7 @@ fn command_info_declares_arity_and_the_item_or_the_set_as_routing_key() {
         ("member.del", -3, Some((2, DEL))),
         ("member.explain", -3, Some((2, READ))),
         ("member.info", 2, None),
+        ("member.nodeinfo", 2, None),
         ("member.rebuild", -2, Some((1, UPDATE))),
         ("member._add", 4, None),
         ("member._del", 4, None),

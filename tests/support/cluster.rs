@@ -339,7 +339,7 @@ impl Cluster {
     }
 
     /// Waits until every node answers "absent" from the filter for every slot it serves
-    /// (MEMBER.INFO: `cluster_slots_ready` equals `cluster_slots_owned`).
+    /// (MEMBER.NODEINFO: `cluster_slots_ready` equals `cluster_slots_owned`).
     pub fn wait_ready(&self, set: &str) {
         for n in &self.nodes {
             let mut c = n.conn();
@@ -438,7 +438,10 @@ impl Drop for Cluster {
 }
 
 fn set_known(c: &mut Connection, set: &str) -> bool {
-    redis::cmd("MEMBER.INFO").arg(set).query::<Value>(c).is_ok()
+    redis::cmd("MEMBER.NODEINFO")
+        .arg(set)
+        .query::<Value>(c)
+        .is_ok()
 }
 
 fn int_of(v: &Value) -> i64 {

@@ -133,9 +133,10 @@ pub fn assert_rejected(vk: &Valkey, c: &mut Connection, set: &str, item: &str, w
     );
 }
 
-/// The whole MEMBER.INFO reply as a flat field/value list (empty on error).
+/// The whole MEMBER.NODEINFO reply (the node's MEMBER.INFO) as a flat field/value list (empty
+/// on error).
 pub fn info_all(c: &mut Connection, set: &str) -> Vec<String> {
-    redis::cmd("MEMBER.INFO")
+    redis::cmd("MEMBER.NODEINFO")
         .arg(set)
         .query(c)
         .unwrap_or_default()

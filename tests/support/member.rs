@@ -79,9 +79,10 @@ pub fn info_number(c: &mut Connection, section: &str, name: &str) -> i64 {
         .unwrap()
 }
 
-/// One field of `MEMBER.INFO <set>`.
+/// One field of `MEMBER.NODEINFO <set>`: the set as the node behind `c` serves it (the same
+/// fields as MEMBER.INFO; in a cluster, that node's part).
 pub fn set_info(c: &mut Connection, set: &str, name: &str) -> Option<String> {
-    let v: Vec<String> = redis::cmd("MEMBER.INFO").arg(set).query(c).ok()?;
+    let v: Vec<String> = redis::cmd("MEMBER.NODEINFO").arg(set).query(c).ok()?;
     v.chunks(2).find(|p| p[0] == name).map(|p| p[1].clone())
 }
 

@@ -63,6 +63,7 @@ pub fn init(ctx: &Context, args: &[RedisString]) -> Status {
                 serve: command::forwarded::serve,
                 rebuild: command::rebuild_wide::serve,
                 many: command::forwarded::serve_many,
+                info: command::info_wide::serve,
             },
         );
     }

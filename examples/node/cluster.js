@@ -4,7 +4,7 @@
 // ioredis knows no key positions for module commands (its table is built in), so it sends
 // each single call to a random primary and follows the MOVED that the server answers for a
 // node that does not own the routing argument: the item for ADD, EXISTS, DEL and EXPLAIN,
-// the set name for CREATE, ALTER, DROP, REBUILD, MEXISTS and MADD. Do not pipeline them through
+// the set name for CREATE, ALTER, DROP, REBUILD, INFO, MEXISTS and MADD. Do not pipeline them through
 // the cluster client: a pipeline's MOVED errors reach the application
 // (docs/cluster-commands.md).
 const Redis = require("ioredis");
@@ -22,13 +22,15 @@ async function main(node = "127.0.0.1:7001", set = "users") {
     // One item, one call, routed by its item.
     const asked = ["ALICE", "Bob", "dave"];
     const found = await Promise.all(asked.map((n) => retrying(() => cluster.call("MEMBER.EXISTS", set, n))));
-    // MEMBER.INFO answers for the node that receives it: ask every primary. (REBUILD, routed
-    // by the set name like CREATE, has every primary rebuild.)
-    const infos = await Promise.all(cluster.nodes("master").map((n) => n.call("MEMBER.INFO", set)));
-    const slots = infos.map((fields) => Number(fields[fields.indexOf("cluster_slots_owned") + 1]));
+    // MEMBER.INFO, routed by the set name like CREATE, reports the set over every node: totals,
+    // then `nodes`, each node's own fields. (REBUILD, routed the same way, has every primary
+    // rebuild.)
+    const info = await retrying(() => cluster.call("MEMBER.INFO", set));
+    const field = (fields, name) => fields[fields.indexOf(name) + 1];
+    const primaries = field(info, "nodes").filter((n) => field(n, "role") === "primary");
     console.log(`added ${names.join(" ")}: ${JSON.stringify(added)}`);
     console.log(`exists ${asked.join(" ")}: ${JSON.stringify(found)}`);
-    console.log(`slots owned by the ${infos.length} primaries: ${slots.reduce((a, b) => a + b, 0)}`);
+    console.log(`slots owned by the ${primaries.length} primaries: ${field(info, "cluster_slots_owned")}`);
   } finally {
     cluster.disconnect();
   }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use redis_module::{raw, Context, RedisError, RedisResult, RedisValue};
 
-use super::wire::{self, Answer, Many, Message, Rebuild, Request};
+use super::wire::{self, Answer, Info, Many, Message, Rebuild, Request};
 use crate::server::block::{Blocked, Completion, Fail};
 use crate::{model::error, server::mainq, server::reply};
 
@@ -46,11 +46,15 @@ pub type ServeRebuild = fn(&Context, Rebuild, Responder);
 /// layer's).
 pub type ServeMany = fn(&Context, Many, Responder);
 
+/// What answers a cluster-wide MEMBER.INFO's request for this node's fields.
+pub type ServeInfo = fn(&Context, Info, Responder);
+
 /// The command layer's handlers of received messages.
 pub struct Handlers {
     pub serve: Serve,
     pub rebuild: ServeRebuild,
     pub many: ServeMany,
+    pub info: ServeInfo,
 }
 
 static SERVE: OnceLock<Handlers> = OnceLock::new();
@@ -137,6 +141,15 @@ pub fn ask_many(ctx: &Context, node: &str, mut req: Many, timeout: Duration, the
     let id = next_id();
     req.id = id;
     let payload = wire::encode(&Message::Many(req));
+    wait_for(ctx, node, id, &payload, Waiter::Call(then), timeout);
+}
+
+/// Asks node `node` for its MEMBER.INFO fields of `req.set`; `then` gets its answer
+/// (`Fields`, or an error line), or why none came within `timeout`.
+pub fn ask_info(ctx: &Context, node: &str, mut req: Info, timeout: Duration, then: Then) {
+    let id = next_id();
+    req.id = id;
+    let payload = wire::encode(&Message::Info(req));
     wait_for(ctx, node, id, &payload, Waiter::Call(then), timeout);
 }
 
@@ -262,6 +275,64 @@ pub fn address(ctx: &Context, id: &str) -> String {
     format!("{ip}:{port}")
 }
 
+/// One node of the cluster, as this node sees it now.
+pub struct Seen {
+    pub id: String,
+    /// `ip:port`.
+    pub address: String,
+    pub primary: bool,
+    pub myself: bool,
+}
+
+/// Every node this node knows of (itself included), in the server's order.
+pub fn nodes(ctx: &Context) -> Vec<Seen> {
+    let mut n: usize = 0;
+    // SAFETY: main thread; the server returns `n` ids of NODE_ID_LEN bytes each (not
+    // NUL-terminated), freed below with the API's own call.
+    let list = unsafe { raw::RedisModule_GetClusterNodesList.unwrap()(ctx.ctx, &mut n) };
+    if list.is_null() {
+        return Vec::new();
+    }
+    let ids: Vec<String> = (0..n)
+        .map(|i| {
+            // SAFETY: as above.
+            let b = unsafe { std::slice::from_raw_parts((*list.add(i)).cast::<u8>(), NODE_ID_LEN) };
+            String::from_utf8_lossy(b).into_owned()
+        })
+        .collect();
+    // SAFETY: the list the server gave, freed once.
+    unsafe { raw::RedisModule_FreeClusterNodesList.unwrap()(list) };
+    ids.into_iter()
+        .filter_map(|id| {
+            let cid = CString::new(id.as_str()).ok()?;
+            let mut ip = [0 as c_char; 64];
+            let (mut port, mut flags): (c_int, c_int) = (0, 0);
+            // SAFETY: main thread; a NUL-terminated id; `ip` holds NET_IP_STR_LEN bytes.
+            let rc = unsafe {
+                raw::RedisModule_GetClusterNodeInfo.unwrap()(
+                    ctx.ctx,
+                    cid.as_ptr(),
+                    ip.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                    &mut port,
+                    &mut flags,
+                )
+            };
+            if rc != raw::REDISMODULE_OK as c_int {
+                return None;
+            }
+            // SAFETY: the server wrote a NUL-terminated address into `ip`.
+            let ip = unsafe { std::ffi::CStr::from_ptr(ip.as_ptr()) }.to_string_lossy();
+            Some(Seen {
+                address: format!("{ip}:{port}"),
+                primary: flags & raw::REDISMODULE_NODE_MASTER as c_int != 0,
+                myself: flags & raw::REDISMODULE_NODE_MYSELF as c_int != 0,
+                id,
+            })
+        })
+        .collect()
+}
+
 /// This node's cluster id.
 pub fn my_id() -> String {
     // SAFETY: the server's own id, NODE_ID_LEN bytes, live for the server's life.
@@ -321,6 +392,7 @@ impl Completion for Answered {
             Some(Answer::Ints(v)) => Ok(RedisValue::Array(
                 v.into_iter().map(RedisValue::Integer).collect(),
             )),
+            Some(Answer::Fields(_)) => Err(RedisError::Str(error::INTERNAL)),
             Some(Answer::Started) | None => Err(RedisError::Str(error::INTERNAL)),
         }
     }
@@ -374,6 +446,16 @@ impl Responder {
         };
         // A failed send leaves the asking client to its timeout.
         send(ctx, &self.to, &wire::encode(&Message::Answer(self.id, a)));
+    }
+
+    /// Sends this node's MEMBER.INFO fields back to the asking node. Main thread.
+    pub fn fields(mut self, ctx: &Context, fields: Vec<(String, String)>) {
+        self.done = true;
+        send(
+            ctx,
+            &self.to,
+            &wire::encode(&Message::Answer(self.id, Answer::Fields(fields))),
+        );
     }
 
     /// Tells the asking node the work started and the answer follows when it ends: it then
@@ -459,6 +541,13 @@ unsafe extern "C" fn receive(
             let to = Responder::new(sender, req.id);
             match SERVE.get() {
                 Some(h) => (h.rebuild)(&ctx, req, to),
+                None => drop(to),
+            }
+        }
+        Ok(Message::Info(req)) => {
+            let to = Responder::new(sender, req.id);
+            match SERVE.get() {
+                Some(h) => mainq::with_db0(&ctx, |ctx| (h.info)(ctx, req, to)),
                 None => drop(to),
             }
         }

@@ -11,6 +11,10 @@ const KIND_REQUEST: u8 = 1;
 const KIND_ANSWER: u8 = 2;
 const KIND_REBUILD: u8 = 3;
 const KIND_MANY: u8 = 4;
+const KIND_INFO: u8 = 5;
+
+/// Most fields one `Answer::Fields` may carry (MEMBER.INFO has about 80).
+pub const MAX_FIELDS: usize = 512;
 
 /// Most items one `Many` message may carry: a MEXISTS or MADD names at most this many.
 pub const MAX_MANY: usize = 1000;
@@ -71,6 +75,15 @@ pub enum Answer {
     Started,
     /// One integer per item of a `Many` request, in its order.
     Ints(Vec<i64>),
+    /// A node's MEMBER.INFO fields of a set, in their order (an `Info` request's answer).
+    Fields(Vec<(String, String)>),
+}
+
+/// MEMBER.INFO of one set, asked of every node by the node that received it: your fields.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Info {
+    pub id: u64,
+    pub set: String,
 }
 
 /// One owner's part of a MEXISTS (`op` = `Exists`) or MADD (`Add`): canonical (entity, scope)
@@ -101,6 +114,7 @@ pub enum Message {
     Answer(u64, Answer),
     Rebuild(Rebuild),
     Many(Many),
+    Info(Info),
 }
 
 /// Longest text field: set names are at most 40 bytes, canonical entities and scopes far less
@@ -164,6 +178,14 @@ pub fn encode(m: &Message) -> Vec<u8> {
                         out.extend_from_slice(&n.to_le_bytes());
                     }
                 }
+                Answer::Fields(v) => {
+                    out.push(5);
+                    out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                    for (k, x) in v {
+                        put_text(&mut out, k);
+                        put_text(&mut out, x);
+                    }
+                }
             }
         }
         Message::Rebuild(r) => {
@@ -171,6 +193,11 @@ pub fn encode(m: &Message) -> Vec<u8> {
             out.extend_from_slice(&r.id.to_le_bytes());
             put_text(&mut out, &r.set);
             out.push(u8::from(r.sync));
+        }
+        Message::Info(r) => {
+            out.push(KIND_INFO);
+            out.extend_from_slice(&r.id.to_le_bytes());
+            put_text(&mut out, &r.set);
         }
         Message::Many(m) => {
             out.push(KIND_MANY);
@@ -287,6 +314,18 @@ pub fn decode(b: &[u8]) -> Result<Message, &'static str> {
                     }
                     Answer::Ints(v)
                 }
+                5 => {
+                    let n = r.u32()? as usize;
+                    if n > MAX_FIELDS {
+                        return Err("too many fields");
+                    }
+                    let mut v = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        let k = r.text()?;
+                        v.push((k, r.text()?));
+                    }
+                    Answer::Fields(v)
+                }
                 _ => return Err("unknown answer"),
             };
             Message::Answer(id, a)
@@ -300,6 +339,11 @@ pub fn decode(b: &[u8]) -> Result<Message, &'static str> {
                 _ => return Err("bad sync flag"),
             };
             Message::Rebuild(Rebuild { id, set, sync })
+        }
+        KIND_INFO => {
+            let id = r.u64()?;
+            let set = r.set_name()?;
+            Message::Info(Info { id, set })
         }
         KIND_MANY => {
             let id = r.u64()?;
@@ -378,6 +422,17 @@ mod tests {
             Message::Answer(8, Answer::Ints(vec![])),
             many(Op::Exists, None),
             many(Op::Add, Some(1_900_000_000.0)),
+            Message::Info(Info {
+                id: 12,
+                set: "users".into(),
+            }),
+            Message::Answer(
+                13,
+                Answer::Fields(vec![
+                    ("name".into(), "users".into()),
+                    ("sync_last_error".into(), String::new()),
+                ]),
+            ),
         ];
         for m in all {
             assert_eq!(decode(&encode(&m)), Ok(m.clone()), "{m:?}");
@@ -420,6 +475,19 @@ mod tests {
         assert_eq!(with(&|m| m.set = "No".into()), Err("bad set name"));
         let ints = encode(&Message::Answer(1, Answer::Ints(vec![0; MAX_MANY + 1])));
         assert_eq!(decode(&ints), Err("too many answers"));
+        let field = ("a".to_string(), "1".to_string());
+        let fields = Answer::Fields(vec![field; MAX_FIELDS + 1]);
+        assert_eq!(
+            decode(&encode(&Message::Answer(1, fields))),
+            Err("too many fields")
+        );
+        let info = encode(&Message::Info(Info {
+            id: 1,
+            set: "users".into(),
+        }));
+        for n in 0..info.len() {
+            assert!(decode(&info[..n]).is_err(), "info prefix of {n} bytes");
+        }
     }
 
     #[test]

@@ -12,8 +12,22 @@ fn f(x: f64) -> String {
     format!("{x:.6}")
 }
 
-/// MEMBER.INFO <set>: settings, filter geometry and fill, rebuild state, counters per path.
+/// MEMBER.INFO <set>: settings, filter geometry and fill, rebuild state, counters per path. In
+/// a cluster, of every node (`info_wide.rs`).
 pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    if !crate::server::cluster_mode::enabled() {
+        return nodeinfo(ctx, args);
+    }
+    if args.len() != 2 {
+        return Err(RedisError::WrongArity);
+    }
+    let name = set_name(&args[1])?;
+    crate::sets::acl::check_set(ctx, &name, crate::sets::acl::Access::Read)?;
+    super::info_wide::info(ctx, name)
+}
+
+/// MEMBER.NODEINFO <set>: MEMBER.INFO's fields as this node holds them.
+pub fn nodeinfo(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if args.len() != 2 {
         return Err(RedisError::WrongArity);
     }
@@ -43,6 +57,12 @@ impl crate::server::block::Completion for InfoLater {
 }
 
 fn set_info(ctx: &Context, name: &str) -> RedisResult {
+    reply_map(ctx, fields(ctx, name)?);
+    Ok(RedisValue::NoReply)
+}
+
+/// This node's MEMBER.INFO fields of `name`, in their order.
+pub(super) fn fields(ctx: &Context, name: &str) -> Result<Vec<(&'static str, String)>, RedisError> {
     keys::with_db0(ctx, |ctx| {
         let mut out: Vec<(&'static str, String)> = Vec::new();
         let key = state::with(|r| -> Result<_, RedisError> {
@@ -270,14 +290,13 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
             out.push(("db_fallback_rate", f(c.db_fallback_rate())));
             out.push(("false_positive_rate_est", f(c.false_positive_rate_est())));
         });
-        reply_map(ctx, out);
-        Ok(RedisValue::NoReply)
+        Ok(out)
     })
 }
 
 /// Replies with `fields` as a map, in their order: a map under RESP3, the same field, value,
 /// field, value … array under RESP2 (the server flattens it).
-fn reply_map(ctx: &Context, fields: Vec<(&'static str, String)>) {
+pub(super) fn reply_map(ctx: &Context, fields: Vec<(&'static str, String)>) {
     raw::reply_with_map(ctx.ctx, fields.len() as std::os::raw::c_long);
     for (k, v) in fields {
         ctx.reply(Ok(RedisValue::SimpleStringStatic(k)));

@@ -13,6 +13,7 @@ pub mod exists;
 pub mod forward;
 pub mod forwarded;
 pub mod info;
+pub mod info_wide;
 pub mod internal;
 pub mod lookup;
 pub mod outlet;

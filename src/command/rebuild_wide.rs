@@ -125,7 +125,7 @@ fn heard(res: Result<Answer, Lost>, addr: &str) -> Result<u64, String> {
     match res {
         Ok(Answer::Int(n)) => Ok(n.max(0) as u64),
         Ok(Answer::Error(e)) => Err(from(&e, addr)),
-        Ok(Answer::Explain(..) | Answer::Started | Answer::Ints(_)) => {
+        Ok(Answer::Explain(..) | Answer::Started | Answer::Ints(_) | Answer::Fields(_)) => {
             Err(from(error::INTERNAL, addr))
         }
         Err(Lost::Timeout) => Err(format!(

@@ -29,9 +29,10 @@ pub const EXISTS: Command = Command {
 );
 
 /// Every command of the module. Per-item commands route by the item (argv[2]), the catalog
-/// commands (CREATE, ALTER, DROP), REBUILD, MEXISTS and MADD by the set name (argv[1]), both
-/// declared NOT_KEY: never an ACL key. INFO, NODEINFO and the internal commands declare no key
-/// and run on any node. (MEXISTS and MADD: the receiving node splits the items by slot owner.)
+/// commands (CREATE, ALTER, DROP), REBUILD, INFO, MEXISTS and MADD by the set name (argv[1]),
+/// both declared NOT_KEY: never an ACL key. NODEINFO and the internal commands declare no key
+/// and run on any node. (MEXISTS and MADD: the receiving node splits the items by slot owner;
+/// INFO asks every node.)
 ///
 /// One row per line, its documentation on the next: a table reads better than rustfmt's one
 /// argument per line.
@@ -54,9 +55,9 @@ pub const COMMANDS: &[Command] = &[
         .doc("Tells for each of up to 1000 items whether it is a member of a set", Some("O(N) where N is the number of items; one database query for those neither the filter nor the cache decides"), &[SET, SCOPE, ITEMS]),
     public("member.madd", batch::madd, "write deny-oom", -4, Route::BySet(Item::Insert), Some(Shape::Many))
         .doc("Makes up to 1000 items members of a set", Some("O(N) where N is the number of items, plus one database statement"), &[SET, SCOPE, EXPIRY, ITEMS]),
-    public("member.info", info::info, "readonly", 2, Route::Anywhere, None)
-        .doc("Shows a set's settings, filter, rebuild, sync and counters", Some("O(1)"), &[SET]),
-    public("member.nodeinfo", info::info, "readonly", 2, Route::Anywhere, None)
+    public("member.info", info::info, "readonly", 2, Route::BySet(Item::Read), None)
+        .doc("Shows a set's settings, filter, rebuild, sync and counters, in a cluster over every node", Some("O(1); in a cluster O(N) where N is the number of nodes"), &[SET]),
+    public("member.nodeinfo", info::nodeinfo, "readonly", 2, Route::Anywhere, None)
         .doc("Shows a set as the node that receives the call serves it", Some("O(1)"), &[SET]),
     public("member.rebuild", rebuild::rebuild, "write", -2, Route::BySet(Item::Update), None)
         .doc("Rebuilds a set's filter from its table, in a cluster on every primary", Some("O(N) where N is the number of members, read off the main thread"), &[SET, REBUILD_MODE]),

@@ -71,7 +71,7 @@ fn command_info_declares_arity_and_the_item_or_the_set_as_routing_key() {
         ("member.exists", -3, Some((2, READ))),
         ("member.del", -3, Some((2, DEL))),
         ("member.explain", -3, Some((2, READ))),
-        ("member.info", 2, None),
+        ("member.info", 2, Some((1, READ))),
         ("member.nodeinfo", 2, None),
         ("member.rebuild", -2, Some((1, UPDATE))),
         ("member._add", 4, None),
@@ -185,16 +185,18 @@ fn a_node_that_does_not_own_the_item_answers_moved_to_its_slot() {
         }
     }
     assert_eq!(owners_seen.len(), 3, "24 items should hit every primary");
-    // INFO declares no key: every node runs it. REBUILD is routed by the set name.
+    // NODEINFO declares no key: every node runs it. INFO and REBUILD are routed by the set name.
     let name_owner = cl.set_owner("nosuchset");
     for n in &cl.nodes {
         let mut c = n.conn();
-        assert_eq!(err(&mut c, &["MEMBER.INFO", "nosuchset"]), UNKNOWN_SET);
-        let got = err(&mut c, &["MEMBER.REBUILD", "nosuchset"]);
-        if n.port() == name_owner.port() {
-            assert_eq!(got, UNKNOWN_SET);
-        } else {
-            assert!(got.starts_with("MOVED "), "REBUILD on {}: {got}", n.addr());
+        assert_eq!(err(&mut c, &["MEMBER.NODEINFO", "nosuchset"]), UNKNOWN_SET);
+        for cmd in ["MEMBER.INFO", "MEMBER.REBUILD"] {
+            let got = err(&mut c, &[cmd, "nosuchset"]);
+            if n.port() == name_owner.port() {
+                assert_eq!(got, UNKNOWN_SET, "{cmd}");
+            } else {
+                assert!(got.starts_with("MOVED "), "{cmd} on {}: {got}", n.addr());
+            }
         }
     }
 }

@@ -37,7 +37,7 @@ fn redis_py(port: u16, script: &str) -> String {
 }
 
 #[test]
-fn redis_py_runs_the_catalog_rebuild_and_item_commands_without_target_nodes() {
+fn redis_py_runs_the_catalog_rebuild_info_and_item_commands_without_target_nodes() {
     let held = Cluster::shared();
     let cl: &Cluster = &held;
     // Started from a replica: the client learns the topology and routes by key position.
@@ -51,6 +51,9 @@ print([rc.execute_command('MEMBER.ADD', s, f'py-{i}') for i in range(12)])
 print(rc.execute_command('MEMBER.ALTER', s, 'CACHE-TTL', '60'))
 print(rc.execute_command('MEMBER.REBUILD', s, 'SYNC'))
 print(rc.execute_command('MEMBER.REBUILD', s))
+i = rc.execute_command('MEMBER.INFO', s)
+i = dict(zip(i[::2], i[1::2]))
+print(i['filter_items'], i['cluster_nodes_answered'], len(i['nodes']))
 print([rc.execute_command('MEMBER.EXISTS', s, f'py-{i}') for i in range(12)])
 print(rc.execute_command('MEMBER.EXISTS', s, 'py-absent'))
 print(rc.execute_command('MEMBER.DROP', s))
@@ -59,7 +62,7 @@ print(rc.execute_command('MEMBER.DROP', s))
     let ones = format!("[{}]", ["1"; 12].join(", "));
     assert_eq!(
         out,
-        format!("OK\n{ones}\nOK\n12\nOK\n{ones}\n0\nOK"),
+        format!("OK\n{ones}\nOK\n12\nOK\n12 6 6\n{ones}\n0\nOK"),
         "redis-py's answers"
     );
     // The DROP reached every node: none knows the set any more.
@@ -93,6 +96,7 @@ fn a_catalog_command_off_its_slot_is_moved_to_the_owner() {
             vec!["MEMBER.ALTER", set, "CACHE-TTL", "5"],
             vec!["MEMBER.DROP", set],
             vec!["MEMBER.REBUILD", set, "SYNC"],
+            vec!["MEMBER.INFO", set],
         ] {
             let e = err(&mut c, &args);
             assert!(

@@ -26,6 +26,7 @@ mod cluster;
 mod cluster_batch;
 mod cluster_clients;
 mod cluster_forward;
+mod cluster_info;
 mod cluster_rebuild;
 mod cluster_reshard;
 mod cluster_slots;

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Union
 
 Item = Union[str, bytes]
 Args = List[Any]
-InfoValue = Union[bool, int, float, str, None]
+InfoValue = Union[bool, int, float, str, None, List[Dict[str, Any]]]
 
 
 class Explanation(NamedTuple):
@@ -137,6 +137,7 @@ INFO_TEXT = frozenset(
         "filter_origin", "filter_design", "rebuild_state", "rebuild_reason", "last_rebuild",
         "last_rebuild_error", "rebuild_source", "last_rebuild_reason", "auto_grow_error",
         "cluster_node", "cluster_role", "cluster_poll_error", "sync_horizon", "sync_last_error",
+        "node_id", "address", "role", "state",
     ]
 )  # fmt: skip
 INFO_FLOATS = frozenset(
@@ -165,6 +166,12 @@ def info_value(field: str, raw: str) -> InfoValue:
 
 
 def info_dict(reply: Any) -> Dict[str, InfoValue]:
-    """MEMBER.INFO's alternating names and values (or a RESP3 map) as a typed dict."""
+    """MEMBER.INFO's alternating names and values (or a RESP3 map) as a typed dict. In a
+    cluster, ``nodes`` is a list of such dicts, one per node."""
     pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2])
-    return {text(k): info_value(text(k), text(v)) for k, v in pairs}
+    return {
+        text(k): (
+            [info_dict(n) for n in v] if isinstance(v, list) else info_value(text(k), text(v))
+        )
+        for k, v in pairs
+    }

@@ -10,7 +10,6 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from . import _command as cmd
-from . import _routing
 from ._command import Explanation, InfoValue, Item
 from .errors import map_error
 
@@ -28,18 +27,12 @@ class Sets:
                 "redis.asyncio.cluster.RedisCluster (blocking clients: libmember.Sets)"
             )
         self.client = client
-        self._cluster = isinstance(client, RedisCluster)
 
     async def _run(self, command: Union[cmd.Args, cmd.Many]) -> Any:
         """``libmember.Sets._run``, awaited."""
         args = command.args() if isinstance(command, cmd.Many) else command
-        how = _routing.route(args[0]) if self._cluster else None
-        c: Any = self.client
         try:
-            if how is None:
-                return await c.execute_command(*args)
-            assert how == _routing.SET_NAME_NODE
-            return await c.execute_command(*args, target_nodes=c.get_node_from_key(args[1]))
+            return await self.client.execute_command(*args)
         except ResponseError as e:
             raise map_error(e) from e
 

@@ -10,7 +10,6 @@ from redis.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from . import _command as cmd
-from . import _routing
 from ._command import Explanation, InfoValue, Item
 from .errors import map_error
 
@@ -21,7 +20,7 @@ class Sets:
 
     Error replies raise ``Unavailable``, ``NoSuchSet`` or ``NoPermission`` when they are one
     of those, redis-py's ``ResponseError`` otherwise. In cluster mode every method works from
-    any node: the client routes the commands the server does not route yet (``_routing``).
+    any node: every command declares its routing argument, and redis-py routes by it.
     """
 
     def __init__(self, client: Union[Redis, RedisCluster]) -> None:
@@ -31,19 +30,13 @@ class Sets:
                 "(for redis.asyncio clients: libmember.asyncio.Sets)"
             )
         self.client = client
-        self._cluster = isinstance(client, RedisCluster)
 
     def _run(self, command: Union[cmd.Args, cmd.Many]) -> Any:
-        """Sends one command (routed as ``_routing`` says in cluster mode); its error reply
-        raised as a typed error."""
+        """Sends one command (in a cluster, redis-py routes every MEMBER.* command by its
+        declared key position); its error reply raised as a typed error."""
         args = command.args() if isinstance(command, cmd.Many) else command
-        how = _routing.route(args[0]) if self._cluster else None
-        c: Any = self.client
         try:
-            if how is None:
-                return c.execute_command(*args)
-            assert how == _routing.SET_NAME_NODE
-            return c.execute_command(*args, target_nodes=c.get_node_from_key(args[1]))
+            return self.client.execute_command(*args)
         except ResponseError as e:
             raise map_error(e) from e
 
@@ -114,8 +107,9 @@ class Sets:
 
     def info(self, name: str) -> Dict[str, InfoValue]:
         """MEMBER.INFO as a dict: flags as bools, counts as ints, rates as floats, words as
-        strings (``_command.info_value``). In cluster mode, the fields of the node serving
-        the set name's slot."""
+        strings (``_command.info_value``). In cluster mode: the definition, totals over the
+        nodes, and ``nodes``, a list of each node's fields (``node_id``, ``address``,
+        ``role``, ``state``, then its own MEMBER.INFO fields)."""
         return cmd.info_dict(self._run(cmd.info(name)))
 
     def rebuild(self, name: str, sync: bool = False) -> Optional[int]:

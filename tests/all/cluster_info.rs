@@ -1,0 +1,198 @@
+//! MEMBER.INFO over a cluster (docs/cluster-commands.md): routed by the set name, the node that
+//! runs it asks every node for its part and answers once with the set's definition, totals over
+//! the nodes and each node's fields; a node that does not answer in time is listed, not fatal.
+//! MEMBER.NODEINFO gives one node's part wherever it is sent. The shared cluster (3 primaries,
+//! 3 replicas).
+use crate::support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use redis::Value;
+use support::cluster::{cli_follow, stall_exclusive, stall_shared, Cluster, Node};
+use support::member::*;
+use support::wait_until;
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::Int(i) => i.to_string(),
+        other => panic!("expected text, got {other:?}"),
+    }
+}
+
+/// A cluster-wide MEMBER.INFO: its top-level fields and each node's fields.
+struct Wide {
+    top: HashMap<String, String>,
+    nodes: Vec<HashMap<String, String>>,
+}
+
+fn pairs(v: &[Value]) -> HashMap<String, String> {
+    v.chunks(2).map(|p| (text(&p[0]), text(&p[1]))).collect()
+}
+
+fn wide(c: &mut impl redis::ConnectionLike, set: &str) -> Wide {
+    let v: Value = redis::cmd("MEMBER.INFO").arg(set).query(c).unwrap();
+    let Value::Array(all) = v else {
+        panic!("MEMBER.INFO {set}: {v:?}")
+    };
+    let mut top = HashMap::new();
+    let mut nodes = Vec::new();
+    for p in all.chunks(2) {
+        match (&p[0], &p[1]) {
+            (k, Value::Array(list)) if text(k) == "nodes" => {
+                for n in list {
+                    let Value::Array(f) = n else { panic!("{n:?}") };
+                    nodes.push(pairs(f));
+                }
+            }
+            (k, v) => {
+                top.insert(text(k), text(v));
+            }
+        }
+    }
+    Wide { top, nodes }
+}
+
+fn num(m: &HashMap<String, String>, k: &str) -> i64 {
+    m.get(k)
+        .unwrap_or_else(|| panic!("no {k} in {m:?}"))
+        .parse()
+        .unwrap_or_else(|_| panic!("{k} = {:?}", m[k]))
+}
+
+fn create(cl: &Cluster, set: &str) {
+    ok(&mut cl.set_owner(set).conn(), &["MEMBER.CREATE", set]);
+    cl.wait_ready(set);
+}
+
+/// From any client, the same answer: the definition once, totals that are the sums of the
+/// nodes' own figures, and one entry per node whose fields are what MEMBER.NODEINFO says there.
+#[test]
+fn info_reports_the_set_over_every_node() {
+    let _stall = stall_shared();
+    let held = Cluster::shared();
+    let cl: &Cluster = &held;
+    let set = "wide_info";
+    create(cl, set);
+    let items: Vec<String> = (0..90).map(|i| format!("info-{i}")).collect();
+    let mut c = cl.client();
+    let added: Vec<i64> = redis::cmd("MEMBER.MADD")
+        .arg(set)
+        .arg("ITEMS")
+        .arg(&items)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(added, vec![1; 90]);
+    let _: Vec<i64> = redis::cmd("MEMBER.MEXISTS")
+        .arg(set)
+        .arg("ITEMS")
+        .arg(&items)
+        .query(&mut c)
+        .unwrap();
+    let w = wide(&mut c, set);
+    assert_eq!(w.top["name"], set);
+    assert_eq!(
+        Some(w.top["capacity"].clone()),
+        set_info(&mut cl.set_owner(set).conn(), set, "capacity")
+    );
+    assert_eq!(num(&w.top, "cluster_nodes"), 6);
+    assert_eq!(num(&w.top, "cluster_nodes_answered"), 6);
+    assert_eq!(num(&w.top, "cluster_slots_owned"), 16384);
+    assert_eq!(num(&w.top, "adds_new"), 90);
+    assert_eq!(w.nodes.len(), 6);
+    let mut roles: Vec<&str> = w.nodes.iter().map(|n| n["role"].as_str()).collect();
+    roles.sort();
+    assert_eq!(
+        roles,
+        ["primary", "primary", "primary", "replica", "replica", "replica"]
+    );
+    let by_port: HashMap<u16, &Node> = cl.nodes.iter().map(|n| (n.port(), n)).collect();
+    let mut filter_items = 0;
+    for n in &w.nodes {
+        assert_eq!(n["state"], "ok", "{n:?}");
+        assert_eq!(n["cluster_node"], n["node_id"]);
+        let port: u16 = n["address"].rsplit(':').next().unwrap().parse().unwrap();
+        // The node's part is what it says of itself (counters may have moved since: not those).
+        let mut nc = by_port[&port].conn();
+        for k in [
+            "cluster_role",
+            "cluster_slots_owned",
+            "filter_items",
+            "adds_new",
+        ] {
+            assert_eq!(
+                Some(n[k].clone()),
+                set_info(&mut nc, set, k),
+                "{k} of {}",
+                n["address"]
+            );
+        }
+        if n["role"] == "primary" {
+            filter_items += num(n, "filter_items");
+        }
+    }
+    assert_eq!(num(&w.top, "filter_items"), filter_items);
+    // valkey-cli -c from a node that does not serve the set name: one MOVED, then the answer.
+    let other = cl
+        .nodes
+        .iter()
+        .find(|n| n.port() != cl.set_owner(set).port())
+        .unwrap();
+    let shown = cli_follow(other.port(), &["MEMBER.INFO", set]);
+    assert!(
+        shown.lines().any(|l| l.trim() == "cluster_nodes_answered"),
+        "{shown}"
+    );
+}
+
+/// A node that does not answer within `member.db-timeout-ms` (its event loop sleeps) is listed
+/// with `state` `timeout`, and the call still answers with the others' parts.
+#[test]
+fn a_node_too_slow_to_answer_is_listed_not_fatal() {
+    let _stall = stall_exclusive();
+    let held = Cluster::shared();
+    let cl: &Cluster = &held;
+    let set = "wide_info_slow";
+    create(cl, set);
+    let receiver = cl.set_owner(set);
+    let slow = cl.replica_of(receiver);
+    let mut rc = receiver.conn();
+    let before: String = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("member.db-timeout-ms")
+        .query::<Vec<String>>(&mut rc)
+        .unwrap()[1]
+        .clone();
+    ok(&mut rc, &["CONFIG", "SET", "member.db-timeout-ms", "200"]);
+    let w = {
+        let mut sc = slow.conn();
+        let mut probe = slow.conn();
+        let sleep = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("1.5")
+            .get_packed_command();
+        sc.send_packed_command(&sleep).unwrap();
+        probe
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        assert!(
+            wait_until(Duration::from_secs(10), || redis::cmd("PING")
+                .query::<String>(&mut probe)
+                .is_err()),
+            "the replica never went to sleep"
+        );
+        let w = wide(&mut rc, set);
+        let _: redis::Value = sc.recv_response().unwrap();
+        w
+    };
+    ok(&mut rc, &["CONFIG", "SET", "member.db-timeout-ms", &before]);
+    assert_eq!(num(&w.top, "cluster_nodes"), 6);
+    assert_eq!(num(&w.top, "cluster_nodes_answered"), 5);
+    let late: Vec<_> = w.nodes.iter().filter(|n| n["state"] != "ok").collect();
+    assert_eq!(late.len(), 1, "{:?}", w.nodes);
+    assert_eq!(late[0]["state"], "timeout");
+    assert!(late[0]["address"].ends_with(&format!(":{}", slow.port())));
+    assert!(!late[0].contains_key("filter_items"));
+}

@@ -64,6 +64,7 @@ pub fn init(ctx: &Context, args: &[RedisString]) -> Status {
                 rebuild: command::rebuild_wide::serve,
                 many: command::forwarded::serve_many,
                 info: command::info_wide::serve,
+                catalog_changed: catalog::reread,
             },
         );
     }

@@ -55,6 +55,8 @@ pub struct Handlers {
     pub rebuild: ServeRebuild,
     pub many: ServeMany,
     pub info: ServeInfo,
+    /// Another node changed the catalog: read it again at the next sweep.
+    pub catalog_changed: fn(),
 }
 
 static SERVE: OnceLock<Handlers> = OnceLock::new();
@@ -142,6 +144,26 @@ pub fn ask_many(ctx: &Context, node: &str, mut req: Many, timeout: Duration, the
     req.id = id;
     let payload = wire::encode(&Message::Many(req));
     wait_for(ctx, node, id, &payload, Waiter::Call(then), timeout);
+}
+
+/// Tells every other node that the catalog changed (this node just ran a CREATE, ALTER or
+/// DROP), so each reads it again at its next sweep instead of at its next periodic check.
+/// Best effort: a node the message misses still finds the change at that check.
+pub fn catalog_changed(ctx: &Context) {
+    let payload = wire::encode(&Message::CatalogChanged);
+    let Ok(len) = u32::try_from(payload.len()) else {
+        return;
+    };
+    // SAFETY: main thread; a null target broadcasts to every node; payload outlives the call.
+    unsafe {
+        raw::RedisModule_SendClusterMessage.unwrap()(
+            ctx.ctx,
+            std::ptr::null(),
+            MSG_TYPE,
+            payload.as_ptr().cast::<c_char>(),
+            len,
+        )
+    };
 }
 
 /// Asks node `node` for its MEMBER.INFO fields of `req.set`; `then` gets its answer
@@ -559,6 +581,11 @@ unsafe extern "C" fn receive(
             }
         }
         Ok(Message::Answer(id, a)) => answered(&ctx, &sender, id, a),
+        Ok(Message::CatalogChanged) => {
+            if let Some(h) = SERVE.get() {
+                (h.catalog_changed)()
+            }
+        }
         Err(e) => reply::log(
             &ctx,
             reply::Level::Warning,

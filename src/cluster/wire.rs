@@ -12,6 +12,7 @@ const KIND_ANSWER: u8 = 2;
 const KIND_REBUILD: u8 = 3;
 const KIND_MANY: u8 = 4;
 const KIND_INFO: u8 = 5;
+const KIND_CATALOG: u8 = 6;
 
 /// Most fields one `Answer::Fields` may carry (MEMBER.INFO has about 80).
 pub const MAX_FIELDS: usize = 512;
@@ -115,6 +116,9 @@ pub enum Message {
     Rebuild(Rebuild),
     Many(Many),
     Info(Info),
+    /// The catalog changed (a CREATE, ALTER or DROP ran on the sender): read it again now.
+    /// Sent to every node; no answer.
+    CatalogChanged,
 }
 
 /// Longest text field: set names are at most 40 bytes, canonical entities and scopes far less
@@ -194,6 +198,7 @@ pub fn encode(m: &Message) -> Vec<u8> {
             put_text(&mut out, &r.set);
             out.push(u8::from(r.sync));
         }
+        Message::CatalogChanged => out.push(KIND_CATALOG),
         Message::Info(r) => {
             out.push(KIND_INFO);
             out.extend_from_slice(&r.id.to_le_bytes());
@@ -345,6 +350,7 @@ pub fn decode(b: &[u8]) -> Result<Message, &'static str> {
             let set = r.set_name()?;
             Message::Info(Info { id, set })
         }
+        KIND_CATALOG => Message::CatalogChanged,
         KIND_MANY => {
             let id = r.u64()?;
             let op = match Op::from_code(r.u8()?).ok_or("unknown op")? {
@@ -426,6 +432,7 @@ mod tests {
                 id: 12,
                 set: "users".into(),
             }),
+            Message::CatalogChanged,
             Message::Answer(
                 13,
                 Answer::Fields(vec![

@@ -186,6 +186,7 @@ fn apply(ctx: &Context, altered: &Altered, removals: u64) -> bool {
     }
     // Starts the rebuild when ERROR or CAPACITY changed (`catalog::learn`).
     catalog::learn(ctx, row.def.clone(), Some(row.id));
+    super::create::tell_the_cluster(ctx);
     crate::server::replication::replicate_set(ctx, &row.def, Some(row.id));
     state::with(|r| {
         if let Some(s) = r.sets.get_mut(&row.def.name) {

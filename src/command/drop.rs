@@ -49,6 +49,7 @@ impl Completion for DropDone {
                 crate::server::reply::log(ctx, crate::server::reply::Level::Warning, note);
             }
             catalog::forget(ctx, &self.name);
+            super::create::tell_the_cluster(ctx);
             replication::replicate(ctx, "MEMBER._DROP", &[self.name.as_bytes()]);
         }
     }

@@ -196,3 +196,66 @@ fn a_node_too_slow_to_answer_is_listed_not_fatal() {
     assert!(late[0]["address"].ends_with(&format!(":{}", slow.port())));
     assert!(!late[0].contains_key("filter_items"));
 }
+
+/// CREATE, ALTER and DROP tell every other node to read the catalog again at once: with the
+/// periodic check a minute apart, the other nodes still hold the new settings and forget the
+/// dropped set within seconds. A cluster of its own (3 primaries), checking the catalog once
+/// a minute.
+#[test]
+fn alter_and_drop_reach_every_node_at_once() {
+    let cl = Cluster::start_primaries_only(&[("member.sync-interval-ms", "60000")]);
+    let set = "told_everywhere";
+    let owner = cl.set_owner(set);
+    ok(
+        &mut owner.conn(),
+        &["MEMBER.CREATE", set, "CACHE-TTL", "30"],
+    );
+    let others: Vec<&Node> = cl
+        .primaries()
+        .filter(|n| n.port() != owner.port())
+        .collect();
+    for n in &others {
+        // Each learns the set now: NODEINFO asks the catalog about a set it does not know.
+        let mut c = n.conn();
+        assert!(
+            wait_until(Duration::from_secs(20), || set_info(
+                &mut c,
+                set,
+                "cache_ttl"
+            )
+            .as_deref()
+                == Some("30")),
+            "{} never learned {set}",
+            n.addr()
+        );
+    }
+    ok(&mut owner.conn(), &["MEMBER.ALTER", set, "CACHE-TTL", "45"]);
+    for n in &others {
+        let mut c = n.conn();
+        assert!(
+            wait_until(Duration::from_secs(10), || set_info(
+                &mut c,
+                set,
+                "cache_ttl"
+            )
+            .as_deref()
+                == Some("45")),
+            "{} still holds the old CACHE-TTL",
+            n.addr()
+        );
+    }
+    ok(&mut owner.conn(), &["MEMBER.DROP", set]);
+    for n in &others {
+        let mut c = n.conn();
+        assert!(
+            wait_until(Duration::from_secs(10), || set_info(
+                &mut c,
+                set,
+                "cache_ttl"
+            )
+            .is_none()),
+            "{} still serves the dropped set",
+            n.addr()
+        );
+    }
+}

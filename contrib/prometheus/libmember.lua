@@ -8,11 +8,9 @@
 -- Set names are [a-z0-9_], so the set is the part between the two colons (the alert rules and
 -- the dashboard of contrib/ take it out with label_replace). See docs/monitoring.md.
 
--- The sets to report, e.g. {'users', 'orgs'}. Empty: standalone, every set with a filter key
--- member:<set>:bloom, found by SCAN, which costs a pass over all keys (cache entries included)
--- per scrape, so with many keys list the sets here instead; in cluster mode filters are not
--- keys and no set is found, so list them here. member_script_sets below member_sets says some
--- set went unreported.
+-- The sets to report, e.g. {'users', 'orgs'}. Empty: every set this node holds
+-- (MEMBER.NODEINFO without a set lists them, standalone and in a cluster). member_script_sets
+-- below member_sets says some set went unreported.
 local SETS = {}
 
 local out = {}
@@ -79,17 +77,8 @@ end
 export('member_', names, fields)
 
 local sets = SETS
-local cluster = string.match(redis.call('INFO', 'cluster'), 'cluster_enabled:1') ~= nil
-if #sets == 0 and not cluster then
-  local cursor = '0'
-  repeat
-    local r = redis.call('SCAN', cursor, 'MATCH', 'member:*:bloom', 'COUNT', 1000)
-    cursor = r[1]
-    for _, key in ipairs(r[2]) do
-      local set = string.match(key, '^member:([%l%d_]+):bloom$')
-      if set then sets[#sets + 1] = set end
-    end
-  until cursor == '0'
+if #sets == 0 then
+  sets = redis.call('MEMBER.NODEINFO')
 end
 
 -- MEMBER.NODEINFO <set> (MEMBER.INFO's fields, as this node serves the set: in a cluster

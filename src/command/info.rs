@@ -26,8 +26,19 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     super::info_wide::info(ctx, name)
 }
 
-/// MEMBER.NODEINFO <set>: MEMBER.INFO's fields as this node holds them.
+/// MEMBER.NODEINFO <set>: MEMBER.INFO's fields as this node holds them. Without a set: the
+/// names of the sets this node holds that the caller may read, sorted.
 pub fn nodeinfo(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    if args.len() == 1 {
+        let mut names: Vec<String> = state::with(|r| r.sets.keys().cloned().collect());
+        names.retain(|n| {
+            crate::sets::acl::check_set(ctx, n, crate::sets::acl::Access::Read).is_ok()
+        });
+        names.sort();
+        return Ok(RedisValue::Array(
+            names.into_iter().map(RedisValue::BulkString).collect(),
+        ));
+    }
     if args.len() != 2 {
         return Err(RedisError::WrongArity);
     }

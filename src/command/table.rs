@@ -57,8 +57,8 @@ pub const COMMANDS: &[Command] = &[
         .doc("Makes up to 1000 items members of a set", Some("O(N) where N is the number of items, plus one database statement"), &[SET, SCOPE, EXPIRY, ITEMS]),
     public("member.info", info::info, "readonly", 2, Route::BySet(Item::Read), None)
         .doc("Shows a set's settings, filter, rebuild, sync and counters, in a cluster over every node", Some("O(1); in a cluster O(N) where N is the number of nodes"), &[SET]),
-    public("member.nodeinfo", info::nodeinfo, "readonly", 2, Route::Anywhere, None)
-        .doc("Shows a set as the node that receives the call serves it", Some("O(1)"), &[SET]),
+    public("member.nodeinfo", info::nodeinfo, "readonly", -1, Route::Anywhere, None)
+        .doc("Shows a set as the node that receives the call serves it, or lists the sets it serves", Some("O(1); without a set O(N) where N is the number of sets"), &[Arg::string("set").optional()]),
     public("member.rebuild", rebuild::rebuild, "write", -2, Route::BySet(Item::Update), None)
         .doc("Rebuilds a set's filter from its table, in a cluster on every primary", Some("O(N) where N is the number of members, read off the main thread"), &[SET, REBUILD_MODE]),
     internal("member._add", internal::add, "write deny-oom", 4)

@@ -7,7 +7,7 @@ use support::member::*;
 
 const COMMANDS: &str = "+member.create +member.add +member.exists +member.del +member.explain \
                         +member.info +member.rebuild +member.drop +member.alter \
-                        +member.mexists +member.madd";
+                        +member.mexists +member.madd +member.nodeinfo";
 
 fn acl(c: &mut Connection, rules: &[&str]) {
     let mut cmd = redis::cmd("ACL");
@@ -53,6 +53,7 @@ fn a_user_reaches_the_sets_its_key_patterns_allow_and_no_other() {
         (&["MEMBER.EXISTS", "cards", "4111"][..], "read"),
         (&["MEMBER.EXPLAIN", "cards", "4111"], "read"),
         (&["MEMBER.INFO", "cards"], "read"),
+        (&["MEMBER.NODEINFO", "cards"], "read"),
         (&["MEMBER.ADD", "cards", "4222"], "write"),
         (&["MEMBER.DEL", "cards", "4111"], "write"),
         (&["MEMBER.REBUILD", "cards"], "write"),
@@ -73,6 +74,11 @@ fn a_user_reaches_the_sets_its_key_patterns_allow_and_no_other() {
             "{args:?}"
         );
     }
+    // NODEINFO without a set lists only the sets the user may read.
+    let listed: Vec<String> = redis::cmd("MEMBER.NODEINFO").query(&mut signup).unwrap();
+    assert_eq!(listed, ["usernames"]);
+    let all: Vec<String> = redis::cmd("MEMBER.NODEINFO").query(&mut admin).unwrap();
+    assert_eq!(all, ["cards", "usernames"]);
     // Read-only on cards: lookups yes, changes no.
     let mut auditor = login(&env, "auditor");
     assert_eq!(int(&mut auditor, &["MEMBER.EXISTS", "cards", "4111"]), 1);

@@ -72,7 +72,7 @@ fn command_info_declares_arity_and_the_item_or_the_set_as_routing_key() {
         ("member.del", -3, Some((2, DEL))),
         ("member.explain", -3, Some((2, READ))),
         ("member.info", 2, Some((1, READ))),
-        ("member.nodeinfo", 2, None),
+        ("member.nodeinfo", -1, None),
         ("member.rebuild", -2, Some((1, UPDATE))),
         ("member._add", 4, None),
         ("member._del", 4, None),

@@ -210,11 +210,10 @@ fn exporter_shows_every_sets_fields_and_info_member() {
     }
 }
 
-/// In cluster mode filters are module memory, not keys: the script as shipped finds no set and
-/// says so (`member_script_sets` below `member_sets`, what LibmemberSetsNotReported fires on);
-/// with the set listed in its `SETS` table, a node reports its own part of it.
+/// In cluster mode the script as shipped reports every set the node holds (MEMBER.NODEINFO
+/// lists them), each node its own part; with a set listed in its `SETS` table, that one.
 #[test]
-fn exporter_in_cluster_mode_reports_the_listed_sets() {
+fn exporter_in_cluster_mode_reports_each_nodes_part_of_every_set() {
     let held = Cluster::shared();
     let cl: &Cluster = &held;
     let set = "exp_cluster";
@@ -223,8 +222,9 @@ fn exporter_in_cluster_mode_reports_the_listed_sets() {
     let node = cl.primaries().next().unwrap();
 
     let m = Exporter::start(node.port()).metrics();
-    assert_eq!(m.get("member_script_sets"), 0.0);
-    assert!(m.get("member_sets") >= 1.0);
+    assert!(m.get("member_script_sets") >= 1.0);
+    assert_eq!(m.get("member_script_set_errors"), 0.0);
+    assert!(m.get(&format!("member_set:{set}:cluster_slots_owned")) > 0.0);
 
     let shipped = std::fs::read_to_string(contrib("prometheus/libmember.lua")).unwrap();
     let listed = shipped.replace("local SETS = {}", &format!("local SETS = {{'{set}'}}"));

@@ -225,6 +225,10 @@ pub(super) fn fields(ctx: &Context, name: &str) -> Result<Vec<(&'static str, Str
                 Some((_, Err(e))) => {
                     out.push(("last_rebuild", "failed".into()));
                     out.push(("last_rebuild_error", e.clone()));
+                    // Failed in a row, and the wait before the next automatic try.
+                    out.push(("rebuild_failures", s.rebuild_failures.to_string()));
+                    let wait = state::retry_after_failures(s.rebuild_failures.max(1));
+                    out.push(("rebuild_retry_wait_s", wait.as_secs().to_string()));
                 }
             }
             out.push((

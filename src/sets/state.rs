@@ -134,6 +134,9 @@ pub struct SetState {
     /// Automatic growth of the filter (`grow.rs`).
     pub grow: crate::model::set_upkeep::Grow,
     pub next_rebuild_try: Option<Instant>,
+    /// Rebuilds that failed in a row (0 after one that did not): the wait before the next
+    /// automatic try doubles with each ([`retry_after_failures`]).
+    pub rebuild_failures: u32,
     pub sync: crate::model::set_upkeep::SyncState,
     /// The promotion epoch in which this set's filter last caught up (see `Registry::epoch`).
     pub synced_epoch: u64,
@@ -189,6 +192,7 @@ impl SetState {
             last_rebuild_reason: None,
             grow: Default::default(),
             next_rebuild_try: None,
+            rebuild_failures: 0,
             sync: Default::default(),
             synced_epoch: 0,
             trusted: None,
@@ -485,7 +489,33 @@ pub fn is_current(r: &Registry, name: &str, incarnation: u64) -> bool {
 
 const RETRY_AFTER: Duration = Duration::from_secs(2);
 
+/// The longest wait between automatic tries of a rebuild that keeps failing.
+const RETRY_MAX: Duration = Duration::from_secs(300);
+
 /// Delay before retrying a failed catalog load or rebuild.
 pub fn retry_at() -> Instant {
     Instant::now() + RETRY_AFTER
+}
+
+/// How long a set waits before its next automatic rebuild after `failures` failed in a row
+/// (at least 1): 2 s, doubling, at most 5 minutes, so a set this node cannot serve (its table
+/// gone, an attached set in cluster mode) is not retried and logged every 2 s for ever. Pure.
+pub fn retry_after_failures(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    (RETRY_AFTER * (1u32 << doublings)).min(RETRY_MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wait_after_failed_rebuilds_doubles_up_to_five_minutes() {
+        let secs: Vec<u64> = (1..=10)
+            .map(|n| retry_after_failures(n).as_secs())
+            .collect();
+        assert_eq!(secs, [2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+        assert_eq!(retry_after_failures(u32::MAX).as_secs(), 300);
+        assert_eq!(retry_after_failures(0), retry_after_failures(1));
+    }
 }

@@ -402,7 +402,9 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
     let ok = outcome.is_ok();
     state::with(|r| {
         if let Some(s) = r.sets.get_mut(name) {
-            s.next_rebuild_try = outcome.is_err().then(state::retry_at);
+            s.rebuild_failures = if ok { 0 } else { s.rebuild_failures + 1 };
+            s.next_rebuild_try =
+                (!ok).then(|| Instant::now() + state::retry_after_failures(s.rebuild_failures));
             s.last_rebuild = Some((Instant::now(), outcome));
             s.last_rebuild_reason = Some(reason);
             if reason == Reason::AutoGrow {

@@ -259,3 +259,59 @@ fn alter_and_drop_reach_every_node_at_once() {
         );
     }
 }
+
+/// A set a node cannot serve (an attached set, made by a standalone node on the cluster's
+/// database: cluster nodes refuse to build one) is retried with a wait that doubles after each
+/// failure, not every 2 s for ever, and NODEINFO says why and how long the next wait is.
+#[test]
+fn a_set_a_node_cannot_serve_backs_off_and_says_why() {
+    let _stall = stall_shared();
+    let held = Cluster::shared();
+    let cl: &Cluster = &held;
+    let set = "cannot_serve";
+    cl.db
+        .client()
+        .batch_execute("CREATE TABLE cannot_serve_src (name text PRIMARY KEY)")
+        .unwrap();
+    let standalone = start_loaded(&cl.db.url(), &[("member.attach-allow", "*.*")]);
+    ok(
+        &mut standalone.conn(),
+        &[
+            "MEMBER.CREATE",
+            set,
+            "SOURCE",
+            "public.cannot_serve_src",
+            "COLUMN",
+            "name",
+            "SYNC",
+            "log",
+        ],
+    );
+    let node = cl.primaries().next().unwrap();
+    let mut c = node.conn();
+    let failures = |c: &mut redis::Connection| -> i64 {
+        set_info(c, set, "rebuild_failures").map_or(0, |v| v.parse().unwrap())
+    };
+    assert!(
+        wait_until(Duration::from_secs(60), || failures(&mut c) >= 3),
+        "{}: {:?}",
+        node.addr(),
+        set_info(&mut c, set, "last_rebuild_error")
+    );
+    let v: Vec<String> = redis::cmd("MEMBER.NODEINFO")
+        .arg(set)
+        .query(&mut c)
+        .unwrap();
+    let f: HashMap<&str, &str> = v
+        .chunks(2)
+        .map(|p| (p[0].as_str(), p[1].as_str()))
+        .collect();
+    assert!(
+        f["last_rebuild_error"].contains("not supported in cluster mode"),
+        "{f:?}"
+    );
+    let n: u32 = f["rebuild_failures"].parse().unwrap();
+    let wait: u64 = f["rebuild_retry_wait_s"].parse().unwrap();
+    assert_eq!(wait, (2u64 << (n - 1).min(16)).min(300), "{f:?}");
+    ok(&mut standalone.conn(), &["MEMBER.DROP", set]);
+}

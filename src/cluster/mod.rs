@@ -7,5 +7,6 @@ pub mod bus;
 pub mod bus_nodelay;
 pub mod nodes;
 pub mod owner;
+pub mod peers;
 pub mod sentinel;
 pub mod wire;

@@ -16,6 +16,7 @@ use super::block_timeout;
 use super::outlet::Outlet;
 use crate::cluster::bus::{self, Lost};
 use crate::cluster::owner;
+use crate::cluster::peers;
 use crate::cluster::wire::{Answer, Many, Op};
 use crate::model::canon::Canon;
 use crate::model::error;
@@ -55,7 +56,7 @@ pub(super) fn split(
     let write = matches!(kind, Kind::Writes(_));
     let deadline = Instant::now() + block_timeout();
     let ids = owner::primaries();
-    let me = bus::my_id();
+    let me = peers::my_id();
     let mut local = Vec::new();
     // Positions of the items of each other primary, by its place in `ids`.
     let mut groups: Vec<Vec<usize>> = vec![Vec::new(); ids.len()];
@@ -182,7 +183,7 @@ fn ask(ctx: &Context, node: String, at: Vec<usize>, req: Many, join: Join, deadl
                 Lost::Unreachable => error::MANY_UNREACHABLE,
                 Lost::Timeout | Lost::Failed => error::MANY_TIMEOUT,
             };
-            join.part(&at, Err(format!("{text} ({})", bus::address(ctx, &to))));
+            join.part(&at, Err(format!("{text} ({})", peers::address(ctx, &to))));
         }
     });
     bus::ask_many(ctx, &node, req, timeout, then);

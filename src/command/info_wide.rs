@@ -15,6 +15,7 @@ use redis_module::{raw, Context, RedisError, RedisResult, RedisValue};
 
 use super::{block_timeout, info, may_block};
 use crate::cluster::bus::{self, Lost, Responder};
+use crate::cluster::peers;
 use crate::cluster::wire::{Answer, Info};
 use crate::model::error;
 use crate::server::block::{Blocked, Completion, Fail};
@@ -125,7 +126,7 @@ enum Part {
 }
 
 struct Node {
-    seen: bus::Seen,
+    seen: peers::Seen,
     part: Part,
 }
 
@@ -150,7 +151,7 @@ fn start(ctx: &Context, blocked: Blocked, name: String) {
             .filter(|(k, _)| DEFINITION.contains(&k.as_str()))
             .cloned()
             .collect();
-        let nodes: Vec<Node> = bus::nodes(ctx)
+        let nodes: Vec<Node> = peers::nodes(ctx)
             .into_iter()
             .map(|seen| Node {
                 part: if seen.myself {

@@ -10,6 +10,7 @@ use redis_module::{Context, RedisError, RedisResult, RedisValue};
 use super::block_timeout;
 use crate::cluster::bus::{self, Lost, Responder};
 use crate::cluster::owner;
+use crate::cluster::peers;
 use crate::cluster::wire::{Answer, Rebuild};
 use crate::model::error;
 use crate::server::block::{Blocked, Completion};
@@ -35,7 +36,7 @@ type Shared = Rc<RefCell<Gather>>;
 /// primary runs a rebuild that starts after the call: one already running is let finish, and
 /// a new one follows it (see `rebuild_now`). Main thread.
 pub(super) fn start(ctx: &Context, blocked: Blocked, set: &str, sync: bool) {
-    let me = bus::my_id();
+    let me = peers::my_id();
     let mut others: Vec<String> = owner::primaries();
     others.retain(|id| *id != me);
     let g: Shared = Rc::new(RefCell::new(Gather {
@@ -48,7 +49,7 @@ pub(super) fn start(ctx: &Context, blocked: Blocked, set: &str, sync: bool) {
     // query its catalog for the set). SYNC: the same for the acknowledgement, then as long
     // as the rebuild takes, while the cluster holds that node up.
     for id in others {
-        let addr = bus::address(ctx, &id);
+        let addr = peers::address(ctx, &id);
         let g = g.clone();
         let req = Rebuild {
             id: 0,
@@ -60,7 +61,7 @@ pub(super) fn start(ctx: &Context, blocked: Blocked, set: &str, sync: bool) {
     }
     if sync {
         let g = g.clone();
-        let addr = bus::address(ctx, &me);
+        let addr = peers::address(ctx, &me);
         rebuild_now(
             ctx,
             set,

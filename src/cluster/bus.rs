@@ -117,10 +117,29 @@ pub fn pending() -> usize {
 /// if none arrives within `timeout` or the message cannot be sent. The request's id is
 /// assigned here.
 pub fn forward(ctx: &Context, node: &str, blocked: Blocked, mut req: Request, timeout: Duration) {
+    if node == super::peers::my_id() {
+        return serve_here(ctx, blocked, req);
+    }
     let id = next_id();
     req.id = id;
     let payload = wire::encode(&Message::Request(req));
     wait_for(ctx, node, id, &payload, Waiter::Client(blocked), timeout);
+}
+
+/// A request about an item whose canonical slot is this node's own but not its raw slot's
+/// (the one the command was routed by): served from a timer just after the command, as if it
+/// had come from another node. While a command runs, the server finds every key the module
+/// opens only in the slot of the command's routing argument, so the canonical slot's keys
+/// (its exact-match entries, its sentinel) would not be found inside it.
+fn serve_here(ctx: &Context, blocked: Blocked, req: Request) {
+    ctx.create_timer(
+        Duration::ZERO,
+        |ctx, (req, blocked): (Request, Blocked)| match SERVE.get() {
+            Some(h) => mainq::with_db0(ctx, |ctx| (h.serve)(ctx, req, Responder::here(blocked))),
+            None => drop(blocked),
+        },
+        (req, blocked),
+    );
 }
 
 /// Asks node `node` to rebuild its slots of `req.set`; `then` gets its answer (`Int(rows)`,
@@ -302,23 +321,54 @@ impl Completion for Answered {
 /// Where the answer to one received request goes. Answers exactly once: through `answer`, or
 /// when dropped unanswered (from any thread) with `UNAVAILABLE`, on the main thread.
 pub struct Responder {
-    to: Vec<u8>,
+    to: To,
     id: u64,
     done: bool,
+}
+
+/// Who asked.
+enum To {
+    /// Another node, by id.
+    Node(Vec<u8>),
+    /// A client of this node (`forward` to this node itself), answered directly.
+    Here(Option<Blocked>),
 }
 
 impl Responder {
     /// The one answer owed to request `id` of node `to`.
     fn new(to: Vec<u8>, id: u64) -> Responder {
         Responder {
-            to,
+            to: To::Node(to),
             id,
             done: false,
         }
     }
 
+    /// The answer owed to a client of this node blocked in `blocked`; dropped unanswered, the
+    /// client gets the handle's fallback.
+    fn here(blocked: Blocked) -> Responder {
+        Responder {
+            to: To::Here(Some(blocked)),
+            id: 0,
+            done: false,
+        }
+    }
+
+    /// The blocked client of a request this node serves for one of its own clients, to be
+    /// finished directly (from a worker too); else this responder back.
+    pub fn into_local(mut self) -> Result<Blocked, Responder> {
+        match &mut self.to {
+            To::Here(b) => {
+                self.done = true;
+                Ok(b.take()
+                    .expect("a local responder holds its client until answered"))
+            }
+            To::Node(_) => Err(self),
+        }
+    }
+
     /// Sends `result` (an integer, an EXPLAIN pair, an array of integers or an error) back to
-    /// the asking node. Main thread.
+    /// the asking node, or to the client of this node that asked. Main thread.
     pub fn answer(mut self, ctx: &Context, result: RedisResult) {
         self.done = true;
         let a = match result {
@@ -345,28 +395,39 @@ impl Responder {
             Ok(_) => Answer::Error(error::INTERNAL.into()),
             Err(e) => Answer::Error(e.to_string()),
         };
-        // A failed send leaves the asking client to its timeout.
-        send(ctx, &self.to, &wire::encode(&Message::Answer(self.id, a)));
+        self.deliver(ctx, a);
     }
 
     /// Sends this node's MEMBER.INFO fields back to the asking node. Main thread.
     pub fn fields(mut self, ctx: &Context, fields: Vec<(String, String)>) {
         self.done = true;
-        send(
-            ctx,
-            &self.to,
-            &wire::encode(&Message::Answer(self.id, Answer::Fields(fields))),
-        );
+        self.deliver(ctx, Answer::Fields(fields));
     }
 
     /// Tells the asking node the work started and the answer follows when it ends: it then
     /// waits while this node is up instead of for its timeout. Main thread.
     pub fn started(&self, ctx: &Context) {
-        send(
-            ctx,
-            &self.to,
-            &wire::encode(&Message::Answer(self.id, Answer::Started)),
-        );
+        if let To::Node(to) = &self.to {
+            send(
+                ctx,
+                to,
+                &wire::encode(&Message::Answer(self.id, Answer::Started)),
+            );
+        }
+    }
+
+    fn deliver(&mut self, ctx: &Context, a: Answer) {
+        match &mut self.to {
+            // A failed send leaves the asking client to its timeout.
+            To::Node(to) => {
+                send(ctx, to, &wire::encode(&Message::Answer(self.id, a)));
+            }
+            To::Here(b) => {
+                if let Some(b) = b.take() {
+                    b.finish(Box::new(Answered(Some(a))));
+                }
+            }
+        }
     }
 }
 
@@ -375,8 +436,12 @@ impl Drop for Responder {
         if self.done {
             return;
         }
-        let to = Responder::new(std::mem::take(&mut self.to), self.id);
         self.done = true;
+        // A local client's handle answers with its fallback by being dropped (any thread).
+        let To::Node(to) = &mut self.to else {
+            return;
+        };
+        let to = Responder::new(std::mem::take(to), self.id);
         mainq::post(Box::new(move |ctx| {
             to.answer(ctx, Err(RedisError::Str(error::WORKER_LOST)))
         }));

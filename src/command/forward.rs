@@ -22,9 +22,11 @@ pub(super) struct Elsewhere {
     req: Request,
 }
 
-/// `Some` when `canon`, sent by the client as `raw`, belongs to a slot of another node: in
-/// cluster mode, the two forms hash to different slots and this node does not own the
-/// canonical one. Sets with `NORMALIZE none` never get here (the forms are equal).
+/// `Some` when `canon`, sent by the client as `raw`, belongs to another slot than the one the
+/// command was routed by: in cluster mode, the two forms hash to different slots. The holder
+/// of the canonical slot answers: another node over the bus, or this one from a timer just
+/// after the command (`bus::forward`). Sets with `NORMALIZE none` never get here (the forms
+/// are equal).
 pub(super) fn elsewhere(
     raw: &[u8],
     canon: &Canon,
@@ -36,7 +38,7 @@ pub(super) fn elsewhere(
         return None;
     }
     let slot = keyslot(canon.entity.as_bytes());
-    if slot == keyslot(raw) || owner::owns(slot) {
+    if slot == keyslot(raw) {
         return None;
     }
     Some(Elsewhere {

@@ -14,21 +14,25 @@ use crate::server::block::Completion;
 use super::batch::{decide_lookups, send_lookups, send_writes, writes};
 use super::lookup::{self, Step};
 use super::outlet::Outlet;
-use super::point_remote;
 use super::write::{self, Op as WriteOp};
+use super::{point_for, point_remote, PointDone};
 use crate::cluster::bus::{self, Responder};
 use crate::cluster::owner;
 use crate::cluster::wire::{Many, Op, Request};
-use crate::db::pool::{self, Job};
+use crate::db::pool::{self, Job, Point};
 use crate::model::canon::{hash_parts, Canon};
 use crate::model::error;
 use crate::model::slot::keyslot;
 use crate::sets::{catalog, state};
 
-/// Runs a request forwarded by another node, if this node holds the canonical slot (else a
-/// `TRYAGAIN`): the same lookup or write a local client gets, answered through `to`.
+/// Runs a request forwarded by another node (or by this one for its own client, `bus::forward`):
+/// the same lookup or write a local client gets, answered through `to`. A write only if this
+/// node holds the canonical slot (else a `TRYAGAIN`); a lookup always, as for `serve_many`: the
+/// funnel believes a filter negative only for a slot held long enough, and the database
+/// answers the rest on any node.
 pub fn serve(ctx: &Context, req: Request, to: Responder) {
-    if !owner::is_primary() || !owner::holds(ctx, keyslot(req.entity.as_bytes())) {
+    let write = matches!(req.op, Op::Add | Op::Del);
+    if write && (!owner::is_primary() || !owner::holds(ctx, keyslot(req.entity.as_bytes()))) {
         bus::REFUSED.fetch_add(1, Ordering::Relaxed);
         return to.answer(ctx, Err(RedisError::Str(error::SLOT_MOVING)));
     }
@@ -47,7 +51,7 @@ pub fn serve(ctx: &Context, req: Request, to: Responder) {
                 }
                 Step::Db(done) => {
                     bus::SERVED.fetch_add(1, Ordering::Relaxed);
-                    pool::submit(Job::Lookup(point_remote(*done, to)));
+                    pool::submit(Job::Lookup(point(*done, to)));
                 }
                 Step::Unknown => unknown(ctx, &req.set, to),
                 Step::Forward(_) => to.answer(ctx, Err(RedisError::Str(error::INTERNAL))),
@@ -62,8 +66,7 @@ pub fn serve(ctx: &Context, req: Request, to: Responder) {
             match write::prepare_canonical(&req.set, canon, op) {
                 Some(done) => {
                     bus::SERVED.fetch_add(1, Ordering::Relaxed);
-                    let point = point_remote(write::begin(done), to);
-                    write::send(point, op, req.expires_at);
+                    write::send(point(write::begin(done), to), op, req.expires_at);
                 }
                 None => unknown(ctx, &req.set, to),
             }
@@ -115,6 +118,15 @@ pub fn serve_many(ctx: &Context, req: Many, to: Responder) {
             Outlet::part(Box::new(move |ctx, r| to.answer(ctx, r))),
             done,
         ),
+    }
+}
+
+/// The point query whose answer completes `done` and goes to `to`: another node's request, or
+/// one of this node's own clients, unblocked directly (see `bus::forward`).
+fn point<T: 'static, D: PointDone<T>>(done: D, to: Responder) -> Point<T> {
+    match to.into_local() {
+        Ok(blocked) => point_for(blocked, done),
+        Err(to) => point_remote(done, to),
     }
 }
 

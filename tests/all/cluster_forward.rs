@@ -485,3 +485,44 @@ fn a_migrating_slots_items_are_not_answered_absent_by_its_old_owner() {
         "{raw} answered 0 by the old owner of slot {slot} while it migrated"
     );
 }
+
+/// A spelling whose canonical slot is another slot of the node it was routed to: that node
+/// serves it just after the command, outside it (inside, the server finds the keys a module
+/// opens only in the slot the command was routed by), so its exact-match entry, which lies in
+/// the canonical slot, is found: the lookups after the first are cache hits.
+#[test]
+fn a_spelling_whose_canonical_slot_is_another_of_this_node_finds_its_cache_entry() {
+    let _stall = shared();
+    let held = Cluster::shared();
+    let cl: &Cluster = &held;
+    let set = "fwd_here";
+    ok(
+        &mut cl.set_owner(set).conn(),
+        &[
+            "MEMBER.CREATE",
+            set,
+            "NORMALIZE",
+            "lower",
+            "RECENT-TTL",
+            "1",
+        ],
+    );
+    cl.wait_ready(set);
+    let (raw, canon) = (0..2000)
+        .map(|i| (format!("HERE-{i}"), format!("here-{i}")))
+        .find(|(r, c)| {
+            cl.keyslot(r) != cl.keyslot(c) && node_of(cl, r).port() == node_of(cl, c).port()
+        })
+        .expect("no spelling with both slots on one primary");
+    let n = node_of(cl, &raw);
+    let mut c = n.conn();
+    assert_eq!(int(&mut c, &["MEMBER.ADD", set, &raw]), 1);
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            explain(&mut c, set, &raw) == (1, "cache-hit".to_string())
+        }),
+        "{raw} (canonical {canon}) never answered from its cache entry: {:?}",
+        explain(&mut c, set, &raw)
+    );
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", set, &raw]), 1);
+}

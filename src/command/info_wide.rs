@@ -242,10 +242,6 @@ struct WideInfo {
     nodes: Vec<Node>,
 }
 
-// SAFETY: made and replied on the main thread only; `Completion` asks for Send because a
-// worker usually carries one.
-unsafe impl Send for WideInfo {}
-
 impl WideInfo {
     /// The top-level fields: the definition, node counts and the totals.
     fn top(&self) -> Vec<(String, String)> {

@@ -131,7 +131,7 @@ pub fn forward(ctx: &Context, node: &str, blocked: Blocked, mut req: Request, ti
 /// had come from another node. While a command runs, the server finds every key the module
 /// opens only in the slot of the command's routing argument, so the canonical slot's keys
 /// (its exact-match entries, its sentinel) would not be found inside it.
-fn serve_here(ctx: &Context, blocked: Blocked, req: Request) {
+pub fn serve_here(ctx: &Context, blocked: Blocked, req: Request) {
     ctx.create_timer(
         Duration::ZERO,
         |ctx, (req, blocked): (Request, Blocked)| match SERVE.get() {

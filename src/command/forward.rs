@@ -65,8 +65,13 @@ pub(super) fn block_and_start(ctx: &Context, e: Elsewhere) -> RedisResult {
     Ok(RedisValue::NoReply)
 }
 
-/// Forwards `e` for a client already blocked (waiting for the catalog, say).
+/// Forwards `e` for a client already blocked (waiting for the catalog, say). A slot this node
+/// answers for itself (a primary's own, a replica's primary's) is served here, just after the
+/// command.
 pub(super) fn start(ctx: &Context, blocked: Blocked, e: Elsewhere) {
+    if owner::owns(e.slot) {
+        return bus::serve_here(ctx, blocked, e.req);
+    }
     match owner::node_of(e.slot) {
         Some(node) => bus::forward(ctx, &node, blocked, e.req, block_timeout()),
         None => blocked.finish(Box::new(Fail(error::NO_OWNER.into()))),

@@ -525,4 +525,19 @@ fn a_spelling_whose_canonical_slot_is_another_of_this_node_finds_its_cache_entry
         explain(&mut c, set, &raw)
     );
     assert_eq!(int(&mut c, &["MEMBER.EXISTS", set, &raw]), 1);
+    // A READONLY replica of that node answers the same spelling itself, as its primary does:
+    // both slots are its primary's.
+    let replica = cl.replica_of(n);
+    let mut rc = replica.conn();
+    ok(&mut rc, &["READONLY"]);
+    let sent = counter(replica, "forwarded_sent");
+    assert!(wait_until(Duration::from_secs(10), || int(
+        &mut rc,
+        &["MEMBER.EXISTS", set, &raw]
+    ) == 1));
+    assert_eq!(
+        counter(replica, "forwarded_sent"),
+        sent,
+        "the replica sent the lookup to its primary"
+    );
 }

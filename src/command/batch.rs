@@ -6,17 +6,17 @@ use std::time::Duration;
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
+use super::batch_parts::{
+    decide_lookups, send_lookups, send_writes, writes, Kind, ManyLookups, ManyWrites,
+};
 use super::batch_wide;
-use super::lookup::{decide_item, LookupDone, Step};
 use super::outlet::Outlet;
 use super::retry::after_catalog;
-use super::write::{begin, expiry, Op, WriteDone};
-use super::{block_timeout, may_block, ManyArgs, PointDone};
-use crate::db::sql::Found;
-use crate::db::{pool, sql, DbErr};
+use super::write::expiry;
+use super::{block_timeout, may_block, ManyArgs};
 use crate::model::canon::Canon;
 use crate::server::block::{Blocked, Completion, Fail};
-use crate::{config::token_key, filter::store, model::error, sets::keys, sets::state};
+use crate::{config::token_key, model::error, sets::keys, sets::state};
 
 /// Most items one MEXISTS or MADD may name (`error::TOO_MANY_ITEMS`): it bounds the
 /// main-thread work of one call (probes, or each ADD's effects) to about a millisecond.
@@ -44,12 +44,6 @@ fn parse(args: Vec<RedisString>, extra: &[&'static str]) -> Result<ManyArgs, Red
         return Err(RedisError::Str(error::TOO_MANY_ITEMS));
     }
     Ok(a)
-}
-
-#[derive(Clone, Copy)]
-pub(super) enum Kind {
-    Lookups,
-    Writes(Option<f64>),
 }
 
 /// Plans the call and starts it; a set this node does not know is asked of the catalog first
@@ -217,196 +211,6 @@ fn canonical_all<'a>(
             })
         })
         .collect()
-}
-
-/// How many items ahead MEXISTS prefetches their filter lines (`benches/filter.rs`, batched).
-const PREFETCH_AHEAD: usize = 8;
-
-/// The funnel for every item of a known set (main thread, DB 0): answers from memory, and the
-/// lookups only the database can resolve.
-pub(super) fn decide_lookups(
-    ctx: &Context,
-    set: &mut state::SetState,
-    epoch: u64,
-    canons: Vec<Canon>,
-) -> ManyLookups {
-    let mut done = ManyLookups {
-        answers: Vec::with_capacity(canons.len()),
-        pending: Vec::new(),
-        result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
-    };
-    // Standalone, the filter key is looked up once for the whole call. In cluster mode the
-    // filter lives in module memory and each item's slot must be one it covers: every item
-    // asks the store as a single lookup does.
-    let probe =
-        (!crate::server::cluster_mode::enabled()).then(|| store::Probe::open(ctx, &set.filter_key));
-    // Each item's filter lines are asked for `PREFETCH_AHEAD` items before its probe, so
-    // the misses of a filter larger than the caches overlap instead of queueing.
-    let hashes: Vec<u128> = canons.iter().map(|c| c.hash).collect();
-    let prefetch = |h: u128| {
-        if let Some(p) = &probe {
-            p.prefetch(h);
-        }
-    };
-    for &h in hashes.iter().take(PREFETCH_AHEAD) {
-        prefetch(h);
-    }
-    for (i, canon) in canons.into_iter().enumerate() {
-        if let Some(&h) = hashes.get(i + PREFETCH_AHEAD) {
-            prefetch(h);
-        }
-        match decide_item(ctx, set, epoch, probe.as_ref(), canon, false, None) {
-            Step::Done(present, _) => done.answers.push(present),
-            Step::Db(lookup) => {
-                done.answers.push(false);
-                done.pending.push((i, *lookup));
-            }
-            Step::Unknown | Step::Forward(_) => {
-                unreachable!("decide_item answers from memory or the database")
-            }
-        }
-    }
-    done
-}
-
-/// Every item's write to a known set, canonicalized (nothing is marked yet).
-pub(super) fn writes(
-    set: &state::SetState,
-    canons: Vec<Canon>,
-    expires_at: Option<f64>,
-) -> ManyWrites {
-    ManyWrites {
-        set: set.def.name.clone(),
-        writes: canons
-            .into_iter()
-            .map(|canon| WriteDone::new(Op::Add, set, canon))
-            .collect(),
-        expires_at,
-    }
-}
-
-/// One job, one statement: every lookup of the call in one `lookup_many`. However the job
-/// ends, the outlet gets exactly one answer (a dropped job answers with the preset error).
-pub(super) fn send_lookups(out: Outlet, done: ManyLookups) {
-    let out = out.with_fallback(Box::new(done.clone()));
-    pool::run(move |db| {
-        let mut done = done;
-        let set = done.pending[0].1.target().0.to_string();
-        let rows: Vec<(&str, &str)> = done
-            .pending
-            .iter()
-            .map(|(_, l)| {
-                let (_, e, s) = l.target();
-                (e, s)
-            })
-            .collect();
-        pool::count_batch(rows.len());
-        let res = sql::lookup_many(db, &set, &rows);
-        done.result = res;
-        out.finish(Box::new(done));
-    });
-}
-
-/// Marks every item as a recent write, then one job inserts them all with one multi-row
-/// statement (the primary key decides each 1 or 0).
-pub(super) fn send_writes(out: Outlet, done: ManyWrites) {
-    let writes = done.writes.into_iter().map(begin).collect();
-    let done = ManyWrites { writes, ..done };
-    let out = out.with_fallback(Box::new(done.clone()));
-    pool::run(move |db| {
-        let mut done = done;
-        let rows: Vec<(&str, &str, Option<f64>)> = done
-            .writes
-            .iter()
-            .map(|w| {
-                let (e, s) = w.row();
-                (e, s, done.expires_at)
-            })
-            .collect();
-        pool::count_batch(rows.len());
-        let res = sql::add_many(db, &done.set, &rows);
-        for (i, w) in done.writes.iter_mut().enumerate() {
-            w.answered(match &res {
-                Ok(made) => Ok(made[i]),
-                Err(e) => Err(e.clone()),
-            });
-        }
-        out.finish(Box::new(done));
-    });
-}
-
-/// A MEXISTS call (or this node's part of one): the answers from memory, and the lookups the
-/// database resolves together.
-#[derive(Clone)]
-pub(super) struct ManyLookups {
-    /// One per item, in call order; the places of `pending` are filled by `apply`.
-    pub(super) answers: Vec<bool>,
-    /// (position, lookup) of every item only the database can answer.
-    pub(super) pending: Vec<(usize, LookupDone)>,
-    /// The database's answer for each of `pending`, in order.
-    result: Result<Vec<Found>, DbErr>,
-}
-
-impl Completion for ManyLookups {
-    /// Each lookup's own effects (counters, fp-cache, cache fill), as for MEMBER.EXISTS.
-    fn apply(&mut self, ctx: &Context) {
-        for (k, (i, lookup)) in self.pending.iter_mut().enumerate() {
-            let res = match &self.result {
-                Ok(found) => Ok(found[k]),
-                Err(e) => Err(e.clone()),
-            };
-            if let Ok(found) = &res {
-                self.answers[*i] = found.is_member();
-            }
-            lookup.answered(res);
-            lookup.apply(ctx);
-        }
-    }
-
-    /// The whole array, or (any lookup failed or timed out) one error: never a partial array.
-    fn reply(&mut self, _ctx: &Context) -> RedisResult {
-        if !self.pending.is_empty() {
-            if let Err(e) = &self.result {
-                return Err(RedisError::String(e.reply_text()));
-            }
-        }
-        Ok(RedisValue::Array(
-            self.answers
-                .iter()
-                .map(|&b| RedisValue::Integer(b as i64))
-                .collect(),
-        ))
-    }
-}
-
-/// A MADD call (or this node's part of one): every item's write, answered by one multi-row
-/// insert.
-#[derive(Clone)]
-pub(super) struct ManyWrites {
-    set: String,
-    writes: Vec<WriteDone>,
-    expires_at: Option<f64>,
-}
-
-impl Completion for ManyWrites {
-    /// Each item's effects as for MEMBER.ADD: filter bit, cache invalidation, replication,
-    /// recent-writes mark ended.
-    fn apply(&mut self, ctx: &Context) {
-        for w in &mut self.writes {
-            w.apply(ctx);
-        }
-    }
-
-    fn reply(&mut self, ctx: &Context) -> RedisResult {
-        let mut out = Vec::with_capacity(self.writes.len());
-        for w in &mut self.writes {
-            match w.reply(ctx)? {
-                v @ RedisValue::Integer(_) => out.push(v),
-                _ => return Err(RedisError::Str(error::INTERNAL)),
-            }
-        }
-        Ok(RedisValue::Array(out))
-    }
 }
 
 #[cfg(test)]

@@ -5,15 +5,18 @@
 //! never a partial array. Runs outside the command (`batch::defer`). The owner's side is
 //! `forwarded::serve_many`.
 
+use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis_module::{Context, RedisError, RedisResult, RedisValue};
 
-use super::batch::ManyWrites;
-use super::batch::{decide_lookups, send_lookups, send_writes, writes, Kind, ManyLookups};
+use super::batch_parts::{
+    decide_lookups, send_lookups, send_writes, writes, Kind, ManyLookups, ManyWrites,
+};
 use super::block_timeout;
 use super::outlet::Outlet;
+use super::retry::ask_while_learning;
 use crate::cluster::bus::{self, Lost};
 use crate::cluster::owner;
 use crate::cluster::peers;
@@ -154,28 +157,11 @@ impl Wide {
     }
 }
 
-/// How long before an owner still learning the set is asked again.
-const LEARNING_RETRY: Duration = Duration::from_millis(20);
-
-/// Asks `node` for the items at `at`; a node still learning the set from the catalog is asked
-/// again until `deadline`.
+/// Asks `node` for the items at `at`; the answer goes into `join`.
 fn ask(ctx: &Context, node: String, at: Vec<usize>, req: Many, join: Join, deadline: Instant) {
-    let timeout = deadline
-        .saturating_duration_since(Instant::now())
-        .max(Duration::from_millis(1));
-    let again = req.clone();
     let to = node.clone();
     let then: bus::Then = Box::new(move |ctx, res| match res {
         Ok(Answer::Ints(v)) => join.part(&at, Ok(v)),
-        Ok(Answer::Error(e))
-            if e == error::SET_BEING_LEARNED && Instant::now() + LEARNING_RETRY < deadline =>
-        {
-            ctx.create_timer(
-                LEARNING_RETRY,
-                |ctx, (node, at, req, join, deadline)| ask(ctx, node, at, req, join, deadline),
-                (to, at, again, join, deadline),
-            );
-        }
         Ok(Answer::Error(e)) => join.part(&at, Err(e)),
         Ok(_) => join.part(&at, Err(error::INTERNAL.into())),
         Err(lost) => {
@@ -186,7 +172,10 @@ fn ask(ctx: &Context, node: String, at: Vec<usize>, req: Many, join: Join, deadl
             join.part(&at, Err(format!("{text} ({})", peers::address(ctx, &to))));
         }
     });
-    bus::ask_many(ctx, &node, req, timeout, then);
+    let send = Rc::new(move |ctx: &Context, timeout, then| {
+        bus::ask_many(ctx, &node, req.clone(), timeout, then)
+    });
+    ask_while_learning(ctx, deadline, send, then);
 }
 
 /// The integers of a part's reply, or its error line.

@@ -11,7 +11,7 @@ use redis_module::{Context, RedisError};
 
 use crate::server::block::Completion;
 
-use super::batch::{decide_lookups, send_lookups, send_writes, writes};
+use super::batch_parts::{decide_lookups, send_lookups, send_writes, writes};
 use super::lookup::{self, Step};
 use super::outlet::Outlet;
 use super::write::{self, Op as WriteOp};

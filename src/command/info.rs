@@ -1,4 +1,4 @@
-//! MEMBER.INFO <set> and the server's `INFO member` section.
+//! MEMBER.NODEINFO (this node's MEMBER.INFO of a set; MEMBER.INFO itself is `info_wide.rs`) and the server's `INFO member` section.
 
 use std::sync::atomic::Ordering;
 
@@ -12,21 +12,9 @@ fn f(x: f64) -> String {
     format!("{x:.6}")
 }
 
-/// MEMBER.INFO <set>: settings, filter geometry and fill, rebuild state, counters per path. In
-/// a cluster, of every node (`info_wide.rs`).
-pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    if !crate::server::cluster_mode::enabled() {
-        return nodeinfo(ctx, args);
-    }
-    if args.len() != 2 {
-        return Err(RedisError::WrongArity);
-    }
-    let name = set_name(&args[1])?;
-    crate::sets::acl::check_set(ctx, &name, crate::sets::acl::Access::Read)?;
-    super::info_wide::info(ctx, name)
-}
-
-/// MEMBER.NODEINFO <set>: MEMBER.INFO's fields as this node holds them. Without a set: the
+/// MEMBER.NODEINFO <set>: MEMBER.INFO's fields as this node holds them (MEMBER.INFO itself,
+/// standalone: `info_wide::info`): settings, filter geometry and fill, rebuild state, counters
+/// per path. Without a set: the
 /// names of the sets this node holds that the caller may read, sorted.
 pub fn nodeinfo(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if args.len() == 1 {

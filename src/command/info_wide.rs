@@ -11,7 +11,7 @@ use std::os::raw::c_long;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use redis_module::{raw, Context, RedisError, RedisResult, RedisValue};
+use redis_module::{raw, Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use super::{block_timeout, info, may_block};
 use crate::cluster::bus::{self, Lost, Responder};
@@ -70,9 +70,23 @@ const SUM_ALL: &[&str] = &[
     "recent_marks",
 ];
 
+/// MEMBER.INFO <set>: standalone, this node's fields (`info::nodeinfo`); in a cluster, every
+/// node's.
+pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    if !crate::server::cluster_mode::enabled() {
+        return info::nodeinfo(ctx, args);
+    }
+    if args.len() != 2 {
+        return Err(RedisError::WrongArity);
+    }
+    let name = super::set_name(&args[1])?;
+    crate::sets::acl::check_set(ctx, &name, crate::sets::acl::Access::Read)?;
+    cluster(ctx, name)
+}
+
 /// MEMBER.INFO <set> in a cluster: blocks the client and gathers every node's part. A set this
 /// node does not know is asked of the catalog first.
-pub fn info(ctx: &Context, name: String) -> RedisResult {
+fn cluster(ctx: &Context, name: String) -> RedisResult {
     if state::with(|r| r.serving(&name, false).is_none()) {
         let (known, asked) = (name.clone(), name.clone());
         return super::retry::after_catalog(
@@ -181,33 +195,11 @@ fn start(ctx: &Context, blocked: Blocked, name: String) {
     })
 }
 
-/// How long before a node still learning the set is asked again.
-const LEARNING_RETRY: Duration = Duration::from_millis(20);
-
+/// Asks `node` for its fields of `set`; the answer goes into `gather` at `at`.
 fn ask(ctx: &Context, node: String, set: String, at: usize, gather: Gather, deadline: Instant) {
-    let timeout = deadline
-        .saturating_duration_since(Instant::now())
-        .max(Duration::from_millis(1));
-    let req = Info {
-        id: 0,
-        set: set.clone(),
-    };
-    let again = node.clone();
-    let then: bus::Then = Box::new(move |ctx, res| {
+    let then: bus::Then = Box::new(move |_, res| {
         let part = match res {
             Ok(Answer::Fields(f)) => Part::Fields(f),
-            Ok(Answer::Error(e))
-                if e == error::SET_BEING_LEARNED && Instant::now() + LEARNING_RETRY < deadline =>
-            {
-                ctx.create_timer(
-                    LEARNING_RETRY,
-                    |ctx, (node, set, at, gather, deadline)| {
-                        ask(ctx, node, set, at, gather, deadline)
-                    },
-                    (again, set, at, gather, deadline),
-                );
-                return;
-            }
             Ok(Answer::Error(e)) => Part::Failed(e),
             Ok(_) => Part::Failed(error::INTERNAL.into()),
             Err(Lost::Unreachable) => Part::Failed("unreachable".into()),
@@ -216,7 +208,14 @@ fn ask(ctx: &Context, node: String, set: String, at: usize, gather: Gather, dead
         gather.0.borrow_mut().nodes[at].part = part;
         gather.done_if_complete();
     });
-    bus::ask_info(ctx, &node, req, timeout, then);
+    let send = Rc::new(move |ctx: &Context, timeout, then| {
+        let req = Info {
+            id: 0,
+            set: set.clone(),
+        };
+        bus::ask_info(ctx, &node, req, timeout, then)
+    });
+    super::retry::ask_while_learning(ctx, deadline, send, then);
 }
 
 impl Gather {

@@ -4,6 +4,7 @@
 pub mod alter;
 pub mod attach;
 pub mod batch;
+pub mod batch_parts;
 pub mod batch_wide;
 pub mod create;
 pub mod declare;

@@ -8,7 +8,9 @@ use redis_module::{Context, RedisResult, RedisString};
 
 use super::docs::Arg;
 use super::row::{Audience, Command, Item, Route, Run, UNDOCUMENTED};
-use super::{alter, batch, create, drop, exists, info, internal, lookup, rebuild, write};
+use super::{
+    alter, batch, create, drop, exists, info, info_wide, internal, lookup, rebuild, write,
+};
 use crate::hooks::redact::Shape;
 
 /// MEMBER.EXISTS <set> <item> [SCOPE <scope>]: its raw entry point reads this row.
@@ -55,7 +57,7 @@ pub const COMMANDS: &[Command] = &[
         .doc("Tells for each of up to 1000 items whether it is a member of a set", Some("O(N) where N is the number of items; one database query for those neither the filter nor the cache decides"), &[SET, SCOPE, ITEMS]),
     public("member.madd", batch::madd, "write deny-oom", -4, Route::BySet(Item::Insert), Some(Shape::Many))
         .doc("Makes up to 1000 items members of a set", Some("O(N) where N is the number of items, plus one database statement"), &[SET, SCOPE, EXPIRY, ITEMS]),
-    public("member.info", info::info, "readonly", 2, Route::BySet(Item::Read), None)
+    public("member.info", info_wide::info, "readonly", 2, Route::BySet(Item::Read), None)
         .doc("Shows a set's settings, filter, rebuild, sync and counters, in a cluster over every node", Some("O(1); in a cluster O(N) where N is the number of nodes"), &[SET]),
     public("member.nodeinfo", info::nodeinfo, "readonly", -1, Route::Anywhere, None)
         .doc("Shows a set as the node that receives the call serves it, or lists the sets it serves", Some("O(1); without a set O(N) where N is the number of sets"), &[Arg::string("set").optional()]),

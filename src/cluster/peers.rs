@@ -10,53 +10,41 @@ use redis_module::{raw, Context};
 /// Length of a cluster node id (`REDISMODULE_NODE_ID_LEN`); ids are not NUL-terminated.
 pub(super) const NODE_ID_LEN: usize = 40;
 
-/// True while the cluster knows node `id` and marks it neither failing nor possibly failing.
-pub(super) fn node_up(ctx: &Context, id: &[u8]) -> bool {
-    let Ok(id) = CString::new(id) else {
-        return false;
-    };
-    let mut flags: c_int = 0;
-    // SAFETY: main thread; a NUL-terminated node id; the outputs not wanted are null, as the
-    // API allows.
-    let rc = unsafe {
-        raw::RedisModule_GetClusterNodeInfo.unwrap()(
-            ctx.ctx,
-            id.as_ptr(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            &mut flags,
-        )
-    };
-    let failing = (raw::REDISMODULE_NODE_PFAIL | raw::REDISMODULE_NODE_FAIL) as c_int;
-    rc == raw::REDISMODULE_OK as c_int && flags & failing == 0
-}
-
-/// `ip:port` of node `id` as the cluster knows it (what MOVED names), else the id itself.
-pub fn address(ctx: &Context, id: &str) -> String {
-    let Ok(cid) = CString::new(id) else {
-        return id.to_string();
-    };
+/// What the server knows of node `id`: its `ip:port` (what MOVED names) and its flags, or
+/// `None` for a node it does not know.
+fn info(ctx: &Context, id: &[u8]) -> Option<(String, c_int)> {
+    let id = CString::new(id).ok()?;
     // The server copies NET_IP_STR_LEN (46) bytes, NUL included.
     let mut ip = [0 as c_char; 64];
-    let mut port: c_int = 0;
+    let (mut port, mut flags): (c_int, c_int) = (0, 0);
     // SAFETY: main thread; a NUL-terminated node id; `ip` holds at least NET_IP_STR_LEN bytes.
     let rc = unsafe {
         raw::RedisModule_GetClusterNodeInfo.unwrap()(
             ctx.ctx,
-            cid.as_ptr(),
+            id.as_ptr(),
             ip.as_mut_ptr(),
             std::ptr::null_mut(),
             &mut port,
-            std::ptr::null_mut(),
+            &mut flags,
         )
     };
     if rc != raw::REDISMODULE_OK as c_int {
-        return id.to_string();
+        return None;
     }
     // SAFETY: the server wrote a NUL-terminated address into `ip`.
     let ip = unsafe { std::ffi::CStr::from_ptr(ip.as_ptr()) }.to_string_lossy();
-    format!("{ip}:{port}")
+    Some((format!("{ip}:{port}"), flags))
+}
+
+/// True while the cluster knows node `id` and marks it neither failing nor possibly failing.
+pub(super) fn node_up(ctx: &Context, id: &[u8]) -> bool {
+    let failing = (raw::REDISMODULE_NODE_PFAIL | raw::REDISMODULE_NODE_FAIL) as c_int;
+    info(ctx, id).is_some_and(|(_, flags)| flags & failing == 0)
+}
+
+/// `ip:port` of node `id` as the cluster knows it (what MOVED names), else the id itself.
+pub fn address(ctx: &Context, id: &str) -> String {
+    info(ctx, id.as_bytes()).map_or_else(|| id.to_string(), |(address, _)| address)
 }
 
 /// One node of the cluster, as this node sees it now.
@@ -88,27 +76,9 @@ pub fn nodes(ctx: &Context) -> Vec<Seen> {
     unsafe { raw::RedisModule_FreeClusterNodesList.unwrap()(list) };
     ids.into_iter()
         .filter_map(|id| {
-            let cid = CString::new(id.as_str()).ok()?;
-            let mut ip = [0 as c_char; 64];
-            let (mut port, mut flags): (c_int, c_int) = (0, 0);
-            // SAFETY: main thread; a NUL-terminated id; `ip` holds NET_IP_STR_LEN bytes.
-            let rc = unsafe {
-                raw::RedisModule_GetClusterNodeInfo.unwrap()(
-                    ctx.ctx,
-                    cid.as_ptr(),
-                    ip.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                    &mut port,
-                    &mut flags,
-                )
-            };
-            if rc != raw::REDISMODULE_OK as c_int {
-                return None;
-            }
-            // SAFETY: the server wrote a NUL-terminated address into `ip`.
-            let ip = unsafe { std::ffi::CStr::from_ptr(ip.as_ptr()) }.to_string_lossy();
+            let (address, flags) = info(ctx, id.as_bytes())?;
             Some(Seen {
-                address: format!("{ip}:{port}"),
+                address,
                 primary: flags & raw::REDISMODULE_NODE_MASTER as c_int != 0,
                 myself: flags & raw::REDISMODULE_NODE_MYSELF as c_int != 0,
                 id,

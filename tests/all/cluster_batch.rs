@@ -9,7 +9,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use redis::Connection;
-use support::cluster::{cli_follow, stall_exclusive, stall_shared, Cluster, Node};
+use support::cluster::{
+    cli_follow, stall_exclusive, stall_shared, while_asleep, Cluster, ConfigFor, Node,
+};
 use support::member::*;
 use support::wait_until;
 
@@ -269,35 +271,12 @@ fn an_owner_too_slow_to_answer_makes_the_whole_call_unavailable() {
     let items: Vec<String> = (0..40).map(|i| format!("slow-{i}")).collect();
     assert!(owners(cl, &items).contains(&slow.port()));
     let mut rc = receiver.conn();
-    let before: String = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("member.db-timeout-ms")
-        .query::<Vec<String>>(&mut rc)
-        .unwrap()[1]
-        .clone();
-    ok(&mut rc, &["CONFIG", "SET", "member.db-timeout-ms", "200"]);
     let e = {
-        let mut sc = slow.conn();
-        let mut probe = slow.conn();
-        let sleep = redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg("1.5")
-            .get_packed_command();
-        sc.send_packed_command(&sleep).unwrap();
-        probe
-            .set_read_timeout(Some(Duration::from_millis(100)))
-            .unwrap();
-        assert!(
-            wait_until(Duration::from_secs(10), || redis::cmd("PING")
-                .query::<String>(&mut probe)
-                .is_err()),
-            "the owner never went to sleep"
-        );
-        let e = many_err(&mut rc, "MEMBER.MEXISTS", set, &items);
-        let _: redis::Value = sc.recv_response().unwrap();
-        e
+        let _short = ConfigFor::set(receiver, "member.db-timeout-ms", "200");
+        while_asleep(slow, 1.5, || {
+            many_err(&mut rc, "MEMBER.MEXISTS", set, &items)
+        })
     };
-    ok(&mut rc, &["CONFIG", "SET", "member.db-timeout-ms", &before]);
     assert!(
         e.starts_with(
             "UNAVAILABLE a node holding some of the items' canonical slots did not answer"

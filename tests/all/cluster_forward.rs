@@ -7,8 +7,9 @@ use crate::support;
 
 use std::time::Duration;
 
-use redis::Connection;
-use support::cluster::{stall_exclusive, stall_shared as shared, Cluster, Node};
+use support::cluster::{
+    stall_exclusive, stall_shared as shared, while_asleep, Cluster, ConfigFor, Node,
+};
 use support::member::*;
 use support::wait_until;
 
@@ -23,18 +24,6 @@ fn create(cl: &Cluster, set: &str, normalize: &str) {
 /// The primary that the cluster routes `item` to.
 fn node_of<'a>(cl: &'a Cluster, item: &str) -> &'a Node {
     cl.owner(cl.keyslot(item))
-}
-
-/// Waits (up to 10 s) until the node behind `probe` leaves a PING unanswered for 100 ms: its
-/// main thread is busy, such as in DEBUG SLEEP. `probe` is connected beforehand (a new
-/// connection's handshake would itself wait for the node) and is of no use afterwards.
-fn wait_asleep(mut probe: Connection) -> bool {
-    probe
-        .set_read_timeout(Some(Duration::from_millis(100)))
-        .unwrap();
-    wait_until(Duration::from_secs(10), || {
-        redis::cmd("PING").query::<String>(&mut probe).is_err()
-    })
 }
 
 fn counter(n: &Node, name: &str) -> i64 {
@@ -218,39 +207,6 @@ fn del_and_expiry_travel_with_the_forwarded_write() {
     }));
 }
 
-/// Sets a module config on one node for the length of a test.
-struct Config<'a> {
-    node: &'a Node,
-    name: &'static str,
-    old: String,
-}
-
-impl<'a> Config<'a> {
-    fn set(node: &'a Node, name: &'static str, value: &str) -> Self {
-        let mut c = node.conn();
-        let v: Vec<String> = redis::cmd("CONFIG")
-            .arg("GET")
-            .arg(name)
-            .query(&mut c)
-            .unwrap();
-        ok(&mut c, &["CONFIG", "SET", name, value]);
-        Config {
-            node,
-            name,
-            old: v[1].clone(),
-        }
-    }
-}
-
-impl Drop for Config<'_> {
-    fn drop(&mut self) {
-        let _ = cmd(
-            &mut self.node.conn(),
-            &["CONFIG", "SET", self.name, &self.old],
-        );
-    }
-}
-
 /// The holder does not answer within the forwarding node's `member.db-timeout-ms` (its event
 /// loop sleeps): the client gets UNAVAILABLE, exactly once, and the late answer is dropped.
 /// The ADD itself may still happen (UNAVAILABLE leaves the outcome open): every node then
@@ -272,21 +228,9 @@ fn a_holder_too_slow_to_answer_gives_unavailable_and_nothing_wrong_after() {
     let (na, owner) = (node_of(cl, &a), node_of(cl, &canon));
     let timeouts = counter(na, "forwarded_timeouts");
     let e = {
-        let _short = Config::set(na, "member.db-timeout-ms", "200");
-        let mut oc = owner.conn();
-        let probe = owner.conn();
-        // Sent, its reply read later: the ADD goes out once the DEBUG SLEEP is on its way and
-        // the owner leaves a PING sent after it unanswered.
-        let sleep = redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg("1.5")
-            .get_packed_command();
-        oc.send_packed_command(&sleep).unwrap();
-        assert!(wait_asleep(probe), "the owner never went to sleep");
-        let mut c: Connection = na.conn();
-        let e = err(&mut c, &["MEMBER.ADD", set, &a]);
-        let _: redis::Value = oc.recv_response().unwrap();
-        e
+        let _short = ConfigFor::set(na, "member.db-timeout-ms", "200");
+        // The ADD goes out once the owner sleeps.
+        while_asleep(owner, 1.5, || err(&mut na.conn(), &["MEMBER.ADD", set, &a]))
     };
     assert!(
         e.starts_with("UNAVAILABLE the node holding the item's canonical slot did not answer"),

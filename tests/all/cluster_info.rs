@@ -9,7 +9,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use redis::Value;
-use support::cluster::{cli_follow, stall_exclusive, stall_shared, Cluster, Node};
+use support::cluster::{
+    cli_follow, stall_exclusive, stall_shared, while_asleep, Cluster, ConfigFor, Node,
+};
 use support::member::*;
 use support::wait_until;
 
@@ -158,36 +160,10 @@ fn a_node_too_slow_to_answer_is_listed_not_fatal() {
     create(cl, set);
     let receiver = cl.set_owner(set);
     let slow = cl.replica_of(receiver);
-    let mut rc = receiver.conn();
-    let before: String = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("member.db-timeout-ms")
-        .query::<Vec<String>>(&mut rc)
-        .unwrap()[1]
-        .clone();
-    ok(&mut rc, &["CONFIG", "SET", "member.db-timeout-ms", "200"]);
     let w = {
-        let mut sc = slow.conn();
-        let mut probe = slow.conn();
-        let sleep = redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg("1.5")
-            .get_packed_command();
-        sc.send_packed_command(&sleep).unwrap();
-        probe
-            .set_read_timeout(Some(Duration::from_millis(100)))
-            .unwrap();
-        assert!(
-            wait_until(Duration::from_secs(10), || redis::cmd("PING")
-                .query::<String>(&mut probe)
-                .is_err()),
-            "the replica never went to sleep"
-        );
-        let w = wide(&mut rc, set);
-        let _: redis::Value = sc.recv_response().unwrap();
-        w
+        let _short = ConfigFor::set(receiver, "member.db-timeout-ms", "200");
+        while_asleep(slow, 1.5, || wide(&mut receiver.conn(), set))
     };
-    ok(&mut rc, &["CONFIG", "SET", "member.db-timeout-ms", &before]);
     assert_eq!(num(&w.top, "cluster_nodes"), 6);
     assert_eq!(num(&w.top, "cluster_nodes_answered"), 5);
     let late: Vec<_> = w.nodes.iter().filter(|n| n["state"] != "ok").collect();

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use redis::{Connection, Value};
 
-use super::member::wait_catalog_loaded;
+use super::member::{cmd, ok, wait_catalog_loaded};
 use super::{free_port, fresh_db, server_binary, start_with, wait_until, TestDb, Valkey};
 
 /// A test that stalls a node of the shared cluster (DEBUG SLEEP) holds this exclusively
@@ -27,6 +27,67 @@ pub fn stall_shared() -> RwLockReadGuard<'static, ()> {
 
 pub fn stall_exclusive() -> RwLockWriteGuard<'static, ()> {
     STALL.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sets a config on one node for as long as this lives, then puts the old value back (even if
+/// the test fails half-way).
+pub struct ConfigFor<'a> {
+    node: &'a Node,
+    name: &'static str,
+    old: String,
+}
+
+impl<'a> ConfigFor<'a> {
+    pub fn set(node: &'a Node, name: &'static str, value: &str) -> Self {
+        let mut c = node.conn();
+        let v: Vec<String> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg(name)
+            .query(&mut c)
+            .unwrap();
+        ok(&mut c, &["CONFIG", "SET", name, value]);
+        ConfigFor {
+            node,
+            name,
+            old: v[1].clone(),
+        }
+    }
+}
+
+impl Drop for ConfigFor<'_> {
+    fn drop(&mut self) {
+        let _ = cmd(
+            &mut self.node.conn(),
+            &["CONFIG", "SET", self.name, &self.old],
+        );
+    }
+}
+
+/// Runs `f` while `node`'s event loop sleeps (`DEBUG SLEEP secs`): the sleep is sent first and
+/// `f` starts once the node leaves a PING unanswered for 100 ms (a probe connected beforehand:
+/// a new connection's handshake would itself wait for the node); the sleep's reply is read
+/// before returning. Hold [`stall_exclusive`] around it.
+pub fn while_asleep<R>(node: &Node, secs: f64, f: impl FnOnce() -> R) -> R {
+    let mut sc = node.conn();
+    let mut probe = node.conn();
+    let sleep = redis::cmd("DEBUG")
+        .arg("SLEEP")
+        .arg(secs)
+        .get_packed_command();
+    sc.send_packed_command(&sleep).unwrap();
+    probe
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || redis::cmd("PING")
+            .query::<String>(&mut probe)
+            .is_err()),
+        "{} never went to sleep",
+        node.addr()
+    );
+    let out = f();
+    let _: Value = sc.recv_response().unwrap();
+    out
 }
 
 /// How many primaries; each gets one replica.

@@ -198,9 +198,13 @@ fn catalog_done(ctx: &Context, id: u64, res: Result<CatalogRow, DbErr>) {
     // for the build that makes the filter complete. Replicas learn the definition with the
     // built filter (one `MEMBER._SET`, then `MEMBER._LOAD`), so they never start a build of
     // their own for it.
-    rebuild::start(&def.name, rebuild::Reason::Create);
+    let kind = if rebuild::start(&def.name, rebuild::Reason::Create) {
+        rebuild::Reply::Ok
+    } else {
+        rebuild::Reply::OkOrRetry
+    };
     if let Some(w) = waiter {
-        rebuild::wait(&def.name, w, rebuild::Reply::Ok);
+        rebuild::wait(&def.name, w, kind);
     }
 }
 

@@ -42,6 +42,10 @@ pub enum Reply {
     Rows,
     /// MEMBER.CREATE: OK.
     Ok,
+    /// MEMBER.CREATE that found a build already running, started before its catalog step
+    /// (a set table it only just made): OK; a failure of that build starts one more, whose
+    /// outcome it hears instead.
+    OkOrRetry,
     /// MEMBER.ALTER SYNC: OK once a filter with the settings it set is in.
     Altered,
 }

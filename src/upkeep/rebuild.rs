@@ -393,6 +393,13 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
             wait_as(ctx, name, w, kind);
             continue;
         }
+        if outcome.is_err() && kind == Reply::OkOrRetry {
+            // This build may have read the database before the CREATE made the set's table:
+            // its failure says nothing about the set the caller created.
+            start(name, Reason::Create);
+            wait_as(ctx, name, w, Reply::Ok);
+            continue;
+        }
         let rows = outcome
             .as_ref()
             .map(|(rows, _)| *rows)
@@ -422,7 +429,9 @@ impl Completion for RebuildReply {
     fn reply(&mut self, _ctx: &Context) -> RedisResult {
         match (&self.0, self.1) {
             (Ok(n), Reply::Rows) => Ok(RedisValue::Integer(*n as i64)),
-            (Ok(_), Reply::Ok | Reply::Altered) => Ok(RedisValue::SimpleStringStatic("OK")),
+            (Ok(_), Reply::Ok | Reply::OkOrRetry | Reply::Altered) => {
+                Ok(RedisValue::SimpleStringStatic("OK"))
+            }
             (Err(e), _) => Err(RedisError::String(e.clone())),
         }
     }

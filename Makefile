@@ -3,7 +3,7 @@
 # ~/.cargo/bin is not on PATH (CI, fresh shells).
 CARGO_ENV = command -v cargo >/dev/null 2>&1 || . "$$HOME/.cargo/env";
 
-.PHONY: deps build run demo stop cluster cluster-stop deb deb-check test lint bench chaos fuzz
+.PHONY: deps build run demo stop cluster cluster-stop deb test lint bench chaos fuzz
 
 deps:
 	bash scripts/install-deps.sh
@@ -52,22 +52,22 @@ REDIS_AREAS = commands bad_input batch funnel hostile acl \
 
 # First every relative link of the documentation must resolve (scripts/check-links.py), and
 # imports in src/ must flow one way (scripts/check-layers.py, docs/architecture.md).
-# Tests start their own PostgreSQL and valkey-server; they load target/debug/libmember.so.
-# The REDIS_AREAS then run once more against Redis 7.0, the second supported server.
-# Last, the Debian package is built and loaded from its extracted files (`make deb`).
-# The Python client's tests (tests/all/python_client.rs) and the sign-up example's browser test
-# (tests/all/signup_browser.rs) run pytest in target/pyenv, made once by scripts/python-env.sh;
-# the Node example (tests/all/client_snippets.rs) runs with the ioredis that
-# scripts/node-env.sh installs.
+# scripts/test-build.sh then builds the release module in the background while the Python
+# (target/pyenv, for tests/all/python_client.rs and the browser test tests/all/signup_browser.rs)
+# and Node (ioredis, for tests/all/client_snippets.rs) environments are made and the debug
+# build compiles beside it. Tests start their own PostgreSQL and valkey-server and load the
+# release module, the one the package ships (MEMBER_MODULE; the failpoint tests load the debug
+# one). The REDIS_AREAS then run once more against Redis 7.0, the second supported server.
+# Last, the Debian package is made from that same build and loaded from its extracted files.
+RELEASE_MODULE = $(CURDIR)/target/release/libmember.so
+
 test: deps
 	python3 scripts/check-links.py
 	python3 scripts/check-layers.py
-	bash scripts/python-env.sh
-	bash scripts/node-env.sh
-	$(CARGO_ENV) cargo build
-	$(CARGO_ENV) cargo test --all-targets -- --test-threads=4
-	$(CARGO_ENV) MEMBER_SERVER=redis-server cargo test --test all -- --test-threads=4 \
-		$(addsuffix ::,$(REDIS_AREAS))
+	$(CARGO_ENV) bash scripts/test-build.sh
+	$(CARGO_ENV) MEMBER_MODULE=$(RELEASE_MODULE) cargo test --all-targets -- --test-threads=4
+	$(CARGO_ENV) MEMBER_MODULE=$(RELEASE_MODULE) MEMBER_SERVER=redis-server \
+		cargo test --test all -- --test-threads=4 $(addsuffix ::,$(REDIS_AREAS))
 	$(MAKE) deb
 
 lint:

@@ -1,11 +1,13 @@
 //! Helpers for talking to libmember through a real client.
 
+use std::path::Path;
 use std::time::Duration;
 
 use redis::{Connection, Value};
 
 use super::{
-    fresh_db, fresh_db_owned_by_module_role, start_with, wait_until, TestDb, Valkey, MODULE_ROLE,
+    debug_module_path, fresh_db, fresh_db_owned_by_module_role, module_path, start_with,
+    wait_until, TestDb, Valkey, MODULE_ROLE,
 };
 
 /// A fresh database and a Valkey with the module pointed at it, catalog loaded.
@@ -29,9 +31,21 @@ impl Env {
         Env::start(fresh_db_owned_by_module_role(), Some(MODULE_ROLE), extra)
     }
 
+    /// An `Env` whose server loads the debug build of the module (which has the test
+    /// failpoints), whatever `MEMBER_MODULE` says.
+    pub fn debug_build(extra: &[(&str, &str)]) -> Env {
+        Env::start_module(fresh_db(), None, extra, &debug_module_path())
+    }
+
     fn start(db: TestDb, role: Option<&str>, extra: &[(&str, &str)]) -> Env {
+        Env::start_module(db, role, extra, &module_path())
+    }
+
+    fn start_module(db: TestDb, role: Option<&str>, extra: &[(&str, &str)], module: &Path) -> Env {
         let url = role.map_or_else(|| db.url(), |r| db.url_as(r));
-        let vk = start_with(&url, extra);
+        let mut cfg = vec![("member.pg-url", url.as_str())];
+        cfg.extend_from_slice(extra);
+        let vk = Valkey::start_module(module, &cfg);
         let mut c = vk.conn();
         assert!(
             wait_until(Duration::from_secs(20), || info_field(

@@ -9,15 +9,21 @@ use std::time::{Duration, Instant};
 
 use super::process::{free_port, make_temp_dir, set_pdeathsig, spawn, tail};
 
-/// `libmember.so` of the profile that built this test binary, which is
-/// `target/<profile>/deps/<test>-<hash>`. `cargo test` (re)builds the cdylib as
-/// `target/<profile>/deps/libmember.so` but only `cargo build` copies it up to
-/// `target/<profile>/libmember.so`, so the deps one is preferred: it is never stale.
-/// `MEMBER_MODULE` overrides both.
+/// The module the tests load: `MEMBER_MODULE` when set (`make test` points it at the release
+/// build, the one the package ships), else [`debug_module_path`].
 pub fn module_path() -> PathBuf {
     if let Some(p) = std::env::var_os("MEMBER_MODULE") {
         return PathBuf::from(p);
     }
+    debug_module_path()
+}
+
+/// `libmember.so` of the profile that built this test binary, which is
+/// `target/<profile>/deps/<test>-<hash>`: `cargo build` writes the cdylib as
+/// `target/<profile>/deps/libmember.so` and copies it up to `target/<profile>/libmember.so`;
+/// the deps one is preferred. For the tests that need what only a debug build has (the
+/// failpoints of `src/db/sql`), whatever `MEMBER_MODULE` says.
+pub fn debug_module_path() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let deps = exe.parent().expect("test binary has a parent dir");
     let beside = deps.join("libmember.so");
@@ -52,13 +58,17 @@ pub fn start_with(pg_url: &str, extra: &[(&str, &str)]) -> Valkey {
 impl Valkey {
     /// valkey-server with libmember loaded and `configs` passed as `--name value`.
     pub fn start(configs: &[(&str, &str)]) -> Valkey {
-        let module = module_path();
+        Self::start_module(&module_path(), configs)
+    }
+
+    /// valkey-server with the libmember at `module` loaded.
+    pub fn start_module(module: &Path, configs: &[(&str, &str)]) -> Valkey {
         assert!(
             module.exists(),
             "{} not found: run `cargo build` first (make test does)",
             module.display()
         );
-        Self::launch(Some(&module), configs)
+        Self::launch(Some(module), configs)
     }
 
     /// valkey-server without the module (harness self-test).

@@ -32,9 +32,18 @@ const CONFIGS: [(&str, &str); 4] = [
     ("member.workers", "2"),
 ];
 
-/// RECENT-TTL 1: the marks would hide a missing filter bit for 10 s. NORMALIZE none: raw and
-/// canonical items are the same (forwarding between nodes is step 5's test).
-const SET_OPTIONS: [&str; 6] = ["CAPACITY", "100000", "RECENT-TTL", "1", "NORMALIZE", "none"];
+/// RECENT-TTL 1: the marks would hide a missing filter bit for 10 s. NORMALIZE lower: half of
+/// the load's items go out spelled in mixed case, whose slot is not the item's, so calls are
+/// served through the cluster bus's forwarding and the batch split while slots move
+/// (`LoadConfig::spell`).
+const SET_OPTIONS: [&str; 6] = [
+    "CAPACITY",
+    "100000",
+    "RECENT-TTL",
+    "1",
+    "NORMALIZE",
+    "lower",
+];
 
 /// The file's own cluster, started once; the tests take turns (one reshards, one kills nodes).
 fn cluster() -> MutexGuard<'static, Cluster> {
@@ -64,6 +73,7 @@ fn load_config(hot: Vec<u16>) -> LoadConfig {
         slack_ms: 3000,
         hot,
         batch: 6,
+        spell: true,
     }
 }
 

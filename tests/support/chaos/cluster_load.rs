@@ -33,6 +33,11 @@ pub struct LoadConfig {
     /// Items per MADD and MEXISTS of the batch clients (one batch writer and one batch
     /// reader, besides `writers` and `readers`); 0: none.
     pub batch: usize,
+    /// The set normalizes with `lower`, and half of the items go out with some letters in
+    /// upper case: such a spelling hashes to another slot than the item, so the node a call
+    /// reaches serves it for the item's slot's owner (the cluster bus's forwarding, or the
+    /// batch split). The history records the item as stored, the lower-case one.
+    pub spell: bool,
 }
 
 /// Client numbers: writers from 0, readers from 100, the batch writer and reader these.
@@ -94,16 +99,42 @@ impl Shared<'_> {
         }
     }
 
+    /// How `item` goes out: itself, or (with `spell`, half of the time) with each letter in
+    /// upper case at even odds.
+    fn spelling(&self, item: &str, rng: &mut Rng) -> String {
+        if !self.cfg.spell || rng.below(2) == 0 {
+            return item.to_string();
+        }
+        item.chars()
+            .map(|c| {
+                if rng.below(2) == 0 {
+                    c.to_ascii_uppercase()
+                } else {
+                    c
+                }
+            })
+            .collect()
+    }
+
     fn router(&self) -> Router {
         let t = Duration::from_millis(3 * (self.cfg.db_timeout_ms + self.cfg.slack_ms));
         Router::new(self.seeds.to_vec(), t)
     }
 
-    /// Runs one command through `router` and records it.
-    fn run(&self, router: &mut Router, client: usize, kind: Kind, item: &str) -> Outcome {
+    /// Runs one command through `router` (the item spelled as [`Shared::spelling`] draws) and
+    /// records it.
+    fn run(
+        &self,
+        router: &mut Router,
+        rng: &mut Rng,
+        client: usize,
+        kind: Kind,
+        item: &str,
+    ) -> Outcome {
+        let spelled = self.spelling(item, rng);
         router.prepare();
         let start = self.rec.now();
-        let (port, res) = router.call(&[kind.command(), self.set, item]);
+        let (port, res) = router.call(&[kind.command(), self.set, &spelled]);
         let end = self.rec.now();
         let outcome = match res {
             Ok(Value::Int(n)) => Outcome::Int(n),
@@ -136,10 +167,12 @@ impl Shared<'_> {
     fn run_many(
         &self,
         router: &mut Router,
+        rng: &mut Rng,
         client: usize,
         kind: Kind,
         items: &[String],
     ) -> Vec<Outcome> {
+        let spelled: Vec<String> = items.iter().map(|i| self.spelling(i, rng)).collect();
         router.prepare();
         let command = match kind {
             Kind::Add => "MEMBER.MADD",
@@ -147,7 +180,7 @@ impl Shared<'_> {
             Kind::Del => unreachable!("no batch DEL"),
         };
         let mut args = vec![command, self.set, "ITEMS"];
-        args.extend(items.iter().map(String::as_str));
+        args.extend(spelled.iter().map(String::as_str));
         let start = self.rec.now();
         let (port, res) = router.call_by(self.set, &args);
         let end = self.rec.now();
@@ -222,7 +255,7 @@ fn batch_writer(x: &Shared) {
             .map(|_| x.fresh("mw", &mut next, &mut rng))
             .collect();
         *x.inflight[w].lock().unwrap() = items.last().unwrap().clone();
-        let got = x.run_many(&mut router, BATCH_WRITER, Kind::Add, &items);
+        let got = x.run_many(&mut router, &mut rng, BATCH_WRITER, Kind::Add, &items);
         let mut acked = x.acked.lock().unwrap();
         for (it, o) in items.into_iter().zip(got) {
             if o == Outcome::Int(1) {
@@ -243,7 +276,7 @@ fn batch_reader(x: &Shared) {
         let items: Vec<String> = (0..x.cfg.batch)
             .map(|_| x.pick(&mut rng, &mut next, "mghost"))
             .collect();
-        x.run_many(&mut router, BATCH_READER, Kind::Exists, &items);
+        x.run_many(&mut router, &mut rng, BATCH_READER, Kind::Exists, &items);
         thread::sleep(Duration::from_millis(x.cfg.pause_ms / 2 + 1));
     }
 }
@@ -258,11 +291,11 @@ fn writer(w: usize, x: &Shared) {
     while !x.stop.load(Ordering::Relaxed) {
         if !mine.is_empty() && rng.below(10) == 0 {
             let it = mine.swap_remove(rng.below(mine.len() as u64) as usize);
-            x.run(&mut router, w, Kind::Del, &it);
+            x.run(&mut router, &mut rng, w, Kind::Del, &it);
         } else {
             let it = x.fresh(&format!("w{w}"), &mut next, &mut rng);
             *x.inflight[w].lock().unwrap() = it.clone();
-            if x.run(&mut router, w, Kind::Add, &it) == Outcome::Int(1) {
+            if x.run(&mut router, &mut rng, w, Kind::Add, &it) == Outcome::Int(1) {
                 x.acked.lock().unwrap().push(it.clone());
                 mine.push(it);
             }
@@ -279,7 +312,7 @@ fn reader(r: usize, x: &Shared) {
     let prefix = format!("ghost{r}");
     while !x.stop.load(Ordering::Relaxed) {
         let it = x.pick(&mut rng, &mut next, &prefix);
-        x.run(&mut router, 100 + r, Kind::Exists, &it);
+        x.run(&mut router, &mut rng, 100 + r, Kind::Exists, &it);
         thread::sleep(Duration::from_millis(x.cfg.pause_ms / 10 + 1));
     }
 }

@@ -401,9 +401,13 @@ fn final_check(
 
 /// Prints operations, faults, errors and violations, each line starting with `tag:`.
 pub fn summary(tag: &str, ops: &[Op], faults: &[Fault], violations: &[Violation], took: Duration) {
-    let mut by_kind: BTreeMap<(Kind, String), usize> = BTreeMap::new();
+    // Each operation's time, by command and outcome: the count and the median are printed.
+    let mut by_kind: BTreeMap<(Kind, String), Vec<u64>> = BTreeMap::new();
     for o in ops {
-        *by_kind.entry((o.kind, o.outcome.class())).or_default() += 1;
+        by_kind
+            .entry((o.kind, o.outcome.class()))
+            .or_default()
+            .push(o.end.saturating_sub(o.start));
     }
     let mut fk: BTreeMap<&str, usize> = BTreeMap::new();
     for f in faults {
@@ -415,8 +419,15 @@ pub fn summary(tag: &str, ops: &[Op], faults: &[Fault], violations: &[Violation]
     }
     eprintln!("{tag}: ---- summary after {:.1} s ----", took.as_secs_f64());
     eprintln!("{tag}: operations {}", ops.len());
-    for ((k, class), n) in &by_kind {
-        eprintln!("{tag}:   {:<14} {:<40} {n}", k.command(), class);
+    for ((k, class), took) in &mut by_kind {
+        took.sort_unstable();
+        let median_ms = took[took.len() / 2] as f64 / 1e3;
+        eprintln!(
+            "{tag}:   {:<14} {:<40} {:>7}  median {median_ms:.1} ms",
+            k.command(),
+            class,
+            took.len()
+        );
     }
     eprintln!("{tag}: faults {}: {fk:?}", faults.len());
     eprintln!("{tag}: violations {}: {vk:?}", violations.len());

@@ -9,6 +9,7 @@
 use postgres::{GenericClient, Transaction};
 
 use super::source::{qualified, quote_ident, quote_literal, shown_table};
+use super::sql::source_notify_trigger as notify_trigger_name;
 use super::DbErr;
 use crate::model::error;
 use crate::model::set_def::{SetDef, Source};
@@ -59,7 +60,8 @@ END $do$"#;
 /// (its connection's `current_schema()`), the catalog's and the change log's families
 /// (`member_catalog…`, `member_changes…`: no set's table can take those names) and the table
 /// `member_<set>` of every set the catalog holds that is not attached; anywhere, a table
-/// carrying the module's own-set triggers (`member_log_change`) or its notify trigger. An
+/// carrying the module's own-set triggers (`member_log_change`) or its notify trigger (not an
+/// attached set's, whose names hold a `$`: a source keeps being one). An
 /// application's own `member_…` table is not reserved by its name alone (an earlier version
 /// may have attached one). False for a table that does not exist.
 fn module_relation<C: GenericClient>(c: &mut C, src: &Source) -> Result<bool, DbErr> {
@@ -73,7 +75,8 @@ fn module_relation<C: GenericClient>(c: &mut C, src: &Source) -> Result<bool, Db
                                         AND 'member_' || m.name = c.relname::text)))
                     OR EXISTS (SELECT FROM pg_trigger g JOIN pg_proc p ON p.oid = g.tgfoid
                                 WHERE g.tgrelid = c.oid
-                                  AND p.proname IN ('member_log_change', 'member_notify_change'))
+                                  AND p.proname IN ('member_log_change', 'member_notify_change')
+                                  AND strpos(g.tgname::text, '$') = 0)
                FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
               WHERE n.nspname = $1 AND c.relname = $2",
             &[&src.schema, &src.table],
@@ -99,7 +102,8 @@ struct Found {
     disabled: bool,
     /// `pg_trigger.tgargs`: each argument followed by a NUL byte.
     args: Vec<u8>,
-    /// It runs the module's `member_log_source`.
+    /// It runs the module's `member_log_source` (or, for the notification trigger,
+    /// `member_notify_change`).
     ours: bool,
 }
 
@@ -118,7 +122,7 @@ fn found<C: GenericClient>(
 ) -> Result<(Vec<Found>, Option<bool>), postgres::Error> {
     let rows = c.query(
         "SELECT g.tgname::text, g.tgenabled = 'D', g.tgargs,
-                p.proname = 'member_log_source'
+                p.proname IN ('member_log_source', 'member_notify_change')
                   AND p.pronamespace = current_schema()::regnamespace
            FROM pg_trigger g JOIN pg_proc p ON p.oid = g.tgfoid
           WHERE g.tgrelid = to_regclass($1) AND g.tgname::text = ANY($2::text[])",
@@ -191,6 +195,9 @@ pub fn install_log_triggers<C: GenericClient>(c: &mut C, def: &SetDef) -> Result
         };
         c.batch_execute(&ddl).map_err(|e| privilege(e, src))?;
     }
+    if crate::config::sync_notify() {
+        install_notify_trigger(c, def)?;
+    }
     if owner == Some(true) {
         for f in have
             .iter()
@@ -201,6 +208,35 @@ pub fn install_log_triggers<C: GenericClient>(c: &mut C, def: &SetDef) -> Result
         }
     }
     Ok(())
+}
+
+/// Installs (or enables) the set's notification trigger on its source table where the notify
+/// function exists (the listener installs it). A trigger of that name that is not the
+/// module's is left alone: the set's outside writes then arrive with the sync interval.
+pub fn install_notify_trigger<C: GenericClient>(c: &mut C, def: &SetDef) -> Result<(), DbErr> {
+    let Some(src) = &def.source else {
+        return Ok(());
+    };
+    let function: bool = c
+        .query_one("SELECT to_regproc('member_notify_change') IS NOT NULL", &[])
+        .map_err(|e| super::classify(&e))?
+        .get(0);
+    if !function {
+        return Ok(());
+    }
+    let t = qualified(src);
+    let name = notify_trigger_name(&def.name);
+    let (have, _) = found(c, &t, std::slice::from_ref(&name)).map_err(|e| super::classify(&e))?;
+    let q = quote_ident(&name);
+    let ddl = match have.first() {
+        None => format!(
+            "CREATE TRIGGER {q} AFTER INSERT OR UPDATE OR DELETE ON {t}
+               FOR EACH STATEMENT EXECUTE FUNCTION member_notify_change()"
+        ),
+        Some(f) if f.ours && f.disabled => format!("ALTER TABLE {t} ENABLE TRIGGER {q}"),
+        Some(_) => return Ok(()),
+    };
+    c.batch_execute(&ddl).map_err(|e| privilege(e, src))
 }
 
 fn create_trigger(name: &str, op: &str, t: &str, args: &str) -> String {
@@ -240,7 +276,10 @@ pub fn drop_log_triggers(
         return Ok(None);
     };
     let t = qualified(src);
-    let names = trigger_names(&def.name);
+    let names: Vec<String> = trigger_names(&def.name)
+        .into_iter()
+        .chain([notify_trigger_name(&def.name)])
+        .collect();
     let all: Vec<String> = names
         .iter()
         .chain(&old_trigger_names(&def.name))

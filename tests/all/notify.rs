@@ -268,3 +268,124 @@ fn the_listener_reconnects_after_a_postgres_restart() {
     );
     assert!(number(&mut c, "sync_notify_received") > received);
 }
+
+/// An attached `SYNC log` set is notified too: its source table gets a notification trigger of
+/// its own (`member_<set>$ntf`), so an outside INSERT into the application's table is answered
+/// 1 within milliseconds although the interval is a minute. MEMBER.DROP removes the trigger
+/// with the set's change-log triggers.
+#[test]
+fn an_outside_insert_into_an_attached_table_is_answered_within_milliseconds() {
+    let mut cfg = with_notify(true);
+    cfg.push(("member.attach-allow", "public.signups"));
+    let env = Env::with(&cfg);
+    let mut pg = env.pg();
+    outside(
+        &mut pg,
+        "CREATE TABLE public.signups (name text PRIMARY KEY);
+         INSERT INTO public.signups VALUES ('first')",
+    );
+    let mut c = env.conn();
+    create(
+        &mut c,
+        "signups",
+        &["SOURCE", "public.signups", "COLUMN", "name", "SYNC", "log"],
+    );
+    assert!(
+        wait_listening(&mut c, Duration::from_secs(10)),
+        "listener state {:?}, error {:?}",
+        info_field(&mut c, "sync_notify"),
+        info_field(&mut c, "sync_notify_error")
+    );
+    let triggers = |pg: &mut postgres::Client| -> i64 {
+        pg.query_one(
+            "SELECT count(*) FROM pg_trigger
+              WHERE tgrelid = 'public.signups'::regclass AND tgname = 'member_signups$ntf'",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+    };
+    assert_eq!(
+        triggers(&mut pg),
+        1,
+        "no notification trigger on the source"
+    );
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "signups", "first"]), 1);
+
+    // From each INSERT's commit to EXISTS answering 1 (polled every 20 ms).
+    let mut took = Vec::new();
+    for i in 0..15 {
+        let name = format!("outsider-{i}");
+        outside(
+            &mut pg,
+            &format!("INSERT INTO public.signups VALUES ('{name}')"),
+        );
+        let t = until_answer(&mut c, "signups", &name, 1, Duration::from_secs(10));
+        assert!(
+            t.is_some_and(|t| t <= NOTIFIED),
+            "an outside insert into the source was answered 1 after {t:?} (bound {NOTIFIED:?}); \
+             INFO: {:?} {:?}",
+            info_field(&mut c, "sync_notify"),
+            info_field(&mut c, "sync_notify_error"),
+        );
+        took.extend(t);
+    }
+    took.sort();
+    eprintln!(
+        "attached set, outside INSERT commit to EXISTS 1: median {:?}, max {:?}",
+        took[took.len() / 2],
+        took[took.len() - 1]
+    );
+    // The filter holds them (the pass applied them), and the source is still a source: its
+    // new trigger does not make it look like one of the module's own tables.
+    assert_ne!(explain(&mut c, "signups", "outsider-3").1, "bloom-negative");
+    assert_eq!(int(&mut c, &["MEMBER.REBUILD", "signups", "SYNC"]), 16);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "signups", "outsider-3"]), 1);
+
+    ok(&mut c, &["MEMBER.DROP", "signups"]);
+    assert_eq!(
+        triggers(&mut pg),
+        0,
+        "the notification trigger outlived its set"
+    );
+}
+
+/// An attached set made while no node asked for notification gets its source's trigger from the
+/// listener once one does (the listener installs what is missing when it connects).
+#[test]
+fn the_listener_gives_an_attached_set_made_before_it_its_trigger() {
+    let mut cfg = with_notify(false);
+    cfg.push(("member.attach-allow", "public.later"));
+    let env = Env::with(&cfg);
+    let mut pg = env.pg();
+    outside(&mut pg, "CREATE TABLE public.later (name text PRIMARY KEY)");
+    let mut c = env.conn();
+    create(
+        &mut c,
+        "later",
+        &["SOURCE", "public.later", "COLUMN", "name", "SYNC", "log"],
+    );
+    let has_trigger = |pg: &mut postgres::Client| -> bool {
+        pg.query_one(
+            "SELECT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = 'public.later'::regclass
+                              AND tgname = 'member_later$ntf')",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+    };
+    assert!(
+        !has_trigger(&mut pg),
+        "a notification trigger nobody asked for"
+    );
+    ok(&mut c, &["CONFIG", "SET", "member.sync-notify", "yes"]);
+    assert!(
+        wait_listening(&mut c, Duration::from_secs(10)),
+        "listener state {:?}, error {:?}",
+        info_field(&mut c, "sync_notify"),
+        info_field(&mut c, "sync_notify_error")
+    );
+    assert!(has_trigger(&mut pg));
+    outside(&mut pg, "INSERT INTO public.later VALUES ('late')");
+    assert!(until_answer(&mut c, "later", "late", 1, NOTIFIED).is_some());
+}

@@ -91,6 +91,15 @@ pub const NOTIFY_CHANNEL: &str = "member_changes";
 /// The statement trigger that sends it, installed only where a node asked for notification.
 const NOTIFY_TRIGGER: &str = "member_notify";
 
+/// Name of the notification trigger an attached `SYNC log` set puts on its source table while
+/// a node asks for change notification: `member_<set>$ntf`, running `member_notify_change`
+/// like `member_notify`. One per set, so dropping one set's never silences another's on the
+/// same table; the `$` keeps it apart from the module's own names (see `trigger_names` in
+/// `db/source_triggers.rs`).
+pub(in crate::db) fn source_notify_trigger(set: &str) -> String {
+    format!("member_{set}$ntf")
+}
+
 /// The function behind `member_notify`: one notification per statement written outside the
 /// module (PostgreSQL folds the identical ones of a transaction into one, sent at commit).
 /// The module's own writes (application_name `libmember`) already reach the filters of the
@@ -121,9 +130,10 @@ fn notify_trigger_stmt(t: &str) -> String {
     )
 }
 
-/// Installs what the listener needs (docs/sync.md): the notify function, and `member_notify`
-/// on every set table of the catalog that lacks it. Returns the tables where that failed, with
-/// the database's reason (the table's owner is another role, a lock not granted in time);
+/// Installs what the listener needs (docs/sync.md): the notify function, `member_notify` on
+/// every set table of the catalog that lacks it, and [`source_notify_trigger`] on the source
+/// table of every attached `SYNC log` set that lacks it. Returns the tables where that failed,
+/// with the database's reason (the table's owner is another role, a lock not granted in time);
 /// their outside writes still arrive within the sync interval.
 pub fn install_notify(c: &mut postgres::Client) -> Result<Vec<(String, String)>, postgres::Error> {
     let mut tx = c.transaction()?;
@@ -144,11 +154,49 @@ pub fn install_notify(c: &mut postgres::Client) -> Result<Vec<(String, String)>,
         Err(e) if e.code() == Some(&postgres::error::SqlState::UNDEFINED_TABLE) => Vec::new(),
         Err(e) => return Err(e),
     };
+    let mut wanted: Vec<(String, String)> = missing
+        .iter()
+        .map(|row| {
+            let t = table(row.get(0));
+            let ddl = format!("DO $do$ BEGIN {} END $do$", notify_trigger_stmt(&t));
+            (t, ddl)
+        })
+        .collect();
+    // Attached sets: the source table, quoted by the database itself.
+    let attached = c.query(
+        "SELECT c.name, quote_ident(c.source_schema) || '.' || quote_ident(c.source_table)
+           FROM member_catalog c
+          WHERE c.source_sync = 'log'
+            AND to_regclass(quote_ident(c.source_schema) || '.' || quote_ident(c.source_table))
+                IS NOT NULL",
+        &[],
+    );
+    let attached = match attached {
+        Ok(rows) => rows,
+        // A catalog from before attached sets (its columns come at the next start).
+        Err(e) if e.code() == Some(&postgres::error::SqlState::UNDEFINED_COLUMN) => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    for row in attached {
+        let (set, t): (&str, String) = (row.get(0), row.get(1));
+        let name = source_notify_trigger(set);
+        let has: bool = c
+            .query_one(
+                "SELECT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = to_regclass($1)
+                                   AND tgname = $2)",
+                &[&t, &name],
+            )?
+            .get(0);
+        if !has {
+            let ddl = format!(
+                "CREATE TRIGGER \"{name}\" AFTER INSERT OR UPDATE OR DELETE ON {t}
+                   FOR EACH STATEMENT EXECUTE FUNCTION member_notify_change()"
+            );
+            wanted.push((t, ddl));
+        }
+    }
     let mut failed = Vec::new();
-    for row in missing {
-        let name: String = row.get(0);
-        let t = table(&name);
-        let ddl = format!("DO $do$ BEGIN {} END $do$", notify_trigger_stmt(&t));
+    for (t, ddl) in wanted {
         if let Err(e) = c.batch_execute(&ddl) {
             let why = e
                 .as_db_error()

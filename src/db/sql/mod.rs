@@ -16,7 +16,9 @@ pub use catalog::{
     alter_set, create_set, drop_set, find_set, load_catalog, poll_catalog, Altered, CatalogRow,
 };
 pub use changes::{blind_reason, changes_since, install_notify, prune, Changes, NOTIFY_CHANNEL};
-pub(super) use changes::{log_triggers_ddl, slot_triggers_ddl, LOG_TRIGGERS, XMIN};
+pub(super) use changes::{
+    log_triggers_ddl, slot_triggers_ddl, source_notify_trigger, LOG_TRIGGERS, XMIN,
+};
 pub(crate) use pages::read_pages;
 pub use pages::{Page, Sink, PAGE_ROWS};
 

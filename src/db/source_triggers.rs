@@ -60,8 +60,8 @@ END $do$"#;
 /// (its connection's `current_schema()`), the catalog's and the change log's families
 /// (`member_catalog…`, `member_changes…`: no set's table can take those names) and the table
 /// `member_<set>` of every set the catalog holds that is not attached; anywhere, a table
-/// carrying the module's own-set triggers (`member_log_change`) or its notify trigger (not an
-/// attached set's, whose names hold a `$`: a source keeps being one). An
+/// carrying the module's own-set triggers (`member_log_change`) or its notify trigger (an
+/// attached set's runs `member_notify_source`, so a source stays a source). An
 /// application's own `member_…` table is not reserved by its name alone (an earlier version
 /// may have attached one). False for a table that does not exist.
 fn module_relation<C: GenericClient>(c: &mut C, src: &Source) -> Result<bool, DbErr> {
@@ -75,8 +75,7 @@ fn module_relation<C: GenericClient>(c: &mut C, src: &Source) -> Result<bool, Db
                                         AND 'member_' || m.name = c.relname::text)))
                     OR EXISTS (SELECT FROM pg_trigger g JOIN pg_proc p ON p.oid = g.tgfoid
                                 WHERE g.tgrelid = c.oid
-                                  AND p.proname IN ('member_log_change', 'member_notify_change')
-                                  AND strpos(g.tgname::text, '$') = 0)
+                                  AND p.proname IN ('member_log_change', 'member_notify_change'))
                FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
               WHERE n.nspname = $1 AND c.relname = $2",
             &[&src.schema, &src.table],
@@ -103,7 +102,7 @@ struct Found {
     /// `pg_trigger.tgargs`: each argument followed by a NUL byte.
     args: Vec<u8>,
     /// It runs the module's `member_log_source` (or, for the notification trigger,
-    /// `member_notify_change`).
+    /// `member_notify_source`).
     ours: bool,
 }
 
@@ -122,7 +121,7 @@ fn found<C: GenericClient>(
 ) -> Result<(Vec<Found>, Option<bool>), postgres::Error> {
     let rows = c.query(
         "SELECT g.tgname::text, g.tgenabled = 'D', g.tgargs,
-                p.proname IN ('member_log_source', 'member_notify_change')
+                p.proname IN ('member_log_source', 'member_notify_source')
                   AND p.pronamespace = current_schema()::regnamespace
            FROM pg_trigger g JOIN pg_proc p ON p.oid = g.tgfoid
           WHERE g.tgrelid = to_regclass($1) AND g.tgname::text = ANY($2::text[])",
@@ -218,7 +217,7 @@ pub fn install_notify_trigger<C: GenericClient>(c: &mut C, def: &SetDef) -> Resu
         return Ok(());
     };
     let function: bool = c
-        .query_one("SELECT to_regproc('member_notify_change') IS NOT NULL", &[])
+        .query_one("SELECT to_regproc('member_notify_source') IS NOT NULL", &[])
         .map_err(|e| super::classify(&e))?
         .get(0);
     if !function {
@@ -231,7 +230,7 @@ pub fn install_notify_trigger<C: GenericClient>(c: &mut C, def: &SetDef) -> Resu
     let ddl = match have.first() {
         None => format!(
             "CREATE TRIGGER {q} AFTER INSERT OR UPDATE OR DELETE ON {t}
-               FOR EACH STATEMENT EXECUTE FUNCTION member_notify_change()"
+               FOR EACH STATEMENT EXECUTE FUNCTION member_notify_source()"
         ),
         Some(f) if f.ours && f.disabled => format!("ALTER TABLE {t} ENABLE TRIGGER {q}"),
         Some(_) => return Ok(()),

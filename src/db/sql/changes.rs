@@ -92,10 +92,11 @@ pub const NOTIFY_CHANNEL: &str = "member_changes";
 const NOTIFY_TRIGGER: &str = "member_notify";
 
 /// Name of the notification trigger an attached `SYNC log` set puts on its source table while
-/// a node asks for change notification: `member_<set>$ntf`, running `member_notify_change`
-/// like `member_notify`. One per set, so dropping one set's never silences another's on the
-/// same table; the `$` keeps it apart from the module's own names (see `trigger_names` in
-/// `db/source_triggers.rs`).
+/// a node asks for change notification: `member_<set>$ntf`, running `member_notify_source`
+/// (the body of `member_notify_change` under another name: a table with a trigger running
+/// `member_notify_change` is one of the module's own, never a source). One per set, so
+/// dropping one set's never silences another's on the same table; the `$` keeps its name apart
+/// from the module's own (see `trigger_names` in `db/source_triggers.rs`).
 pub(in crate::db) fn source_notify_trigger(set: &str) -> String {
     format!("member_{set}$ntf")
 }
@@ -111,6 +112,22 @@ pub(super) const NOTIFY_FN_DDL: &str = r#"DO $do$ BEGIN
                    AND prosrc LIKE '%member_notify v1%') THEN
     CREATE OR REPLACE FUNCTION member_notify_change() RETURNS trigger LANGUAGE plpgsql AS $b$
       BEGIN -- member_notify v1: wakes the listening nodes, for writes made outside the module
+        IF pg_catalog.current_setting('application_name') <> 'libmember' THEN
+          PERFORM pg_catalog.pg_notify('member_changes', '');
+        END IF;
+        RETURN NULL;
+      END $b$;
+  END IF;
+END $do$"#;
+
+/// `member_notify_change` under the name an attached set's source trigger runs
+/// ([`source_notify_trigger`]). Idempotent; run under the advisory lock.
+const NOTIFY_SOURCE_FN_DDL: &str = r#"DO $do$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_proc WHERE proname = 'member_notify_source'
+                   AND pronamespace = current_schema()::regnamespace
+                   AND prosrc LIKE '%member_notify_source v1%') THEN
+    CREATE OR REPLACE FUNCTION member_notify_source() RETURNS trigger LANGUAGE plpgsql AS $b$
+      BEGIN -- member_notify_source v1: wakes the listening nodes, for writes made outside
         IF pg_catalog.current_setting('application_name') <> 'libmember' THEN
           PERFORM pg_catalog.pg_notify('member_changes', '');
         END IF;
@@ -139,6 +156,7 @@ pub fn install_notify(c: &mut postgres::Client) -> Result<Vec<(String, String)>,
     let mut tx = c.transaction()?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
     tx.batch_execute(NOTIFY_FN_DDL)?;
+    tx.batch_execute(NOTIFY_SOURCE_FN_DDL)?;
     tx.commit()?;
     let missing = c.query(
         "SELECT c.name FROM member_catalog c
@@ -190,7 +208,7 @@ pub fn install_notify(c: &mut postgres::Client) -> Result<Vec<(String, String)>,
         if !has {
             let ddl = format!(
                 "CREATE TRIGGER \"{name}\" AFTER INSERT OR UPDATE OR DELETE ON {t}
-                   FOR EACH STATEMENT EXECUTE FUNCTION member_notify_change()"
+                   FOR EACH STATEMENT EXECUTE FUNCTION member_notify_source()"
             );
             wanted.push((t, ddl));
         }

@@ -74,16 +74,13 @@ pub fn split(pairs: Vec<RedisString>) -> Result<(Vec<RedisString>, Option<Source
     ))
 }
 
-/// What an attached set cannot combine with: NORMALIZE username, TOKENIZE, cluster mode.
+/// What an attached set cannot combine with: NORMALIZE username, TOKENIZE.
 pub fn check(normalize: Normalize, tokenize: &Tokenize) -> Result<(), RedisError> {
     if normalize == Normalize::Username {
         return Err(RedisError::Str(error::SOURCE_USERNAME));
     }
     if tokenize.is_on() {
         return Err(RedisError::Str(error::SOURCE_TOKENIZE));
-    }
-    if crate::server::cluster_mode::enabled() {
-        return Err(RedisError::Str(error::SOURCE_IN_CLUSTER));
     }
     Ok(())
 }

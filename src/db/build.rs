@@ -18,11 +18,6 @@ use crate::model::set_def::{SetDef, SourceSync};
 use crate::model::slot::SLOTS;
 use crate::model::slotset::SlotSet;
 
-/// Attached sets are refused in cluster mode (docs/attach.md).
-pub const ATTACHED_IN_CLUSTER: &str =
-    "attached sets (SOURCE) are not supported in cluster mode yet: a \
-     node's filter holds the rows of its slots, and the source table has no slot column";
-
 /// A filter built from a table (or the given slots of it).
 pub struct Built {
     pub bloom: Bloom,
@@ -199,7 +194,14 @@ pub fn install_triggers(c: &mut Client, def: &SetDef) -> Result<(), DbErr> {
     match &def.source {
         // An attached table gets the triggers only when its set asked (SYNC log); none is
         // ever one of the module's own relations (an earlier version let a set attach one).
-        Some(src) if src.sync == SourceSync::Log => source::install_log_triggers(c, def),
+        // Under the catalog's lock: the primaries of a cluster build at the same moment, and
+        // each would otherwise find a trigger missing and create it.
+        Some(src) if src.sync == SourceSync::Log => {
+            let mut tx = c.transaction().map_err(tx_error)?;
+            crate::db::sql::lock_schema(&mut tx).map_err(tx_error)?;
+            source::install_log_triggers(&mut tx, def)?;
+            tx.commit().map_err(tx_error)
+        }
         Some(src) => source::refuse_module_relation(c, src),
         None => c
             .batch_execute(&log_triggers_ddl(&def.name))
@@ -216,9 +218,6 @@ pub fn read_hashes(
     progress: &AtomicU64,
     estimate: Option<&AtomicU64>,
 ) -> Result<(Rows, i64), DbErr> {
-    if def.source.is_some() && slots.is_some() {
-        return Err(DbErr::Invalid(ATTACHED_IN_CLUSTER.into()));
-    }
     install_triggers(c, def)?;
     let (mut tx, watermark) = snapshot(c, def)?;
     // `c` was opened with the primary's link; were `member.pg-url` changed since, the
@@ -279,12 +278,19 @@ pub(super) fn copy_rows(
         let est = (est.max(0.0) * share) as u64;
         estimate.store(est, Ordering::Relaxed);
     }
-    let filter = slots.map(slot_condition).unwrap_or_default();
-    let sql = match &def.source {
-        Some(src) => source::copy_sql(src, def.normalize),
-        None => format!("COPY (SELECT entity_id, scope FROM {t} WHERE {ACTIVE}{filter}) TO STDOUT"),
+    // A set table has its slot column; an application's table does not, so an attached set's
+    // rows are all read and those of other slots dropped here (docs/attach.md, "In a
+    // cluster").
+    let (sql, keep) = match &def.source {
+        Some(src) => (source::copy_sql(src, def.normalize), slots),
+        None => {
+            let filter = slots.map(slot_condition).unwrap_or_default();
+            let sql =
+                format!("COPY (SELECT entity_id, scope FROM {t} WHERE {ACTIVE}{filter}) TO STDOUT");
+            (sql, None)
+        }
     };
-    let rows = stream(tx, link, &sql, def, progress)?;
+    let rows = stream(tx, link, &sql, def, keep, progress)?;
     progress.store(rows.len(), Ordering::Relaxed);
     Ok(rows)
 }
@@ -315,11 +321,13 @@ fn slot_condition(slots: &SlotSet) -> String {
     format!(" AND ({})", parts.join(" OR "))
 }
 
+/// The COPY's rows, hashed; with `keep`, only those whose canonical slot is in it.
 fn stream(
     tx: &mut Transaction,
     link: &Link,
     sql: &str,
     def: &SetDef,
+    keep: Option<&SlotSet>,
     progress: &AtomicU64,
 ) -> Result<Rows, DbErr> {
     let norm = def.normalize;
@@ -329,7 +337,7 @@ fn stream(
     let mut failed = None;
     let mut n = 0u64;
     super::copy_stream::each_row(tx, link, super::build_lock_timeout_ms(), sql, |line| {
-        let Some(h) = hash_copy_row(norm, line) else {
+        let Some(h) = hash_copy_row(norm, line, keep) else {
             return;
         };
         if failed.is_none() {
@@ -348,14 +356,19 @@ fn stream(
 }
 
 /// Canonical hash of one COPY text-format row `entity \t scope`; None for rows the write
-/// path would have refused (they can only come from outside writes).
-fn hash_copy_row(norm: Normalize, line: &[u8]) -> Option<u128> {
+/// path would have refused (they can only come from outside writes), and with `keep`, for
+/// rows whose canonical slot is not in it.
+fn hash_copy_row(norm: Normalize, line: &[u8], keep: Option<&SlotSet>) -> Option<u128> {
     let tab = line.iter().position(|&b| b == b'\t')?;
     let entity = unescape(&line[..tab]);
     let scope = unescape(&line[tab + 1..]);
-    canon::canonicalize(norm, &entity, &scope)
-        .ok()
-        .map(|c| c.hash)
+    let c = canon::canonicalize(norm, &entity, &scope).ok()?;
+    if let Some(slots) = keep {
+        if !slots.contains(crate::model::slot::keyslot(c.entity.as_bytes())) {
+            return None;
+        }
+    }
+    Some(c.hash)
 }
 
 /// Undoes COPY text-format escaping (`\\`, `\t`, `\n`, octal and hex escapes...).
@@ -442,14 +455,41 @@ mod tests {
         let want = canon::canonicalize(Normalize::Username, b"alice", b"")
             .unwrap()
             .hash;
-        assert_eq!(hash_copy_row(Normalize::Username, row), Some(want));
+        assert_eq!(hash_copy_row(Normalize::Username, row, None), Some(want));
         // Rows written from outside are normalized the same way.
-        assert_eq!(hash_copy_row(Normalize::Username, b"  ALICE\t"), Some(want));
+        assert_eq!(
+            hash_copy_row(Normalize::Username, b"  ALICE\t", None),
+            Some(want)
+        );
         let scoped = canon::canonicalize(Normalize::None, b"a\tb", b"m1")
             .unwrap()
             .hash;
-        assert_eq!(hash_copy_row(Normalize::None, b"a\\tb\tm1"), Some(scoped));
-        assert_eq!(hash_copy_row(Normalize::None, b"no-tab"), None);
+        assert_eq!(
+            hash_copy_row(Normalize::None, b"a\\tb\tm1", None),
+            Some(scoped)
+        );
+        assert_eq!(hash_copy_row(Normalize::None, b"no-tab", None), None);
+    }
+
+    #[test]
+    fn an_attached_sets_rows_of_other_slots_are_dropped() {
+        // Lower-case first: the slot is the canonical form's, not the row's spelling.
+        let slot = crate::model::slot::keyslot(b"alice");
+        let mut mine = SlotSet::default();
+        mine.insert(slot);
+        let want = canon::canonicalize(Normalize::Lower, b"alice", b"")
+            .unwrap()
+            .hash;
+        assert_eq!(
+            hash_copy_row(Normalize::Lower, b"ALICE\t", Some(&mine)),
+            Some(want)
+        );
+        let mut other = SlotSet::default();
+        other.insert(slot ^ 1);
+        assert_eq!(
+            hash_copy_row(Normalize::Lower, b"ALICE\t", Some(&other)),
+            None
+        );
     }
 
     #[test]

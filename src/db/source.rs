@@ -219,6 +219,8 @@ pub fn poll(
         return Err(DbErr::Failed("not an UPDATED-COLUMN set".into()));
     };
     let sql = poll_sql(&src.0, src.1, u);
+    // In a cluster each row carries its canonical slot: the main thread applies a node's own.
+    let in_cluster = crate::server::cluster_mode::enabled();
     let since = (from - TIME_BASE).max(0) - lookback_ms.saturating_mul(1000);
     let since = since as f64;
     db.run(|c, _| {
@@ -226,7 +228,7 @@ pub fn poll(
         let horizon: i64 = tx.query_one(NOW_WATERMARK, &[])?.get(0);
         let portal = tx.bind(sql.as_str(), &[&since])?;
         let read = read_pages(&mut tx, &portal, sink, |_, r, page| {
-            page.push(set, src.1, r.get(0), r.get(1), false);
+            page.push(set, src.1, r.get(0), r.get(1), in_cluster);
         })?;
         drop(portal);
         tx.commit()?;

@@ -162,9 +162,6 @@ pub const SOURCE_USERNAME: &str = "ERR NORMALIZE username cannot be used with SO
      SQL form; use none or lower";
 pub const SOURCE_TOKENIZE: &str = "ERR TOKENIZE cannot be used with SOURCE: the table holds the \
      items in clear, so tokens could never match its rows";
-pub const SOURCE_IN_CLUSTER: &str = "ERR attached sets (SOURCE) are not supported in cluster \
-     mode yet: a node's filter holds the rows of its slots, and the source table has no slot \
-     column";
 /// MEMBER.CREATE … SOURCE of a table `member.attach-allow` does not list (docs/attach.md).
 pub const SOURCE_NOT_ALLOWED: &str = "ERR SOURCE table is not allowed by member.attach-allow: \
      attaching a table is an operator's decision (see docs/attach.md)";

@@ -489,3 +489,85 @@ fn a_slot_that_arrives_is_filled_and_one_that_returns_is_still_covered() {
         "the slot never stopped being covered there"
     );
 }
+
+/// An attached set's slot that arrives is filled from the source table too: the application's
+/// table has no slot column, so the fill reads its rows and keeps those of the slot.
+#[test]
+fn an_attached_sets_slot_that_arrives_is_filled_from_the_source() {
+    let held = Cluster::shared_exclusive();
+    let cl: &Cluster = &held;
+    let set = "att_arrivals";
+    let (absent, slot) = probe(cl, "att-arrivals");
+    let member = item_in_slot(cl, "att-arrivals-member", slot);
+    let mut pg = cl.db.client();
+    pg.batch_execute(&format!(
+        "CREATE TABLE public.att_arrivals (name text PRIMARY KEY);
+         INSERT INTO public.att_arrivals SELECT 'row-' || g FROM generate_series(1, 2000) g;
+         INSERT INTO public.att_arrivals VALUES ('{member}')"
+    ))
+    .unwrap();
+    let owner = cl.set_owner(set);
+    let c = &mut owner.conn();
+    ok(
+        c,
+        &[
+            "CONFIG",
+            "SET",
+            "member.attach-allow",
+            "public.att_arrivals",
+        ],
+    );
+    ok(
+        c,
+        &[
+            "MEMBER.CREATE",
+            set,
+            "SOURCE",
+            "public.att_arrivals",
+            "COLUMN",
+            "name",
+            "SYNC",
+            "log",
+        ],
+    );
+    ok(c, &["CONFIG", "SET", "member.attach-allow", ""]);
+    cl.wait_ready(set);
+    let src = cl.owner(slot);
+    let dst = cl.primaries().find(|n| n.port() != src.port()).unwrap();
+    let fills = |n: &Node| -> u64 {
+        info_field(&mut n.conn(), "slot_fills_done")
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let fills_before = fills(dst);
+    let items_before: i64 = set_info(&mut dst.conn(), set, "filter_items")
+        .unwrap()
+        .parse()
+        .unwrap();
+
+    move_slot(cl, slot, src, dst);
+    let mut d = dst.conn();
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            bloom_negative_now(&mut d, set, &absent)
+        }),
+        "slot {slot} never answered from the filter on {}: {:?}",
+        dst.addr(),
+        explain(&mut d, set, &absent)
+    );
+    assert!(fills(dst) > fills_before);
+    // The fill added the slot's row, not the table's other rows.
+    let items: i64 = set_info(&mut d, set, "filter_items")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        items > items_before && items < items_before + 10,
+        "filter items {items_before} -> {items} for one slot"
+    );
+    assert_ne!(explain(&mut d, set, &member).1, "bloom-negative");
+    assert_eq!(int(&mut d, &["MEMBER.EXISTS", set, &member]), 1);
+    move_slot(cl, slot, dst, src);
+    ok(&mut cl.set_owner(set).conn(), &["MEMBER.DROP", set]);
+}

@@ -23,6 +23,7 @@ mod change_log;
 mod chaos;
 mod client_snippets;
 mod cluster;
+mod cluster_attach;
 mod cluster_batch;
 mod cluster_clients;
 mod cluster_forward;

@@ -25,6 +25,12 @@ pub use pages::{Page, Sink, PAGE_ROWS};
 /// Serializes the catalog's and the change log's DDL and catalog changes across nodes.
 const ADVISORY_KEY: i64 = 0x6c69_626d_656d; // "libmem"
 
+/// Takes the lock of [`ADVISORY_KEY`] for the rest of `tx`.
+pub fn lock_schema(tx: &mut postgres::Transaction) -> Result<(), postgres::Error> {
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])
+        .map(drop)
+}
+
 /// Name of a set's table. Set names are validated to `[a-z0-9_]{1,40}`, so this is safe SQL.
 pub fn table(set: &str) -> String {
     format!("member_{set}")

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use redis::Connection;
 use support::cluster::{
-    cli_follow, stall_exclusive, stall_shared, while_asleep, Cluster, ConfigFor, Node,
+    cli_follow, stall_exclusive, stall_shared, while_asleep, Cluster, ConfigFor, Migrating, Node,
 };
 use support::member::*;
 use support::wait_until;
@@ -312,36 +312,7 @@ fn a_madd_naming_a_moving_slot_is_refused_whole_and_writes_nothing() {
         .clone();
     assert!(owners(cl, &items).len() > 1);
     let slot = cl.keyslot(&mine);
-    let id = |n: &Node| -> String {
-        redis::cmd("CLUSTER")
-            .arg("MYID")
-            .query(&mut n.conn())
-            .unwrap()
-    };
-    struct Reopen<'a>(&'a Node, &'a Node, u16);
-    impl Drop for Reopen<'_> {
-        fn drop(&mut self) {
-            for n in [self.0, self.1] {
-                let _: redis::RedisResult<()> = redis::cmd("CLUSTER")
-                    .arg("SETSLOT")
-                    .arg(self.2)
-                    .arg("STABLE")
-                    .query(&mut n.conn());
-            }
-        }
-    }
-    let stable = Reopen(receiver, other, slot);
-    let setslot = |n: &Node, state: &str, to: &str| {
-        redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg(state)
-            .arg(to)
-            .query::<()>(&mut n.conn())
-            .unwrap();
-    };
-    setslot(other, "IMPORTING", &id(receiver));
-    setslot(receiver, "MIGRATING", &id(other));
+    let stable = Migrating::start(receiver, other, slot);
     let mut rc = receiver.conn();
     let e = many_err(&mut rc, "MEMBER.MADD", set, &items);
     assert!(

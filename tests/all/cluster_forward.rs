@@ -8,7 +8,7 @@ use crate::support;
 use std::time::Duration;
 
 use support::cluster::{
-    stall_exclusive, stall_shared as shared, while_asleep, Cluster, ConfigFor, Node,
+    stall_exclusive, stall_shared as shared, while_asleep, Cluster, ConfigFor, Migrating, Node,
 };
 use support::member::*;
 use support::wait_until;
@@ -46,6 +46,22 @@ fn spread(cl: &Cluster, forms: impl Fn(usize) -> [String; 3]) -> [String; 3] {
             p[0] != p[1] && p[1] != p[2] && p[0] != p[2]
         })
         .expect("no spelling spread over three primaries")
+}
+
+/// `<PREFIX>-<i>` and its lower-case form for the first `i` whose two slots differ but have
+/// the same owner: a call routed by the spelling is served on that node for another of its
+/// slots.
+fn same_node_spelling(cl: &Cluster, prefix: &str) -> (String, String) {
+    (0..2000)
+        .map(|i| {
+            let raw = format!("{prefix}-{i}");
+            let canon = raw.to_lowercase();
+            (raw, canon)
+        })
+        .find(|(r, c)| {
+            cl.keyslot(r) != cl.keyslot(c) && node_of(cl, r).port() == node_of(cl, c).port()
+        })
+        .expect("no spelling with both slots on one primary")
 }
 
 /// The normalization test of the issue: ADD in one form, EXISTS in another, each sent where
@@ -366,54 +382,20 @@ fn a_migrating_slots_items_are_not_answered_absent_by_its_old_owner() {
     let set = "fwd_mig";
     create(cl, set, "lower");
     // An item whose canonical and raw slots differ but have the same owner A.
-    let (raw, canon) = (0..2000)
-        .map(|i| (format!("MIG-{i}"), format!("mig-{i}")))
-        .find(|(r, c)| {
-            cl.keyslot(r) != cl.keyslot(c) && node_of(cl, r).port() == node_of(cl, c).port()
-        })
-        .expect("no spelling with both slots on one primary");
+    let (raw, canon) = same_node_spelling(cl, "MIG");
     let slot = cl.keyslot(&canon);
     let a = node_of(cl, &canon);
     let b = cl
         .primaries()
         .find(|n| n.port() != a.port())
         .expect("a second primary");
-    let id = |n: &Node| -> String {
-        redis::cmd("CLUSTER")
-            .arg("MYID")
-            .query(&mut n.conn())
-            .unwrap()
-    };
-    let (a_id, b_id) = (id(a), id(b));
     let mut ac = a.conn();
     // A's negative is trusted before the migration (the filter decides, no database).
     assert!(wait_until(Duration::from_secs(20), || {
         explain(&mut ac, set, &raw).1 == "bloom-negative"
     }));
-    let setslot = |n: &Node, state: &str, node: &str| {
-        let mut q = redis::cmd("CLUSTER");
-        q.arg("SETSLOT").arg(slot).arg(state);
-        if !node.is_empty() {
-            q.arg(node);
-        }
-        q.query::<()>(&mut n.conn()).unwrap();
-    };
     // Whatever happens below, the slot is STABLE again for the other tests of this cluster.
-    struct Reopen<'a>(&'a Node, &'a Node, u16);
-    impl Drop for Reopen<'_> {
-        fn drop(&mut self) {
-            for n in [self.0, self.1] {
-                let _: redis::RedisResult<()> = redis::cmd("CLUSTER")
-                    .arg("SETSLOT")
-                    .arg(self.2)
-                    .arg("STABLE")
-                    .query(&mut n.conn());
-            }
-        }
-    }
-    let _stable = Reopen(a, b, slot);
-    setslot(b, "IMPORTING", &a_id);
-    setslot(a, "MIGRATING", &b_id);
+    let _stable = Migrating::start(a, b, slot);
     // At once, not after the module's next 100 ms poll of slot states: A learns of the
     // migration from the SETSLOT itself. The ADD of the canonical spelling, as a cluster client
     // sends it after A's ASK.
@@ -452,12 +434,7 @@ fn a_spelling_whose_canonical_slot_is_another_of_this_node_finds_its_cache_entry
         ],
     );
     cl.wait_ready(set);
-    let (raw, canon) = (0..2000)
-        .map(|i| (format!("HERE-{i}"), format!("here-{i}")))
-        .find(|(r, c)| {
-            cl.keyslot(r) != cl.keyslot(c) && node_of(cl, r).port() == node_of(cl, c).port()
-        })
-        .expect("no spelling with both slots on one primary");
+    let (raw, canon) = same_node_spelling(cl, "HERE");
     let n = node_of(cl, &raw);
     let mut c = n.conn();
     assert_eq!(int(&mut c, &["MEMBER.ADD", set, &raw]), 1);

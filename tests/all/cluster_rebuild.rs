@@ -6,7 +6,7 @@ use crate::support;
 
 use std::time::Duration;
 
-use support::cluster::{cli_follow, Cluster};
+use support::cluster::{cli_follow, while_asleep, Cluster, ConfigFor};
 use support::member::*;
 use support::wait_until;
 
@@ -86,18 +86,6 @@ fn rebuild_from_any_node_rebuilds_every_primary_and_sync_sums_their_rows() {
     ok(&mut owner.conn(), &["MEMBER.DROP", set]);
 }
 
-/// Puts `member.db-timeout-ms` of a node back, even if the test fails half-way.
-struct Timeout<'a>(&'a support::cluster::Node, String);
-
-impl Drop for Timeout<'_> {
-    fn drop(&mut self) {
-        let _ = cmd(
-            &mut self.0.conn(),
-            &["CONFIG", "SET", "member.db-timeout-ms", &self.1],
-        );
-    }
-}
-
 #[test]
 fn a_primary_that_does_not_answer_fails_the_call_by_its_address() {
     // The exclusive cluster: one primary is stopped for a moment, and the owner's database
@@ -109,21 +97,11 @@ fn a_primary_that_does_not_answer_fails_the_call_by_its_address() {
     cl.wait_ready(set);
     let owner = cl.set_owner(set);
     let slow = cl.primaries().find(|n| n.port() != owner.port()).unwrap();
-    let was: Vec<String> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("member.db-timeout-ms")
-        .query(&mut owner.conn())
-        .unwrap();
-    let _restore = Timeout(owner, was[1].clone());
-    ok(
-        &mut owner.conn(),
-        &["CONFIG", "SET", "member.db-timeout-ms", "300"],
-    );
+    let _short = ConfigFor::set(owner, "member.db-timeout-ms", "300");
     // The slow primary's main thread sleeps: it reads no cluster message for 2 s.
-    let mut sleeper = slow.conn();
-    let sleeping = std::thread::spawn(move || cmd(&mut sleeper, &["DEBUG", "SLEEP", "2"]));
-    std::thread::sleep(Duration::from_millis(200));
-    let e = err(&mut owner.conn(), &["MEMBER.REBUILD", set, "SYNC"]);
+    let e = while_asleep(slow, 2.0, || {
+        err(&mut owner.conn(), &["MEMBER.REBUILD", set, "SYNC"])
+    });
     assert_eq!(
         e,
         format!(
@@ -132,7 +110,6 @@ fn a_primary_that_does_not_answer_fails_the_call_by_its_address() {
             slow.addr()
         )
     );
-    sleeping.join().unwrap().expect("DEBUG SLEEP");
     // The rebuilds that started went on; the late one runs too (its answer is dropped).
     for p in cl.primaries() {
         let mut c = p.conn();

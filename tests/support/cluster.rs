@@ -21,6 +21,52 @@ use super::{free_port, fresh_db, server_binary, start_with, wait_until, TestDb, 
 /// ([`stall_shared`]).
 static STALL: RwLock<()> = RwLock::new(());
 
+/// `slot` marked migrating from `from` to `to` (`CLUSTER SETSLOT … IMPORTING` on `to`, then
+/// `… MIGRATING` on `from`), as a reshard's first step, with no key moved. Dropped, the slot is
+/// STABLE on both again, whatever the test did meanwhile, for the other tests of the cluster.
+pub struct Migrating<'a> {
+    from: &'a Node,
+    to: &'a Node,
+    slot: u16,
+}
+
+impl<'a> Migrating<'a> {
+    pub fn start(from: &'a Node, to: &'a Node, slot: u16) -> Self {
+        let id = |n: &Node| -> String {
+            redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query(&mut n.conn())
+                .unwrap()
+        };
+        let mark = |n: &Node, state: &str, other: &Node| {
+            redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg(state)
+                .arg(id(other))
+                .query::<()>(&mut n.conn())
+                .unwrap_or_else(|e| panic!("SETSLOT {slot} {state} on {}: {e}", n.addr()));
+        };
+        // Made first, so that a SETSLOT that fails still leaves the slot stable.
+        let m = Migrating { from, to, slot };
+        mark(to, "IMPORTING", from);
+        mark(from, "MIGRATING", to);
+        m
+    }
+}
+
+impl Drop for Migrating<'_> {
+    fn drop(&mut self) {
+        for n in [self.from, self.to] {
+            let _: redis::RedisResult<()> = redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(self.slot)
+                .arg("STABLE")
+                .query(&mut n.conn());
+        }
+    }
+}
+
 pub fn stall_shared() -> RwLockReadGuard<'static, ()> {
     STALL.read().unwrap_or_else(|e| e.into_inner())
 }

@@ -48,7 +48,7 @@ cluster-stop:
 REDIS_AREAS = commands bad_input batch funnel hostile acl \
 	catalog lifecycle lifecycle_rebuild foreign_filter foreign_writes moved_keys \
 	tokenize latency big_filters config_values module_load startup \
-	cluster cluster_batch cluster_clients cluster_forward cluster_info cluster_rebuild cluster_slots keyslot command_docs
+	cluster cluster_attach cluster_batch cluster_clients cluster_forward cluster_info cluster_rebuild cluster_slots keyslot command_docs
 
 # First every relative link of the documentation must resolve (scripts/check-links.py), and
 # imports in src/ must flow one way (scripts/check-layers.py, docs/architecture.md).

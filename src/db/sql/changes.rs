@@ -191,8 +191,14 @@ pub fn install_notify(c: &mut postgres::Client) -> Result<Vec<(String, String)>,
     );
     let attached = match attached {
         Ok(rows) => rows,
-        // A catalog from before attached sets (its columns come at the next start).
-        Err(e) if e.code() == Some(&postgres::error::SqlState::UNDEFINED_COLUMN) => Vec::new(),
+        // No catalog yet, or one from before attached sets (its columns come at the next
+        // start).
+        Err(e)
+            if e.code() == Some(&postgres::error::SqlState::UNDEFINED_TABLE)
+                || e.code() == Some(&postgres::error::SqlState::UNDEFINED_COLUMN) =>
+        {
+            Vec::new()
+        }
         Err(e) => return Err(e),
     };
     for row in attached {

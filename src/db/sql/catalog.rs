@@ -139,7 +139,7 @@ fn source_at(row: &postgres::Row, at: usize) -> Option<Option<Source>> {
 }
 
 /// A transaction holding the catalog's advisory lock, in which the module's tables and
-/// functions (catalog, change log, notify function, slot function) exist: idempotent DDL.
+/// functions (catalog, change log, notify functions, slot function) exist: idempotent DDL.
 fn schema_transaction(
     c: &mut postgres::Client,
 ) -> Result<postgres::Transaction<'_>, postgres::Error> {
@@ -147,7 +147,7 @@ fn schema_transaction(
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
     tx.batch_execute(CATALOG_DDL)?;
     tx.batch_execute(CHANGE_LOG_DDL)?;
-    tx.batch_execute(NOTIFY_FN_DDL)?;
+    tx.batch_execute(&NOTIFY_FN_DDL)?;
     crate::db::keyslot::install_function(&mut tx)?;
     Ok(tx)
 }

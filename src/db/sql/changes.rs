@@ -3,6 +3,7 @@
 //! statement.
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 
 use super::pages::{read_pages, Sink};
 use super::{table, ADVISORY_KEY};
@@ -101,40 +102,41 @@ pub(in crate::db) fn source_notify_trigger(set: &str) -> String {
     format!("member_{set}$ntf")
 }
 
-/// The function behind `member_notify`: one notification per statement written outside the
-/// module (PostgreSQL folds the identical ones of a transaction into one, sent at commit).
-/// The module's own writes (application_name `libmember`) already reach the filters of the
-/// node that made them. Not SECURITY DEFINER: NOTIFY needs no privilege. Idempotent; run under
-/// the advisory lock.
-pub(super) const NOTIFY_FN_DDL: &str = r#"DO $do$ BEGIN
-  IF NOT EXISTS (SELECT FROM pg_proc WHERE proname = 'member_notify_change'
-                   AND pronamespace = current_schema()::regnamespace
-                   AND prosrc LIKE '%member_notify v1%') THEN
-    CREATE OR REPLACE FUNCTION member_notify_change() RETURNS trigger LANGUAGE plpgsql AS $b$
-      BEGIN -- member_notify v1: wakes the listening nodes, for writes made outside the module
-        IF pg_catalog.current_setting('application_name') <> 'libmember' THEN
-          PERFORM pg_catalog.pg_notify('member_changes', '');
-        END IF;
-        RETURN NULL;
-      END $b$;
-  END IF;
-END $do$"#;
+/// The functions behind the notification triggers, one body under two names:
+/// `member_notify_change` (a set table's `member_notify`) and `member_notify_source` (an
+/// attached set's [`source_notify_trigger`]; a table with a trigger running
+/// `member_notify_change` is one of the module's own, never a source). One notification per
+/// statement written outside the module (PostgreSQL folds the identical ones of a transaction
+/// into one, sent at commit). The module's own writes (application_name `libmember`) already
+/// reach the filters of the node that made them. Not SECURITY DEFINER: NOTIFY needs no
+/// privilege. Idempotent; run under the advisory lock.
+pub(super) static NOTIFY_FN_DDL: LazyLock<String> = LazyLock::new(|| {
+    [
+        ("member_notify_change", "member_notify v1"),
+        ("member_notify_source", "member_notify_source v1"),
+    ]
+    .map(|(function, tag)| notify_function_ddl(function, tag))
+    .join(";\n")
+});
 
-/// `member_notify_change` under the name an attached set's source trigger runs
-/// ([`source_notify_trigger`]). Idempotent; run under the advisory lock.
-const NOTIFY_SOURCE_FN_DDL: &str = r#"DO $do$ BEGIN
-  IF NOT EXISTS (SELECT FROM pg_proc WHERE proname = 'member_notify_source'
+/// Creates `function` unless the one there already carries `tag` (its version).
+fn notify_function_ddl(function: &str, tag: &str) -> String {
+    format!(
+        r#"DO $do$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_proc WHERE proname = '{function}'
                    AND pronamespace = current_schema()::regnamespace
-                   AND prosrc LIKE '%member_notify_source v1%') THEN
-    CREATE OR REPLACE FUNCTION member_notify_source() RETURNS trigger LANGUAGE plpgsql AS $b$
-      BEGIN -- member_notify_source v1: wakes the listening nodes, for writes made outside
+                   AND prosrc LIKE '%{tag}%') THEN
+    CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $b$
+      BEGIN -- {tag}: wakes the listening nodes, for writes made outside the module
         IF pg_catalog.current_setting('application_name') <> 'libmember' THEN
-          PERFORM pg_catalog.pg_notify('member_changes', '');
+          PERFORM pg_catalog.pg_notify('{NOTIFY_CHANNEL}', '');
         END IF;
         RETURN NULL;
       END $b$;
   END IF;
-END $do$"#;
+END $do$"#
+    )
+}
 
 /// Statements (for a DO block) that install `member_notify` on `t` where missing.
 fn notify_trigger_stmt(t: &str) -> String {
@@ -147,7 +149,7 @@ fn notify_trigger_stmt(t: &str) -> String {
     )
 }
 
-/// Installs what the listener needs (docs/sync.md): the notify function, `member_notify` on
+/// Installs what the listener needs (docs/sync.md): the notify functions, `member_notify` on
 /// every set table of the catalog that lacks it, and [`source_notify_trigger`] on the source
 /// table of every attached `SYNC log` set that lacks it. Returns the tables where that failed,
 /// with the database's reason (the table's owner is another role, a lock not granted in time);
@@ -155,8 +157,7 @@ fn notify_trigger_stmt(t: &str) -> String {
 pub fn install_notify(c: &mut postgres::Client) -> Result<Vec<(String, String)>, postgres::Error> {
     let mut tx = c.transaction()?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
-    tx.batch_execute(NOTIFY_FN_DDL)?;
-    tx.batch_execute(NOTIFY_SOURCE_FN_DDL)?;
+    tx.batch_execute(&NOTIFY_FN_DDL)?;
     tx.commit()?;
     let missing = c.query(
         "SELECT c.name FROM member_catalog c

@@ -190,36 +190,27 @@ fn alter_and_drop_reach_every_node_at_once() {
         .primaries()
         .filter(|n| n.port() != owner.port())
         .collect();
-    for n in &others {
-        // Each learns the set now: NODEINFO asks the catalog about a set it does not know.
-        let mut c = n.conn();
-        assert!(
-            wait_until(Duration::from_secs(20), || set_info(
-                &mut c,
-                set,
-                "cache_ttl"
-            )
-            .as_deref()
-                == Some("30")),
-            "{} never learned {set}",
-            n.addr()
-        );
-    }
+    // Every other primary shows CACHE-TTL `want` within `wait`.
+    let all_show = |want: &str, wait: u64, failed: &str| {
+        for n in &others {
+            let mut c = n.conn();
+            assert!(
+                wait_until(Duration::from_secs(wait), || set_info(
+                    &mut c,
+                    set,
+                    "cache_ttl"
+                )
+                .as_deref()
+                    == Some(want)),
+                "{} {failed}",
+                n.addr()
+            );
+        }
+    };
+    // Each learns the set now: NODEINFO asks the catalog about a set it does not know.
+    all_show("30", 20, &format!("never learned {set}"));
     ok(&mut owner.conn(), &["MEMBER.ALTER", set, "CACHE-TTL", "45"]);
-    for n in &others {
-        let mut c = n.conn();
-        assert!(
-            wait_until(Duration::from_secs(10), || set_info(
-                &mut c,
-                set,
-                "cache_ttl"
-            )
-            .as_deref()
-                == Some("45")),
-            "{} still holds the old CACHE-TTL",
-            n.addr()
-        );
-    }
+    all_show("45", 10, "still holds the old CACHE-TTL");
     ok(&mut owner.conn(), &["MEMBER.DROP", set]);
     for n in &others {
         let mut c = n.conn();

@@ -71,6 +71,27 @@ fn item_in_slot(cl: &Cluster, prefix: &str, slot: u16) -> String {
     item
 }
 
+/// Slot fills `node` has finished.
+fn fills_done(node: &Node) -> u64 {
+    info_field(&mut node.conn(), "slot_fills_done")
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Waits until `node` answers `absent` of `slot` from its filter: the slot is covered there.
+fn answers_from_filter(node: &Node, set: &str, absent: &str, slot: u16) {
+    let mut c = node.conn();
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            bloom_negative_now(&mut c, set, absent)
+        }),
+        "slot {slot} never answered from the filter on {}: {:?}",
+        node.addr(),
+        explain(&mut c, set, absent)
+    );
+}
+
 #[test]
 fn every_owned_slot_has_a_sentinel_and_the_filter_is_no_key() {
     let held = Cluster::shared();
@@ -449,21 +470,13 @@ fn a_slot_that_arrives_is_filled_and_one_that_returns_is_still_covered() {
     // A member of the slot, added on its owner before the move.
     let member = item_in_slot(cl, "arrivals-member", slot);
     assert_eq!(int(&mut src.conn(), &["MEMBER.ADD", set, &member]), 1);
-    let fills = |n: &Node| info_field(&mut n.conn(), "slot_fills_done").unwrap();
-    let fills_before = fills(dst);
+    let fills_before = fills_done(dst);
 
     move_slot(cl, slot, src, dst);
     let mut d = dst.conn();
     assert_eq!(int(&mut d, &["MEMBER.EXISTS", set, &member]), 1);
-    assert!(
-        wait_until(Duration::from_secs(30), || {
-            bloom_negative_now(&mut d, set, &absent)
-        }),
-        "slot {slot} never answered from the filter on {}: {:?}",
-        dst.addr(),
-        explain(&mut d, set, &absent)
-    );
-    assert!(fills(dst).parse::<u64>().unwrap() > fills_before.parse::<u64>().unwrap());
+    answers_from_filter(dst, set, &absent, slot);
+    assert!(fills_done(dst) > fills_before);
     assert_eq!(
         set_info(&mut d, set, "cluster_slots_covered"),
         set_info(&mut d, set, "cluster_slots_owned")
@@ -471,7 +484,7 @@ fn a_slot_that_arrives_is_filled_and_one_that_returns_is_still_covered() {
     // Added where the slot is now, then the slot goes back.
     let later = item_in_slot(cl, "arrivals-later", slot);
     assert_eq!(int(&mut d, &["MEMBER.ADD", set, &later]), 1);
-    let fills_src = fills(src);
+    let fills_src = fills_done(src);
     move_slot(cl, slot, dst, src);
     let mut c = src.conn();
     for m in [&member, &later] {
@@ -484,7 +497,7 @@ fn a_slot_that_arrives_is_filled_and_one_that_returns_is_still_covered() {
     std::thread::sleep(Duration::from_millis(1200));
     assert_eq!(explain(&mut c, set, &later).0, 1);
     assert_eq!(
-        fills(src),
+        fills_done(src),
         fills_src,
         "the slot never stopped being covered there"
     );
@@ -534,13 +547,7 @@ fn an_attached_sets_slot_that_arrives_is_filled_from_the_source() {
     cl.wait_ready(set);
     let src = cl.owner(slot);
     let dst = cl.primaries().find(|n| n.port() != src.port()).unwrap();
-    let fills = |n: &Node| -> u64 {
-        info_field(&mut n.conn(), "slot_fills_done")
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
-    let fills_before = fills(dst);
+    let fills_before = fills_done(dst);
     let items_before: i64 = set_info(&mut dst.conn(), set, "filter_items")
         .unwrap()
         .parse()
@@ -548,15 +555,8 @@ fn an_attached_sets_slot_that_arrives_is_filled_from_the_source() {
 
     move_slot(cl, slot, src, dst);
     let mut d = dst.conn();
-    assert!(
-        wait_until(Duration::from_secs(30), || {
-            bloom_negative_now(&mut d, set, &absent)
-        }),
-        "slot {slot} never answered from the filter on {}: {:?}",
-        dst.addr(),
-        explain(&mut d, set, &absent)
-    );
-    assert!(fills(dst) > fills_before);
+    answers_from_filter(dst, set, &absent, slot);
+    assert!(fills_done(dst) > fills_before);
     // The fill added the slot's row, not the table's other rows.
     let items: i64 = set_info(&mut d, set, "filter_items")
         .unwrap()

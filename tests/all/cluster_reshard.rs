@@ -4,7 +4,9 @@
 //! readers (single-item calls, and MADD/MEXISTS of several slots' items, each item recorded
 //! with its call's interval) whose whole history is checked (`support/chaos/checker.rs`): no
 //! false 0, no false 1, no hang, no unexpected error, and afterwards every item answered by its
-//! slot's owner as the database says. `MEMBER_RESHARD_SEED` repeats a run's item choices;
+//! slot's owner as the database says. The reshard runs once more on a set attached to an
+//! application's table, whose rows also arrive from outside the module (the change log).
+//! `MEMBER_RESHARD_SEED` repeats a run's item choices;
 //! `MEMBER_RESHARD_HISTORY=<dir>` writes each scenario's history there.
 use crate::chaos_harness as chaos;
 use crate::support;
@@ -13,11 +15,12 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use chaos::attached::Source;
 use chaos::checker;
 use chaos::cluster_load::{self, LoadConfig};
-use chaos::history::{Fault, Recorder};
+use chaos::history::{Fault, Kind, Op, Recorder};
 use chaos::router::keyslot;
-use support::cluster::Cluster;
+use support::cluster::{Cluster, ConfigFor};
 use support::member::set_info;
 use support::wait_until;
 
@@ -53,7 +56,7 @@ fn cluster() -> MutexGuard<'static, Cluster> {
         .unwrap_or_else(|e| e.into_inner())
 }
 
-fn load_config(hot: Vec<u16>) -> LoadConfig {
+fn load_config(hot: Vec<u16>, source: Option<Source>) -> LoadConfig {
     let seed = std::env::var("MEMBER_RESHARD_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -74,6 +77,7 @@ fn load_config(hot: Vec<u16>) -> LoadConfig {
         hot,
         batch: 6,
         spell: true,
+        source,
     }
 }
 
@@ -135,7 +139,7 @@ fn finish(
     let mut violations = checker::check(&ops, &rules);
     violations.extend(cluster_load::unexpected_errors(&ops));
     let t = Instant::now();
-    violations.extend(cluster_load::final_check(cl, set, &ops, &rules));
+    violations.extend(cluster_load::final_check(cl, set, cfg, &ops));
     eprintln!("{tag}: final check took {:.1} s", t.elapsed().as_secs_f64());
     chaos::summary(tag, &ops, &rec.faults(), &violations, began.elapsed());
     if let Ok(dir) = std::env::var("MEMBER_RESHARD_HISTORY") {
@@ -155,6 +159,18 @@ fn finish(
         lookups += count("exists_calls");
     }
     assert!(ops.len() > 1000, "only {} operations ran", ops.len());
+    if let Some(src) = &cfg.source {
+        let (inserts, lag) = outside_lag(&ops);
+        eprintln!(
+            "{tag}: {inserts} outside INSERTs; the latest 0 for one came {:.0} ms after its \
+             commit (allowed {} ms)",
+            lag as f64 / 1e3,
+            src.outside_ms
+        );
+        if inserts < 50 {
+            problems.push(format!("only {inserts} outside INSERTs were made"));
+        }
+    }
     // The batch clients' items are in the history, answered as well as refused: a run where
     // no MADD or MEXISTS was answered checked nothing of them.
     for (client, what) in [
@@ -189,6 +205,23 @@ fn finish(
     assert!(problems.is_empty(), "{}", problems.join("\n\n"));
 }
 
+/// How many outside INSERTs the history holds, and the longest time from one's commit to the
+/// start of a read that answered 0 for it (µs): how late a node learned such a row.
+fn outside_lag(ops: &[Op]) -> (usize, u64) {
+    let commits: std::collections::HashMap<&str, u64> = ops
+        .iter()
+        .filter(|o| o.kind == Kind::Insert && o.outcome.answer() == Some(1))
+        .map(|o| (o.item.as_str(), o.end))
+        .collect();
+    let lag = ops
+        .iter()
+        .filter(|o| o.kind == Kind::Exists && o.outcome.answer() == Some(0))
+        .filter_map(|o| Some(o.start.saturating_sub(*commits.get(o.item.as_str())?)))
+        .max()
+        .unwrap_or(0);
+    (commits.len(), lag)
+}
+
 /// Slots the reshard moves by default: enough that the load's items fall in them all through
 /// the move (each slot takes tens of milliseconds with a debug build on an idle machine, a
 /// second or more on a busy one). `MEMBER_RESHARD_SLOTS` asks for another number (up to the
@@ -207,6 +240,35 @@ fn moving_slots() -> usize {
 /// a slot holding some set's key moves like any other (with many sets, some always do).
 #[test]
 fn resharding_under_load_keeps_the_contract() {
+    reshard_scenario("reshard", "reshard", moving_slots(), None);
+}
+
+/// The same on a set attached to an application's table (docs/attach.md, "In a cluster"):
+/// the writers INSERT each row and then ADD or MADD it, as the sign-up flow does, an outside
+/// writer INSERTs rows the module learns only from the change log (answered as members from
+/// `OUTSIDE_MS` after their commit), and each slot that arrives is filled by reading the
+/// table. Half as many slots move: the history is as long, and the test suite shorter.
+#[test]
+fn resharding_an_attached_set_under_load_keeps_the_contract() {
+    const OUTSIDE_MS: u64 = 3000;
+    let table = format!("public.reshard_src_{}", std::process::id());
+    let source = Source {
+        url: cluster().db.url(),
+        table: table.clone(),
+        column: "username".into(),
+        outside_ms: OUTSIDE_MS,
+    };
+    reshard_scenario(
+        "reshard_attached",
+        "reshard_att",
+        moving_slots() / 2,
+        Some(source),
+    );
+}
+
+/// Creates the set (named `<prefix>_<n>`; attached to `source` when given), then runs the load
+/// while `count` slots move, and checks the history.
+fn reshard_scenario(tag: &str, prefix: &str, count: usize, source: Option<Source>) {
     let began = Instant::now();
     let cl = cluster();
     cl.wait_healthy(Duration::from_secs(30), true)
@@ -216,16 +278,31 @@ fn resharding_under_load_keeps_the_contract() {
     let from = cl.node_by_port(table[0]);
     let to = cl.primaries().find(|n| n.port() != from.port()).unwrap();
     // The CLI takes the source's lowest slots.
-    let count = moving_slots();
     let moving: Vec<u16> = cl.slots_of(from).into_iter().take(count).collect();
     let set = (0..)
-        .map(|i| format!("reshard_{i}"))
+        .map(|i| format!("{prefix}_{i}"))
         .find(|s| {
             moving[count * 4 / 5..].contains(&keyslot(format!("member:{s}:bloom").as_bytes()))
         })
         .unwrap();
-    cl.create_everywhere_with(&set, &SET_OPTIONS);
-    let cfg = load_config(moving.clone());
+    match &source {
+        None => cl.create_everywhere_with(&set, &SET_OPTIONS),
+        Some(src) => {
+            cl.db
+                .client()
+                .batch_execute(&format!(
+                    "CREATE TABLE {t} (username text PRIMARY KEY);
+                     CREATE UNIQUE INDEX ON {t} (lower(username))",
+                    t = src.table
+                ))
+                .expect("the source table");
+            let _allow = ConfigFor::set(cl.set_owner(&set), "member.attach-allow", &src.table);
+            let mut options = vec!["SOURCE", &src.table, "COLUMN", "username", "SYNC", "log"];
+            options.extend(SET_OPTIONS);
+            cl.create_everywhere_with(&set, &options);
+        }
+    }
+    let cfg = load_config(moving.clone(), source);
     let rec = Recorder::new();
     let mut problems = Vec::new();
     cluster_load::run(&cfg, &set, &seeds(&cl), &rec, || {
@@ -267,14 +344,14 @@ fn resharding_under_load_keeps_the_contract() {
         .filter(|s| table[**s as usize] == to.port())
         .count();
     eprintln!(
-        "cluster_reshard: {moved} of the {} slots aimed at moved",
+        "{tag}: {moved} of the {} slots aimed at moved",
         moving.len()
     );
     let closed = cl.close_open_slots();
     if !closed.is_empty() {
-        eprintln!("cluster_reshard: set open slots {closed:?} back to STABLE");
+        eprintln!("{tag}: set open slots {closed:?} back to STABLE");
     }
-    finish("reshard", &cl, &set, &cfg, &rec, began, problems);
+    finish(tag, &cl, &set, &cfg, &rec, began, problems);
 }
 
 /// Kills a primary with -9 and lets its replica be promoted, then fails another primary over
@@ -294,7 +371,7 @@ fn failover_under_load_keeps_the_contract() {
     let (heir, taker) = (replica_of(cl, victim), replica_of(cl, manual));
     let set = format!("failover_{}", std::process::id());
     cl.create_everywhere_with(&set, &SET_OPTIONS);
-    let cfg = load_config(cl.slots_of(cl.node_by_port(victim)));
+    let cfg = load_config(cl.slots_of(cl.node_by_port(victim)), None);
     let rec = Recorder::new();
     let mut problems = Vec::new();
     let seeds = seeds(cl);

@@ -16,6 +16,12 @@
 //! * **wrong write reply**: ADD answered 1 for a known member or 0 for a known non-member
 //!   (DEL likewise);
 //! * **hang**: any operation that took longer than the bound (db-timeout plus slack).
+//!
+//! An INSERT made outside the module ([`Kind::Insert`], into an attached set's table) counts
+//! as an ADD acknowledged `outside_us` after its commit: the module learns such a row from the
+//! change log, within about one sync interval (docs/attach.md). Until then either answer is
+//! right, and answers may differ between nodes (a flip in that window is no violation); from
+//! then on the item is a member like any other.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -36,13 +42,24 @@ pub struct Rules {
     pub hang_us: u64,
     /// How long after its end a failed write may still take effect, in µs.
     pub settle_us: u64,
+    /// How long after its commit an INSERT made outside the module may go unanswered, in µs.
+    pub outside_us: u64,
+}
+
+/// When the module answers for `w` as done: its end, or for an outside INSERT `outside_us`
+/// after it.
+fn acked_at(w: &Op, r: &Rules) -> u64 {
+    match w.kind {
+        Kind::Insert => w.end.saturating_add(r.outside_us),
+        _ => w.end,
+    }
 }
 
 /// The time until which `w` may take effect.
 fn effect_end(w: &Op, r: &Rules) -> u64 {
     match w.outcome {
-        Outcome::Int(_) => w.end,
-        Outcome::Failed(_) => w.end.saturating_add(r.settle_us),
+        Outcome::Int(_) => acked_at(w, r),
+        Outcome::Failed(_) => acked_at(w, r).saturating_add(r.settle_us),
     }
 }
 
@@ -68,26 +85,27 @@ fn known_state<'a>(
             .filter(move |w| skip.is_none_or(|k| !std::ptr::eq(*w, k)))
     };
     let last = others()
-        .filter(|w| w.outcome.answer().is_some() && w.end < s)
-        .max_by_key(|w| w.end);
+        .filter(|w| w.outcome.answer().is_some() && acked_at(w, r) < s)
+        .max_by_key(|w| acked_at(w, r));
     // Only a write of the other kind can change what the deciding write left: a failed DEL
     // cannot make a non-member a member, a failed ADD cannot remove one.
     match last {
         None => {
-            if others().any(|w| w.kind == Kind::Add && w.start < e) {
+            if others().any(|w| w.kind != Kind::Del && w.start < e) {
                 (None, None)
             } else {
                 (Some(false), None)
             }
         }
         Some(l) => {
+            let adds = |w: &Op| w.kind != Kind::Del;
             let disturbed = others().any(|w| {
-                !std::ptr::eq(w, l) && w.kind != l.kind && may_act_within(w, l.start, e, r)
+                !std::ptr::eq(w, l) && adds(w) != adds(l) && may_act_within(w, l.start, e, r)
             });
             if disturbed {
                 (None, Some(l))
             } else {
-                (Some(l.kind == Kind::Add), Some(l))
+                (Some(adds(l)), Some(l))
             }
         }
     }
@@ -141,6 +159,10 @@ fn check_item(ops: &[&Op], r: &Rules, out: &mut Vec<Violation>) {
         let a = rd.outcome.answer().unwrap();
         let (state, by) = known_state(&writes, rd.start, rd.end, None, r);
         let (rule, why) = match (state, a) {
+            (Some(true), 0) if by.is_some_and(|w| w.kind == Kind::Insert) => (
+                "false absent",
+                "an outside INSERT was due before it began, no DEL since",
+            ),
             (Some(true), 0) => (
                 "false absent",
                 "acknowledged ADD before it began, no DEL since",
@@ -158,9 +180,9 @@ fn check_item(ops: &[&Op], r: &Rules, out: &mut Vec<Violation>) {
         }
         out.push(Violation { rule, text });
     }
-    // Write replies against the state before them.
+    // Write replies against the state before them (an outside INSERT has no reply).
     for w in &writes {
-        let Some(a) = w.outcome.answer() else {
+        let Some(a) = w.outcome.answer().filter(|_| w.kind != Kind::Insert) else {
             continue;
         };
         let (Some(member), by) = known_state(&writes, w.start, w.end, Some(w), r) else {
@@ -202,9 +224,11 @@ fn check_item(ops: &[&Op], r: &Rules, out: &mut Vec<Violation>) {
         let a2 = r2.outcome.answer().unwrap().clamp(0, 1) as usize;
         let Some(r1) = latest[1 - a2] else { continue };
         let explain = if a2 == 0 { Kind::Del } else { Kind::Add };
-        let explained = writes
-            .iter()
-            .any(|w| w.kind == explain && may_act_within(w, r1.start, r2.end, r));
+        // Nodes learn an outside INSERT at different moments: either answer, either order,
+        // until it is due.
+        let explained = writes.iter().any(|w| {
+            (w.kind == explain || w.kind == Kind::Insert) && may_act_within(w, r1.start, r2.end, r)
+        });
         if !explained {
             out.push(Violation {
                 rule: "flip",
@@ -238,6 +262,7 @@ mod tests {
     const R: Rules = Rules {
         hang_us: 1000,
         settle_us: 500,
+        outside_us: 300,
     };
     use Kind::*;
     use Outcome::*;
@@ -301,6 +326,30 @@ mod tests {
         ])
         .is_empty());
         assert_eq!(rules(&[op(Add, 0, 2000, Int(1))]), ["hang"]);
+        // An outside INSERT: either answer until outside_us after its commit, then a member.
+        assert!(rules(&[
+            op(Insert, 0, 10, Int(1)),
+            op(Exists, 20, 30, Int(1)),
+            op(Exists, 40, 50, Int(0)),
+            op(Exists, 60, 70, Int(1)),
+        ])
+        .is_empty());
+        assert_eq!(
+            rules(&[op(Insert, 0, 10, Int(1)), op(Exists, 320, 330, Int(0))]),
+            ["false absent"]
+        );
+        assert_eq!(
+            rules(&[
+                op(Insert, 0, 10, Int(1)),
+                op(Exists, 320, 330, Int(1)),
+                op(Exists, 340, 350, Int(0))
+            ]),
+            ["false absent", "flip"]
+        );
+        assert_eq!(
+            rules(&[op(Exists, 0, 5, Int(1)), op(Insert, 10, 20, Int(1))]),
+            ["false present"]
+        );
         assert_eq!(
             rules(&[op(Add, 0, 10, Int(1)), op(Add, 20, 30, Int(1))]),
             ["wrong write reply"]

@@ -1,7 +1,9 @@
 //! The load of the cluster history tests (issue 8): writers ADD fresh items and DEL a few of
 //! their own, readers EXISTS acknowledged, never-added and in-flight items, all through
 //! [`Router`]s that follow MOVED and ASK; then the final check against the database and the
-//! slot owners.
+//! slot owners. On an attached set ([`LoadConfig::source`]) the writers insert each row into
+//! the set's table before its ADD or MADD, never DEL, and one more writer inserts rows the
+//! module learns only from the change log.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use redis::{ConnectionLike, RedisResult, Value};
 
+use super::attached::Source;
 use super::checker::{known_state_at, Rules, Violation};
 use super::history::{Kind, Op, Outcome, Recorder};
 use super::router::{is_conn_error, keyslot, Router};
@@ -38,11 +41,16 @@ pub struct LoadConfig {
     /// reaches serves it for the item's slot's owner (the cluster bus's forwarding, or the
     /// batch split). The history records the item as stored, the lower-case one.
     pub spell: bool,
+    /// The set is attached to this table (docs/attach.md): ADD and MADD follow an INSERT of
+    /// their rows, and an outside writer inserts rows without telling the module.
+    pub source: Option<Source>,
 }
 
-/// Client numbers: writers from 0, readers from 100, the batch writer and reader these.
+/// Client numbers: writers from 0, readers from 100, the batch writer and reader these, and
+/// on an attached set the outside writer.
 pub const BATCH_WRITER: usize = 200;
 pub const BATCH_READER: usize = 300;
+pub const OUTSIDE_WRITER: usize = 400;
 
 impl LoadConfig {
     /// The checker's rules for this load.
@@ -50,6 +58,7 @@ impl LoadConfig {
         Rules {
             hang_us: (self.db_timeout_ms + self.slack_ms) * 1000,
             settle_us: (8 * self.db_timeout_ms + 4000) * 1000,
+            outside_us: self.source.as_ref().map_or(0, |s| s.outside_ms * 1000),
         }
     }
 
@@ -122,18 +131,18 @@ impl Shared<'_> {
     }
 
     /// Runs one command through `router` (the item spelled as [`Shared::spelling`] draws) and
-    /// records it.
+    /// records it, as begun at `since` when given (the INSERT of an attached set's row).
     fn run(
         &self,
         router: &mut Router,
         rng: &mut Rng,
         client: usize,
-        kind: Kind,
+        (kind, since): (Kind, Option<u64>),
         item: &str,
     ) -> Outcome {
         let spelled = self.spelling(item, rng);
         router.prepare();
-        let start = self.rec.now();
+        let start = since.unwrap_or_else(|| self.rec.now());
         let (port, res) = router.call(&[kind.command(), self.set, &spelled]);
         let end = self.rec.now();
         let outcome = match res {
@@ -163,13 +172,13 @@ impl Shared<'_> {
     /// Runs one MADD or MEXISTS of `items` through `router` (routed by the set name) and
     /// records it as one operation per item, each with the call's interval and its own
     /// answer, or the call's error: the checker then holds every item to what a single call
-    /// would have answered somewhere in that interval.
+    /// would have answered somewhere in that interval. `since` as for [`Shared::run`].
     fn run_many(
         &self,
         router: &mut Router,
         rng: &mut Rng,
         client: usize,
-        kind: Kind,
+        (kind, since): (Kind, Option<u64>),
         items: &[String],
     ) -> Vec<Outcome> {
         let spelled: Vec<String> = items.iter().map(|i| self.spelling(i, rng)).collect();
@@ -177,11 +186,11 @@ impl Shared<'_> {
         let command = match kind {
             Kind::Add => "MEMBER.MADD",
             Kind::Exists => "MEMBER.MEXISTS",
-            Kind::Del => unreachable!("no batch DEL"),
+            Kind::Del | Kind::Insert => unreachable!("no batch {kind:?}"),
         };
         let mut args = vec![command, self.set, "ITEMS"];
         args.extend(spelled.iter().map(String::as_str));
-        let start = self.rec.now();
+        let start = since.unwrap_or_else(|| self.rec.now());
         let (port, res) = router.call_by(self.set, &args);
         let end = self.rec.now();
         let failed = |t: String| vec![Outcome::Failed(t); items.len()];
@@ -217,6 +226,41 @@ impl Shared<'_> {
         outcomes
     }
 
+    /// On an attached set, inserts `items` into its table as the application does before it
+    /// tells the module, and returns when that began; an INSERT that fails is recorded for
+    /// each item (an unexpected error: the database is not faulted in these runs), and
+    /// `Err` says to skip the call. On an owned set: `Ok(None)`.
+    fn insert_first(
+        &self,
+        pg: &mut Option<postgres::Client>,
+        client: usize,
+        items: &[String],
+    ) -> Result<Option<u64>, ()> {
+        let (Some(src), Some(pg)) = (&self.cfg.source, pg.as_mut()) else {
+            return Ok(None);
+        };
+        let start = self.rec.now();
+        match src.insert(pg, items) {
+            Ok(()) => Ok(Some(start)),
+            Err(e) => {
+                let end = self.rec.now();
+                for item in items {
+                    self.rec.op(Op {
+                        client,
+                        kind: Kind::Add,
+                        set: self.set.to_string(),
+                        item: item.clone(),
+                        port: 0,
+                        start,
+                        end,
+                        outcome: Outcome::Failed(e.clone()),
+                    });
+                }
+                Err(())
+            }
+        }
+    }
+
     /// An item for a reader: never written (2 in 10), one whose write is in flight (2 in
     /// 10), or an acknowledged one, recent ones preferred (6 in 10).
     fn pick(&self, rng: &mut Rng, next: &mut u64, prefix: &str) -> String {
@@ -248,6 +292,7 @@ impl Shared<'_> {
 fn batch_writer(x: &Shared) {
     let mut rng = Rng::new(x.cfg.seed ^ 0x3000_u64.wrapping_mul(0x9e37_79b9));
     let mut router = x.router();
+    let mut pg = x.cfg.source.as_ref().map(Source::connect);
     let mut next = 0;
     let w = x.cfg.writers;
     while !x.stop.load(Ordering::Relaxed) {
@@ -255,7 +300,16 @@ fn batch_writer(x: &Shared) {
             .map(|_| x.fresh("mw", &mut next, &mut rng))
             .collect();
         *x.inflight[w].lock().unwrap() = items.last().unwrap().clone();
-        let got = x.run_many(&mut router, &mut rng, BATCH_WRITER, Kind::Add, &items);
+        let Ok(since) = x.insert_first(&mut pg, BATCH_WRITER, &items) else {
+            continue;
+        };
+        let got = x.run_many(
+            &mut router,
+            &mut rng,
+            BATCH_WRITER,
+            (Kind::Add, since),
+            &items,
+        );
         let mut acked = x.acked.lock().unwrap();
         for (it, o) in items.into_iter().zip(got) {
             if o == Outcome::Int(1) {
@@ -276,26 +330,37 @@ fn batch_reader(x: &Shared) {
         let items: Vec<String> = (0..x.cfg.batch)
             .map(|_| x.pick(&mut rng, &mut next, "mghost"))
             .collect();
-        x.run_many(&mut router, &mut rng, BATCH_READER, Kind::Exists, &items);
+        x.run_many(
+            &mut router,
+            &mut rng,
+            BATCH_READER,
+            (Kind::Exists, None),
+            &items,
+        );
         thread::sleep(Duration::from_millis(x.cfg.pause_ms / 2 + 1));
     }
 }
 
-/// Writer `w`: ADD a fresh item (nine times in ten) or DEL one of its acknowledged members.
-/// An item whose write failed is never written again.
+/// Writer `w`: ADD a fresh item (nine times in ten) or DEL one of its acknowledged members;
+/// on an attached set, INSERT a fresh row and ADD it, never DEL. An item whose write failed
+/// is never written again.
 fn writer(w: usize, x: &Shared) {
     let mut rng = Rng::new(x.cfg.seed ^ (0x1000 + w as u64).wrapping_mul(0x9e37_79b9));
     let mut router = x.router();
+    let mut pg = x.cfg.source.as_ref().map(Source::connect);
     let mut next = 0;
     let mut mine: Vec<String> = Vec::new();
     while !x.stop.load(Ordering::Relaxed) {
-        if !mine.is_empty() && rng.below(10) == 0 {
+        if !mine.is_empty() && pg.is_none() && rng.below(10) == 0 {
             let it = mine.swap_remove(rng.below(mine.len() as u64) as usize);
-            x.run(&mut router, &mut rng, w, Kind::Del, &it);
+            x.run(&mut router, &mut rng, w, (Kind::Del, None), &it);
         } else {
             let it = x.fresh(&format!("w{w}"), &mut next, &mut rng);
             *x.inflight[w].lock().unwrap() = it.clone();
-            if x.run(&mut router, &mut rng, w, Kind::Add, &it) == Outcome::Int(1) {
+            let Ok(since) = x.insert_first(&mut pg, w, std::slice::from_ref(&it)) else {
+                continue;
+            };
+            if x.run(&mut router, &mut rng, w, (Kind::Add, since), &it) == Outcome::Int(1) {
                 x.acked.lock().unwrap().push(it.clone());
                 mine.push(it);
             }
@@ -312,8 +377,38 @@ fn reader(r: usize, x: &Shared) {
     let prefix = format!("ghost{r}");
     while !x.stop.load(Ordering::Relaxed) {
         let it = x.pick(&mut rng, &mut next, &prefix);
-        x.run(&mut router, &mut rng, 100 + r, Kind::Exists, &it);
+        x.run(&mut router, &mut rng, 100 + r, (Kind::Exists, None), &it);
         thread::sleep(Duration::from_millis(x.cfg.pause_ms / 10 + 1));
+    }
+}
+
+/// The outside writer of an attached set: INSERTs a fresh row (its own transaction) and tells
+/// the module nothing; readers then pick it as they pick acknowledged items.
+fn outside_writer(src: &Source, x: &Shared) {
+    let mut rng = Rng::new(x.cfg.seed ^ 0x5000_u64.wrapping_mul(0x9e37_79b9));
+    let mut pg = src.connect();
+    let mut next = 0;
+    while !x.stop.load(Ordering::Relaxed) {
+        let it = x.fresh("ow", &mut next, &mut rng);
+        let start = x.rec.now();
+        let done = src.insert(&mut pg, std::slice::from_ref(&it));
+        let end = x.rec.now();
+        x.rec.op(Op {
+            client: OUTSIDE_WRITER,
+            kind: Kind::Insert,
+            set: x.set.to_string(),
+            item: it.clone(),
+            port: 0,
+            start,
+            end,
+            outcome: done
+                .as_ref()
+                .map_or_else(|e| Outcome::Failed(e.clone()), |_| Outcome::Int(1)),
+        });
+        if done.is_ok() {
+            x.acked.lock().unwrap().push(it);
+        }
+        thread::sleep(Duration::from_millis(2 * x.cfg.pause_ms));
     }
 }
 
@@ -348,6 +443,9 @@ pub fn run(cfg: &LoadConfig, set: &str, seeds: &[u16], rec: &Recorder, during: i
         if cfg.batch > 0 {
             sc.spawn(move || batch_writer(x));
             sc.spawn(move || batch_reader(x));
+        }
+        if let Some(src) = &cfg.source {
+            sc.spawn(move || outside_writer(src, x));
         }
         during();
         x.stop.store(true, Ordering::SeqCst);
@@ -390,22 +488,27 @@ fn shown(v: &RedisResult<Value>) -> String {
 /// After the load: the database holds what the history says, and every item the run touched
 /// is answered as the database says by the primary that owns its slot now (an error there is
 /// asked again for up to 30 s), while every other live primary redirects it there (`MOVED`).
-pub fn final_check(cl: &Cluster, set: &str, ops: &[Op], rules: &Rules) -> Vec<Violation> {
+pub fn final_check(cl: &Cluster, set: &str, cfg: &LoadConfig, ops: &[Op]) -> Vec<Violation> {
+    let rules = &cfg.rules();
+    let source = cfg.source.as_ref();
     let mut out = Vec::new();
-    let members: BTreeSet<String> = cl
-        .db
-        .client()
-        .query(
-            &format!(
-                "SELECT entity_id FROM member_{set} WHERE scope = '' AND status = 1 \
-                 AND (expires_at IS NULL OR expires_at > now())"
-            ),
-            &[],
-        )
-        .expect("read the truth")
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let members: BTreeSet<String> = match source {
+        Some(src) => src.members(&mut cl.db.client()).into_iter().collect(),
+        None => cl
+            .db
+            .client()
+            .query(
+                &format!(
+                    "SELECT entity_id FROM member_{set} WHERE scope = '' AND status = 1 \
+                     AND (expires_at IS NULL OR expires_at > now())"
+                ),
+                &[],
+            )
+            .expect("read the truth")
+            .iter()
+            .map(|r| r.get(0))
+            .collect(),
+    };
     let mut writes_of: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
     for o in ops {
         let w = writes_of.entry(&o.item).or_default();
@@ -461,15 +564,28 @@ pub fn final_check(cl: &Cluster, set: &str, ops: &[Op], rules: &Rules) -> Vec<Vi
     // have healed.
     for (port, item) in mismatched {
         let node = cl.primaries().find(|n| n.port() == port).unwrap();
-        if let Some(v) = settle(cl, node, set, item, deadline + Duration::from_secs(30)) {
+        if let Some(v) = settle(
+            cl,
+            node,
+            (set, source),
+            item,
+            deadline + Duration::from_secs(30),
+        ) {
             out.push(v);
         }
     }
     out
 }
 
-/// Whether `item` is an active member of `set`, in the database now.
-fn is_member(pg: &mut postgres::Client, set: &str, item: &str) -> bool {
+/// Whether `item` is an active member of `set` (attached to `source`), in the database now.
+fn is_member(
+    pg: &mut postgres::Client,
+    (set, source): (&str, Option<&Source>),
+    item: &str,
+) -> bool {
+    if let Some(src) = source {
+        return src.has(pg, item);
+    }
     pg.query_one(
         &format!(
             "SELECT EXISTS (SELECT FROM member_{set} WHERE entity_id = $1 AND scope = '' \
@@ -486,19 +602,19 @@ fn is_member(pg: &mut postgres::Client, set: &str, item: &str) -> bool {
 fn settle(
     cl: &Cluster,
     node: &Node,
-    set: &str,
+    (set, source): (&str, Option<&Source>),
     item: &str,
     deadline: Instant,
 ) -> Option<Violation> {
     let mut pg = cl.db.client();
     let mut c = node.conn();
     loop {
-        let before = is_member(&mut pg, set, item);
+        let before = is_member(&mut pg, (set, source), item);
         let got = redis::cmd("MEMBER.EXISTS")
             .arg(set)
             .arg(item)
             .query::<Value>(&mut c);
-        let after = is_member(&mut pg, set, item);
+        let after = is_member(&mut pg, (set, source), item);
         match got {
             Ok(Value::Int(a)) if before == after && (a == 1) == after => return None,
             _ if Instant::now() < deadline => thread::sleep(Duration::from_millis(200)),

@@ -4,12 +4,17 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-/// The three client operations.
+/// The client operations: the module's three, and a row an application inserts into an
+/// attached set's table itself, without telling the module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Kind {
     Add,
     Del,
     Exists,
+    /// An INSERT into an attached set's table, outside the module (docs/attach.md): a member
+    /// from its commit (the op's end) in the database, and to be answered as one by the
+    /// module from [`Rules::outside_us`](super::checker::Rules) after it.
+    Insert,
 }
 
 impl Kind {
@@ -18,6 +23,7 @@ impl Kind {
             Kind::Add => "MEMBER.ADD",
             Kind::Del => "MEMBER.DEL",
             Kind::Exists => "MEMBER.EXISTS",
+            Kind::Insert => "INSERT (outside the module)",
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The chaos run of issue 9: writers ADD and DEL their own items, readers EXISTS any item, on
 //! several sets at once, while a fault schedule breaks the world; then the history checker.
 
+pub mod attached;
 pub mod checker;
 pub mod cluster_load;
 pub mod faults;
@@ -247,6 +248,7 @@ pub fn run(cfg: &Config, kinds: &[&'static str]) -> Report {
     let rules = Rules {
         hang_us: (cfg.db_timeout_ms + cfg.slack_ms) * 1000,
         settle_us: settle.as_micros() as u64,
+        outside_us: 0,
     };
     let mut rng = Rng::new(cfg.seed);
     let mut order: Vec<&'static str> = Vec::new();

@@ -103,16 +103,25 @@ fn connect_with<C>(
     connect: impl FnOnce(Prepared) -> Result<C, tokio_postgres::Error>,
 ) -> Result<C, DbErr> {
     let mut password = None;
+    // An attempt that outlived a change of the link settings (a slow handshake while CONFIG
+    // SET changed `member.pg-url`) says nothing of the settings now: its outcome is not
+    // recorded, or a late failure of an old URL would show after the new one had connected.
+    let generation = crate::config::pg_link_gen();
     let r = try_open(link, tune, &mut password, connect);
     let mut last = error_slot(link).lock().unwrap_or_else(|e| e.into_inner());
+    let current = crate::config::pg_link_gen() == generation;
     match r {
         Ok(c) => {
-            *last = None;
+            if current {
+                *last = None;
+            }
             Ok(c)
         }
         Err(msg) => {
             let msg = scrub(&msg, password.as_deref());
-            *last = Some(msg.clone());
+            if current {
+                *last = Some(msg.clone());
+            }
             Err(DbErr::Unavailable(msg))
         }
     }

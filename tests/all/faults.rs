@@ -222,3 +222,78 @@ fn quiet_postgres_restart_then_every_call_answers() {
     let mut pgc = pg.client();
     every_call_answers(&vk, &mut c, &mut pgc, "s6");
 }
+
+/// A connection attempt still in flight when `member.pg-url` changes says nothing of the new
+/// URL: after a connection under the new one succeeded, the old attempt's late failure never
+/// shows in `db_link_error`. The old URL is a listener that accepts and holds every
+/// connection unanswered (the driver's connect timeout covers only the TCP connect), and
+/// closes them once the new URL has served, which fails those attempts then. (Under load in
+/// CI, a TLS handshake under an earlier URL once failed after the new URL had connected, and
+/// INFO showed the old error.)
+#[test]
+fn a_late_failure_under_an_old_url_never_shows_once_the_new_one_connected() {
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::sync::{Arc, Mutex};
+
+    let env = Env::with(&[("member.db-timeout-ms", "2000")]);
+    let mut c = env.conn();
+    ok(&mut c, &["MEMBER.CREATE", "s"]);
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "s", "a"]), 1);
+    let good = env.db.url();
+
+    // Accepts every connection and holds it, unanswered.
+    let hole = TcpListener::bind("127.0.0.1:0").unwrap();
+    let hole_port = hole.local_addr().unwrap().port();
+    let held: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+    {
+        let held = held.clone();
+        thread::spawn(move || {
+            for s in hole.incoming() {
+                let Ok(s) = s else { return };
+                held.lock().unwrap().push(s);
+            }
+        });
+    }
+    let url = format!("host=127.0.0.1 port={hole_port} user=postgres dbname=nowhere");
+    ok(&mut c, &["CONFIG", "SET", "member.pg-url", &url]);
+    // An ADD goes to the database: its worker's attempt is now held.
+    let mut waiting = env.conn();
+    let add = thread::spawn(move || cmd(&mut waiting, &["MEMBER.ADD", "s", "b"]));
+    assert!(
+        wait_until(Duration::from_secs(10), || !held.lock().unwrap().is_empty()),
+        "the module never tried the held URL"
+    );
+    ok(&mut c, &["CONFIG", "SET", "member.pg-url", &good]);
+    assert!(
+        wait_until(Duration::from_secs(20), || cmd(
+            &mut c,
+            &["MEMBER.ADD", "s", "c"]
+        )
+        .is_ok()),
+        "the new URL never served"
+    );
+    assert_eq!(info_field(&mut c, "db_link_error").as_deref(), Some("none"));
+    // Now the held attempts fail; each failure would be recorded as it ends.
+    for s in held.lock().unwrap().iter() {
+        let _ = s.shutdown(Shutdown::Both);
+    }
+    let first = add.join().unwrap();
+    assert!(
+        first
+            .as_ref()
+            .is_err_and(|e| e.code() == Some("UNAVAILABLE")),
+        "the held ADD: {first:?}"
+    );
+    let late = wait_until(Duration::from_secs(2), || {
+        info_field(&mut c, "db_link_error").as_deref() != Some("none")
+    });
+    assert!(
+        !late,
+        "db_link_error shows a failure under the old URL: {:?}",
+        info_field(&mut c, "db_link_error")
+    );
+    // The worker the held attempt kept goes back to work under the new URL.
+    for item in ["d", "e", "f", "g", "h"] {
+        assert_eq!(int(&mut c, &["MEMBER.ADD", "s", item]), 1);
+    }
+}

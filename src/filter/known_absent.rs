@@ -13,7 +13,10 @@
 //!
 //! The store is a two-way set-associative table indexed by the item hash: every operation is
 //! O(1) on the main thread, whatever the size, and a full table simply overwrites. It starts
-//! small and doubles up to the configured size. Pure data: no server calls.
+//! small and doubles up to the configured size; so do the last-add times, up to
+//! [`ADDED_SLOTS`]. A set with a few false positives keeps about 3 KB here, not the 48 KB a
+//! table and times allocated at full size took (for every set that had an ADD and a false
+//! positive; thousands of small sets add up). Pure data: no server calls.
 
 use std::time::Instant;
 
@@ -30,12 +33,13 @@ impl Slot {
     }
 }
 
-/// Slots allocated when the first entry arrives.
-const FIRST_SLOTS: usize = 1024;
+/// Slots allocated when the first entry arrives; the table doubles when half full.
+const FIRST_SLOTS: usize = 64;
 
-/// Slots of the last-add times (one per hash slot; a shared slot only makes a remember more
-/// cautious).
+/// Most slots of the last-add times (one per hash slot; a shared slot only makes a remember
+/// more cautious). They start at [`FIRST_ADDED`] and grow with the table.
 const ADDED_SLOTS: usize = 1024;
+const FIRST_ADDED: usize = 64;
 
 #[derive(Clone, Debug, Default)]
 pub struct KnownAbsent {
@@ -43,7 +47,8 @@ pub struct KnownAbsent {
     slots: Vec<Slot>,
     /// Occupied slots (some may have expired).
     used: usize,
-    /// When an item of each hash slot was last added (empty until the first add).
+    /// When an item of each hash slot was last added (empty until the first add; a power of
+    /// two long).
     added: Vec<Option<Instant>>,
 }
 
@@ -76,11 +81,7 @@ impl KnownAbsent {
             self.used = 0;
             return;
         }
-        if self
-            .added
-            .get(hash as usize % ADDED_SLOTS)
-            .is_some_and(|t| t.is_some_and(|t| t >= asked))
-        {
+        if self.added_at(hash).is_some_and(|t| t >= asked) {
             return;
         }
         let max = cap.next_power_of_two().max(2);
@@ -116,8 +117,28 @@ impl KnownAbsent {
         };
     }
 
+    /// When an item of `hash`'s slot was last added, if one was.
+    fn added_at(&self, hash: u128) -> Option<Instant> {
+        if self.added.is_empty() {
+            return None;
+        }
+        self.added[hash as usize & (self.added.len() - 1)]
+    }
+
+    /// Grows the last-add times to `len` slots (a power of two, at most [`ADDED_SLOTS`]): each
+    /// new slot keeps the time of the slot its hashes shared before, so no add is forgotten.
+    fn grow_added(&mut self, len: usize) {
+        let len = len.min(ADDED_SLOTS);
+        let old = self.added.len();
+        if old == 0 || len <= old {
+            return;
+        }
+        self.added = (0..len).map(|i| self.added[i & (old - 1)]).collect();
+    }
+
     /// Rebuilds the table at `len` slots, keeping what fits.
     fn resize(&mut self, len: usize) {
+        self.grow_added(len);
         let old = std::mem::replace(&mut self.slots, vec![Slot::default(); len]);
         self.used = 0;
         let now = Instant::now();
@@ -131,9 +152,10 @@ impl KnownAbsent {
     /// `hash` became (or may have become) a member: forgotten, and noted as added now.
     pub fn added(&mut self, hash: u128) {
         if self.added.is_empty() {
-            self.added = vec![None; ADDED_SLOTS];
+            self.added = vec![None; FIRST_ADDED.max(self.slots.len()).min(ADDED_SLOTS)];
         }
-        self.added[hash as usize % ADDED_SLOTS] = Some(Instant::now());
+        let i = hash as usize & (self.added.len() - 1);
+        self.added[i] = Some(Instant::now());
         self.remove(hash);
     }
 
@@ -225,6 +247,31 @@ mod tests {
         assert!(k.contains(h(1)), "asked after the add");
         k.added(h(1));
         assert!(!k.contains(h(1)), "an add forgets it");
+    }
+
+    #[test]
+    fn an_add_before_the_times_grew_still_counts_after() {
+        let later = Instant::now() + Duration::from_secs(60);
+        let mut k = KnownAbsent::default();
+        let asked = Instant::now();
+        k.added(h(1));
+        assert_eq!(k.added.len(), FIRST_ADDED);
+        // The table grows past the times' first size, and the times with it.
+        let now = Instant::now();
+        for i in 100..1100 {
+            k.insert(h(i), now, later, now, 5000);
+        }
+        assert_eq!(k.added.len(), ADDED_SLOTS);
+        k.insert(h(1), asked, later, Instant::now(), 5000);
+        assert!(
+            !k.contains(h(1)),
+            "asked before the add, which the grown times keep"
+        );
+        // A set with a few false positives keeps little.
+        let mut small = KnownAbsent::default();
+        small.added(h(1));
+        small.insert(h(2), now, later, now, 5000);
+        assert!(small.bytes() <= 4096, "{}", small.bytes());
     }
 
     #[test]

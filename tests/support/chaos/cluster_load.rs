@@ -490,25 +490,9 @@ fn shown(v: &RedisResult<Value>) -> String {
 /// asked again for up to 30 s), while every other live primary redirects it there (`MOVED`).
 pub fn final_check(cl: &Cluster, set: &str, cfg: &LoadConfig, ops: &[Op]) -> Vec<Violation> {
     let rules = &cfg.rules();
-    let source = cfg.source.as_ref();
+    let truth = &Truth::of(set, cfg);
     let mut out = Vec::new();
-    let members: BTreeSet<String> = match source {
-        Some(src) => src.members(&mut cl.db.client()).into_iter().collect(),
-        None => cl
-            .db
-            .client()
-            .query(
-                &format!(
-                    "SELECT entity_id FROM member_{set} WHERE scope = '' AND status = 1 \
-                     AND (expires_at IS NULL OR expires_at > now())"
-                ),
-                &[],
-            )
-            .expect("read the truth")
-            .iter()
-            .map(|r| r.get(0))
-            .collect(),
-    };
+    let members = truth.members(&mut cl.db.client());
     let mut writes_of: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
     for o in ops {
         let w = writes_of.entry(&o.item).or_default();
@@ -567,7 +551,7 @@ pub fn final_check(cl: &Cluster, set: &str, cfg: &LoadConfig, ops: &[Op]) -> Vec
         if let Some(v) = settle(
             cl,
             node,
-            (set, source),
+            (set, truth),
             item,
             deadline + Duration::from_secs(30),
         ) {
@@ -577,24 +561,54 @@ pub fn final_check(cl: &Cluster, set: &str, cfg: &LoadConfig, ops: &[Op]) -> Vec
     out
 }
 
-/// Whether `item` is an active member of `set` (attached to `source`), in the database now.
-fn is_member(
-    pg: &mut postgres::Client,
-    (set, source): (&str, Option<&Source>),
-    item: &str,
-) -> bool {
-    if let Some(src) = source {
-        return src.has(pg, item);
+/// Where the database keeps what the set holds: its own table (the active rows of unscoped
+/// items), or the application's table it is attached to.
+enum Truth<'a> {
+    Own(&'a str),
+    Attached(&'a Source),
+}
+
+impl<'a> Truth<'a> {
+    fn of(set: &'a str, cfg: &'a LoadConfig) -> Truth<'a> {
+        cfg.source.as_ref().map_or(Truth::Own(set), Truth::Attached)
     }
-    pg.query_one(
-        &format!(
-            "SELECT EXISTS (SELECT FROM member_{set} WHERE entity_id = $1 AND scope = '' \
-               AND status = 1 AND (expires_at IS NULL OR expires_at > now()))"
-        ),
-        &[&item],
-    )
-    .expect("read the truth")
-    .get(0)
+
+    /// The condition on a set table's rows that makes them members.
+    const ACTIVE: &'static str =
+        "scope = '' AND status = 1 AND (expires_at IS NULL OR expires_at > now())";
+
+    /// Every member, in the database now.
+    fn members(&self, pg: &mut postgres::Client) -> BTreeSet<String> {
+        match self {
+            Truth::Attached(src) => src.members(pg).into_iter().collect(),
+            Truth::Own(set) => pg
+                .query(
+                    &format!("SELECT entity_id FROM member_{set} WHERE {}", Self::ACTIVE),
+                    &[],
+                )
+                .expect("read the truth")
+                .iter()
+                .map(|r| r.get(0))
+                .collect(),
+        }
+    }
+
+    /// Whether `item` is a member, in the database now.
+    fn has(&self, pg: &mut postgres::Client, item: &str) -> bool {
+        match self {
+            Truth::Attached(src) => src.has(pg, item),
+            Truth::Own(set) => pg
+                .query_one(
+                    &format!(
+                        "SELECT EXISTS (SELECT FROM member_{set} WHERE entity_id = $1 AND {})",
+                        Self::ACTIVE
+                    ),
+                    &[&item],
+                )
+                .expect("read the truth")
+                .get(0),
+        }
+    }
 }
 
 /// Asks `node`, the owner of `item`, until its answer agrees with the database read just
@@ -602,19 +616,19 @@ fn is_member(
 fn settle(
     cl: &Cluster,
     node: &Node,
-    (set, source): (&str, Option<&Source>),
+    (set, truth): (&str, &Truth),
     item: &str,
     deadline: Instant,
 ) -> Option<Violation> {
     let mut pg = cl.db.client();
     let mut c = node.conn();
     loop {
-        let before = is_member(&mut pg, (set, source), item);
+        let before = truth.has(&mut pg, item);
         let got = redis::cmd("MEMBER.EXISTS")
             .arg(set)
             .arg(item)
             .query::<Value>(&mut c);
-        let after = is_member(&mut pg, (set, source), item);
+        let after = truth.has(&mut pg, item);
         match got {
             Ok(Value::Int(a)) if before == after && (a == 1) == after => return None,
             _ if Instant::now() < deadline => thread::sleep(Duration::from_millis(200)),

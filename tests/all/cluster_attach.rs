@@ -121,12 +121,7 @@ fn an_attached_table_is_served_by_the_owner_of_each_rows_slot() {
     for n in &cl.nodes {
         let mut c = n.conn();
         assert!(
-            wait_until(Duration::from_secs(20), || info_field(
-                &mut c,
-                "sync_notify"
-            )
-            .as_deref()
-                == Some("listening")),
+            wait_listening(&mut c, Duration::from_secs(20)),
             "{}: {:?}",
             n.addr(),
             info_field(&mut c, "sync_notify_error")
@@ -181,5 +176,5 @@ fn an_attached_table_is_served_by_the_owner_of_each_rows_slot() {
             o.addr()
         );
     }
-    ok(&mut owner.conn(), &["MEMBER.DROP", set]);
+    cl.drop_everywhere(set);
 }

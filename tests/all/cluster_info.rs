@@ -274,5 +274,5 @@ fn a_set_a_node_cannot_serve_backs_off_and_says_why() {
     let n: u32 = f["rebuild_failures"].parse().unwrap();
     let wait: u64 = f["rebuild_retry_wait_s"].parse().unwrap();
     assert_eq!(wait, (2u64 << (n - 1).min(16)).min(300), "{f:?}");
-    ok(&mut cl.set_owner(set).conn(), &["MEMBER.DROP", set]);
+    cl.drop_everywhere(set);
 }

@@ -46,12 +46,6 @@ fn create(c: &mut Connection, set: &str, extra: &[&str]) {
     );
 }
 
-fn wait_listening(c: &mut Connection, timeout: Duration) -> bool {
-    wait_until(timeout, || {
-        info_field(c, "sync_notify").as_deref() == Some("listening")
-    })
-}
-
 /// Polls EXISTS until it answers `want` or `timeout` passes; the time it took.
 fn until_answer(
     c: &mut Connection,

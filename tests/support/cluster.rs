@@ -528,6 +528,25 @@ impl Cluster {
         }
     }
 
+    /// DROPs `set` on the primary its name routes to, then waits until every node has
+    /// forgotten it (the twin of [`Cluster::create_everywhere`]).
+    pub fn drop_everywhere(&self, set: &str) {
+        let n = self.set_owner(set);
+        let v: Value = redis::cmd("MEMBER.DROP")
+            .arg(set)
+            .query(&mut n.conn())
+            .unwrap_or_else(|e| panic!("MEMBER.DROP {set} on {}: {e}", n.addr()));
+        assert!(matches!(v, Value::Okay), "{v:?}");
+        for n in &self.nodes {
+            let mut c = n.conn();
+            assert!(
+                wait_until(Duration::from_secs(20), || !set_known(&mut c, set)),
+                "{} still knows set {set}",
+                n.addr()
+            );
+        }
+    }
+
     /// The primary that serves the slot of the set name: where CREATE, ALTER and DROP of
     /// `set` are routed.
     pub fn set_owner(&self, set: &str) -> &Node {

@@ -74,6 +74,13 @@ pub fn info_field(c: &mut Connection, name: &str) -> Option<String> {
     info_section(c, "member", &format!("member_{name}"))
 }
 
+/// Waits until the node's change-notification listener (`member.sync-notify`) is listening.
+pub fn wait_listening(c: &mut Connection, timeout: Duration) -> bool {
+    wait_until(timeout, || {
+        info_field(c, "sync_notify").as_deref() == Some("listening")
+    })
+}
+
 /// `field` of INFO `section`, if the server shows it.
 pub fn info_section(c: &mut Connection, section: &str, field: &str) -> Option<String> {
     let text: String = redis::cmd("INFO").arg(section).query(c).ok()?;

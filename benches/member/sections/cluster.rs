@@ -222,38 +222,9 @@ impl Bench {
                 .sum()
         };
         let before = used();
-        let mut owner = cl.set_owner(FIRST).conn();
-        let _: String = redis::cmd("MEMBER.CREATE")
-            .arg(FIRST)
-            .arg("CAPACITY")
-            .arg(1000)
-            .query(&mut owner)
-            .expect("MEMBER.CREATE of the first set");
-        for p in primaries {
-            let mut c = p.conn();
-            assert!(
-                support::wait_until(Duration::from_secs(60), || {
-                    support::member::set_info(&mut c, FIRST, "filter_complete").as_deref()
-                        == Some("1")
-                }),
-                "{}: the first set was never built",
-                p.addr()
-            );
-        }
-        let _: String = redis::cmd("MEMBER.DROP")
-            .arg(FIRST)
-            .query(&mut owner)
-            .expect("MEMBER.DROP of the first set");
-        for p in primaries {
-            let mut c = p.conn();
-            assert!(
-                support::wait_until(Duration::from_secs(60), || {
-                    support::member::set_info(&mut c, FIRST, "filter_complete").is_none()
-                }),
-                "{}: the first set was never dropped",
-                p.addr()
-            );
-        }
+        cl.create_everywhere_with(FIRST, &["CAPACITY", "1000"]);
+        cl.wait_ready(FIRST);
+        cl.drop_everywhere(FIRST);
         used() - before
     }
 

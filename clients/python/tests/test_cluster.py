@@ -2,6 +2,7 @@
 the node ``MEMBER_CLUSTER_PORT`` names (a replica: every method must work from any node)."""
 
 import asyncio
+import time
 
 import pytest
 import redis.asyncio.cluster
@@ -20,6 +21,20 @@ def rc(cluster_port):
 
 def primaries_of(rc, items):
     return {rc.get_node_from_key(i).name for i in items}
+
+
+def info_once_every_primary_has_its_filter(sets, name, timeout=30.0):
+    """MEMBER.INFO once each primary holds a filter of the set: the primaries that only
+    learned of it from the catalog build theirs in the background, which takes seconds on a
+    busy machine, and a node without one reports no filter figures."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = sets.info(name)
+        primaries = [n for n in info["nodes"] if n.get("role") == "primary"]
+        if all(n.get("filter_present") is True for n in primaries):
+            return info
+        assert time.monotonic() < deadline, f"a primary has no filter of {name}: {primaries}"
+        time.sleep(0.1)
 
 
 def test_every_method_across_slots(rc):
@@ -54,7 +69,7 @@ def test_every_method_across_slots(rc):
 
     sets.alter(name, cache_ttl=60)
     # INFO covers the whole cluster: totals, and each node's part.
-    info = sets.info(name)
+    info = info_once_every_primary_has_its_filter(sets, name)
     assert info["name"] == name and info["cache_ttl"] == 60
     nodes = info["nodes"]
     assert isinstance(nodes, list) and len(nodes) == info["cluster_nodes"] == 6

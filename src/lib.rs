@@ -44,6 +44,5 @@ redis_module! {
     event_handlers: [
         [@GENERIC: events::on_generic],
         [@STRING: events::on_write],
-        [@EXPIRED @EVICTED: events::on_sentinel_gone],
     ],
 }

@@ -29,7 +29,7 @@ pub fn init(ctx: &Context, args: &[RedisString]) -> Status {
         ctx.get_flags()
             .contains(redis_module::ContextFlags::CLUSTER),
     );
-    // Cluster mode only: slot sentinels, and the RDB aux field that carries the filters held
+    // Cluster mode only: the RDB aux field that carries the filters held
     // in module memory (standalone RDB files stay loadable as before).
     if crate::server::cluster_mode::enabled() {
         if let Err(e) = cluster::sentinel::SENTINEL_TYPE.create_data_type(ctx.ctx) {

@@ -130,7 +130,7 @@ pub fn forward(ctx: &Context, node: &str, blocked: Blocked, mut req: Request, ti
 /// (the one the command was routed by): served from a timer just after the command, as if it
 /// had come from another node. While a command runs, the server finds every key the module
 /// opens only in the slot of the command's routing argument, so the canonical slot's keys
-/// (its exact-match entries, its sentinel) would not be found inside it.
+/// (its exact-match entries) would not be found inside it.
 pub fn serve_here(ctx: &Context, blocked: Blocked, req: Request) {
     ctx.create_timer(
         Duration::ZERO,

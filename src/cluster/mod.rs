@@ -1,5 +1,6 @@
 //! Valkey Cluster placement: which node serves which slot (`nodes`, `owner`), requests
-//! forwarded to it (`wire`, pure; `bus`) and the keys that mark a slot's filter (`sentinel`).
+//! forwarded to it (`wire`, pure; `bus`) and the data type whose RDB aux data carries the
+//! filters (`sentinel`, named for the per-slot keys earlier versions kept).
 //! The slot arithmetic itself is pure (`model::slot`, `model::slotset`); whether the server runs
 //! in cluster mode is `server::cluster_mode`.
 

@@ -2,9 +2,10 @@
 //! believed (docs/cluster-placement.md, "When a filter's 'absent' counts"). A negative for an
 //! item whose canonical slot is `s` is trusted only when
 //! 1. this node owns `s` (a primary: itself; a replica: its primary), as the last poll of
-//!    `CLUSTER NODES` saw it;
-//! 2. `s`'s sentinel key holds the very value this node accepted for `s` (a slot that left and
-//!    came back between two polls brings back a value of a new identity, see `sentinel.rs`);
+//!    `CLUSTER NODES` saw it, and `s` is not migrating away;
+//! 2. no command or event that can give this node `s` has run since the poll that accepted
+//!    `s` ([`unaccept`]: a slot that left and came back between two polls is accepted afresh,
+//!    "Knowing which slots a node owns");
 //! 3. the set's filter was last brought current (sync pass or rebuild) by work that started
 //!    at least `member.db-timeout-ms` + 1 s after the slot was accepted: an ADD the previous
 //!    owner took is acknowledged within its timeout or never, so such work reads it.
@@ -14,23 +15,12 @@
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
-use std::os::raw::c_int;
-
-use redis_module::{raw, Context, RedisString, RedisValue};
+use redis_module::{Context, RedisString, RedisValue};
 
 use super::nodes;
-use super::sentinel::{Sentinel, SENTINEL_TYPE};
-use crate::model::slot::{keyslot, tag_for_slot, SLOTS};
+use crate::model::slot::{tag_for_slot, SLOTS};
 use crate::model::slotset::SlotSet;
 use crate::{config, server::replication, server::reply};
-
-#[derive(Clone, Copy, Debug)]
-struct Accepted {
-    /// Identity of the sentinel value accepted.
-    id: u64,
-    /// Work that brings a filter current must start at or after this.
-    ready_at: Instant,
-}
 
 struct Own {
     primary: bool,
@@ -41,13 +31,9 @@ struct Own {
     /// poll (a primary waiting for its replicas' acknowledgement runs it later, unfiltered):
     /// until when it counts as migrating anyway.
     marked: Vec<Option<Instant>>,
-    accepted: Vec<Option<Accepted>>,
-    /// The accepted sentinel was seen at its key, and no keyspace event has touched that key
-    /// since (`sentinel_touched`): the hot path then skips the key lookup. Every way a key can
-    /// go or be replaced (DEL, MIGRATE, RESTORE, COPY, RENAME, expiry, eviction, flush, load)
-    /// clears it.
-    verified: Vec<bool>,
-    names: Vec<Option<RedisString>>,
+    /// When each owned slot was accepted plus the grace: work that brings a filter current
+    /// must start at or after this for the filter's negatives of the slot to count.
+    accepted: Vec<Option<Instant>>,
     /// The last poll's error, for INFO.
     last_error: Option<String>,
     owned_count: usize,
@@ -55,10 +41,9 @@ struct Own {
     owned_set: SlotSet,
     /// The slot map the last full poll acted on.
     last_map: Option<nodes::Mine>,
-    /// Something since the last full poll may need a slot looked at again: an event on a
-    /// sentinel, a `SETSLOT … MIGRATING` mark, a role change, or an owned slot not yet
-    /// accepted and seen. While it is false and `CLUSTER NODES` shows the same map, a poll
-    /// has nothing to do (an idle node's poll touches no slot).
+    /// Something since the last full poll may need a slot looked at again: a slot unaccepted,
+    /// a `SETSLOT … MIGRATING` mark, or an owned slot not yet accepted. While it is false and
+    /// `CLUSTER NODES` shows the same map, a poll has nothing to do.
     unsettled: bool,
 }
 
@@ -70,8 +55,6 @@ impl Default for Own {
             migrating: vec![false; SLOTS],
             marked: vec![None; SLOTS],
             accepted: vec![None; SLOTS],
-            verified: vec![false; SLOTS],
-            names: (0..SLOTS).map(|_| None).collect(),
             last_error: None,
             owned_count: 0,
             owned_set: SlotSet::default(),
@@ -85,63 +68,24 @@ thread_local! {
     static OWN: RefCell<Own> = RefCell::new(Own::default());
 }
 
-/// Name of slot `slot`'s sentinel key: `member:{T(slot)}:owner`.
+/// Name of the key earlier versions kept in slot `slot` (a "sentinel"): `member:{T(slot)}:owner`.
+/// Such keys are only deleted now (`drop_legacy_sentinel`).
 pub fn sentinel_name(slot: u16) -> String {
     format!("member:{{{}}}:owner", tag_for_slot(slot))
 }
 
-/// True when `key` names a slot sentinel (of any slot).
+/// True when `key` names a slot sentinel of an earlier version (of any slot).
 pub fn is_sentinel_name(key: &[u8]) -> bool {
     key.strip_prefix(b"member:{")
         .and_then(|r| r.strip_suffix(b"}:owner"))
         .is_some_and(|tag| !tag.is_empty() && tag.iter().all(u8::is_ascii_alphanumeric))
 }
 
-fn with_name<R>(o: &mut Own, slot: u16, f: impl FnOnce(&RedisString) -> R) -> R {
-    let n = o.names[slot as usize]
-        .get_or_insert_with(|| RedisString::create(None, sentinel_name(slot)));
-    f(n)
-}
-
-/// Identity of the sentinel value at `name`, if one is there without a TTL. A sentinel given a
-/// TTL does not count (it could expire unseen, and a key missing at a migration moves no
-/// event): the primary writes a fresh one at its next poll.
-fn sentinel_at(ctx: &Context, name: &RedisString) -> Option<u64> {
-    let mt = *SENTINEL_TYPE.raw_type.borrow();
-    // SAFETY: ctx and name are live; the key is opened for reading and closed before return;
-    // the type check guarantees the value is a Sentinel we stored.
-    unsafe {
-        let k =
-            raw::RedisModule_OpenKey.unwrap()(ctx.ctx, name.inner, raw::REDISMODULE_READ as c_int)
-                .cast::<raw::RedisModuleKey>();
-        if k.is_null() {
-            return None;
-        }
-        let ours = raw::RedisModule_KeyType.unwrap()(k) == raw::REDISMODULE_KEYTYPE_MODULE as c_int
-            && raw::RedisModule_ModuleTypeGetType.unwrap()(k) == mt
-            && raw::RedisModule_GetExpire.unwrap()(k) == raw::REDISMODULE_NO_EXPIRE as i64;
-        let id = if ours {
-            let v = raw::RedisModule_ModuleTypeGetValue.unwrap()(k).cast::<Sentinel>();
-            v.as_ref().map(|s| s.id)
-        } else {
-            None
-        };
-        raw::RedisModule_CloseKey.unwrap()(k);
-        id
-    }
-}
-
-/// Writes a new sentinel at `name` (replacing whatever is there, a value of another type that
-/// another command wrote included: the name is the module's) and returns its identity. The
-/// caller clears the slot's `verified` (a module write fires no keyspace event).
-pub fn write_sentinel(ctx: &Context, name: &RedisString) -> Option<u64> {
+/// Deletes the sentinel key an earlier version kept at `name`, if there is one. True when a
+/// key was deleted (the caller replicates the DEL when it runs outside a command).
+pub fn drop_legacy_sentinel(ctx: &Context, name: &RedisString) -> bool {
     let k = ctx.open_key_writable(name);
-    if !k.is_empty() && k.get_value::<Sentinel>(&SENTINEL_TYPE).is_err() {
-        let _ = k.delete();
-    }
-    let s = Sentinel::new();
-    let id = s.id;
-    k.set_value(&SENTINEL_TYPE, s).ok().map(|_| id)
+    !k.is_empty() && k.delete().is_ok()
 }
 
 /// True when a filter negative for an item of `slot` may be believed, for a set whose filter
@@ -151,34 +95,15 @@ pub fn write_sentinel(ctx: &Context, name: &RedisString) -> Option<u64> {
 /// are not in this node's filter, while other spellings of the same items, whose raw slots
 /// stay here, are still decided here.
 #[inline]
-pub fn ready(ctx: &Context, slot: u16, covered_since: Option<Instant>) -> bool {
+pub fn ready(slot: u16, covered_since: Option<Instant>) -> bool {
     OWN.with(|o| {
-        let mut o = o.borrow_mut();
-        if o.migrating[slot as usize] {
-            return false;
+        let o = o.borrow();
+        let s = slot as usize;
+        match o.accepted[s] {
+            Some(at) if !o.migrating[s] => covered_since.is_some_and(|c| c >= at),
+            _ => false,
         }
-        let Some(a) = o.accepted[slot as usize] else {
-            return false;
-        };
-        if covered_since.is_none_or(|c| c < a.ready_at) {
-            return false;
-        }
-        sentinel_is(ctx, &mut o, slot, a.id)
     })
-}
-
-/// True when `slot`'s sentinel is the value `id`: known from no event having touched its
-/// key since it was last seen, or seen now.
-#[inline]
-fn sentinel_is(ctx: &Context, o: &mut Own, slot: u16, id: u64) -> bool {
-    let s = slot as usize;
-    if o.verified[s] {
-        return true;
-    }
-    let here = with_name(o, slot, |n| sentinel_at(ctx, n)) == Some(id);
-    o.verified[s] = here;
-    o.unsettled |= !here;
-    here
 }
 
 /// How long a `SETSLOT … MIGRATING` seen by the filter counts without a poll showing it: past
@@ -202,37 +127,41 @@ pub fn setslot_migrating(slot: u16) {
     }
 }
 
-/// A keyspace event touched the sentinel key of `slot` (it may be gone or another value).
-pub fn sentinel_touched(slot: u16) {
+/// A command or event that may give this node (or its primary) `slots`, or take them, is
+/// about to run or ran: `CLUSTER SETSLOT` of any kind (on a replica, as it arrives from its
+/// primary, which replicates it before running it), `ADDSLOTS`, `DELSLOTS`, their ranges,
+/// `FLUSHSLOTS`, `RESET`, `FAILOVER`, `REPLICATE`, a role change, a dataset load. The slots
+/// are accepted afresh at the next poll that shows them owned, so their grace counts from
+/// after the change: a slot that left and came back between two polls is never believed on
+/// the acceptance from before it left. `None` means every slot.
+pub fn unaccept(slots: Option<&[(u16, u16)]>) {
     OWN.with(|o| {
         let mut o = o.borrow_mut();
-        o.verified[slot as usize] = false;
+        match slots {
+            None => o.accepted.fill(None),
+            Some(ranges) => {
+                for &(a, b) in ranges {
+                    let (a, b) = (a as usize, (b as usize).min(SLOTS - 1));
+                    if a <= b {
+                        o.accepted[a..=b].fill(None);
+                    }
+                }
+            }
+        }
         o.unsettled = true;
     });
 }
 
-/// Every key may have gone or been replaced (FLUSHALL, a dataset load).
-pub fn sentinels_touched() {
+/// True when this node holds `slot` now: owned by the last poll, not being migrated away, and
+/// accepted since the last change that could have moved it. What a primary accepts while
+/// this holds is covered by the next owner's handover grace (docs/cluster-placement.md,
+/// "Canonical forwarding over the cluster bus").
+#[inline]
+pub fn holds(slot: u16) -> bool {
     OWN.with(|o| {
-        let mut o = o.borrow_mut();
-        o.verified.fill(false);
-        o.unsettled = true;
-    });
-}
-
-/// True when this node holds `slot` now: owned by the last poll, not being migrated away, and its
-/// sentinel is still the value accepted. A migration moves the sentinel with the slot's other keys
-/// before the handover, so a key written while this holds is moved too (never left behind to make
-/// the handover fail), and what a primary accepts while this holds is covered by the next owner's
-/// handover grace (docs/cluster-placement.md, "Canonical forwarding over the cluster bus").
-pub fn holds(ctx: &Context, slot: u16) -> bool {
-    OWN.with(|o| {
-        let mut o = o.borrow_mut();
+        let o = o.borrow();
         let s = slot as usize;
-        let Some(a) = o.accepted[s].filter(|_| o.owned[s] && !o.migrating[s]) else {
-            return false;
-        };
-        sentinel_is(ctx, &mut o, slot, a.id)
+        o.owned[s] && !o.migrating[s] && o.accepted[s].is_some()
     })
 }
 
@@ -240,8 +169,8 @@ pub fn holds(ctx: &Context, slot: u16) -> bool {
 /// lives in the entity's slot: it [`holds`] that slot (an importing node, or one whose slot is
 /// leaving, leaves it to the database).
 #[inline]
-pub fn may_cache(ctx: &Context, entity: &str) -> bool {
-    holds(ctx, keyslot(entity.as_bytes()))
+pub fn may_cache(entity: &str) -> bool {
+    holds(crate::model::slot::keyslot(entity.as_bytes()))
 }
 
 /// The slots this node owns (as last polled).
@@ -263,18 +192,14 @@ pub fn owns(slot: u16) -> bool {
 /// This node's role changed: every slot is accepted afresh at the next poll, so a promoted
 /// replica waits out the grace before it believes a negative.
 pub fn role_changed() {
-    OWN.with(|o| {
-        let mut o = o.borrow_mut();
-        o.accepted.iter_mut().for_each(|a| *a = None);
-        o.unsettled = true;
-    });
+    unaccept(None);
 }
 
-/// Slots owned and slots ready to answer "absent" ([`ready`]: sentinels checked too) for a
-/// set last brought current at `covered_since` (INFO), and the last poll error.
-pub fn summary(ctx: &Context, covered_since: Option<Instant>) -> (usize, usize, Option<String>) {
+/// Slots owned and slots ready to answer "absent" ([`ready`]) for a set last brought current
+/// at `covered_since` (INFO), and the last poll error.
+pub fn summary(covered_since: Option<Instant>) -> (usize, usize, Option<String>) {
     let ready = (0..SLOTS as u16)
-        .filter(|s| ready(ctx, *s, covered_since))
+        .filter(|s| ready(*s, covered_since))
         .count();
     OWN.with(|o| {
         let o = o.borrow();
@@ -282,8 +207,8 @@ pub fn summary(ctx: &Context, covered_since: Option<Instant>) -> (usize, usize, 
     })
 }
 
-/// Reads slot ownership and sentinels (main-thread timer, every sweep). Returns when the
-/// grace of slots accepted now ends (a sync pass should start then), if any were.
+/// Reads slot ownership (main-thread timer, every sweep). Returns when the grace of slots
+/// accepted now ends (a sync pass should start then), if any were.
 pub fn poll(ctx: &Context) -> Option<Instant> {
     let text = match ctx.call("CLUSTER", &["NODES"]) {
         Ok(RedisValue::BulkString(s)) | Ok(RedisValue::SimpleString(s)) => s,
@@ -315,14 +240,13 @@ pub fn poll(ctx: &Context) -> Option<Instant> {
     }
     let now = Instant::now();
     let ready_at = now + config::handover_grace();
-    let mut created = Vec::new();
-    let mut accepted_any = false;
+    let mut newly = Vec::new();
     OWN.with(|o| {
         let mut o = o.borrow_mut();
         o.last_error = None;
         if o.primary != mine.primary {
             o.primary = mine.primary;
-            o.accepted.iter_mut().for_each(|a| *a = None);
+            o.accepted.fill(None);
         }
         // A mark counts until a poll shows the migration (which then speaks for itself).
         let mut migrating = now_migrating.clone();
@@ -341,42 +265,10 @@ pub fn poll(ctx: &Context) -> Option<Instant> {
             if !owned || !o.owned[s] || (o.migrating[s] && !migrating[s]) {
                 o.accepted[s] = None;
             }
-            if !owned {
-                continue;
+            if owned && !now_migrating[s] && o.accepted[s].is_none() {
+                o.accepted[s] = Some(ready_at);
+                newly.push(s as u16);
             }
-            let slot = s as u16;
-            // A sentinel seen since the last event on its key is still the accepted value
-            // (the hot path trusts the same bit): only slots an event touched, and slots not
-            // yet accepted, are looked up, so an idle node's poll opens no key.
-            let known = o.accepted[s].filter(|_| o.verified[s]).map(|a| a.id);
-            let found = known.or_else(|| with_name(&mut o, slot, |n| sentinel_at(ctx, n)));
-            let id = match found {
-                Some(id) => id,
-                // A slot on its way out keeps no sentinel: writing one after the migration's
-                // last MIGRATE would make the handover (SETSLOT NODE) fail.
-                None if now_migrating[s] => {
-                    o.accepted[s] = None;
-                    continue;
-                }
-                None if mine.primary => match with_name(&mut o, slot, |n| write_sentinel(ctx, n)) {
-                    Some(id) => {
-                        created.push(slot);
-                        id
-                    }
-                    None => continue,
-                },
-                // A replica waits for its primary's sentinel.
-                None => {
-                    o.accepted[s] = None;
-                    continue;
-                }
-            };
-            if o.accepted[s].map(|a| a.id) != Some(id) {
-                o.accepted[s] = Some(Accepted { id, ready_at });
-                accepted_any = true;
-            }
-            // Seen at its key just now (a value written here is checked at its first use).
-            o.verified[s] = found == Some(id);
         }
         o.owned_count = now_owned.iter().filter(|x| **x).count();
         o.owned_set = (0..SLOTS as u16)
@@ -384,14 +276,17 @@ pub fn poll(ctx: &Context) -> Option<Instant> {
             .collect();
         o.owned = now_owned;
         o.migrating = migrating;
-        o.unsettled = o.marked.iter().any(Option::is_some)
-            || (0..SLOTS).any(|s| o.owned[s] && !(o.accepted[s].is_some() && o.verified[s]));
+        o.unsettled = o.marked.iter().any(Option::is_some);
         o.last_map = Some(mine);
     });
-    for slot in created {
-        replication::replicate(ctx, "MEMBER._OWN", &[sentinel_name(slot).as_bytes()]);
+    let primary = is_primary();
+    for &slot in newly.iter().filter(|_| primary) {
+        let name = RedisString::create(None, sentinel_name(slot));
+        if drop_legacy_sentinel(ctx, &name) {
+            replication::replicate(ctx, "DEL", &[sentinel_name(slot).as_bytes()]);
+        }
     }
-    accepted_any.then_some(ready_at)
+    (!newly.is_empty()).then_some(ready_at)
 }
 
 /// Which primary serves each slot, as last polled: node ids, and per slot an index into them.

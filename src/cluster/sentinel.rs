@@ -1,11 +1,10 @@
 //! The cluster-only data type `member-sl` (registered only when the server runs in cluster mode, so
-//! standalone RDB files are unchanged). Its values are slot sentinels: one key
-//! `member:{T(s)}:owner` per owned slot `s`, whose only content is an identity that is new every
-//! time a value is made in this process (written, loaded, restored, copied). A slot that migrates
-//! away takes its sentinel with it, so one that comes back brings a value of a new identity: the
-//! node notices at its next lookup, however briefly the slot was away (docs/cluster-placement.md,
-//! "Knowing which slots a node owns, without a window"). The type's RDB aux field carries the
-//! node's module-memory filters (`filter/store.rs`), written before the keyspace.
+//! standalone RDB files are unchanged). Its RDB aux field carries the node's module-memory
+//! filters (`filter/store.rs`), written before the keyspace. Its values are the slot sentinels
+//! earlier versions kept, one key `member:{T(s)}:owner` per owned slot `s`: they still load
+//! from old datasets, and a primary deletes each one it finds in a slot it accepts
+//! (`cluster::owner::poll`). Ownership is now known without a key per slot
+//! (docs/cluster-placement.md, "Knowing which slots a node owns").
 
 use std::ffi::CString;
 use std::os::raw::{c_int, c_void};
@@ -86,7 +85,8 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
     Box::into_raw(Box::new(Sentinel::new())).cast()
 }
 
-/// An AOF rewrite re-creates the sentinel as `MEMBER._OWN <key>` (a new identity, as any load).
+/// An AOF rewrite writes a sentinel still in the keyspace (from an earlier version's dataset)
+/// as `MEMBER._OWN <key>`, which deletes the key when the AOF loads.
 ///
 /// # Safety
 /// `aof` is the server's IO handle, `key` the key name.

@@ -73,7 +73,7 @@ fn run(ctx: &Context, a: ManyArgs, kind: Kind) -> RedisResult {
 /// Cluster mode: checks the call now and runs it from a timer a moment later, its client
 /// blocked. While a command runs, Valkey 8 looks every key the module opens up in the slot of
 /// the command's routing argument (`getKeySlot` takes the client's slot), here the set name's:
-/// the items' exact-match keys and slot sentinels, which lie in the items' own slots, would
+/// the items' exact-match keys, which lie in the items' own slots, would
 /// not be found (and a write would land in the wrong slot). A timer runs outside any command.
 /// An item's error (a bad item, a bad scope) then comes from the timer, with the same text.
 fn defer(ctx: &Context, a: ManyArgs, kind: Kind) -> RedisResult {

@@ -74,7 +74,7 @@ pub(super) fn split(
             Some(n) => groups[n].push(i),
             None if !write => local.push(i),
             None if !owner::owns(slot) => return Err(RedisError::Str(error::MANY_NO_OWNER)),
-            None if !owner::holds(ctx, slot) => return Err(RedisError::Str(error::MANY_MOVING)),
+            None if !owner::holds(slot) => return Err(RedisError::Str(error::MANY_MOVING)),
             None => local.push(i),
         }
     }

@@ -32,7 +32,7 @@ use crate::sets::{catalog, state};
 /// answers the rest on any node.
 pub fn serve(ctx: &Context, req: Request, to: Responder) {
     let write = matches!(req.op, Op::Add | Op::Del);
-    if write && (!owner::is_primary() || !owner::holds(ctx, keyslot(req.entity.as_bytes()))) {
+    if write && (!owner::is_primary() || !owner::holds(keyslot(req.entity.as_bytes()))) {
         bus::REFUSED.fetch_add(1, Ordering::Relaxed);
         return to.answer(ctx, Err(RedisError::Str(error::SLOT_MOVING)));
     }
@@ -81,7 +81,7 @@ pub fn serve(ctx: &Context, req: Request, to: Responder) {
 /// else the part is refused whole (`TRYAGAIN`) and nothing is written.
 pub fn serve_many(ctx: &Context, req: Many, to: Responder) {
     let write = req.op == Op::Add;
-    let held = |e: &String| owner::holds(ctx, keyslot(e.as_bytes()));
+    let held = |e: &String| owner::holds(keyslot(e.as_bytes()));
     if write && (!owner::is_primary() || !req.items.iter().all(|(e, _)| held(e))) {
         bus::REFUSED.fetch_add(1, Ordering::Relaxed);
         return to.answer(ctx, Err(RedisError::Str(error::SLOT_MOVING)));

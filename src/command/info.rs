@@ -259,7 +259,7 @@ pub(super) fn fields(ctx: &Context, name: &str) -> Result<Vec<(&'static str, Str
                 };
                 out.push(("cluster_role", role.into()));
                 // The slots it answers for, and those whose negatives count.
-                let (owned, ready, err) = crate::cluster::owner::summary(ctx, s.covered_since);
+                let (owned, ready, err) = crate::cluster::owner::summary(s.covered_since);
                 out.push(("cluster_slots_owned", owned.to_string()));
                 out.push(("cluster_slots_ready", ready.to_string()));
                 if let Some(e) = err {

@@ -3,8 +3,8 @@
 //! the set (`bus::ask_info`) and answers once: the set's definition, totals over the nodes, and
 //! each node's part. A node that does not answer within `member.db-timeout-ms` is listed as
 //! unreachable instead of failing the call (INFO is for diagnosis). It runs from a timer just
-//! after the command, as a split MEXISTS does: inside the command the server finds the keys the
-//! module opens (slot sentinels, read for `cluster_slots_ready`) only in the set name's slot.
+//! after the command, as a split MEXISTS does, so its own part is read the way every other
+//! node's is, outside any command.
 
 use std::cell::RefCell;
 use std::os::raw::c_long;

@@ -220,8 +220,9 @@ pub fn replicate_filter(ctx: &Context, key: &RedisString, v: &FilterValue) {
     replication::replicate(ctx, "MEMBER._LOAD", &[key.as_slice(), &payload]);
 }
 
-/// MEMBER._OWN <key> — a primary wrote a slot sentinel (cluster mode): the replica (or the
-/// AOF load) writes one of its own at the same key, of a new identity.
+/// MEMBER._OWN <key> — in the replication stream or AOF of an earlier version, whose primaries
+/// wrote one sentinel key per slot (cluster mode). Such keys are no longer kept: the key it
+/// names is deleted instead of written (docs/cluster-placement.md).
 pub fn own(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard(ctx)?;
     let [_, key] = <[RedisString; 2]>::try_from(args).map_err(|_| RedisError::WrongArity)?;
@@ -230,7 +231,6 @@ pub fn own(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     {
         return Err(RedisError::Str("ERR libmember: not a slot sentinel"));
     }
-    crate::cluster::owner::sentinel_touched(crate::model::slot::keyslot(key.as_slice()));
-    crate::cluster::owner::write_sentinel(ctx, &key);
+    crate::cluster::owner::drop_legacy_sentinel(ctx, &key);
     Ok(RedisValue::SimpleStringStatic("OK"))
 }

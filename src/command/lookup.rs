@@ -267,7 +267,7 @@ pub(super) fn decide_item(
     // In a cluster, a negative is believed only for a slot the filter covers (above) and this
     // node has held long enough (cluster/owner.rs); a hit goes on to cache and database.
     if let Some(slot) = slot {
-        if view.is_negative() && !owner::ready(ctx, slot, set.covered_since) {
+        if view.is_negative() && !owner::ready(slot, set.covered_since) {
             (view, filter_id) = (funnel::FilterView::Incomplete, None);
         }
     }
@@ -275,7 +275,7 @@ pub(super) fn decide_item(
     let decided = match gate {
         Gate::Absent => Some((false, Path::BloomNegative)),
         Gate::KnownAbsent => Some((false, Path::FpCache)),
-        Gate::Possible if cluster && !owner::may_cache(ctx, &canon.entity) => None,
+        Gate::Possible if cluster && !owner::may_cache(&canon.entity) => None,
         Gate::Possible => {
             let key = keys::cache_key(ctx, &set.cache_prefix, &canon);
             keys::cache_hit(ctx, &key, set.incarnation).then_some((true, Path::CacheHit))
@@ -445,7 +445,7 @@ impl Completion for LookupDone {
                 if set.generation != self.generation || is_replica {
                     return;
                 }
-                if crate::server::cluster_mode::enabled() && !owner::may_cache(ctx, &self.entity) {
+                if crate::server::cluster_mode::enabled() && !owner::may_cache(&self.entity) {
                     return;
                 }
                 let now = funnel::now_s();

@@ -74,7 +74,7 @@ pub const COMMANDS: &[Command] = &[
     internal("member._drop", internal::drop, "write", 2)
         .doc("Internal (replication and AOF only): a set dropped on the primary", None, &[SET]),
     internal("member._own", internal::own, "write", 2)
-        .doc("Internal (replication and AOF only): a slot sentinel the primary wrote", None, &[KEY]),
+        .doc("Internal (replication and AOF of earlier versions only): a slot sentinel key, now deleted", None, &[KEY]),
 ];
 
 // The arguments the rows share. Names are unique within a command; `shown` is the placeholder

@@ -161,6 +161,7 @@ fn valkey_keys_never_collide() {
                 assert_ne!(bloom, filter_key_name(t));
             }
             for slot in [0, 1, 16383] {
+                // The name of an earlier version's slot sentinel, still deleted where found.
                 let owner = crate::cluster::owner::sentinel_name(slot);
                 assert_ne!(owner.as_bytes(), hit.as_slice());
                 assert_ne!(owner, bloom);

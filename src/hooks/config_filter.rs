@@ -1,7 +1,8 @@
 //! The one room of the command filter: it takes the passwords of member.pg-url and
 //! member.pg-rebuild-url out of CONFIG SET's arguments before the server records them
 //! (SLOWLOG, MONITOR, crash reports' argv), tells `acl::cache` before a command that may
-//! change ACL rules runs, and tells `cluster::owner` before a `CLUSTER SETSLOT` runs.
+//! change ACL rules runs, and tells `cluster::owner` before a `CLUSTER` command that may change
+//! which slots this node owns runs (`model::slot_change`).
 //!
 //! The server's own redaction of SENSITIVE configs does not reach module configs (Valkey 8.0,
 //! Redis 7.0: the value shows in SLOWLOG), and a config's setter has no client to redact
@@ -15,6 +16,7 @@ use redis_module::{raw, Context};
 
 use crate::config::conninfo::{ConnInfo, MASK};
 use crate::config::pg_link::{self, UNREADABLE};
+use crate::model::slot_change::SlotChange;
 
 /// Registers the filter (module load).
 pub fn register(ctx: &Context) {
@@ -54,20 +56,20 @@ unsafe fn run(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     if crate::sets::acl::cache::changes_rules(name) {
         crate::sets::acl::cache::rules_may_change();
     }
-    // `CLUSTER SETSLOT <slot> MIGRATING <40-hex node id>`: the node must stop believing its
-    // filter for the slot before the migration's first ASK (cluster::owner).
-    if argc >= 5
-        && name.eq_ignore_ascii_case(b"cluster")
-        && arg(1).eq_ignore_ascii_case(b"setslot")
-        && arg(3).eq_ignore_ascii_case(b"migrating")
-        && arg(4).len() == 40
-        && arg(4).iter().all(u8::is_ascii_hexdigit)
-    {
-        if let Some(slot) = std::str::from_utf8(arg(2))
-            .ok()
-            .and_then(|s| s.parse::<u16>().ok())
-        {
-            crate::cluster::owner::setslot_migrating(slot);
+    // A command that may change which slots this node owns: the node must stop believing its
+    // filter for a slot leaving before the migration's first ASK, and accept afresh any slot
+    // that may change hands (cluster::owner). On a replica this runs as the primary's
+    // replicated SETSLOT arrives.
+    if argc >= 2 && name.eq_ignore_ascii_case(b"cluster") {
+        let args: Vec<&[u8]> = (0..argc).map(arg).collect();
+        match crate::model::slot_change::slot_change(&args) {
+            Some(SlotChange::Migrating(slot)) => {
+                crate::cluster::owner::setslot_migrating(slot);
+                crate::cluster::owner::unaccept(Some(&[(slot, slot)]));
+            }
+            Some(SlotChange::Slots(ranges)) => crate::cluster::owner::unaccept(Some(&ranges)),
+            Some(SlotChange::All) => crate::cluster::owner::unaccept(None),
+            None => {}
         }
     }
     if argc < 4 || !name.eq_ignore_ascii_case(b"config") || !arg(1).eq_ignore_ascii_case(b"set") {

@@ -21,33 +21,16 @@ pub fn on_generic(ctx: &Context, _kind: NotifyEvent, event: &str, key: &[u8]) {
     if !gone && keys::is_cache_key(key) {
         crate::sets::foreign_writes::written(ctx, key);
     }
-    sentinel_event(key);
 }
 
 /// String-class events (SET, SETRANGE, APPEND, GETSET, MSET, INCR, BITOP …): the only
 /// commands that can put a string onto a key, and only a string equal to the module's own can
 /// be believed as an exact-match entry (`foreign_writes`); a value of another type there never
 /// reads as one, and the next fill replaces it. The list, set, hash, sorted set and stream
-/// classes are not subscribed to: their writes cost the module nothing. Onto a slot sentinel,
-/// a SET replaces it: the slot looks at its key again.
+/// classes are not subscribed to: their writes cost the module nothing.
 pub fn on_write(ctx: &Context, _kind: NotifyEvent, _event: &str, key: &[u8]) {
     if keys::is_cache_key(key) {
         crate::sets::foreign_writes::written(ctx, key);
-    }
-    sentinel_event(key);
-}
-
-/// Any event on a slot sentinel (generic: deleted, migrated away, renamed, restored or copied
-/// over; expired; evicted) means it may no longer be the value its node accepted: the next
-/// lookup of that slot looks at the key again (`cluster/owner.rs`).
-pub fn on_sentinel_gone(_ctx: &Context, _kind: NotifyEvent, _event: &str, key: &[u8]) {
-    sentinel_event(key);
-}
-
-#[inline]
-fn sentinel_event(key: &[u8]) {
-    if crate::server::cluster_mode::enabled() && crate::cluster::owner::is_sentinel_name(key) {
-        crate::cluster::owner::sentinel_touched(crate::model::slot::keyslot(key));
     }
 }
 
@@ -55,9 +38,6 @@ fn sentinel_event(key: &[u8]) {
 #[redis_module_macros::flush_event_handler]
 fn on_flush(_ctx: &Context, _sub: redis_module::server_events::FlushSubevent) {
     crate::filter::store::keys_changed();
-    if crate::server::cluster_mode::enabled() {
-        crate::cluster::owner::sentinels_touched();
-    }
 }
 
 /// Loading a snapshot (DEBUG RELOAD, a replica's full sync) may bring back entries written
@@ -68,10 +48,10 @@ fn on_loading(_ctx: &Context, sub: LoadingSubevent) {
     if sub != LoadingSubevent::Ended && sub != LoadingSubevent::Failed {
         keys::distrust_cache();
         // The filters held in module memory come back with the dataset (its aux field), and
-        // every sentinel is a new value.
+        // every slot is accepted afresh (a replica's full sync may follow a new primary).
         if crate::server::cluster_mode::enabled() {
             crate::filter::store::clear();
-            crate::cluster::owner::sentinels_touched();
+            crate::cluster::owner::unaccept(None);
         }
     }
 }

@@ -8,5 +8,6 @@ pub mod funnel;
 pub mod set_def;
 pub mod set_upkeep;
 pub mod slot;
+pub mod slot_change;
 pub mod slotset;
 pub mod token;

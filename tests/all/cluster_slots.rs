@@ -1,7 +1,7 @@
 //! Issue 8, step 4a (docs/cluster-placement.md): in a real cluster (3 primaries, 3 replicas,
 //! shared by the cluster tests; the test that moves a slot uses the second one kept for
-//! that), filters live in module memory, every owned slot holds a sentinel,
-//! and a filter negative counts only for a slot the node has held — the same sentinel value —
+//! that), filters live in module memory, no key is kept per slot, and a filter negative
+//! counts only for a slot the node has held, with no command since that could have moved it,
 //! for longer than the grace. Writes whose canonical form lies in another node's slot are
 //! forwarded to that slot's holder.
 use crate::chaos_harness::router::keyslot;
@@ -26,17 +26,31 @@ fn routed(cl: &Cluster, args: &[&str]) -> i64 {
     int(&mut cl.owner(cl.keyslot(args[2])).conn(), args)
 }
 
-/// The sentinel key of `slot`, found on its owner.
-fn sentinel_of(owner: &Node, slot: u16) -> String {
-    let keys: Vec<String> = redis::cmd("CLUSTER")
-        .arg("GETKEYSINSLOT")
-        .arg(slot)
-        .arg(1000)
-        .query(&mut owner.conn())
-        .unwrap();
-    keys.into_iter()
-        .find(|k| k.starts_with("member:{") && k.ends_with("}:owner"))
-        .unwrap_or_else(|| panic!("slot {slot} has no sentinel on {}", owner.addr()))
+/// Keys named like the per-slot sentinels of earlier versions (`member:{<tag>}:owner`) on `n`.
+fn legacy_sentinels(n: &Node) -> Vec<String> {
+    redis::cmd("KEYS")
+        .arg("member:{*}:owner")
+        .query(&mut n.conn())
+        .unwrap()
+}
+
+/// The name an earlier version gave slot `slot`'s sentinel: `member:{T}:owner`, where `T` is
+/// the slot's first tag over `0-9a-zA-Z` by length, then in alphabet order
+/// (`src/model/slot.rs`, which the module's keys share).
+fn legacy_sentinel_name(slot: u16) -> String {
+    const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    let words = (1..=3u32).flat_map(|n| {
+        (0..ALPHABET.len().pow(n)).map(move |mut i| {
+            let mut w = vec![0u8; n as usize];
+            for c in w.iter_mut().rev() {
+                *c = ALPHABET[i % ALPHABET.len()];
+                i /= ALPHABET.len();
+            }
+            w
+        })
+    });
+    let tag = words.into_iter().find(|t| keyslot(t) == slot).unwrap();
+    format!("member:{{{}}}:owner", String::from_utf8(tag).unwrap())
 }
 
 /// The filter did not answer for `item`: the database said "absent", or did not answer in time
@@ -93,10 +107,10 @@ fn answers_from_filter(node: &Node, set: &str, absent: &str, slot: u16) {
 }
 
 #[test]
-fn every_owned_slot_has_a_sentinel_and_the_filter_is_no_key() {
+fn every_owned_slot_is_known_and_the_module_keeps_no_key_per_slot() {
     let held = Cluster::shared();
     let cl: &Cluster = &held;
-    let set = "sentinels";
+    let set = "slotmap";
     ok(
         &mut cl.set_owner(set).conn(),
         &["MEMBER.CREATE", set, "NORMALIZE", "none"],
@@ -121,33 +135,16 @@ fn every_owned_slot_has_a_sentinel_and_the_filter_is_no_key() {
             set_info(&mut c, set, "filter_present").as_deref(),
             Some("1")
         );
+        // No key per slot: a cluster costs the module nothing that grows with its slots.
+        assert_eq!(legacy_sentinels(n), Vec::<String>::new(), "{}", n.addr());
     }
     assert_eq!(owned_total, 16384);
     // The filter lives in module memory, not at a key of some slot.
     let bloom = format!("member:{set}:bloom");
     let holder = cl.owner(cl.keyslot(&bloom));
     assert_eq!(int(&mut holder.conn(), &["EXISTS", &bloom]), 0);
-    for slot in [0u16, 5000, 9999, 16383] {
-        let owner = cl.owner(slot);
-        let key = sentinel_of(owner, slot);
-        let t: String = redis::cmd("TYPE")
-            .arg(&key)
-            .query(&mut owner.conn())
-            .unwrap();
-        assert_eq!(t, "member-sl", "{key}");
-        // Replicated: the replica holds one too (a value of its own).
-        let r = cl.replica_of(owner);
-        let mut rc = r.conn();
-        ok(&mut rc, &["READONLY"]);
-        assert!(
-            wait_until(Duration::from_secs(10), || int(&mut rc, &["EXISTS", &key])
-                == 1),
-            "replica {} lacks {key}",
-            r.addr()
-        );
-    }
     // And a negative now comes from the filter, on the owner and on its replica.
-    let (item, slot) = probe(cl, "sentinels");
+    let (item, slot) = probe(cl, "slotmap");
     let owner = cl.owner(slot);
     assert_eq!(
         explain(&mut owner.conn(), set, &item),
@@ -158,12 +155,14 @@ fn every_owned_slot_has_a_sentinel_and_the_filter_is_no_key() {
     assert_eq!(explain(&mut rc, set, &item), (0, "bloom-negative".into()));
 }
 
-/// The window the sentinel closes: a slot that leaves and comes back between two polls of
-/// `CLUSTER NODES`. Its sentinel goes with it and comes back as a new value (RESTORE), so the
-/// very next lookup stops believing the filter for that slot, and only the grace (and a sync
-/// pass after it) restores it.
+/// The window a poll of `CLUSTER NODES` leaves: a slot that leaves and comes back between two
+/// polls. Every command that can give a node a slot is a `CLUSTER` command run on it (on a
+/// replica, its primary's SETSLOT arrives first), so the command filter makes the slot wait
+/// out a new grace. A `SETSLOT … STABLE` of a slot that is not moving changes nothing the poll
+/// could see: only the filter can make the slot wait, on the owner and on its replica, and
+/// only that slot.
 #[test]
-fn a_sentinel_that_went_away_and_came_back_is_not_believed() {
+fn a_slot_that_may_have_changed_hands_waits_out_a_new_grace() {
     let held = Cluster::shared();
     let cl: &Cluster = &held;
     let set = "comeback";
@@ -175,71 +174,78 @@ fn a_sentinel_that_went_away_and_came_back_is_not_believed() {
     let (item, slot) = probe(cl, "comeback");
     let owner = cl.owner(slot);
     let mut c = owner.conn();
+    let mut rc = cl.replica_of(owner).conn();
+    ok(&mut rc, &["READONLY"]);
+    assert!(wait_until(Duration::from_secs(30), || {
+        bloom_negative_now(&mut rc, set, &item)
+    }));
     assert_eq!(explain(&mut c, set, &item), (0, "bloom-negative".into()));
-    let key = sentinel_of(owner, slot);
-    let dump: Vec<u8> = redis::cmd("DUMP").arg(&key).query(&mut c).unwrap();
-    // DEL and RESTORE in one transaction: no poll can run between them.
-    let _: Value = redis::pipe()
-        .atomic()
-        .cmd("DEL")
-        .arg(&key)
-        .cmd("RESTORE")
-        .arg(&key)
-        .arg(0)
-        .arg(dump)
-        .query(&mut c)
-        .unwrap();
-    assert_eq!(
-        explain(&mut c, set, &item),
-        (0, "db-miss".into()),
-        "a restored sentinel is a new value: the slot waits"
-    );
+    // Valkey 8 replicates SETSLOT to the replicas and waits for their acknowledgement before
+    // it runs it on the primary: when it answers, both have seen it. Redis 7.0 does not
+    // replicate it (docs/limits.md): there the replica follows at its next poll.
+    let info: String = redis::cmd("INFO").arg("server").query(&mut c).unwrap();
+    let replicated = info.contains("valkey_version");
+    ok(&mut c, &["CLUSTER", "SETSLOT", &slot.to_string(), "STABLE"]);
+    asked_the_database(&mut c, set, &item);
+    if replicated {
+        asked_the_database(&mut rc, set, &item);
+    }
     // Other slots are not affected.
-    let (other, other_slot) = (1..)
+    let other = (1..)
         .map(|i| format!("comeback-other-{i}"))
-        .map(|i| {
-            let s = cl.keyslot(&i);
-            (i, s)
+        .find(|i| {
+            let s = cl.keyslot(i);
+            s != slot && cl.owner(s).port() == owner.port()
         })
-        .find(|(_, s)| *s != slot && cl.owner(*s).port() == owner.port())
         .unwrap();
-    assert_ne!(other_slot, slot);
     assert_eq!(explain(&mut c, set, &other), (0, "bloom-negative".into()));
     // After the grace and a sync pass, the slot answers from the filter again.
-    assert!(
-        wait_until(Duration::from_secs(30), || {
-            bloom_negative_now(&mut c, set, &item)
-        }),
-        "slot {slot} never became ready again"
-    );
-    // A sentinel deleted outright is written anew by the owner (and waits the same way).
-    assert_eq!(int(&mut c, &["DEL", &key]), 1);
-    asked_the_database(&mut c, set, &item);
-    assert!(wait_until(Duration::from_secs(30), || {
-        bloom_negative_now(&mut c, set, &item)
-    }));
-    assert_eq!(int(&mut c, &["EXISTS", &key]), 1);
-    // A sentinel given a TTL could expire unseen: it no longer counts, and the owner writes a
-    // fresh one without.
-    assert_eq!(int(&mut c, &["PEXPIRE", &key, "600000"]), 1);
-    asked_the_database(&mut c, set, &item);
-    assert!(wait_until(Duration::from_secs(30), || {
-        bloom_negative_now(&mut c, set, &item)
-    }));
-    assert_eq!(int(&mut c, &["PTTL", &key]), -1);
-    // Deleted while nobody asks about the slot: the event alone makes the owner look at it
-    // again and write a fresh sentinel (an idle node's check otherwise skips every slot).
-    assert_eq!(int(&mut c, &["DEL", &key]), 1);
+    for conn in [&mut c, &mut rc] {
+        assert!(
+            wait_until(Duration::from_secs(30), || {
+                bloom_negative_now(conn, set, &item)
+            }),
+            "slot {slot} never became ready again"
+        );
+    }
+}
+
+/// A dataset from an earlier version holds one sentinel key per slot. The owner deletes the
+/// one it finds in a slot it accepts, and its replica follows.
+#[test]
+fn sentinel_keys_of_earlier_versions_are_deleted() {
+    let held = Cluster::shared();
+    let cl: &Cluster = &held;
+    let slot = cl.keyslot("legacy-sentinel");
+    let key = legacy_sentinel_name(slot);
+    assert_eq!(cl.keyslot(&key), slot);
+    let owner = cl.owner(slot);
+    let mut c = owner.conn();
+    let _: () = redis::cmd("SET").arg(&key).arg("x").query(&mut c).unwrap();
+    // Accepted afresh (as after a restart or a migration), the slot loses the key.
+    ok(&mut c, &["CLUSTER", "SETSLOT", &slot.to_string(), "STABLE"]);
     assert!(
         wait_until(Duration::from_secs(10), || int(&mut c, &["EXISTS", &key])
-            == 1),
-        "the owner never wrote slot {slot}'s sentinel again"
+            == 0),
+        "{key} was never deleted"
     );
+    let mut rc = cl.replica_of(owner).conn();
+    ok(&mut rc, &["READONLY"]);
+    assert!(wait_until(Duration::from_secs(10), || int(
+        &mut rc,
+        &["EXISTS", &key]
+    ) == 0));
+    // MEMBER._OWN is refused from a client, as every internal command, and changes nothing.
+    let _: () = redis::cmd("SET").arg(&key).arg("x").query(&mut c).unwrap();
+    assert!(redis::cmd("MEMBER._OWN")
+        .arg(&key)
+        .query::<Value>(&mut c)
+        .is_err());
+    assert_eq!(int(&mut c, &["DEL", &key]), 1);
 }
 
 /// Only the module writes its keys, in cluster form too: the bytes of a cache entry set again
-/// by a plain SET after a DEL are not believed, and a SET over a slot sentinel (which replaces
-/// it) makes the slot wait as a deleted one does.
+/// by a plain SET after a DEL are not believed.
 #[test]
 fn a_foreign_set_onto_the_modules_keys_is_not_believed() {
     let held = Cluster::shared();
@@ -281,19 +287,6 @@ fn a_foreign_set_onto_the_modules_keys_is_not_believed() {
         Ok(v) => assert_eq!(v.0, 0, "a deleted member answered {v:?}"),
         Err(e) => assert_eq!(e.code(), Some("UNAVAILABLE"), "{e}"),
     }
-    // The sentinel: an absent item of the slot answers from the filter, until a SET replaces
-    // the sentinel; then the database answers until the owner has written a fresh one.
-    let absent = format!("{{{item}}}-absent");
-    assert_eq!(cl.keyslot(&absent), slot);
-    assert!(wait_until(Duration::from_secs(30), || {
-        bloom_negative_now(&mut c, set, &absent)
-    }));
-    let key = sentinel_of(owner, slot);
-    let _: () = redis::cmd("SET").arg(&key).arg("x").query(&mut c).unwrap();
-    asked_the_database(&mut c, set, &absent);
-    assert!(wait_until(Duration::from_secs(30), || {
-        bloom_negative_now(&mut c, set, &absent)
-    }));
 }
 
 /// A client routes by the bytes it sends; only the holder of the canonical form's slot changes

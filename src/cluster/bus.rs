@@ -20,6 +20,7 @@ use redis_module::{raw, Context, RedisError, RedisResult, RedisValue};
 use super::peers::{node_up, NODE_ID_LEN};
 use super::wire::{self, Answer, Info, Many, Message, Rebuild, Request};
 use crate::server::block::{Blocked, Completion, Fail};
+use crate::server::timer::{self, TimerId};
 use crate::{model::error, server::mainq, server::reply};
 
 /// The module message type of libmember's requests and answers (types are per module).
@@ -98,6 +99,9 @@ struct Pending {
     /// No answer is given after this; `None` once the node said `Started`: then the wait
     /// lasts while the cluster holds the node up.
     deadline: Option<Instant>,
+    /// The wait's timer (`expire`), stopped when the answer comes first
+    /// (`server::timer`: a timer left to fire costs the server a context, and delays others).
+    timer: TimerId,
 }
 
 /// How often a wait without deadline checks that its node is still up.
@@ -208,6 +212,7 @@ fn wait_for(ctx: &Context, node: &str, id: u64, payload: &[u8], waiter: Waiter, 
     SENT.fetch_add(1, Ordering::Relaxed);
     let deadline = Some(Instant::now() + timeout);
     let node = node.as_bytes().to_vec();
+    let timer = timer::after(ctx, timeout, expire, id);
     PENDING.with(|p| {
         p.borrow_mut().insert(
             id,
@@ -215,10 +220,10 @@ fn wait_for(ctx: &Context, node: &str, id: u64, payload: &[u8], waiter: Waiter, 
                 waiter,
                 node,
                 deadline,
+                timer,
             },
         )
     });
-    ctx.create_timer(timeout, expire, id);
 }
 
 /// A waiter whose answer will not come.
@@ -256,7 +261,12 @@ fn expire(ctx: &Context, id: u64) {
         }
     });
     if let Some(after) = again {
-        ctx.create_timer(after, expire, id);
+        let t = timer::after(ctx, after, expire, id);
+        PENDING.with(|p| {
+            if let Some(w) = p.borrow_mut().get_mut(&id) {
+                w.timer = t;
+            }
+        });
     }
     if let Some(why) = lost {
         if let Some(p) = PENDING.with(|p| p.borrow_mut().remove(&id)) {
@@ -287,6 +297,8 @@ fn answered(ctx: &Context, sender: &[u8], id: u64, a: Answer) {
     let Some(p) = p else {
         return;
     };
+    // The timer has not fired (it would have removed or re-armed this wait, on this thread).
+    let _ = timer::cancel::<u64>(ctx, p.timer);
     if p.deadline.is_some_and(|d| Instant::now() > d) {
         return give_up(ctx, p.waiter, Lost::Timeout);
     }

@@ -416,6 +416,10 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
                 crate::server::block::waiting().to_string(),
             ),
             (
+                "timers_waiting",
+                crate::server::timer::waiting().to_string(),
+            ),
+            (
                 "max_blocked_clients",
                 config::MAX_BLOCKED_CLIENTS
                     .load(Ordering::Relaxed)

@@ -11,12 +11,13 @@
 
 use std::os::raw::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis_module::{raw, Context, RedisError, RedisResult};
 
+use crate::server::timer::{self, TimerId};
 use crate::{model::error, server::mainq, server::metrics, server::reply};
 
 /// The result of a worker's job, finished on the main thread.
@@ -44,9 +45,14 @@ pub fn defer(mut done: Box<dyn Completion>) {
     mainq::post(Box::new(move |ctx| done.apply(ctx)));
 }
 
-/// A finished job on its way to the reply callback, and when its client was blocked (for the
-/// LATENCY monitor: `None` for waits that are not database resolutions).
-struct Slot(Option<Box<dyn Completion>>, Option<Instant>);
+/// A finished job on its way to the reply callback, when its client was blocked (for the
+/// LATENCY monitor: `None` for waits that are not database resolutions), and the timeout
+/// timer to call off once the client is answered, unless it fired meanwhile.
+struct Slot(
+    Option<Box<dyn Completion>>,
+    Option<Instant>,
+    Option<(TimerId, Handle)>,
+);
 
 /// Clients blocked through a `Blocked` handle and not yet unblocked (`member.max-blocked-clients`
 /// bounds it, see `limits.rs`).
@@ -59,7 +65,14 @@ pub fn waiting() -> u64 {
 
 /// The server's handle of a blocked client, taken by exactly one party: the worker's
 /// `finish`, the drop of an unfinished handle, or the module's timeout timer.
-type Handle = Arc<AtomicPtr<raw::RedisModuleBlockedClient>>;
+type Handle = Arc<Shared>;
+
+/// What a `Blocked` handle and its timeout timer share.
+struct Shared {
+    bc: AtomicPtr<raw::RedisModuleBlockedClient>,
+    /// The timeout timer fired (main thread): it is gone, and must not be stopped.
+    fired: AtomicBool,
+}
 
 /// A client blocked on a database job.
 pub struct Blocked {
@@ -69,6 +82,9 @@ pub struct Blocked {
     /// the reply callback reports slow ones to the LATENCY monitor (`latency.rs`). Unbounded
     /// waits (REBUILD SYNC, a CREATE's build) are not resolutions and are not reported.
     since: Option<Instant>,
+    /// The timeout's timer, stopped on the main thread once the client is answered
+    /// (`free_cb`): left to fire, each one would cost the server a context later.
+    timer: Option<TimerId>,
 }
 
 // SAFETY: the server allows RedisModule_UnblockClient from any thread; the handle is taken
@@ -95,15 +111,18 @@ impl Blocked {
         if !bc.is_null() {
             WAITING.fetch_add(1, Ordering::Relaxed);
         }
-        let bc: Handle = Arc::new(AtomicPtr::new(bc));
+        let bc: Handle = Arc::new(Shared {
+            bc: AtomicPtr::new(bc),
+            fired: AtomicBool::new(false),
+        });
         let since = (!timeout.is_zero()).then(Instant::now);
-        if let Some(since) = since {
-            ctx.create_timer(timeout, timed_out, (Arc::clone(&bc), since));
-        }
+        let timer =
+            since.map(|since| timer::after(ctx, timeout, timed_out, (Arc::clone(&bc), since)));
         Blocked {
             bc,
             fallback: Some(fallback),
             since,
+            timer,
         }
     }
 
@@ -123,7 +142,7 @@ impl Blocked {
 
     fn unblock(&mut self, done: Box<dyn Completion>) {
         self.fallback = None;
-        if let Err(done) = unblock(&self.bc, done, self.since) {
+        if let Err(done) = unblock(&self.bc, done, self.since, self.timer) {
             // The timer answered first.
             defer(done);
         }
@@ -136,13 +155,15 @@ fn unblock(
     bc: &Handle,
     done: Box<dyn Completion>,
     since: Option<Instant>,
+    timer: Option<TimerId>,
 ) -> Result<(), Box<dyn Completion>> {
-    let raw = bc.swap(std::ptr::null_mut(), Ordering::AcqRel);
+    let raw = bc.bc.swap(std::ptr::null_mut(), Ordering::AcqRel);
     if raw.is_null() {
         return Err(done);
     }
     WAITING.fetch_sub(1, Ordering::Relaxed);
-    let slot = Box::into_raw(Box::new(Slot(Some(done), since))).cast::<c_void>();
+    let timer = timer.map(|id| (id, Arc::clone(bc)));
+    let slot = Box::into_raw(Box::new(Slot(Some(done), since, timer))).cast::<c_void>();
     // SAFETY: raw came from BlockClient and is unblocked exactly once (swapped out above).
     unsafe { raw::RedisModule_UnblockClient.unwrap()(raw, slot) };
     Ok(())
@@ -159,7 +180,8 @@ impl Drop for Blocked {
 /// The module's timeout of a bounded wait: the database did not answer in time. The job
 /// still runs to its end, and its completion is applied when it does (`Blocked::unblock`).
 fn timed_out(_ctx: &Context, (bc, since): (Handle, Instant)) {
-    if unblock(&bc, Box::new(TimedOut), Some(since)).is_ok() {
+    bc.fired.store(true, Ordering::Relaxed);
+    if unblock(&bc, Box::new(TimedOut), Some(since), None).is_ok() {
         metrics::global(|m| m.db_timeouts += 1);
     }
 }
@@ -244,12 +266,20 @@ unsafe extern "C" fn timeout_cb(
 ///
 /// # Safety
 /// Called by the server on the main thread with the pointer we passed to UnblockClient.
-unsafe extern "C" fn free_cb(_ctx: *mut raw::RedisModuleCtx, privdata: *mut c_void) {
+unsafe extern "C" fn free_cb(ctx: *mut raw::RedisModuleCtx, privdata: *mut c_void) {
     if privdata.is_null() {
         return;
     }
     // SAFETY: privdata is the Box<Slot> leaked in `unblock`, freed only here.
     let slot = unsafe { Box::from_raw(privdata.cast::<Slot>()) };
+    if let (Some((id, shared)), false) = (&slot.2, ctx.is_null()) {
+        // Answered before its timeout: the timer has nothing left to do. It and this callback
+        // both run on the main thread, so a timer that has not fired by now is still there
+        // (its id names no other timer).
+        if !shared.fired.load(Ordering::Relaxed) {
+            let _ = timer::cancel::<(Handle, Instant)>(&Context::new(ctx), *id);
+        }
+    }
     if let Some(done) = slot.0 {
         defer(done);
     }

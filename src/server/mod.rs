@@ -1,6 +1,7 @@
 //! The module's glue to the server's own machinery: allocation, blocked clients, the
 //! main-thread queue, replies and logs, metrics and latency events, transient memory,
-//! whether the server runs in cluster mode, and what the primary sends its replicas.
+//! whether the server runs in cluster mode, what the primary sends its replicas, and timers
+//! that can be called off.
 
 pub mod alloc;
 pub mod block;
@@ -11,4 +12,5 @@ pub mod metrics;
 pub mod redaction;
 pub mod replication;
 pub mod reply;
+pub mod timer;
 pub mod transient;

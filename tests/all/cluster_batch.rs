@@ -139,6 +139,17 @@ fn mexists_and_madd_across_slots_answer_as_the_per_item_calls() {
         filtered >= 50,
         "only {filtered} of 60 absent items were answered by a filter"
     );
+    // Each call's timeouts (its client's, and one per owner asked over the bus) are stopped
+    // once it is answered, not left to fire `member.db-timeout-ms` later: 30 more calls leave
+    // no 90 timers behind on the receiving node (other tests' calls in flight may hold a few).
+    for _ in 0..30 {
+        assert_eq!(many(&mut c, "MEMBER.MEXISTS", set, &absent), vec![0; 60]);
+    }
+    let timers: u64 = info_field(&mut receiver.conn(), "timers_waiting")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(timers < 30, "{timers} timers wait on {}", receiver.addr());
     // MEXISTS of members and non-members interleaved, in any case: the order given.
     let asked: Vec<String> = items
         .iter()

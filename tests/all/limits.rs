@@ -295,3 +295,29 @@ fn a_rebuild_whose_payload_would_pass_maxmemory_fails_and_the_old_filter_serves(
     // and a header of a few hundred bytes; `filter_bytes` also counts the value's struct).
     assert!(info_number(&mut c, "member", "member_transient_peak_bytes") >= 2 * bytes - 4096);
 }
+
+/// Each client that waits on the database has a timeout timer of `member.db-timeout-ms`. Once
+/// the client is answered its timer is stopped: left to fire a timeout later, such timers pile
+/// up at the rate of the calls (each firing costs the server a context, and while one is due
+/// the server's next timer tick is not brought forward for a timer meant to fire at once).
+#[test]
+fn timeouts_of_answered_clients_are_stopped_not_left_to_fire() {
+    let env = Env::with(&[("member.db-timeout-ms", "60000")]);
+    let mut c = env.conn();
+    assert_eq!(cmd(&mut c, &["MEMBER.CREATE", "s"]).unwrap(), Value::Okay);
+    for i in 0..200 {
+        // Each ADD waits on the database for its insert.
+        assert_eq!(int(&mut c, &["MEMBER.ADD", "s", &format!("item-{i}")]), 1);
+    }
+    // A few lookups that wait too (never added: the filter says so without waiting; added
+    // ones past their recent mark go to the cache, or the database if not yet cached).
+    for i in 0..20 {
+        assert_eq!(
+            int(&mut c, &["MEMBER.EXISTS", "s", &format!("item-{i}")]),
+            1
+        );
+    }
+    assert_eq!(info_field(&mut c, "blocked_clients").as_deref(), Some("0"));
+    // Every one of those clients got its reply after its timer was stopped.
+    assert_eq!(info_field(&mut c, "timers_waiting").as_deref(), Some("0"));
+}

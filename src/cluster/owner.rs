@@ -127,13 +127,14 @@ pub fn setslot_migrating(slot: u16) {
     }
 }
 
-/// A command or event that may give this node (or its primary) `slots`, or take them, is
-/// about to run or ran: `CLUSTER SETSLOT` of any kind (on a replica, as it arrives from its
-/// primary, which replicates it before running it), `ADDSLOTS`, `DELSLOTS`, their ranges,
-/// `FLUSHSLOTS`, `RESET`, `FAILOVER`, `REPLICATE`, a role change, a dataset load. The slots
-/// are accepted afresh at the next poll that shows them owned, so their grace counts from
-/// after the change: a slot that left and came back between two polls is never believed on
-/// the acceptance from before it left. `None` means every slot.
+/// A command or event that may give this node (or its primary) `slots` is about to run or
+/// ran: `CLUSTER SETSLOT` of any kind (on a replica, as it arrives from its primary, which
+/// replicates it before running it), `ADDSLOTS`, `ADDSLOTSRANGE`, a role change, a dataset
+/// load, a replica's link to its primary coming up or going down (a SETSLOT its primary ran
+/// while it was away was not replicated to it). The slots are accepted afresh at the next
+/// poll that shows them owned, so their grace counts from after the change: a slot that left
+/// and came back between two polls is never believed on the acceptance from before it left.
+/// `None` means every slot.
 pub fn unaccept(slots: Option<&[(u16, u16)]>) {
     OWN.with(|o| {
         let mut o = o.borrow_mut();

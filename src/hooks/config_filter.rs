@@ -56,10 +56,10 @@ unsafe fn run(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     if crate::sets::acl::cache::changes_rules(name) {
         crate::sets::acl::cache::rules_may_change();
     }
-    // A command that may change which slots this node owns: the node must stop believing its
-    // filter for a slot leaving before the migration's first ASK, and accept afresh any slot
-    // that may change hands (cluster::owner). On a replica this runs as the primary's
-    // replicated SETSLOT arrives.
+    // A command that may give this node a slot: the node must stop believing its filter for a
+    // slot leaving before the migration's first ASK, and accept afresh any slot that may come
+    // to it (cluster::owner). On a replica this runs as the primary's replicated SETSLOT
+    // arrives.
     if argc >= 2 && name.eq_ignore_ascii_case(b"cluster") {
         let args: Vec<&[u8]> = (0..argc).map(arg).collect();
         match crate::model::slot_change::slot_change(&args) {
@@ -68,7 +68,6 @@ unsafe fn run(fctx: *mut raw::RedisModuleCommandFilterCtx) {
                 crate::cluster::owner::unaccept(Some(&[(slot, slot)]));
             }
             Some(SlotChange::Slots(ranges)) => crate::cluster::owner::unaccept(Some(&ranges)),
-            Some(SlotChange::All) => crate::cluster::owner::unaccept(None),
             None => {}
         }
     }

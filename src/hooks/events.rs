@@ -1,8 +1,9 @@
-//! The server's events that can put a value the module did not write onto its keys: keyspace
-//! notifications for the writes of other commands (SET, APPEND, COPY, RENAME, MOVE, RESTORE,
-//! EXPIRE, PERSIST …), SWAPDB, loading a snapshot. The only room that subscribes to
-//! them. Filters carry an identity; the pointers to them that sets remember are dropped on
-//! every one of these (`store::keys_changed`).
+//! The server's events the module follows. Keyspace notifications for the writes of other
+//! commands (SET, APPEND, COPY, RENAME, MOVE, RESTORE, EXPIRE, PERSIST …), SWAPDB and loading a
+//! snapshot can put a value the module did not write onto its keys: filters carry an identity,
+//! and the pointers to them that sets remember are dropped on every one of these
+//! (`store::keys_changed`). A replica's link to its primary going down or up can hide a slot's
+//! move (`cluster::owner`). The only room that subscribes to them.
 
 use std::os::raw::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -56,21 +57,54 @@ fn on_loading(_ctx: &Context, sub: LoadingSubevent) {
     }
 }
 
-/// Subscribes to SWAPDB (the crate has no wrapper for it). Call once from module load.
+/// Subscribes to SWAPDB and to a replica's link to its primary (the crate wraps neither).
+/// Call once from module load.
 pub fn subscribe(ctx: &Context) -> Result<(), &'static str> {
-    let event = raw::RedisModuleEvent {
-        id: raw::REDISMODULE_EVENT_SWAPDB,
-        dataver: 1,
-    };
-    // SAFETY: module load, main thread; the callback is a plain extern "C" fn.
-    let rc = unsafe {
-        raw::RedisModule_SubscribeToServerEvent.unwrap()(ctx.ctx, event, Some(on_swapdb))
-    };
-    if rc == raw::REDISMODULE_OK as i32 {
-        Ok(())
-    } else {
-        Err("libmember: cannot subscribe to SWAPDB events")
+    type Callback =
+        unsafe extern "C" fn(*mut raw::RedisModuleCtx, raw::RedisModuleEvent, u64, *mut c_void);
+    let events: [(u64, Callback, &'static str); 2] = [
+        (
+            raw::REDISMODULE_EVENT_SWAPDB,
+            on_swapdb,
+            "libmember: cannot subscribe to SWAPDB events",
+        ),
+        (
+            raw::REDISMODULE_EVENT_MASTER_LINK_CHANGE,
+            on_primary_link,
+            "libmember: cannot subscribe to primary link events",
+        ),
+    ];
+    for (id, callback, failed) in events {
+        let event = raw::RedisModuleEvent { id, dataver: 1 };
+        // SAFETY: module load, main thread; the callback is a plain extern "C" fn.
+        let rc = unsafe {
+            raw::RedisModule_SubscribeToServerEvent.unwrap()(ctx.ctx, event, Some(callback))
+        };
+        if rc != raw::REDISMODULE_OK as i32 {
+            return Err(failed);
+        }
     }
+    Ok(())
+}
+
+/// A replica's link to its primary went down or came up. While it was down, the primary ran
+/// any `CLUSTER SETSLOT` without replicating it (Valkey replicates it only to replicas online
+/// at that moment), so a slot may have left and come back unseen: in cluster mode every slot
+/// is accepted afresh (`cluster::owner`).
+///
+/// # Safety
+/// Called by the server on the main thread.
+unsafe extern "C" fn on_primary_link(
+    _ctx: *mut raw::RedisModuleCtx,
+    _eid: raw::RedisModuleEvent,
+    _sub: u64,
+    _data: *mut c_void,
+) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        if crate::server::cluster_mode::enabled() {
+            crate::cluster::owner::unaccept(None);
+        }
+    }));
 }
 
 /// SWAPDB involving DB 0 replaces every exact-match key at once, entries set aside before a

@@ -1,6 +1,8 @@
-//! Which `CLUSTER` commands can change the slots a node (or its primary) owns, and which slots
-//! they name: read by the command filter before such a command runs, so that the node accepts
-//! those slots afresh afterwards (docs/cluster-placement.md, "Knowing which slots a node owns").
+//! Which `CLUSTER` commands can give a node (or its primary) a slot, and which slots they name:
+//! read by the command filter before such a command runs, so that the node accepts those slots
+//! afresh afterwards (docs/cluster-placement.md, "Knowing which slots a node owns"). Commands
+//! that only take slots away (`DELSLOTS`, `FLUSHSLOTS`, `RESET`) need nothing here: the slot's
+//! return is itself one of these commands, and a role change has its own event.
 
 use super::slot::SLOTS;
 
@@ -10,12 +12,9 @@ pub enum SlotChange {
     /// `CLUSTER SETSLOT <slot> MIGRATING <node id>`: the slot starts leaving, and may change
     /// hands later.
     Migrating(u16),
-    /// The slots in these inclusive ranges may change hands (`SETSLOT` of another kind,
-    /// `ADDSLOTS`, `DELSLOTS`, their ranges).
+    /// The slots in these inclusive ranges may come to this node (`SETSLOT` of another kind,
+    /// `ADDSLOTS`, `ADDSLOTSRANGE`).
     Slots(Vec<(u16, u16)>),
-    /// Any slot may change hands, or this node's role (`FLUSHSLOTS`, `RESET`, `FAILOVER`,
-    /// `REPLICATE`).
-    All,
 }
 
 /// What `args` (the whole command, its name first) may do to this node's slots; `None` for a
@@ -36,10 +35,10 @@ pub fn slot_change(args: &[&[u8]]) -> Option<SlotChange> {
         }
         return Some(SlotChange::Slots(vec![(slot, slot)]));
     }
-    if sub.eq_ignore_ascii_case(b"addslots") || sub.eq_ignore_ascii_case(b"delslots") {
+    if sub.eq_ignore_ascii_case(b"addslots") {
         return Some(SlotChange::Slots(slots(2).map(|s| (s, s)).collect()));
     }
-    if sub.eq_ignore_ascii_case(b"addslotsrange") || sub.eq_ignore_ascii_case(b"delslotsrange") {
+    if sub.eq_ignore_ascii_case(b"addslotsrange") {
         let ends: Vec<Option<u16>> = args.iter().skip(2).map(|a| slot_number(a)).collect();
         let ranges = ends
             .chunks_exact(2)
@@ -48,10 +47,7 @@ pub fn slot_change(args: &[&[u8]]) -> Option<SlotChange> {
             .collect();
         return Some(SlotChange::Slots(ranges));
     }
-    let all = [&b"flushslots"[..], b"reset", b"failover", b"replicate"];
-    all.iter()
-        .any(|w| sub.eq_ignore_ascii_case(w))
-        .then_some(SlotChange::All)
+    None
 }
 
 fn slot_number(a: &[u8]) -> Option<u16> {
@@ -111,25 +107,24 @@ mod tests {
             Some(SlotChange::Slots(vec![(1, 1), (2, 2), (3, 3)]))
         );
         assert_eq!(
-            change("CLUSTER DELSLOTS 0"),
-            Some(SlotChange::Slots(vec![(0, 0)]))
-        );
-        assert_eq!(
             change("CLUSTER ADDSLOTSRANGE 0 100 200 300 9"),
             Some(SlotChange::Slots(vec![(0, 100), (200, 300)]))
         );
         assert_eq!(
-            change("CLUSTER DELSLOTSRANGE 10 5 20 30"),
+            change("CLUSTER addslotsrange 10 5 20 30"),
             Some(SlotChange::Slots(vec![(20, 30)]))
         );
     }
 
     #[test]
-    fn role_and_reset_commands_touch_every_slot_and_others_none() {
-        for sub in ["FLUSHSLOTS", "RESET", "failover", "REPLICATE"] {
-            assert_eq!(change(&format!("CLUSTER {sub}")), Some(SlotChange::All));
-        }
+    fn commands_that_only_take_slots_or_change_roles_name_none() {
         for other in [
+            "CLUSTER DELSLOTS 0",
+            "CLUSTER DELSLOTSRANGE 0 100",
+            "CLUSTER FLUSHSLOTS",
+            "CLUSTER RESET",
+            "CLUSTER FAILOVER",
+            "CLUSTER REPLICATE abc",
             "CLUSTER NODES",
             "CLUSTER",
             "GET k",

@@ -210,6 +210,43 @@ fn a_slot_that_may_have_changed_hands_waits_out_a_new_grace() {
     }
 }
 
+/// A primary runs a `CLUSTER SETSLOT` without replicating it when no replica is online, so a
+/// replica whose link was down may never see a slot leave and come back: when its link to its
+/// primary drops (and again when it comes back), it waits out a new grace for every slot. Run
+/// on the cluster kept for tests that disturb it, so that no other test reads this replica
+/// meanwhile.
+#[test]
+fn a_replica_whose_link_to_its_primary_dropped_waits_out_a_new_grace() {
+    let held = Cluster::shared_exclusive();
+    let cl: &Cluster = &held;
+    let set = "relink";
+    ok(
+        &mut cl.set_owner(set).conn(),
+        &["MEMBER.CREATE", set, "NORMALIZE", "none"],
+    );
+    cl.wait_ready(set);
+    let (item, _slot) = probe(cl, "relink");
+    let owner = cl.owner(cl.keyslot(&item));
+    let replica = cl.replica_of(owner);
+    let mut rc = replica.conn();
+    ok(&mut rc, &["READONLY"]);
+    assert!(wait_until(Duration::from_secs(30), || {
+        bloom_negative_now(&mut rc, set, &item)
+    }));
+    // The link-down event comes as the server drops its primary's connection, before the
+    // kill returns.
+    let killed = int(&mut replica.conn(), &["CLIENT", "KILL", "TYPE", "master"]);
+    assert_eq!(killed, 1);
+    asked_the_database(&mut rc, set, &item);
+    // The replica reconnects by itself; after the grace and a sync pass its filter answers.
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            bloom_negative_now(&mut rc, set, &item)
+        }),
+        "the replica never trusted its filter again"
+    );
+}
+
 /// A dataset from an earlier version holds one sentinel key per slot. The owner deletes the
 /// one it finds in a slot it accepts, and its replica follows.
 #[test]

@@ -107,8 +107,14 @@ pub fn ready(slot: u16, covered_since: Option<Instant>) -> bool {
 }
 
 /// How long a `SETSLOT … MIGRATING` seen by the filter counts without a poll showing it: past
-/// the server's wait for its replicas' acknowledgement (`SETSLOT … TIMEOUT`, 2 s by default).
+/// the server's wait for its replicas' acknowledgement (`SETSLOT … TIMEOUT`, 2 s by default;
+/// a longer `TIMEOUT` holds the mark 1 s longer than it).
 const MARK_HOLDS: Duration = Duration::from_secs(5);
+
+/// The mark of a `SETSLOT … MIGRATING … TIMEOUT 0`, whose wait has no limit: the slot waits
+/// this long at most for a poll to show the migration (it is only asked about at the database
+/// meanwhile, which is always right).
+const MARK_HOLDS_UNBOUNDED: Duration = Duration::from_secs(600);
 
 /// `CLUSTER SETSLOT <slot> MIGRATING <node>` is about to run here (seen by the command
 /// filter): from now until a poll shows the slot migrating (or `MARK_HOLDS` passes), this node
@@ -116,12 +122,17 @@ const MARK_HOLDS: Duration = Duration::from_secs(5);
 /// first ASK can only follow that SETSLOT on this node, so no ADD reaches the importing node
 /// before this node stops believing its own negatives for the slot (the 100 ms poll alone
 /// left that window open).
-pub fn setslot_migrating(slot: u16) {
+pub fn setslot_migrating(slot: u16, timeout_ms: Option<u64>) {
+    let holds = match timeout_ms {
+        None => MARK_HOLDS,
+        Some(0) => MARK_HOLDS_UNBOUNDED,
+        Some(ms) => MARK_HOLDS.max(Duration::from_millis(ms) + Duration::from_secs(1)),
+    };
     if (slot as usize) < SLOTS {
         OWN.with(|o| {
             let mut o = o.borrow_mut();
             o.migrating[slot as usize] = true;
-            o.marked[slot as usize] = Some(Instant::now() + MARK_HOLDS);
+            o.marked[slot as usize] = Some(Instant::now() + holds.min(MARK_HOLDS_UNBOUNDED));
             o.unsettled = true;
         });
     }

@@ -63,8 +63,8 @@ unsafe fn run(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     if argc >= 2 && name.eq_ignore_ascii_case(b"cluster") {
         let args: Vec<&[u8]> = (0..argc).map(arg).collect();
         match crate::model::slot_change::slot_change(&args) {
-            Some(SlotChange::Migrating(slot)) => {
-                crate::cluster::owner::setslot_migrating(slot);
+            Some(SlotChange::Migrating { slot, timeout_ms }) => {
+                crate::cluster::owner::setslot_migrating(slot, timeout_ms);
                 crate::cluster::owner::unaccept(Some(&[(slot, slot)]));
             }
             Some(SlotChange::Slots(ranges)) => crate::cluster::owner::unaccept(Some(&ranges)),

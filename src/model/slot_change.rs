@@ -9,9 +9,11 @@ use super::slot::SLOTS;
 /// What a command about to run may do to this node's slots.
 #[derive(Debug, PartialEq, Eq)]
 pub enum SlotChange {
-    /// `CLUSTER SETSLOT <slot> MIGRATING <node id>`: the slot starts leaving, and may change
-    /// hands later.
-    Migrating(u16),
+    /// `CLUSTER SETSLOT <slot> MIGRATING <node id> [TIMEOUT <ms>]`: the slot starts leaving,
+    /// and may change hands later. A primary with replicas runs the command only once they
+    /// acknowledged it, waiting at most `TIMEOUT` (`Some(0)`: without limit; `None`: the
+    /// server's default).
+    Migrating { slot: u16, timeout_ms: Option<u64> },
     /// The slots in these inclusive ranges may come to this node (`SETSLOT` of another kind,
     /// `ADDSLOTS`, `ADDSLOTSRANGE`).
     Slots(Vec<(u16, u16)>),
@@ -31,7 +33,11 @@ pub fn slot_change(args: &[&[u8]]) -> Option<SlotChange> {
         let slot = slot_number(args.get(2)?)?;
         let node = args.get(4).copied().unwrap_or_default();
         if is(3, b"migrating") && node.len() == 40 && node.iter().all(u8::is_ascii_hexdigit) {
-            return Some(SlotChange::Migrating(slot));
+            let timeout_ms = (5..args.len())
+                .rev()
+                .find(|&i| is(i - 1, b"timeout"))
+                .and_then(|i| std::str::from_utf8(args[i]).ok()?.parse::<u64>().ok());
+            return Some(SlotChange::Migrating { slot, timeout_ms });
         }
         return Some(SlotChange::Slots(vec![(slot, slot)]));
     }
@@ -73,12 +79,32 @@ mod tests {
     fn every_setslot_names_its_slot_and_migrating_is_told_apart() {
         assert_eq!(
             change(&format!("CLUSTER SETSLOT 7 MIGRATING {ID}")),
-            Some(SlotChange::Migrating(7))
+            Some(SlotChange::Migrating {
+                slot: 7,
+                timeout_ms: None
+            })
         );
         assert_eq!(
             change(&format!("cluster setslot 0 migrating {ID}")),
-            Some(SlotChange::Migrating(0))
+            Some(SlotChange::Migrating {
+                slot: 0,
+                timeout_ms: None
+            })
         );
+        for (t, want) in [
+            ("TIMEOUT 30000", Some(30000)),
+            ("timeout 0", Some(0)),
+            ("TIMEOUT x", None),
+        ] {
+            assert_eq!(
+                change(&format!("CLUSTER SETSLOT 9 MIGRATING {ID} {t}")),
+                Some(SlotChange::Migrating {
+                    slot: 9,
+                    timeout_ms: want
+                }),
+                "{t}"
+            );
+        }
         for how in ["IMPORTING", "NODE", "importing"] {
             assert_eq!(
                 change(&format!("cluster setslot 16383 {how} {ID}")),

@@ -1,8 +1,8 @@
 //! The one room of the command filter: it takes the passwords of member.pg-url and
 //! member.pg-rebuild-url out of CONFIG SET's arguments before the server records them
 //! (SLOWLOG, MONITOR, crash reports' argv), tells `acl::cache` before a command that may
-//! change ACL rules runs, and tells `cluster::owner` before a `CLUSTER` command that may change
-//! which slots this node owns runs (`model::slot_change`).
+//! change ACL rules runs, and tells `cluster::owner` before a `CLUSTER` command that may give
+//! this node a slot runs (`model::slot_change`).
 //!
 //! The server's own redaction of SENSITIVE configs does not reach module configs (Valkey 8.0,
 //! Redis 7.0: the value shows in SLOWLOG), and a config's setter has no client to redact

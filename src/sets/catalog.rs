@@ -155,10 +155,11 @@ fn applied(ctx: &Context, full: bool, changes: u64, res: ReadResult) {
     match res {
         Ok(None) => state::with(|r| r.catalog.last_error = None),
         Ok(Some((version, rows))) => {
-            let raced = state::with(|r| r.catalog.changes != changes);
-            if raced {
-                // A set was added or removed here while the read ran: the read may predate
-                // it. Read again at once rather than undo it.
+            // Sets added, changed or removed here while the read ran: the read may predate
+            // them, so it is not applied to them, and it is read again at once. Every other
+            // name takes the read (a node whose sets change all the time still forgets a set
+            // dropped elsewhere). When more changed than is remembered, nothing is applied.
+            let Some(touched) = state::with(|r| state::touched_since(&r.catalog, changes)) else {
                 state::with(|r| {
                     if full {
                         r.catalog.reread = true;
@@ -167,12 +168,14 @@ fn applied(ctx: &Context, full: bool, changes: u64, res: ReadResult) {
                     }
                 });
                 return;
-            }
+            };
+            let raced = !touched.is_empty();
             let n = rows.len();
             // Sets this node knows that the catalog no longer holds were dropped elsewhere.
             let gone: Vec<String> = state::with(|r| {
                 r.sets
                     .keys()
+                    .filter(|name| !touched.contains(*name))
                     .filter(|name| !rows.iter().any(|row| &row.def.name == *name))
                     .cloned()
                     .collect()
@@ -181,7 +184,7 @@ fn applied(ctx: &Context, full: bool, changes: u64, res: ReadResult) {
                 forget(ctx, name);
             }
             let mut added = 0;
-            for row in rows {
+            for row in rows.into_iter().filter(|r| !touched.contains(&r.def.name)) {
                 added += learn(ctx, row.def, Some(row.id)) as usize;
             }
             state::with(|r| {
@@ -189,7 +192,11 @@ fn applied(ctx: &Context, full: bool, changes: u64, res: ReadResult) {
                 c.loaded = true;
                 c.version = Some(version);
                 c.last_error = None;
-                if full {
+                if raced && full {
+                    c.reread = true;
+                } else if raced {
+                    c.next_check = None;
+                } else if full {
                     c.hold = false;
                 }
             });

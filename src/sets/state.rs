@@ -311,6 +311,9 @@ pub struct Catalog {
     pub changes: u64,
     /// Bumped whenever a set is removed from the registry.
     pub removals: u64,
+    /// The names of the latest `changes`, each with the count it brought `changes` to (at
+    /// most `TOUCHED_KEPT`): a read that raced with them is still applied to every other name.
+    pub touched: std::collections::VecDeque<(u64, String)>,
     /// Promoted and not re-read since: no set serves before the catalog has confirmed it (a
     /// command naming one asks the catalog, as for an unknown name).
     pub hold: bool,
@@ -454,7 +457,7 @@ pub fn register(def: SetDef) -> bool {
             if s.def != def {
                 s.def = def;
                 // A catalog read sent before this change is not applied over it.
-                r.catalog.changes += 1;
+                touch(&mut r.catalog, &s.def.name);
             }
             false
         }
@@ -463,8 +466,8 @@ pub fn register(def: SetDef) -> bool {
             // loaded from disk is held back until a sync pass trusts it).
             let mut s = SetState::new(def);
             s.synced_epoch = r.epoch;
+            touch(&mut r.catalog, &s.def.name);
             r.sets.insert(s.def.name.clone(), s);
-            r.catalog.changes += 1;
             true
         }
     })
@@ -474,9 +477,37 @@ pub fn register(def: SetDef) -> bool {
 pub fn remove(name: &str) -> Option<SetState> {
     with(|r| {
         let s = r.sets.remove(name)?;
-        r.catalog.changes += 1;
+        touch(&mut r.catalog, name);
         r.catalog.removals += 1;
         Some(s)
+    })
+}
+
+/// How many changed names the catalog state remembers (`Catalog::touched`).
+const TOUCHED_KEPT: usize = 4096;
+
+/// Counts a change of set `name` on this node.
+fn touch(c: &mut Catalog, name: &str) {
+    c.changes += 1;
+    c.touched.push_back((c.changes, name.to_string()));
+    if c.touched.len() > TOUCHED_KEPT {
+        c.touched.pop_front();
+    }
+}
+
+/// The names changed on this node since `changes` counted them, or `None` when more changed
+/// than are remembered.
+pub fn touched_since(c: &Catalog, changes: u64) -> Option<std::collections::HashSet<String>> {
+    if c.changes == changes {
+        return Some(Default::default());
+    }
+    let covered = c.touched.front().is_some_and(|(n, _)| *n <= changes + 1);
+    covered.then(|| {
+        c.touched
+            .iter()
+            .filter(|(n, _)| *n > changes)
+            .map(|(_, name)| name.clone())
+            .collect()
     })
 }
 
@@ -517,5 +548,24 @@ mod tests {
         assert_eq!(secs, [2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
         assert_eq!(retry_after_failures(u32::MAX).as_secs(), 300);
         assert_eq!(retry_after_failures(0), retry_after_failures(1));
+    }
+
+    #[test]
+    fn a_read_that_raced_knows_which_names_changed_since_it_was_sent() {
+        let mut c = Catalog::default();
+        touch(&mut c, "a");
+        let sent = c.changes;
+        assert_eq!(touched_since(&c, sent), Some(Default::default()));
+        touch(&mut c, "b");
+        touch(&mut c, "c");
+        let got = touched_since(&c, sent).unwrap();
+        assert_eq!(got.len(), 2);
+        assert!(got.contains("b") && got.contains("c") && !got.contains("a"));
+        // More changes than remembered: the read cannot tell, and is not applied.
+        for i in 0..TOUCHED_KEPT {
+            touch(&mut c, &format!("n{i}"));
+        }
+        assert_eq!(touched_since(&c, sent), None);
+        assert_eq!(touched_since(&c, c.changes - 1).unwrap().len(), 1);
     }
 }

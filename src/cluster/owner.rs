@@ -252,6 +252,7 @@ pub fn poll(ctx: &Context) -> Option<Instant> {
     }
     let now = Instant::now();
     let ready_at = now + config::handover_grace();
+    let primary = mine.primary;
     let mut newly = Vec::new();
     OWN.with(|o| {
         let mut o = o.borrow_mut();
@@ -291,11 +292,12 @@ pub fn poll(ctx: &Context) -> Option<Instant> {
         o.unsettled = o.marked.iter().any(Option::is_some);
         o.last_map = Some(mine);
     });
-    let primary = is_primary();
-    for &slot in newly.iter().filter(|_| primary) {
-        let name = RedisString::create(None, sentinel_name(slot));
-        if drop_legacy_sentinel(ctx, &name) {
-            replication::replicate(ctx, "DEL", &[sentinel_name(slot).as_bytes()]);
+    if primary {
+        for &slot in &newly {
+            let name = RedisString::create(None, sentinel_name(slot));
+            if drop_legacy_sentinel(ctx, &name) {
+                replication::replicate(ctx, "DEL", &[name.as_slice()]);
+            }
         }
     }
     (!newly.is_empty()).then_some(ready_at)

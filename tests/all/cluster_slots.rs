@@ -53,6 +53,16 @@ fn legacy_sentinel_name(slot: u16) -> String {
     format!("member:{{{}}}:owner", String::from_utf8(tag).unwrap())
 }
 
+/// Creates `set` (spellings kept apart) on the primary its name routes to and waits until
+/// every node serves it from a filter that covers its slots.
+fn create_ready(cl: &Cluster, set: &str) {
+    ok(
+        &mut cl.set_owner(set).conn(),
+        &["MEMBER.CREATE", set, "NORMALIZE", "none"],
+    );
+    cl.wait_ready(set);
+}
+
 /// The filter did not answer for `item`: the database said "absent", or did not answer in time
 /// (`UNAVAILABLE`, on a busy machine). Never a 0 from the filter.
 fn asked_the_database(c: &mut Connection, set: &str, item: &str) {
@@ -111,11 +121,7 @@ fn every_owned_slot_is_known_and_the_module_keeps_no_key_per_slot() {
     let held = Cluster::shared();
     let cl: &Cluster = &held;
     let set = "slotmap";
-    ok(
-        &mut cl.set_owner(set).conn(),
-        &["MEMBER.CREATE", set, "NORMALIZE", "none"],
-    );
-    cl.wait_ready(set);
+    create_ready(cl, set);
     let mut owned_total = 0;
     for n in &cl.nodes {
         let mut c = n.conn();
@@ -166,11 +172,7 @@ fn a_slot_that_may_have_changed_hands_waits_out_a_new_grace() {
     let held = Cluster::shared();
     let cl: &Cluster = &held;
     let set = "comeback";
-    ok(
-        &mut cl.set_owner(set).conn(),
-        &["MEMBER.CREATE", set, "NORMALIZE", "none"],
-    );
-    cl.wait_ready(set);
+    create_ready(cl, set);
     let (item, slot) = probe(cl, "comeback");
     let owner = cl.owner(slot);
     let mut c = owner.conn();
@@ -220,11 +222,7 @@ fn a_replica_whose_link_to_its_primary_dropped_waits_out_a_new_grace() {
     let held = Cluster::shared_exclusive();
     let cl: &Cluster = &held;
     let set = "relink";
-    ok(
-        &mut cl.set_owner(set).conn(),
-        &["MEMBER.CREATE", set, "NORMALIZE", "none"],
-    );
-    cl.wait_ready(set);
+    create_ready(cl, set);
     let (item, _slot) = probe(cl, "relink");
     let owner = cl.owner(cl.keyslot(&item));
     let replica = cl.replica_of(owner);
@@ -489,11 +487,7 @@ fn a_slot_that_arrives_is_filled_and_one_that_returns_is_still_covered() {
     let held = Cluster::shared_exclusive();
     let cl: &Cluster = &held;
     let set = "arrivals";
-    ok(
-        &mut cl.set_owner(set).conn(),
-        &["MEMBER.CREATE", set, "NORMALIZE", "none"],
-    );
-    cl.wait_ready(set);
+    create_ready(cl, set);
     let (absent, slot) = probe(cl, "arrivals");
     let src = cl.owner(slot);
     let dst = cl.primaries().find(|n| n.port() != src.port()).unwrap();

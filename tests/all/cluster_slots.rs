@@ -169,7 +169,7 @@ fn every_owned_slot_is_known_and_the_module_keeps_no_key_per_slot() {
 /// only that slot.
 #[test]
 fn a_slot_that_may_have_changed_hands_waits_out_a_new_grace() {
-    let held = Cluster::shared();
+    let held = Cluster::shared_exclusive();
     let cl: &Cluster = &held;
     let set = "comeback";
     create_ready(cl, set);
@@ -249,7 +249,7 @@ fn a_replica_whose_link_to_its_primary_dropped_waits_out_a_new_grace() {
 /// one it finds in a slot it accepts, and its replica follows.
 #[test]
 fn sentinel_keys_of_earlier_versions_are_deleted() {
-    let held = Cluster::shared();
+    let held = Cluster::shared_exclusive();
     let cl: &Cluster = &held;
     let slot = cl.keyslot("legacy-sentinel");
     let key = legacy_sentinel_name(slot);
@@ -366,7 +366,7 @@ fn a_write_whose_canonical_form_lies_elsewhere_is_forwarded_there() {
 /// node serves them again without a rebuild, once caught up.
 #[test]
 fn filters_come_back_with_the_dataset() {
-    let held = Cluster::shared();
+    let held = Cluster::shared_exclusive();
     let cl: &Cluster = &held;
     let set = "carried";
     ok(

@@ -245,9 +245,11 @@ impl Cluster {
     /// `cluster_state:ok` and all 16384 slots, every replica is linked to its primary, and the
     /// module's catalog is loaded everywhere.
     ///
-    /// No test moves a slot of this cluster or marks one migrating: its slot layout is the
-    /// one `--cluster create` made for as long as the process runs, and any number of tests
-    /// use it at once.
+    /// No test moves a slot of this cluster, marks one migrating, or does anything else that
+    /// makes a node accept a slot afresh (any `CLUSTER SETSLOT`, `DEBUG RELOAD`, a replica's
+    /// dropped link): its slot layout is the one `--cluster create` made for as long as the
+    /// process runs, every slot stays ready once ready, and any number of tests use it at
+    /// once and may assert that a negative comes from the filter.
     pub fn shared() -> Shared<()> {
         static CLUSTER: OnceLock<Cluster> = OnceLock::new();
         Shared {
@@ -257,8 +259,9 @@ impl Cluster {
     }
 
     /// A second cluster like [`Cluster::shared`] (3 primaries, 3 replicas, the same configs),
-    /// for the tests that move a slot or mark one migrating: one such test at a time, each
-    /// leaving every slot where and as it found it. Kept apart from the shared one, so no test
+    /// for the tests that move a slot, mark one migrating, or make a node accept slots afresh
+    /// (which makes them wait out a new grace): one such test at a time, each leaving every
+    /// slot where and as it found it. Kept apart from the shared one, so no test
     /// of that one ever waits for a slot move, nor a slot move for every test using it.
     pub fn shared_exclusive() -> Shared<MutexGuard<'static, ()>> {
         static TURN: Mutex<()> = Mutex::new(());

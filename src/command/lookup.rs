@@ -39,8 +39,7 @@ fn record(set: &mut state::SetState, explain: bool, path: Path, started: Option<
     metrics::global(|m| {
         m.paths.record(path);
         if let Some(t) = started {
-            m.exists_latency
-                .record_sample(t.elapsed().as_micros() as u64);
+            m.exists_latency.record_sample(t.elapsed());
         }
     });
 }
@@ -307,8 +306,7 @@ pub(super) fn decide_item(
         metrics::global(|m| {
             counts(&mut m.paths);
             if let (Some(t), Some(_)) = (started, decided) {
-                m.exists_latency
-                    .record_sample(t.elapsed().as_micros() as u64);
+                m.exists_latency.record_sample(t.elapsed());
             }
         });
     }

@@ -8,4 +8,5 @@ pub mod foreign_writes;
 pub mod keys;
 pub mod lapsed;
 pub mod limits;
+pub mod marks;
 pub mod state;

@@ -14,26 +14,11 @@ use redis_module::RedisString;
 use crate::model::slotset::SlotSet;
 use crate::server::metrics::PathCounters;
 use crate::sets::lapsed::Lapsed;
+use crate::sets::marks::Marks;
 use crate::{config, sets::keys};
 
 pub use crate::model::set_def::{SetChange, SetDef, Source, SourceSync};
 
-/// Hasher for keys that are already uniform hashes (the 128-bit canonical hash).
-#[derive(Default)]
-pub struct IdHasher(u64);
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ *b as u64;
-        }
-    }
-    fn write_u128(&mut self, v: u128) {
-        self.0 = v as u64 ^ (v >> 64) as u64;
-    }
-}
 /// FNV-1a for set names: a handful of short keys looked up on every call, where SipHash's
 /// setup cost shows in profiles and flooding is not a concern (names are validated).
 pub struct NameHasher(u64);
@@ -51,16 +36,6 @@ impl Hasher for NameHasher {
             self.0 = (self.0 ^ *b as u64).wrapping_mul(0x0100_0000_01b3);
         }
     }
-}
-
-type IdMap<V> = HashMap<u128, V, BuildHasherDefault<IdHasher>>;
-
-/// A recent-writes mark: held while ADDs of the item are in flight, and for the set's
-/// RECENT-TTL after the last one finished.
-#[derive(Clone, Copy, Debug)]
-struct Mark {
-    pending: u32,
-    until: Instant,
 }
 
 /// A running or finished filter build.
@@ -122,7 +97,7 @@ pub struct SetState {
     pub catalog_id: Option<i64>,
     /// The catalog version of the last MEMBER.ALTER applied here (0: none).
     pub altered_version: i64,
-    marks: IdMap<Mark>,
+    marks: Marks,
     /// Bumped by every ADD/DEL effect; a lookup that started under an older generation does
     /// not fill the cache (it may have read a row that a concurrent DEL just removed).
     pub generation: u64,
@@ -185,7 +160,7 @@ impl SetState {
             catalog_id: None,
             altered_version: 0,
             def,
-            marks: IdMap::default(),
+            marks: Marks::default(),
             generation: 0,
             rebuild: Rebuild::Idle,
             last_rebuild: None,
@@ -229,30 +204,20 @@ impl SetState {
     /// An ADD of `hash` is starting: from now until its effects are applied (and RECENT-TTL
     /// after), a filter negative for it is not trusted.
     pub fn mark_begin(&mut self, hash: u128) {
-        let until = Instant::now() + Duration::from_secs(self.def.recent_ttl);
-        let m = self.marks.entry(hash).or_insert(Mark { pending: 0, until });
-        m.pending += 1;
-        m.until = m.until.max(until);
+        self.marks
+            .begin(hash, Duration::from_secs(self.def.recent_ttl));
     }
 
     /// An ADD of `hash` finished (its filter bit, if any, is set).
     pub fn mark_end(&mut self, hash: u128) {
-        let until = Instant::now() + Duration::from_secs(self.def.recent_ttl);
-        if let Some(m) = self.marks.get_mut(&hash) {
-            m.pending = m.pending.saturating_sub(1);
-            m.until = m.until.max(until);
-        }
+        self.marks
+            .end(hash, Duration::from_secs(self.def.recent_ttl));
     }
 
     /// True when a write of `hash` is in flight or finished within RECENT-TTL.
     #[inline]
     pub fn is_recent(&self, hash: u128) -> bool {
-        if self.marks.is_empty() {
-            return false;
-        }
-        self.marks
-            .get(&hash)
-            .is_some_and(|m| m.pending > 0 || Instant::now() < m.until)
+        self.marks.holds(hash)
     }
 
     pub fn recent_marks(&self) -> usize {
@@ -260,7 +225,7 @@ impl SetState {
     }
 
     pub(crate) fn purge_marks(&mut self, now: Instant) {
-        self.marks.retain(|_, m| m.pending > 0 || now < m.until);
+        self.marks.purge(now);
     }
 
     /// Records an item whose effects were just applied, so a running rebuild (or a replicated

@@ -108,8 +108,19 @@ impl Marks {
                 self.marks.remove(&hash);
             }
         }
+        // After a burst, the memory goes back once every mark has gone (neither shrinks by
+        // itself; shrinking a map that still holds marks would rehash them on the main thread).
+        if self.marks.is_empty() && self.marks.capacity() > SHRINK_ABOVE {
+            self.marks = IdMap::default();
+        }
+        if self.expiry.is_empty() && self.expiry.capacity() > SHRINK_ABOVE {
+            self.expiry = VecDeque::new();
+        }
     }
 }
+
+/// Capacity (marks) over which an emptied map or queue gives its memory back.
+const SHRINK_ABOVE: usize = 4096;
 
 #[cfg(test)]
 mod tests {
@@ -185,5 +196,8 @@ mod tests {
         m.purge(Instant::now() + TTL + Duration::from_millis(1));
         assert!(m.is_empty());
         assert!(m.expiry.is_empty());
+        // And the burst's memory went back.
+        assert!(m.marks.capacity() <= SHRINK_ABOVE);
+        assert!(m.expiry.capacity() <= SHRINK_ABOVE);
     }
 }

@@ -378,7 +378,7 @@ fn filters_come_back_with_the_dataset() {
     let owner = cl.owner(cl.keyslot("kept"));
     let mut c = owner.conn();
     // This set's last rebuild (the node-wide count also moves with other tests' sets on the
-    // shared cluster): its duration, to the millisecond, changes with any rebuild after it.
+    // same cluster): its duration, to the millisecond, changes with any rebuild after it.
     let last_rebuild = |c: &mut redis::Connection| {
         ["last_rebuild", "last_rebuild_s", "rebuild_state"].map(|f| set_info(c, set, f))
     };

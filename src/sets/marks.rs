@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 /// Hasher for keys that are already uniform hashes (the 128-bit canonical hash).
 #[derive(Default)]
-pub struct IdHasher(u64);
+struct IdHasher(u64);
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
         self.0

@@ -156,9 +156,10 @@ fn applied(ctx: &Context, full: bool, changes: u64, res: ReadResult) {
         Ok(None) => state::with(|r| r.catalog.last_error = None),
         Ok(Some((version, rows))) => {
             // Sets added, changed or removed here while the read ran: the read may predate
-            // them, so it is not applied to them, and it is read again at once. Every other
-            // name takes the read (a node whose sets change all the time still forgets a set
-            // dropped elsewhere). When more changed than is remembered, nothing is applied.
+            // them, so it is not applied to them, and it is read again at once (the version
+            // applied does not move on: `Catalog::read_applied`). Every other name takes the
+            // read (a node whose sets change all the time still forgets a set dropped
+            // elsewhere). When more changed than is remembered, nothing is applied.
             let Some(touched) = state::with(|r| state::touched_since(&r.catalog, changes)) else {
                 state::with(|r| {
                     if full {
@@ -187,19 +188,7 @@ fn applied(ctx: &Context, full: bool, changes: u64, res: ReadResult) {
             for row in rows.into_iter().filter(|r| !touched.contains(&r.def.name)) {
                 added += learn(ctx, row.def, Some(row.id)) as usize;
             }
-            state::with(|r| {
-                let c = &mut r.catalog;
-                c.loaded = true;
-                c.version = Some(version);
-                c.last_error = None;
-                if raced && full {
-                    c.reread = true;
-                } else if raced {
-                    c.next_check = None;
-                } else if full {
-                    c.hold = false;
-                }
-            });
+            state::with(|r| r.catalog.read_applied(version, full, raced));
             // Names remembered as unknown may exist now.
             ASKS.with(|a| a.borrow_mut().unknown.clear());
             if first {
@@ -401,7 +390,8 @@ struct Ask {
     /// `Catalog::changes` and `Catalog::removals` when the query was sent.
     changes: u64,
     removals: u64,
-    res: Option<Result<Option<CatalogRow>, DbErr>>,
+    /// The row, if any, and the catalog version it was read at.
+    res: Option<Result<(i64, Option<CatalogRow>), DbErr>>,
 }
 
 impl Drop for Ask {
@@ -423,22 +413,25 @@ fn answered(
     name: String,
     changes: u64,
     removals: u64,
-    res: Result<Option<CatalogRow>, DbErr>,
+    res: Result<(i64, Option<CatalogRow>), DbErr>,
 ) {
     let known = |name: &str| state::with(|r| r.sets.contains_key(name));
     let refusal = match res {
-        Ok(Some(row)) => {
-            if state::with(|r| r.catalog.removals == removals) {
+        Ok((version, Some(row))) => {
+            // The answer may be older than a DROP this node has seen meanwhile: one of its
+            // own sets dropped (`removals`), or a catalog read newer than the answer applied
+            // (which found nothing to forget when this node did not hold the set yet). Then
+            // it is not learned: a set that is not held is asked about again (the commands
+            // keep waiting), so a dropped set is never brought back.
+            if state::with(|r| r.catalog.answer_is_current(version, removals)) {
                 learn(ctx, row.def, Some(row.id));
             } else if !known(&name) {
-                // A set was dropped here while the query ran: its answer may be older than
-                // the drop. Ask again; the commands keep waiting.
                 query(name);
                 return;
             }
             None
         }
-        Ok(None) => {
+        Ok((_, None)) => {
             // Known here but not in the catalog, and not registered since the query was
             // sent: it was dropped elsewhere (a promoted node asks about sets it knows).
             if known(&name) && state::with(|r| r.catalog.changes == changes) {

@@ -284,6 +284,35 @@ pub struct Catalog {
     pub hold: bool,
 }
 
+impl Catalog {
+    /// A read of catalog `version` (`full`: every definition, else a periodic check that found
+    /// the version changed) was applied to every name not changed here while it ran; `raced`
+    /// when some were. Those are read again at once, so the version applied does not move on
+    /// then: a check against the new one would find nothing changed, and a set dropped
+    /// elsewhere but touched here during the read would be held until the catalog next
+    /// changed.
+    pub fn read_applied(&mut self, version: i64, full: bool, raced: bool) {
+        self.loaded = true;
+        self.last_error = None;
+        if raced && full {
+            self.reread = true;
+        } else if raced {
+            self.next_check = None;
+        } else {
+            self.version = Some(version);
+            self.hold &= !full;
+        }
+    }
+
+    /// Whether one set's definition, read from the catalog at `version` by a query sent when
+    /// `removals` sets had been removed here, may be learned: a set removed here since, or a
+    /// newer catalog read applied since (it may have found nothing of a set dropped meanwhile
+    /// to forget, this node not holding it yet), makes the answer possibly older than a DROP.
+    pub fn answer_is_current(&self, version: i64, removals: u64) -> bool {
+        self.removals == removals && self.version.is_none_or(|v| v <= version)
+    }
+}
+
 #[derive(Default)]
 pub struct Registry {
     pub sets: HashMap<String, SetState, BuildHasherDefault<NameHasher>>,
@@ -532,5 +561,41 @@ mod tests {
         }
         assert_eq!(touched_since(&c, sent), None);
         assert_eq!(touched_since(&c, c.changes - 1).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_read_that_raced_is_read_again_against_the_version_before_it() {
+        let mut c = Catalog::default();
+        c.read_applied(5, true, false);
+        assert_eq!((c.loaded, c.version, c.reread), (true, Some(5), false));
+        c.next_check = Some(Instant::now());
+        // A periodic check found version 7, but a name changed here meanwhile: the check
+        // that follows at once must still see 7 as new, or that name is never read again.
+        c.read_applied(7, false, true);
+        assert_eq!((c.version, c.next_check, c.reread), (Some(5), None, false));
+        c.read_applied(7, false, false);
+        assert_eq!(c.version, Some(7));
+        // A full read that raced is made again in full; one that did not lifts the hold.
+        c.hold = true;
+        c.read_applied(9, true, true);
+        assert_eq!((c.version, c.reread, c.hold), (Some(7), true, true));
+        c.reread = false;
+        c.read_applied(9, true, false);
+        assert_eq!((c.version, c.hold), (Some(9), false));
+    }
+
+    #[test]
+    fn a_set_answer_older_than_what_this_node_has_applied_is_not_learned() {
+        let mut c = Catalog::default();
+        assert!(c.answer_is_current(3, 0), "nothing applied yet");
+        c.version = Some(4);
+        assert!(c.answer_is_current(4, 0));
+        assert!(c.answer_is_current(6, 0));
+        // Read at version 3, before a DROP that the applied version 4 may hold.
+        assert!(!c.answer_is_current(3, 0));
+        // A set was removed here since the query was sent.
+        c.removals = 1;
+        assert!(!c.answer_is_current(6, 0));
+        assert!(c.answer_is_current(6, 1));
     }
 }

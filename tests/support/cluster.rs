@@ -525,8 +525,9 @@ impl Cluster {
             let mut c = n.conn();
             assert!(
                 wait_until(Duration::from_secs(20), || set_known(&mut c, set)),
-                "{} never learned set {set}",
-                n.addr()
+                "{} never learned set {set}\n{}",
+                n.addr(),
+                catalog_state(n, set)
             );
         }
     }
@@ -544,8 +545,9 @@ impl Cluster {
             let mut c = n.conn();
             assert!(
                 wait_until(Duration::from_secs(20), || !set_known(&mut c, set)),
-                "{} still knows set {set}",
-                n.addr()
+                "{} still knows set {set}\n{}",
+                n.addr(),
+                catalog_state(n, set)
             );
         }
     }
@@ -564,6 +566,26 @@ impl Drop for Cluster {
         let mut all = NODES.lock().unwrap_or_else(|e| e.into_inner());
         all.retain(|(_, dir)| !self.nodes.iter().any(|n| n.vk.dir() == dir));
     }
+}
+
+/// What a node says of its catalog and of `set`, and its log's last lines: for the message of
+/// a failed wait on the catalog.
+fn catalog_state(n: &Node, set: &str) -> String {
+    let mut c = n.conn();
+    let info: String = redis::cmd("INFO")
+        .arg("member")
+        .query(&mut c)
+        .unwrap_or_else(|e| e.to_string());
+    let catalog: Vec<&str> = info.lines().filter(|l| l.contains("catalog")).collect();
+    let fields = redis::cmd("MEMBER.NODEINFO")
+        .arg(set)
+        .query::<Value>(&mut c);
+    let log = n.vk.log();
+    let lines: Vec<&str> = log.lines().collect();
+    format!(
+        "{catalog:?}\nNODEINFO {set}: {fields:?}\nlog:\n{}",
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    )
 }
 
 fn set_known(c: &mut Connection, set: &str) -> bool {

@@ -192,17 +192,28 @@ pub fn poll_catalog(db: &mut Db, known: i64) -> Result<Option<(i64, Vec<CatalogR
     Ok(Some((version, defs)))
 }
 
-/// One set's definition, or `None` when the catalog has no such set.
-pub fn find_set(db: &mut Db, name: &str) -> Result<Option<CatalogRow>, DbErr> {
+/// One set's definition (`None` when the catalog has no such set), with the catalog version
+/// it was read at: both come from one statement, so from one snapshot, and a caller can tell
+/// an answer older than a catalog read it has already applied.
+pub fn find_set(db: &mut Db, name: &str) -> Result<(i64, Option<CatalogRow>), DbErr> {
     let sql = format!(
-        "SELECT {} FROM member_catalog a WHERE name = $1",
+        "SELECT v.version, {}
+           FROM member_catalog_version v
+           LEFT JOIN member_catalog a ON a.name = $1",
         catalog_columns("a")
     );
     let row = db.run(|c, st| {
         let q = prepared(c, st, &sql)?;
         c.query_opt(&q, &[&name])
     })?;
-    Ok(row.as_ref().and_then(|r| row_at(r, 0)))
+    let Some(row) = row else {
+        return Err(DbErr::Failed("member_catalog_version has no row".into()));
+    };
+    let def = match row.get::<_, Option<&str>>(1) {
+        Some(_) => row_at(&row, 1),
+        None => None,
+    };
+    Ok((row.get(0), def))
 }
 
 /// Creates (or confirms) a set: catalog row and table. `explicit` says which settings the

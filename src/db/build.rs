@@ -1,19 +1,19 @@
-//! The COPY stream filters are built from: a whole set (standalone), the slots a cluster node
-//! owns (a rebuild), or a few slots that just arrived (a slot fill). One repeatable-read
-//! snapshot each, rows hashed through the same canonicalization as the write path.
+//! Filters built from a set's rows: a whole set (standalone), the slots a cluster node owns (a
+//! rebuild), or a few slots that just arrived (a slot fill). The rows come from one snapshot
+//! (`snapshot_rows.rs`) of the primary, or of a standby caught up on the primary
+//! (`standby.rs`).
 
-use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use postgres::{Client, Transaction};
+use postgres::Client;
 
-use super::sql::{log_triggers_ddl, table, ACTIVE, XMIN};
+use super::snapshot_rows::{build_share, copy_rows, snapshot, spill_dir, spill_error, tx_error};
+use super::sql::log_triggers_ddl;
 use super::{source, DbErr};
 use crate::config::pg_link::Link;
 use crate::filter::fuse::Budget;
 use crate::filter::rows::Rows;
 use crate::filter::Bloom;
-use crate::model::canon::{self, Normalize};
 use crate::model::set_def::{SetDef, SourceSync};
 use crate::model::slot::SLOTS;
 use crate::model::slotset::SlotSet;
@@ -35,10 +35,6 @@ pub struct Built {
     /// The new filter, counted as the set's transient memory until it is swapped in (so that
     /// what is admitted after it, its payload, sees the headroom it left).
     pub held: crate::server::transient::Held,
-}
-
-fn tx_error(e: postgres::Error) -> DbErr {
-    super::classify(&e)
 }
 
 /// Members a filter of `slots` of a set is sized for: its share of CAPACITY, or the rows
@@ -159,34 +155,6 @@ fn add_late(rows: &mut Rows, late: Vec<u128>) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Where a build's rows spill past their share of `member.build-memory`: the server's
-/// working directory (its `dir`, where the RDB goes), as an unnamed file.
-fn spill_dir() -> &'static std::path::Path {
-    std::path::Path::new(".")
-}
-
-fn spill_error(e: std::io::Error) -> DbErr {
-    DbErr::Failed(format!(
-        "cannot write the build's rows past its share of member.build-memory to a file in \
-         the server's working directory: {e}; the previous filter keeps serving"
-    ))
-}
-
-/// An empty `Rows` for one build: a quarter of its memory share (`build_share`).
-fn new_rows() -> Rows {
-    Rows::new(build_share() / 4)
-}
-
-/// What one build may hold besides the filter it makes: `member.build-memory`, or half of
-/// what `maxmemory` leaves when that is less, so that under a tight limit a build takes
-/// smaller steps (it spills sooner and builds smaller parts) instead of pushing the server
-/// into evicting keys. Never below 1 MiB: the steps do not shrink to nothing.
-pub fn build_share() -> u64 {
-    crate::config::build_memory()
-        .min(crate::server::transient::memory_budget() / 2)
-        .max(1 << 20)
-}
-
 /// Rows written from now on must reach the change log, or a filter built now could never be
 /// caught up: installs the triggers (if missing), before any snapshot a build reads is taken.
 /// On the primary.
@@ -228,210 +196,13 @@ pub fn read_hashes(
     Ok((rows, watermark))
 }
 
-/// Opens the read-only repeatable-read transaction a build reads, and its watermark: the
-/// snapshot's xmin, or for an UPDATED-COLUMN set the time of this transaction (its polls
-/// reread from there, less the lookback: docs/attach.md).
-pub(super) fn snapshot<'a>(
-    c: &'a mut Client,
-    def: &SetDef,
-) -> Result<(Transaction<'a>, i64), DbErr> {
-    let mut tx = c
-        .build_transaction()
-        .isolation_level(postgres::IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .map_err(tx_error)?;
-    // The first statement takes the snapshot the COPY reads; its xmin is the watermark: every
-    // transaction below it had ended (its rows are in the COPY), every later commit is at or
-    // above it (and reaches the filter through the change log).
-    let mark = match def.source.as_ref().map(|s| &s.sync) {
-        Some(SourceSync::Updated(_)) => source::NOW_WATERMARK,
-        _ => XMIN,
-    };
-    let watermark: i64 = tx.query_one(mark, &[]).map_err(tx_error)?.get(0);
-    Ok((tx, watermark))
-}
-
-/// Streams the set's active rows of `slots` in the open snapshot `tx`, hashed: from the
-/// module's own table, or from an attached set's source.
-pub(super) fn copy_rows(
-    tx: &mut Transaction,
-    link: &Link,
-    def: &SetDef,
-    slots: Option<&SlotSet>,
-    progress: &AtomicU64,
-    estimate: Option<&AtomicU64>,
-) -> Result<Rows, DbErr> {
-    let t = match &def.source {
-        Some(src) => source::qualified(src),
-        None => table(&def.name),
-    };
-    if let Some(estimate) = estimate {
-        let est: f32 = tx
-            .query_one(
-                "SELECT coalesce((SELECT reltuples FROM pg_class WHERE oid = to_regclass($1)), 0)",
-                &[&t],
-            )
-            .map_err(tx_error)?
-            .get(0);
-        let share = slots.map_or(1.0, |s| s.len() as f32 / SLOTS as f32);
-        let est = (est.max(0.0) * share) as u64;
-        estimate.store(est, Ordering::Relaxed);
-    }
-    // A set table has its slot column; an application's table does not, so an attached set's
-    // rows are all read and those of other slots dropped here (docs/attach.md, "In a
-    // cluster").
-    let (sql, keep) = match &def.source {
-        Some(src) => (source::copy_sql(src, def.normalize), slots),
-        None => {
-            let filter = slots.map(slot_condition).unwrap_or_default();
-            let sql =
-                format!("COPY (SELECT entity_id, scope FROM {t} WHERE {ACTIVE}{filter}) TO STDOUT");
-            (sql, None)
-        }
-    };
-    let rows = stream(tx, link, &sql, def, keep, progress)?;
-    progress.store(rows.len(), Ordering::Relaxed);
-    Ok(rows)
-}
-
-/// ` AND (slot BETWEEN a AND b OR …)` for the runs of consecutive slots in `slots` (COPY takes
-/// no parameters; the numbers are ours). No slot at all matches nothing.
-fn slot_condition(slots: &SlotSet) -> String {
-    let mut runs: Vec<(u16, u16)> = Vec::new();
-    for s in slots.iter() {
-        match runs.last_mut() {
-            Some((_, b)) if *b + 1 == s => *b = s,
-            _ => runs.push((s, s)),
-        }
-    }
-    if runs.is_empty() {
-        return " AND false".into();
-    }
-    let parts: Vec<String> = runs
-        .iter()
-        .map(|(a, b)| {
-            if a == b {
-                format!("slot = {a}")
-            } else {
-                format!("slot BETWEEN {a} AND {b}")
-            }
-        })
-        .collect();
-    format!(" AND ({})", parts.join(" OR "))
-}
-
-/// The COPY's rows, hashed; with `keep`, only those whose canonical slot is in it.
-fn stream(
-    tx: &mut Transaction,
-    link: &Link,
-    sql: &str,
-    def: &SetDef,
-    keep: Option<&SlotSet>,
-    progress: &AtomicU64,
-) -> Result<Rows, DbErr> {
-    let norm = def.normalize;
-    let mut rows = new_rows();
-    // The rows held in memory are the set's transient memory while the COPY runs.
-    let mut held = crate::server::transient::hold_for(&def.name, 0);
-    let mut failed = None;
-    let mut n = 0u64;
-    super::copy_stream::each_row(tx, link, super::build_lock_timeout_ms(), sql, |line| {
-        let Some(h) = hash_copy_row(norm, line, keep) else {
-            return;
-        };
-        if failed.is_none() {
-            failed = rows.push(h, spill_dir()).err();
-        }
-        n += 1;
-        if n.is_multiple_of(4096) {
-            progress.store(n, Ordering::Relaxed);
-            held.resize(rows.held_bytes());
-        }
-    })?;
-    match failed {
-        Some(e) => Err(spill_error(e)),
-        None => Ok(rows),
-    }
-}
-
-/// Canonical hash of one COPY text-format row `entity \t scope`; None for rows the write
-/// path would have refused (they can only come from outside writes), and with `keep`, for
-/// rows whose canonical slot is not in it.
-fn hash_copy_row(norm: Normalize, line: &[u8], keep: Option<&SlotSet>) -> Option<u128> {
-    let tab = line.iter().position(|&b| b == b'\t')?;
-    let entity = unescape(&line[..tab]);
-    let scope = unescape(&line[tab + 1..]);
-    let c = canon::canonicalize(norm, &entity, &scope).ok()?;
-    if let Some(slots) = keep {
-        if !slots.contains(crate::model::slot::keyslot(c.entity.as_bytes())) {
-            return None;
-        }
-    }
-    Some(c.hash)
-}
-
-/// Undoes COPY text-format escaping (`\\`, `\t`, `\n`, octal and hex escapes...).
-fn unescape(field: &[u8]) -> Cow<'_, [u8]> {
-    if !field.contains(&b'\\') {
-        return Cow::Borrowed(field);
-    }
-    let mut out = Vec::with_capacity(field.len());
-    let mut i = 0;
-    while i < field.len() {
-        let b = field[i];
-        if b != b'\\' || i + 1 == field.len() {
-            out.push(b);
-            i += 1;
-            continue;
-        }
-        let e = field[i + 1];
-        i += 2;
-        match e {
-            b'b' => out.push(8),
-            b'f' => out.push(12),
-            b'n' => out.push(b'\n'),
-            b'r' => out.push(b'\r'),
-            b't' => out.push(b'\t'),
-            b'v' => out.push(11),
-            b'0'..=b'7' => {
-                let mut v = (e - b'0') as u32;
-                let mut n = 1;
-                while n < 3 && i < field.len() && (b'0'..=b'7').contains(&field[i]) {
-                    v = v * 8 + (field[i] - b'0') as u32;
-                    i += 1;
-                    n += 1;
-                }
-                out.push(v as u8);
-            }
-            b'x' => {
-                let mut v = 0u32;
-                let mut n = 0;
-                while n < 2 && i < field.len() && field[i].is_ascii_hexdigit() {
-                    v = v * 16 + (field[i] as char).to_digit(16).unwrap();
-                    i += 1;
-                    n += 1;
-                }
-                out.push(v as u8);
-            }
-            other => out.push(other),
-        }
-    }
-    Cow::Owned(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn slot_conditions_are_runs() {
+    fn filters_are_sized_for_their_share_of_capacity_or_their_rows() {
         let s: SlotSet = [1u16, 2, 3, 7, 9, 10].into_iter().collect();
-        assert_eq!(
-            slot_condition(&s),
-            " AND (slot BETWEEN 1 AND 3 OR slot = 7 OR slot BETWEEN 9 AND 10)"
-        );
-        assert_eq!(slot_condition(&SlotSet::default()), " AND false");
         assert_eq!(sized_for(16384, Some(&s), 0, false), 6);
         assert_eq!(sized_for(16384, Some(&s), 100, false), 100);
         assert_eq!(sized_for(1000, None, 10, false), 1000);
@@ -440,56 +211,6 @@ mod tests {
         assert_eq!(sized_for(1000, None, 3000, true), 6000);
         assert_eq!(sized_for(1000, None, 300, true), 1000);
         assert_eq!(sized_for(16384, Some(&s), 100, true), 200);
-    }
-
-    #[test]
-    fn unescape_copy_text() {
-        assert_eq!(&*unescape(b"plain"), b"plain");
-        assert_eq!(&*unescape(b"a\\tb\\nc\\\\d"), b"a\tb\nc\\d");
-        assert_eq!(&*unescape(b"\\101\\x42"), b"AB");
-    }
-
-    #[test]
-    fn copy_rows_hash_like_the_write_path() {
-        let row = b"alice\t";
-        let want = canon::canonicalize(Normalize::Username, b"alice", b"")
-            .unwrap()
-            .hash;
-        assert_eq!(hash_copy_row(Normalize::Username, row, None), Some(want));
-        // Rows written from outside are normalized the same way.
-        assert_eq!(
-            hash_copy_row(Normalize::Username, b"  ALICE\t", None),
-            Some(want)
-        );
-        let scoped = canon::canonicalize(Normalize::None, b"a\tb", b"m1")
-            .unwrap()
-            .hash;
-        assert_eq!(
-            hash_copy_row(Normalize::None, b"a\\tb\tm1", None),
-            Some(scoped)
-        );
-        assert_eq!(hash_copy_row(Normalize::None, b"no-tab", None), None);
-    }
-
-    #[test]
-    fn an_attached_sets_rows_of_other_slots_are_dropped() {
-        // Lower-case first: the slot is the canonical form's, not the row's spelling.
-        let slot = crate::model::slot::keyslot(b"alice");
-        let mut mine = SlotSet::default();
-        mine.insert(slot);
-        let want = canon::canonicalize(Normalize::Lower, b"alice", b"")
-            .unwrap()
-            .hash;
-        assert_eq!(
-            hash_copy_row(Normalize::Lower, b"ALICE\t", Some(&mine)),
-            Some(want)
-        );
-        let mut other = SlotSet::default();
-        other.insert(slot ^ 1);
-        assert_eq!(
-            hash_copy_row(Normalize::Lower, b"ALICE\t", Some(&other)),
-            None
-        );
     }
 
     #[test]

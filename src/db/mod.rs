@@ -10,6 +10,7 @@ pub mod link;
 #[cfg(test)]
 mod names_tests;
 pub mod pool;
+pub mod snapshot_rows;
 pub mod source;
 pub mod source_check;
 pub mod source_triggers;

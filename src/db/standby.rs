@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use postgres::Client;
 
-use super::build::{copy_rows, snapshot};
+use super::snapshot_rows::{copy_rows, snapshot};
 use super::sql::{blind_reason, table, LOG_TRIGGERS};
 use super::{classify, link, DbErr};
 use crate::config::pg_link::Link;

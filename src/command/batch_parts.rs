@@ -11,7 +11,7 @@ use super::outlet::Outlet;
 use super::write::{begin, Op, WriteDone};
 use super::PointDone;
 use crate::db::sql::Found;
-use crate::db::{pool, sql, DbErr};
+use crate::db::{members, pool, DbErr};
 use crate::model::canon::Canon;
 use crate::server::block::Completion;
 use crate::{filter::store, model::error, sets::state};
@@ -105,7 +105,7 @@ pub(super) fn send_lookups(out: Outlet, done: ManyLookups) {
             })
             .collect();
         pool::count_batch(rows.len());
-        let res = sql::lookup_many(db, &set, &rows);
+        let res = members::lookup_many(db, &set, &rows);
         done.result = res;
         out.finish(Box::new(done));
     });
@@ -128,7 +128,7 @@ pub(super) fn send_writes(out: Outlet, done: ManyWrites) {
             })
             .collect();
         pool::count_batch(rows.len());
-        let res = sql::add_many(db, &done.set, &rows);
+        let res = members::add_many(db, &done.set, &rows);
         for (i, w) in done.writes.iter_mut().enumerate() {
             w.answered(match &res {
                 Ok(made) => Ok(made[i]),

@@ -7,7 +7,7 @@ use super::forward;
 use super::retry::after_catalog;
 use super::{block_on_point, block_timeout, may_block, point_for, ItemArgs, Options, PointDone};
 use crate::db::pool::{self, Job, Point};
-use crate::db::{sql, DbErr};
+use crate::db::{members, DbErr};
 use crate::model::canon::Canon;
 use crate::server::block::Completion;
 use crate::{
@@ -245,7 +245,7 @@ pub(super) fn send(point: Point<bool>, op: Op, expires_at: Option<f64>) {
     pool::submit(match op {
         Op::Add => Job::Add(point, expires_at),
         Op::Del => Job::Run(Box::new(move |db| {
-            let res = sql::del(db, &point.set, &point.entity, &point.scope);
+            let res = members::del(db, &point.set, &point.entity, &point.scope);
             (point.reply)(res);
         })),
     });

@@ -7,6 +7,7 @@ pub mod copy_stream;
 pub mod identity;
 pub mod keyslot;
 pub mod link;
+pub mod members;
 #[cfg(test)]
 mod names_tests;
 pub mod pool;

@@ -14,7 +14,7 @@ use std::time::Duration;
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 
 use super::combine::Combiner;
-use super::{sql, Db, DbErr};
+use super::{members, sql, Db, DbErr};
 use crate::config;
 
 /// A unit of database work. Each owns its blocked client (if any), so dropping it unrun still
@@ -284,7 +284,7 @@ fn run_adds(db: &mut Db, group: Vec<AddJob>) {
             .map(|(p, exp)| (p.entity.as_str(), p.scope.as_str(), *exp))
             .collect();
         count_batch(items.len());
-        let res = sql::add_many(db, &group[0].0.set, &items);
+        let res = members::add_many(db, &group[0].0.set, &items);
         answer(group.into_iter().map(|(p, _)| p).collect(), res);
     });
 }
@@ -307,7 +307,7 @@ fn run_batch(db: &mut Db, batch: Vec<Job>) -> Vec<AddJob> {
                 .map(|p| (p.entity.as_str(), p.scope.as_str()))
                 .collect();
             count_batch(items.len());
-            let res = sql::lookup_many(db, &group[0].set, &items);
+            let res = members::lookup_many(db, &group[0].set, &items);
             answer(group, res);
         });
     }

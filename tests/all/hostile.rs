@@ -579,7 +579,7 @@ fn a_create_whose_client_timed_out_completes_into_a_usable_set_or_frees_everythi
 
 /// PRODUCT, docs/commands.md "Errors": a worker that panics produces an error reply, never a
 /// hung client. Debug builds (the ones tested) panic on an ADD of a failpoint item
-/// (`sql::PANIC_ITEM`): its client gets one error, the single worker goes on serving, nothing is
+/// (`members::PANIC_ITEM`): its client gets one error, the single worker goes on serving, nothing is
 /// written for it, and the server lives.
 #[test]
 fn a_panicking_worker_job_answers_its_client_once_and_the_worker_goes_on() {

@@ -53,13 +53,7 @@ pub(super) const ACTIVE: &str = "status = 1 AND (expires_at IS NULL OR expires_a
 /// `ACTIVE` for a table aliased `m` (prefix the first column with `m.`).
 const ACTIVE_M: &str = "status = 1 AND (m.expires_at IS NULL OR m.expires_at > now())";
 
-/// Debug builds only: an ADD of this item panics on its worker, so that the tests can show a
-/// panicking job still answers its client once and the worker goes on (README "The
-/// correctness contract"). Release builds have no such item.
-#[cfg(debug_assertions)]
-pub const PANIC_ITEM: &str = "libmember-test-failpoint-panic-in-worker";
-
-/// Inserts memberships with one multi-row statement. For each item, true when the call made
+/// Inserts memberships into a set's own table with one multi-row statement. For each item, true when the call made
 /// it a member (a new row, or a deleted or expired one revived); false when it already was an
 /// active member. PostgreSQL's primary key decides between concurrent callers: exactly one
 /// gets true. An item given twice in one batch is inserted once; its later copies get false,
@@ -69,11 +63,6 @@ pub fn add_many(
     set: &str,
     items: &[(&str, &str, Option<f64>)],
 ) -> Result<Vec<bool>, DbErr> {
-    // Debug builds only (the integration tests'): a failpoint that panics the worker.
-    #[cfg(debug_assertions)]
-    if items.iter().any(|(e, _, _)| *e == PANIC_ITEM) {
-        panic!("libmember test failpoint: an ADD of {PANIC_ITEM}");
-    }
     let sql = format!(
         "INSERT INTO {t} AS m (entity_id, scope, status, expires_at)
          SELECT e, s, 1, to_timestamp(x) FROM unnest($1::text[], $2::text[], $3::float8[]) AS u(e, s, x)
@@ -83,9 +72,6 @@ pub fn add_many(
          RETURNING entity_id, scope",
         t = table(set)
     );
-    if let Some(src) = super::source::of(set) {
-        return super::source::confirm_many(db, &src, items);
-    }
     let mut first: HashMap<(&str, &str), usize> = HashMap::with_capacity(items.len());
     let mut rows: Vec<(&str, &str, Option<f64>)> = Vec::with_capacity(items.len());
     for (i, (e, s, x)) in items.iter().enumerate() {
@@ -135,7 +121,7 @@ impl Found {
     }
 }
 
-/// Looks memberships up with one query: for each item, whether it is an active member (and
+/// Looks memberships up in a set's own table with one query: for each item, whether it is an active member (and
 /// its expiry), a row that lapsed, or absent. Repeated items are asked once.
 pub fn lookup_many(db: &mut Db, set: &str, items: &[(&str, &str)]) -> Result<Vec<Found>, DbErr> {
     let sql = format!(
@@ -144,9 +130,6 @@ pub fn lookup_many(db: &mut Db, set: &str, items: &[(&str, &str)]) -> Result<Vec
           WHERE (m.entity_id, m.scope) IN (SELECT * FROM unnest($1::text[], $2::text[]))",
         t = table(set)
     );
-    if let Some(src) = super::source::of(set) {
-        return super::source::lookup_many(db, &src, items);
-    }
     let mut uniq: HashMap<(&str, &str), Found> = HashMap::with_capacity(items.len());
     let (mut es, mut ss) = (Vec::new(), Vec::new());
     for &(e, s) in items {
@@ -173,13 +156,8 @@ pub fn lookup_many(db: &mut Db, set: &str, items: &[(&str, &str)]) -> Result<Vec
     Ok(items.iter().map(|k| uniq[k]).collect())
 }
 
-/// Deletes a membership row. True when an active member was removed.
+/// Deletes a membership row from a set's own table. True when an active member was removed.
 pub fn del(db: &mut Db, set: &str, entity: &str, scope: &str) -> Result<bool, DbErr> {
-    // An attached set never deletes from its source (docs/attach.md): the call only drops the
-    // cached answer, on the main thread, and removed nothing.
-    if super::source::of(set).is_some() {
-        return Ok(false);
-    }
     let sql = format!(
         "DELETE FROM {t} WHERE entity_id = $1 AND scope = $2 RETURNING ({ACTIVE})",
         t = table(set)

@@ -1,0 +1,48 @@
+//! A set's memberships wherever they live: the module's own table (`sql`), or the source table
+//! of an attached set (`source`, docs/attach.md), chosen for each call by the set's name. The
+//! workers' point reads and writes all come through here.
+
+use super::sql::{self, Found};
+use super::{source, Db, DbErr};
+
+/// Debug builds only: an ADD of this item panics on its worker, so that the tests can show a
+/// panicking job still answers its client once and the worker goes on (README "The
+/// correctness contract"). Release builds have no such item.
+#[cfg(debug_assertions)]
+pub const PANIC_ITEM: &str = "libmember-test-failpoint-panic-in-worker";
+
+/// MEMBER.ADD's rows: for each item, true when the call made it a member (`sql::add_many`);
+/// for an attached set, which never writes, true when its source holds the row.
+pub fn add_many(
+    db: &mut Db,
+    set: &str,
+    items: &[(&str, &str, Option<f64>)],
+) -> Result<Vec<bool>, DbErr> {
+    // Debug builds only (the integration tests'): a failpoint that panics the worker.
+    #[cfg(debug_assertions)]
+    if items.iter().any(|(e, _, _)| *e == PANIC_ITEM) {
+        panic!("libmember test failpoint: an ADD of {PANIC_ITEM}");
+    }
+    match source::of(set) {
+        Some(src) => source::confirm_many(db, &src, items),
+        None => sql::add_many(db, set, items),
+    }
+}
+
+/// What the database holds of each item (`Found`); repeated items are asked once.
+pub fn lookup_many(db: &mut Db, set: &str, items: &[(&str, &str)]) -> Result<Vec<Found>, DbErr> {
+    match source::of(set) {
+        Some(src) => source::lookup_many(db, &src, items),
+        None => sql::lookup_many(db, set, items),
+    }
+}
+
+/// Deletes a membership. True when an active member was removed. An attached set never deletes
+/// from its source (docs/attach.md): the call only drops the cached answer, on the main
+/// thread, and removed nothing.
+pub fn del(db: &mut Db, set: &str, entity: &str, scope: &str) -> Result<bool, DbErr> {
+    if source::of(set).is_some() {
+        return Ok(false);
+    }
+    sql::del(db, set, entity, scope)
+}

@@ -11,7 +11,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use redis_module::server_events::LoadingSubevent;
 use redis_module::{raw, Context, NotifyEvent};
 
-use crate::sets::keys;
+use crate::sets::{cache_epoch, keys};
 
 /// Generic keyspace events (`event_handlers` in lib.rs). A value put onto an exact-match key
 /// by another command (COPY, RENAME, MOVE, RESTORE: maybe an entry the module wrote before a
@@ -47,7 +47,7 @@ fn on_flush(_ctx: &Context, _sub: redis_module::server_events::FlushSubevent) {
 fn on_loading(_ctx: &Context, sub: LoadingSubevent) {
     crate::filter::store::keys_changed();
     if sub != LoadingSubevent::Ended && sub != LoadingSubevent::Failed {
-        keys::distrust_cache();
+        cache_epoch::distrust_cache();
         // The filters held in module memory come back with the dataset (its aux field), and
         // every slot is accepted afresh (a replica's full sync may follow a new primary).
         if crate::server::cluster_mode::enabled() {
@@ -124,7 +124,7 @@ unsafe extern "C" fn on_swapdb(
     crate::filter::store::keys_changed();
     let _ = catch_unwind(AssertUnwindSafe(|| {
         if dbs.is_none_or(|(a, b)| a == 0 || b == 0) {
-            keys::distrust_cache();
+            cache_epoch::distrust_cache();
         }
     }));
 }

@@ -9,7 +9,7 @@ use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use redis_module::{raw, Context, ContextFlags, RedisString};
 
-use crate::sets::keys;
+use crate::sets::cache_epoch;
 
 /// Most keys held between two drains: past it (a client writing the module's keys in bulk),
 /// the whole cache is distrusted instead, which costs no memory.
@@ -89,7 +89,7 @@ pub fn written(ctx: &Context, key: &[u8]) {
     match then {
         Then::Post => crate::server::mainq::post(Box::new(drain)),
         Then::Nothing => {}
-        Then::DistrustAll => keys::distrust_cache(),
+        Then::DistrustAll => cache_epoch::distrust_cache(),
     }
 }
 
@@ -100,7 +100,7 @@ fn distrusted_all_instead(ctx: &Context) -> bool {
         .get_flags()
         .intersects(ContextFlags::SLAVE | ContextFlags::LOADING);
     if cannot_write {
-        keys::distrust_cache();
+        cache_epoch::distrust_cache();
     }
     cannot_write
 }

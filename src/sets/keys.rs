@@ -2,14 +2,12 @@
 //! `member:<set>:bloom` and the exact-match entries `member:<set>:hit:<entity>\0<scope>`
 //! (in cluster mode `member:{<tag>}:<set>:hit:<entity>\0<scope>`, in the item's slot).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use redis_module::{Context, RedisString};
 
+use super::cache_epoch::nonce;
 use crate::model::canon::Canon;
-
 use crate::model::slot;
 /// Runs `f` with DB 0 selected (see `mainq::with_db0`).
 pub use crate::server::mainq::with_db0;
@@ -68,46 +66,6 @@ pub fn cache_key_bytes(prefix: &[u8], canon: &Canon, in_cluster: bool) -> Vec<u8
 /// True when the server runs in cluster mode (fixed at start-up, so read once).
 fn cluster_mode(_ctx: &Context) -> bool {
     crate::server::cluster_mode::enabled()
-}
-
-/// The value this process writes into exact-match keys. Entries are trusted only when they
-/// carry the current one: an entry restored from an RDB or AOF file may predate a DEL whose
-/// invalidation was lost with the process (or came from another node, which fills and
-/// invalidates on its own), so after a restart every entry is refilled from the database
-/// before it is believed. A random part fixed per process, then the cache epoch in hex.
-type Nonce = [u8; 48];
-
-/// Bumped by [`distrust_cache`]: entries written before carry an older nonce.
-static CACHE_EPOCH: AtomicU64 = AtomicU64::new(0);
-
-fn nonce() -> Nonce {
-    static BASE: OnceLock<[u8; 32]> = OnceLock::new();
-    let base = BASE.get_or_init(|| {
-        let t = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let seed = format!("{t}:{}:{:p}", std::process::id(), &CACHE_EPOCH);
-        let hex = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(seed.as_bytes()));
-        hex.as_bytes().try_into().expect("32 hex digits")
-    });
-    let mut n = [0u8; 48];
-    n[..32].copy_from_slice(base);
-    let epoch = CACHE_EPOCH.load(Ordering::Relaxed);
-    for (i, d) in n[32..].iter_mut().enumerate() {
-        *d = b"0123456789abcdef"[((epoch >> (60 - 4 * i)) & 0xf) as usize];
-    }
-    n
-}
-
-/// Every exact-match entry written so far is believed no more; they are refilled from the
-/// database as lookups need them. For the events that may bring back, all at once, entries
-/// a DEL removed (SWAPDB, loading a snapshot), and for a write of another command onto an
-/// exact-match key where the module cannot delete it (a replica, loading) or past
-/// `foreign_writes`' bound: the bytes are the same as when the module wrote them, so only
-/// the event can tell.
-pub fn distrust_cache() {
-    CACHE_EPOCH.fetch_add(1, Ordering::Relaxed);
 }
 
 /// True when `key` names an exact-match entry, standalone (`member:<set>:hit:…`) or cluster
@@ -182,16 +140,6 @@ pub fn cache_invalidate(ctx: &Context, key: &RedisString) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn distrusting_changes_the_nonce_and_only_its_epoch_part() {
-        let a = nonce();
-        assert_eq!(a, nonce());
-        distrust_cache();
-        let b = nonce();
-        assert_ne!(a, b);
-        assert_eq!(a[..32], b[..32]);
-    }
 
     #[test]
     fn cache_keys_are_recognized() {

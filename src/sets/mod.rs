@@ -2,6 +2,7 @@
 //! the keys the module owns and who else wrote them, and who may touch which set (`acl`).
 
 pub mod acl;
+pub mod cache_epoch;
 pub mod catalog;
 pub mod effects;
 pub mod foreign_writes;

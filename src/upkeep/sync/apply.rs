@@ -265,33 +265,6 @@ pub(super) fn read_covers(
     covers.is_some_and(within) && extra.is_none_or(within)
 }
 
-/// Cluster mode: the rows of a pass that belong to slots the set's filter covers, or will
-/// (a slot fill or a rebuild in flight). Rows of other slots are another node's to apply:
-/// leaving them out is what keeps each node's filter the size of its own slots.
-pub(super) fn covered_rows(
-    ctx: &Context,
-    set: &str,
-    hashes: Vec<u128>,
-    slots: &[u16],
-) -> Vec<u128> {
-    let Some((key, extra)) = state::with(|r| {
-        r.sets
-            .get(set)
-            .map(|s| (s.filter_key.clone(), s.cover_extra.clone()))
-    }) else {
-        return hashes;
-    };
-    store::with(ctx, &key, |f| {
-        hashes
-            .iter()
-            .zip(slots)
-            .filter(|(_, s)| f.covers(**s) || extra.as_ref().is_some_and(|e| e.contains(**s)))
-            .map(|(h, _)| *h)
-            .collect()
-    })
-    .unwrap_or(hashes)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -108,7 +108,7 @@ pub(super) fn apply(ctx: &Context, page: Page) {
             continue;
         };
         let hashes = match slots {
-            Some(slots) => super::apply::covered_rows(ctx, &set, hashes, &slots),
+            Some(slots) => covered_rows(ctx, &set, hashes, &slots),
             None => hashes,
         };
         let id = store::with_mut(ctx, &key, |f| {
@@ -136,6 +136,28 @@ pub(super) fn apply(ctx: &Context, page: Page) {
             }
         });
     }
+}
+
+/// Cluster mode: the rows of a pass that belong to slots the set's filter covers, or will
+/// (a slot fill or a rebuild in flight). Rows of other slots are another node's to apply:
+/// leaving them out is what keeps each node's filter the size of its own slots.
+fn covered_rows(ctx: &Context, set: &str, hashes: Vec<u128>, slots: &[u16]) -> Vec<u128> {
+    let Some((key, extra)) = state::with(|r| {
+        r.sets
+            .get(set)
+            .map(|s| (s.filter_key.clone(), s.cover_extra.clone()))
+    }) else {
+        return hashes;
+    };
+    store::with(ctx, &key, |f| {
+        hashes
+            .iter()
+            .zip(slots)
+            .filter(|(_, s)| f.covers(**s) || extra.as_ref().is_some_and(|e| e.contains(**s)))
+            .map(|(h, _)| *h)
+            .collect()
+    })
+    .unwrap_or(hashes)
 }
 
 /// Sent when a page has been applied on the main thread, or dropped unapplied.

@@ -160,7 +160,7 @@ fn applied(ctx: &Context, full: bool, changes: u64, res: ReadResult) {
             // applied does not move on: `Catalog::read_applied`). Every other name takes the
             // read (a node whose sets change all the time still forgets a set dropped
             // elsewhere). When more changed than is remembered, nothing is applied.
-            let Some(touched) = state::with(|r| state::touched_since(&r.catalog, changes)) else {
+            let Some(touched) = state::with(|r| r.catalog.touched_since(changes)) else {
                 state::with(|r| {
                     if full {
                         r.catalog.reread = true;

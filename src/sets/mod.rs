@@ -4,6 +4,7 @@
 pub mod acl;
 pub mod cache_epoch;
 pub mod catalog;
+pub mod catalog_copy;
 pub mod effects;
 pub mod foreign_writes;
 pub mod keys;

@@ -4,7 +4,7 @@
 
 use redis_module::{Context, InfoContext, RedisString, Status};
 
-use crate::command::info;
+use crate::command::info_section;
 use crate::{
     cluster, command, config, config::token_key, db, hooks::config_filter, hooks::config_load,
     hooks::events, server::mainq, server::reply, sets::catalog, sets::state, upkeep::housekeeping,
@@ -80,7 +80,7 @@ pub fn init(ctx: &Context, args: &[RedisString]) -> Status {
 
 /// The module's INFO section (`# member`).
 pub fn info_member(ctx: &InfoContext, for_crash_report: bool) {
-    info::info_section(ctx, for_crash_report);
+    info_section::info_section(ctx, for_crash_report);
 }
 
 /// A promotion makes every filter untrusted for "absent" until it has caught up again, and

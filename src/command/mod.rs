@@ -14,6 +14,7 @@ pub mod exists;
 pub mod forward;
 pub mod forwarded;
 pub mod info;
+pub mod info_section;
 pub mod info_wide;
 pub mod internal;
 pub mod lookup;

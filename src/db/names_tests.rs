@@ -14,7 +14,7 @@ use crate::sets::keys::{cache_key_bytes, cache_prefix, filter_key_name, is_cache
 /// PostgreSQL truncates longer names (NAMEDATALEN - 1), which could make two names one.
 const MAX_NAME: usize = 63;
 
-/// The module's own relations in its schema (sql/catalog.rs, sql/changes.rs).
+/// The module's own relations in its schema (sql/catalog.rs, sql/change_log.rs).
 const MODULE_RELATIONS: &[&str] = &[
     "member_catalog",
     "member_catalog_pkey",
@@ -27,7 +27,7 @@ const MODULE_RELATIONS: &[&str] = &[
     "member_changes_floor_pkey",
 ];
 
-/// The triggers the module puts on a set's own table (sql/changes.rs).
+/// The triggers the module puts on a set's own table (sql/change_log.rs).
 fn set_table_triggers() -> Vec<String> {
     let mut t: Vec<String> = LOG_TRIGGERS.iter().map(|s| s.to_string()).collect();
     t.push("member_notify".into());

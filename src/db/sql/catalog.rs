@@ -1,7 +1,7 @@
 //! The catalog (`member_catalog`, its version row) and the set tables it names: load, poll,
 //! CREATE, DROP and ALTER, each one transaction under the catalog's advisory lock.
 
-use super::changes::{guarded_ddl, CHANGE_LOG_DDL, NOTIFY_FN_DDL};
+use super::change_log::{guarded_ddl, CHANGE_LOG_DDL, NOTIFY_FN_DDL};
 use super::{table, ADVISORY_KEY};
 use crate::db::{prepared, Db, DbErr};
 use crate::model::canon::Normalize;

@@ -1,7 +1,7 @@
 //! Every SQL statement libmember sends. Here: the names every part shares and the point
 //! writes and reads of the hot path. The catalog and the set tables' DDL are in
 //! `sql/catalog.rs`; the change log, its triggers and the sync pass's reads in
-//! `sql/changes.rs`.
+//! `sql/change_log.rs` and `sql/changes.rs`.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -9,16 +9,19 @@ use std::collections::HashMap;
 use super::{prepared, Db, DbErr};
 
 mod catalog;
+mod change_log;
 mod changes;
 mod pages;
 
 pub use catalog::{
     alter_set, create_set, drop_set, find_set, load_catalog, poll_catalog, Altered, CatalogRow,
 };
-pub use changes::{blind_reason, changes_since, install_notify, prune, Changes, NOTIFY_CHANNEL};
-pub(super) use changes::{
-    log_triggers_ddl, slot_triggers_ddl, source_notify_trigger, LOG_TRIGGERS, XMIN,
+pub use change_log::{blind_reason, install_notify, NOTIFY_CHANNEL};
+pub(super) use change_log::{
+    log_triggers_ddl, slot_triggers_ddl, source_notify_trigger, LOG_TRIGGERS,
 };
+pub(super) use changes::XMIN;
+pub use changes::{changes_since, prune, Changes};
 pub(crate) use pages::read_pages;
 pub use pages::{Page, Sink, PAGE_ROWS};
 

@@ -1,5 +1,5 @@
 //! Valkey Cluster placement: which node serves which slot (`nodes`, `owner`), requests
-//! forwarded to it (`wire`, pure; `bus`) and the data type whose RDB aux data carries the
+//! forwarded to it (`wire`, pure; `bus`, and `responder` for the answers and the raw send) and the data type whose RDB aux data carries the
 //! filters (`sentinel`, named for the per-slot keys earlier versions kept).
 //! The slot arithmetic itself is pure (`model::slot`, `model::slotset`); whether the server runs
 //! in cluster mode is `server::cluster_mode`.
@@ -9,5 +9,6 @@ pub mod bus_nodelay;
 pub mod nodes;
 pub mod owner;
 pub mod peers;
+pub mod responder;
 pub mod sentinel;
 pub mod wire;

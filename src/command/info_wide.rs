@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 use redis_module::{raw, Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use super::{block_timeout, info, may_block};
-use crate::cluster::bus::{self, Lost, Responder};
+use crate::cluster::bus::{self, Lost};
 use crate::cluster::peers;
+use crate::cluster::responder::Responder;
 use crate::cluster::wire::{Answer, Info};
 use crate::model::error;
 use crate::server::block::{Blocked, Completion, Fail};

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use redis_module::{Context, RedisError, RedisString};
 
-use crate::cluster::bus::Responder;
+use crate::cluster::responder::Responder;
 use crate::db::pool::Point;
 use crate::db::DbErr;
 use crate::server::block::{Blocked, Completion};

@@ -8,9 +8,10 @@ use std::rc::Rc;
 use redis_module::{Context, RedisError, RedisResult, RedisValue};
 
 use super::block_timeout;
-use crate::cluster::bus::{self, Lost, Responder};
+use crate::cluster::bus::{self, Lost};
 use crate::cluster::owner;
 use crate::cluster::peers;
+use crate::cluster::responder::Responder;
 use crate::cluster::wire::{Answer, Rebuild};
 use crate::model::error;
 use crate::server::block::{Blocked, Completion};

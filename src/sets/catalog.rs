@@ -434,7 +434,8 @@ fn answered(
         Ok((_, None)) => {
             // Known here but not in the catalog, and not registered since the query was
             // sent: it was dropped elsewhere (a promoted node asks about sets it knows).
-            if known(&name) && state::with(|r| r.catalog.changes == changes) {
+            // Other sets changed meanwhile do not keep it (a busy node would never forget).
+            if known(&name) && state::with(|r| r.catalog.untouched_since(&name, changes)) {
                 forget(ctx, &name);
             }
             if !known(&name) {

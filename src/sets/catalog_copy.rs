@@ -57,6 +57,13 @@ impl Catalog {
         }
     }
 
+    /// Whether set `name` has not changed here since `changes` counted (false when more
+    /// changed than is remembered: it may have).
+    pub fn untouched_since(&self, name: &str, changes: u64) -> bool {
+        self.touched_since(changes)
+            .is_some_and(|t| !t.contains(name))
+    }
+
     /// Whether one set's definition, read from the catalog at `version` by a query sent when
     /// `removals` sets had been removed here, may be learned: a set removed here since, or a
     /// newer catalog read applied since (it may have found nothing of a set dropped meanwhile
@@ -112,6 +119,27 @@ mod tests {
         }
         assert_eq!(c.touched_since(sent), None);
         assert_eq!(c.touched_since(c.changes - 1).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_name_is_untouched_when_only_other_names_changed() {
+        let mut c = Catalog::default();
+        let sent = c.changes;
+        assert!(c.untouched_since("a", sent));
+        c.touch("b");
+        assert!(
+            c.untouched_since("a", sent),
+            "another set's change does not count"
+        );
+        c.touch("a");
+        assert!(!c.untouched_since("a", sent));
+        for i in 0..TOUCHED_KEPT {
+            c.touch(&format!("n{i}"));
+        }
+        assert!(
+            !c.untouched_since("z", sent),
+            "past what is remembered: it may have"
+        );
     }
 
     #[test]

@@ -13,7 +13,6 @@ LAYERS = ["command", "hooks", "upkeep", "sets", "db", "cluster", "filter", "conf
 
 # Imports that climb on purpose, each with its reason (docs/architecture.md, "Known climbs").
 KNOWN = {
-    ("src/config/mod.rs", "filter"): "the filter-size bound is the filter's own MAX_BITS",
     ("src/server/block.rs", "config"): "a timed-out client is reported at member.db-timeout-ms",
 }
 

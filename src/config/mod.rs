@@ -164,7 +164,9 @@ pub static REBUILD_INTERVAL_S: AtomicI64 = AtomicI64::new(REBUILD_INTERVAL_S_DEF
 
 pub const MAX_FILTER_BYTES_DEFAULT: i64 = 1 << 30;
 pub const MAX_FILTER_BYTES_MIN: i64 = 1 << 12;
-pub const MAX_FILTER_BYTES_MAX: i64 = (crate::filter::MAX_BITS / 8) as i64;
+/// The filter's own cap (`filter::MAX_BITS` / 8, 8 GiB), written here as a number so the
+/// settings do not import the filter above them; a unit test keeps the two equal.
+pub const MAX_FILTER_BYTES_MAX: i64 = 1 << 33;
 /// Largest filter (bit array, bytes) CREATE, a rebuild or a write may allocate for one set;
 /// checked before anything is allocated.
 pub static MAX_FILTER_BYTES: AtomicI64 = AtomicI64::new(MAX_FILTER_BYTES_DEFAULT);
@@ -376,6 +378,11 @@ mod tests {
     fn error_rate_default_bits_are_one_percent() {
         assert_eq!(DEFAULT_ERROR_RATE.get(), 0.01);
         assert_eq!(parse_error_rate(ERROR_RATE_DEFAULT), Some(0.01));
+    }
+
+    #[test]
+    fn the_largest_max_filter_bytes_is_the_filters_own_cap() {
+        assert_eq!(MAX_FILTER_BYTES_MAX as u64, crate::filter::MAX_BITS / 8);
     }
 
     #[test]

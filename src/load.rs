@@ -7,8 +7,8 @@ use redis_module::{Context, InfoContext, RedisString, Status};
 use crate::command::info_section;
 use crate::{
     cluster, command, config, config::token_key, db, hooks::config_filter, hooks::config_load,
-    hooks::events, server::mainq, server::reply, sets::catalog, sets::state, upkeep::housekeeping,
-    upkeep::notify, upkeep::sync,
+    hooks::events, server::mainq, server::reply, sets::catalog, sets::learn, sets::state,
+    upkeep::housekeeping, upkeep::notify, upkeep::sync,
 };
 
 /// The module's load function: fails the load (`Status::Err`) on a refused config value or a
@@ -22,7 +22,7 @@ pub fn init(ctx: &Context, args: &[RedisString]) -> Status {
     // The sync loop hears of every filter installed, so its next sweep looks at once.
     state::on_installed(sync::filter_installed);
     // A set resized by MEMBER.ALTER (here or on another node) gets its filter rebuilt.
-    catalog::on_resized(|set| {
+    learn::on_resized(|set| {
         crate::upkeep::rebuild::start(set, crate::upkeep::rebuild::Reason::Alter);
     });
     crate::server::cluster_mode::set_enabled(

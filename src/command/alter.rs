@@ -13,7 +13,7 @@ use crate::db::{pool, DbErr};
 use crate::server::block::Blocked;
 use crate::sets::state::{self, Rebuild, SetChange, SetDef};
 use crate::upkeep::rebuild::{self, Reply};
-use crate::{filter::store, model::error, server::mainq, sets::catalog, sets::keys, sets::limits};
+use crate::{filter::store, model::error, server::mainq, sets::keys, sets::learn, sets::limits};
 
 /// A parsed MEMBER.ALTER.
 #[derive(Debug)]
@@ -184,8 +184,8 @@ fn apply(ctx: &Context, altered: &Altered, removals: u64) -> bool {
     if newer {
         return true;
     }
-    // Starts the rebuild when ERROR or CAPACITY changed (`catalog::learn`).
-    catalog::learn(ctx, row.def.clone(), Some(row.id));
+    // Starts the rebuild when ERROR or CAPACITY changed (`learn::learn`).
+    learn::learn(ctx, row.def.clone(), Some(row.id));
     super::create::tell_the_cluster(ctx);
     crate::server::replication::replicate_set(ctx, &row.def, Some(row.id));
     state::with(|r| {

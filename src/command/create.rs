@@ -179,7 +179,7 @@ fn catalog_done(ctx: &Context, id: u64, res: Result<CatalogRow, DbErr>) {
     let unusable = token_key::check(&def.tokenize).err();
     // New here, or replacing what this node held for a set of the same name that was dropped
     // and created again elsewhere.
-    crate::sets::catalog::learn(ctx, def.clone(), Some(row.id));
+    crate::sets::learn::learn(ctx, def.clone(), Some(row.id));
     tell_the_cluster(ctx);
     let key = keys::filter_key(&def.name);
     let complete = store::with(ctx, &key, |f| f.cov.complete).unwrap_or(false);

@@ -7,7 +7,7 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 use super::{block_timeout, may_block, set_name};
 use crate::db::{pool, sql, DbErr};
 use crate::server::block::{Blocked, Completion};
-use crate::{model::error, server::replication, sets::catalog};
+use crate::{model::error, server::replication, sets::learn};
 
 /// MEMBER.DROP <set> [DELETE-DATA] — `OK`, or `ERR no such set` when the catalog has none.
 pub fn drop(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
@@ -48,7 +48,7 @@ impl Completion for DropDone {
             if let Some(note) = note {
                 crate::server::reply::log(ctx, crate::server::reply::Level::Warning, note);
             }
-            catalog::forget(ctx, &self.name);
+            learn::forget(ctx, &self.name);
             super::create::tell_the_cluster(ctx);
             replication::replicate(ctx, "MEMBER._DROP", &[self.name.as_bytes()]);
         }

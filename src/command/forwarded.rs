@@ -24,7 +24,7 @@ use crate::db::pool::{self, Job, Point};
 use crate::model::canon::{hash_parts, Canon};
 use crate::model::error;
 use crate::model::slot::keyslot;
-use crate::sets::{catalog, state};
+use crate::sets::{catalog_ask, state};
 
 /// Runs a request forwarded by another node (or by this one for its own client, `bus::forward`):
 /// the same lookup or write a local client gets, answered through `to`. A write only if this
@@ -135,7 +135,7 @@ fn point<T: 'static, D: PointDone<T>>(done: D, to: Responder) -> Point<T> {
 /// background and the asking client is told to retry (or that no such set exists).
 fn unknown(ctx: &Context, set: &str, to: Responder) {
     bus::REFUSED.fetch_add(1, Ordering::Relaxed);
-    let err = catalog::learn_in_background(set)
+    let err = catalog_ask::learn_in_background(set)
         .err()
         .unwrap_or(RedisError::Str(error::SET_BEING_LEARNED));
     to.answer(ctx, Err(err));

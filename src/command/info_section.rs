@@ -74,13 +74,13 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
             ("catalog_version", catalog_version),
             (
                 "catalog_asks",
-                crate::sets::catalog::ASKS_SENT
+                crate::sets::catalog_ask::ASKS_SENT
                     .load(Ordering::Relaxed)
                     .to_string(),
             ),
             (
                 "catalog_unknown_cached",
-                crate::sets::catalog::unknown_cached().to_string(),
+                crate::sets::catalog_ask::unknown_cached().to_string(),
             ),
             ("db_queue", db::pool::queued().to_string()),
             (

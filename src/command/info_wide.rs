@@ -20,7 +20,7 @@ use crate::cluster::responder::Responder;
 use crate::cluster::wire::{Answer, Info};
 use crate::model::error;
 use crate::server::block::{Blocked, Completion, Fail};
-use crate::sets::{catalog, keys, state};
+use crate::sets::{catalog_ask, keys, state};
 
 /// The fields that define the set, the same on every node: shown once, from the receiving node.
 const DEFINITION: &[&str] = &[
@@ -114,7 +114,7 @@ fn cluster(ctx: &Context, name: String) -> RedisResult {
 /// Answers another node's request for this node's fields of `req.set`.
 pub fn serve(ctx: &Context, req: Info, to: Responder) {
     if state::with(|r| r.serving(&req.set, false).is_none()) {
-        let err = catalog::learn_in_background(&req.set)
+        let err = catalog_ask::learn_in_background(&req.set)
             .err()
             .unwrap_or(RedisError::Str(error::SET_BEING_LEARNED));
         return to.answer(ctx, Err(err));

@@ -174,7 +174,7 @@ pub fn set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         tokenize,
         source: source_of(&source).ok_or_else(bad)?,
     };
-    crate::sets::catalog::learn(ctx, def, id);
+    crate::sets::learn::learn(ctx, def, id);
     Ok(RedisValue::SimpleStringStatic("OK"))
 }
 
@@ -210,7 +210,7 @@ fn source_of(f: &[RedisString]) -> Option<Option<Source>> {
 pub fn drop(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard(ctx)?;
     let [_, name] = <[RedisString; 2]>::try_from(args).map_err(|_| RedisError::WrongArity)?;
-    crate::sets::catalog::forget(ctx, &set_name(&name)?);
+    crate::sets::learn::forget(ctx, &set_name(&name)?);
     Ok(RedisValue::SimpleStringStatic("OK"))
 }
 

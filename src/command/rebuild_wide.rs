@@ -15,7 +15,7 @@ use crate::cluster::responder::Responder;
 use crate::cluster::wire::{Answer, Rebuild};
 use crate::model::error;
 use crate::server::block::{Blocked, Completion};
-use crate::sets::{catalog, state};
+use crate::sets::{catalog_ask, state};
 use crate::upkeep::rebuild::{self, Reason};
 
 /// One cluster-wide call: the client and what is still awaited.
@@ -175,7 +175,7 @@ pub fn serve(ctx: &Context, req: Rebuild, to: Responder) {
         return to.answer(ctx, Err(RedisError::Str(error::REBUILD_NOT_PRIMARY)));
     }
     if state::with(|r| r.serving(&req.set, false).is_none()) {
-        let err = catalog::learn_in_background(&req.set)
+        let err = catalog_ask::learn_in_background(&req.set)
             .err()
             .unwrap_or(RedisError::Str(error::REBUILD_SET_BEING_LEARNED));
         return to.answer(ctx, Err(err));

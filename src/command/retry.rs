@@ -12,13 +12,13 @@ use crate::cluster::bus;
 use crate::cluster::wire::Answer;
 use crate::model::error;
 use crate::server::block::{Blocked, Fail};
-use crate::sets::catalog;
+use crate::sets::catalog_ask;
 
 /// Asks the catalog about `set`, waiting at most `timeout` (zero: no limit), then runs
 /// `again` on the main thread. `again` returns what the command makes of the call now that the
 /// set is known (`Some`), which `go` carries on with the blocked client; `None` when the
 /// catalog does not hold the set either (the client gets "no such set"), or the error the
-/// client gets. A set the catalog does not hold is answered at once (`catalog::ask`).
+/// client gets. A set the catalog does not hold is answered at once (`catalog_ask::ask`).
 pub fn after_catalog<T: 'static>(
     ctx: &Context,
     set: &str,
@@ -26,12 +26,12 @@ pub fn after_catalog<T: 'static>(
     again: impl FnOnce(&Context) -> Result<Option<T>, RedisError> + 'static,
     go: impl FnOnce(&Context, Blocked, T) + 'static,
 ) -> RedisResult {
-    let then: catalog::Then = Box::new(move |ctx, blocked| match again(ctx) {
+    let then: catalog_ask::Then = Box::new(move |ctx, blocked| match again(ctx) {
         Ok(Some(known)) => go(ctx, blocked, known),
         Ok(None) => blocked.finish(Box::new(Fail(error::UNKNOWN_SET.into()))),
         Err(e) => blocked.finish(Box::new(Fail(e.to_string()))),
     });
-    catalog::ask(ctx, set, timeout, then)
+    catalog_ask::ask(ctx, set, timeout, then)
 }
 
 /// Sends one request to another node within the given time, its answer to the given `Then`

@@ -4,11 +4,13 @@
 pub mod acl;
 pub mod cache_epoch;
 pub mod catalog;
+pub mod catalog_ask;
 pub mod catalog_copy;
 pub mod effects;
 pub mod foreign_writes;
 pub mod keys;
 pub mod lapsed;
+pub mod learn;
 pub mod limits;
 pub mod marks;
 pub mod state;

@@ -63,6 +63,10 @@ pub fn waiting() -> u64 {
     WAITING.load(Ordering::Relaxed)
 }
 
+/// The bound of the latest bounded wait, in ms (`member.db-timeout-ms` as the command layer
+/// gives it): what an operator's `CLIENT UNBLOCK … TIMEOUT` reports to the LATENCY monitor.
+static BOUND_MS: AtomicU64 = AtomicU64::new(0);
+
 /// The server's handle of a blocked client, taken by exactly one party: the worker's
 /// `finish`, the drop of an unfinished handle, or the module's timeout timer.
 type Handle = Arc<Shared>;
@@ -116,6 +120,12 @@ impl Blocked {
             fired: AtomicBool::new(false),
         });
         let since = (!timeout.is_zero()).then(Instant::now);
+        if since.is_some() {
+            BOUND_MS.store(
+                timeout.as_millis().min(u64::MAX as u128) as u64,
+                Ordering::Relaxed,
+            );
+        }
         let timer =
             since.map(|since| timer::after(ctx, timeout, timed_out, (Arc::clone(&bc), since)));
         Blocked {
@@ -256,8 +266,9 @@ unsafe extern "C" fn timeout_cb(
 ) -> c_int {
     metrics::global(|m| m.db_timeouts += 1);
     reply::send_error(&Context::new(ctx), error::DB_TIMEOUT);
-    // Reported as the slowest resolution (the handle's start time is not reachable here).
-    crate::server::latency::resolved(Duration::from_millis(crate::config::db_timeout_ms()));
+    // Reported as the slowest resolution, the bound of the waits (the handle's start time is
+    // not reachable here).
+    crate::server::latency::resolved(Duration::from_millis(BOUND_MS.load(Ordering::Relaxed)));
     raw::REDISMODULE_OK as c_int
 }
 

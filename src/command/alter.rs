@@ -12,7 +12,8 @@ use crate::db::sql::{self, Altered};
 use crate::db::{pool, DbErr};
 use crate::server::block::Blocked;
 use crate::sets::state::{self, Rebuild, SetChange, SetDef};
-use crate::upkeep::rebuild::{self, Reply};
+use crate::upkeep::rebuild::Reply;
+use crate::upkeep::rebuild_wait;
 use crate::{filter::store, model::error, server::mainq, sets::keys, sets::learn, sets::limits};
 
 /// A parsed MEMBER.ALTER.
@@ -156,7 +157,7 @@ fn done(
             .is_some_and(|s| matches!(s.rebuild, Rebuild::Running { .. }))
     });
     if sync && applied && resized && running {
-        rebuild::wait(name, blocked, Reply::Altered);
+        rebuild_wait::wait(name, blocked, Reply::Altered);
     } else {
         blocked.finish(Box::new(Answer(Ok(()))));
     }

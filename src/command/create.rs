@@ -21,6 +21,7 @@ use crate::server::block::Blocked;
 use crate::sets::state::{self, SetDef};
 use crate::{
     filter::store, model::error, server::mainq, server::metrics, sets::keys, upkeep::rebuild,
+    upkeep::rebuild_wait,
 };
 
 fn parse(args: Vec<RedisString>) -> Result<(SetDef, [bool; 6]), RedisError> {
@@ -204,7 +205,7 @@ fn catalog_done(ctx: &Context, id: u64, res: Result<CatalogRow, DbErr>) {
         rebuild::Reply::OkOrRetry
     };
     if let Some(w) = waiter {
-        rebuild::wait(&def.name, w, kind);
+        rebuild_wait::wait(&def.name, w, kind);
     }
 }
 

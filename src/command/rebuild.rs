@@ -9,7 +9,8 @@ use super::retry::after_catalog;
 use super::{block_timeout, may_block, set_name};
 use crate::server::block::Fail;
 use crate::server::block::{Blocked, Completion};
-use crate::upkeep::rebuild::{self, RebuildReply, Reply};
+use crate::upkeep::rebuild::{self, Reply};
+use crate::upkeep::rebuild_wait::{self, RebuildReply};
 use crate::{model::error, sets::state};
 
 /// MEMBER.REBUILD <set> [SYNC|ASYNC] — `OK` at once (ASYNC, the default), or with SYNC the
@@ -49,7 +50,7 @@ pub fn rebuild(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                 if !rebuild::start(&asked, rebuild::Reason::Manual) {
                     blocked.finish(Box::new(Fail(error::REBUILD_RUNNING.into())));
                 } else if sync {
-                    rebuild::wait(&asked, blocked.with_fallback(lost()), Reply::Rows);
+                    rebuild_wait::wait(&asked, blocked.with_fallback(lost()), Reply::Rows);
                 } else {
                     blocked.finish(Box::new(Started));
                 }
@@ -67,7 +68,7 @@ pub fn rebuild(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     }
     // No timeout: a rebuild takes as long as the table takes to stream.
     let waiter = Blocked::block(ctx, Duration::ZERO, lost());
-    rebuild::wait(&name, waiter, Reply::Rows);
+    rebuild_wait::wait(&name, waiter, Reply::Rows);
     Ok(RedisValue::NoReply)
 }
 

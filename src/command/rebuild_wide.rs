@@ -17,6 +17,7 @@ use crate::model::error;
 use crate::server::block::{Blocked, Completion};
 use crate::sets::{catalog_ask, state};
 use crate::upkeep::rebuild::{self, Reason};
+use crate::upkeep::rebuild_wait;
 
 /// One cluster-wide call: the client and what is still awaited.
 struct Gather {
@@ -88,14 +89,14 @@ fn rebuild_now(ctx: &Context, set: &str, then: Option<state::RebuildThen>) {
         let after: state::RebuildThen = Box::new(move |ctx, _| {
             rebuild::start(&name, Reason::Manual);
             if let Some(then) = then {
-                rebuild::wait_then(ctx, &name, then);
+                rebuild_wait::wait_then(ctx, &name, then);
             }
         });
-        rebuild::wait_then(ctx, set, after);
+        rebuild_wait::wait_then(ctx, set, after);
         return;
     }
     if let Some(then) = then {
-        rebuild::wait_then(ctx, set, then);
+        rebuild_wait::wait_then(ctx, set, then);
     }
 }
 

@@ -6,6 +6,7 @@ pub mod grow;
 pub mod housekeeping;
 pub mod notify;
 pub mod rebuild;
+pub mod rebuild_wait;
 pub mod replica_load;
 pub mod slot_fill;
 pub mod sync;

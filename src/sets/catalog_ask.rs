@@ -12,6 +12,7 @@ use redis_module::{Context, RedisError, RedisResult, RedisValue};
 use crate::db::sql::{self, CatalogRow};
 use crate::db::{pool, DbErr};
 use crate::server::block::{Blocked, Fail};
+use crate::sets::catalog_copy::Mark;
 use crate::sets::learn::{forget, learn};
 use crate::sets::limits::may_block;
 use crate::sets::state;
@@ -131,11 +132,10 @@ pub fn learn_in_background(name: &str) -> Result<(), RedisError> {
 
 fn query(name: String) {
     ASKS_SENT.fetch_add(1, Ordering::Relaxed);
-    let (changes, removals) = state::with(|r| (r.catalog.changes, r.catalog.removals));
+    let sent = state::with(|r| r.catalog.mark());
     let ask = Ask {
         name,
-        changes,
-        removals,
+        sent,
         res: None,
     };
     pool::run(move |db| {
@@ -147,32 +147,27 @@ fn query(name: String) {
 /// One name's catalog query in flight; its outcome reaches the main thread however it ends.
 struct Ask {
     name: String,
-    /// `Catalog::changes` and `Catalog::removals` when the query was sent.
-    changes: u64,
-    removals: u64,
+    /// The catalog copy when the query was sent.
+    sent: Mark,
     /// The row, if any, and the catalog version it was read at.
     res: Option<Result<(i64, Option<CatalogRow>), DbErr>>,
 }
 
 impl Drop for Ask {
     fn drop(&mut self) {
-        let (name, changes, removals) =
-            (std::mem::take(&mut self.name), self.changes, self.removals);
+        let (name, sent) = (std::mem::take(&mut self.name), self.sent);
         let res = self
             .res
             .take()
             .unwrap_or_else(|| Err(DbErr::Unavailable(error::WORKER_LOST.into())));
-        mainq::post(Box::new(move |ctx| {
-            answered(ctx, name, changes, removals, res)
-        }));
+        mainq::post(Box::new(move |ctx| answered(ctx, name, sent, res)));
     }
 }
 
 fn answered(
     ctx: &Context,
     name: String,
-    changes: u64,
-    removals: u64,
+    sent: Mark,
     res: Result<(i64, Option<CatalogRow>), DbErr>,
 ) {
     let known = |name: &str| state::with(|r| r.sets.contains_key(name));
@@ -183,7 +178,7 @@ fn answered(
             // (which found nothing to forget when this node did not hold the set yet). Then
             // it is not learned: a set that is not held is asked about again (the commands
             // keep waiting), so a dropped set is never brought back.
-            if state::with(|r| r.catalog.answer_is_current(version, removals)) {
+            if state::with(|r| r.catalog.answer_is_current(version, sent)) {
                 learn(ctx, row.def, Some(row.id));
             } else if !known(&name) {
                 query(name);
@@ -195,7 +190,7 @@ fn answered(
             // Known here but not in the catalog, and not registered since the query was
             // sent: it was dropped elsewhere (a promoted node asks about sets it knows).
             // Other sets changed meanwhile do not keep it (a busy node would never forget).
-            if known(&name) && state::with(|r| r.catalog.untouched_since(&name, changes)) {
+            if known(&name) && state::with(|r| r.catalog.untouched_since(&name, sent.changes)) {
                 forget(ctx, &name);
             }
             if !known(&name) {

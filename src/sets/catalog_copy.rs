@@ -8,6 +8,18 @@ use std::time::Instant;
 /// How many changed names the catalog state remembers (`Catalog::touched`).
 const TOUCHED_KEPT: usize = 4096;
 
+/// What a query about one name remembers of the catalog copy when it is sent
+/// ([`Catalog::mark`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Mark {
+    /// `Catalog::changes` then.
+    pub changes: u64,
+    /// `Catalog::removals` then.
+    pub removals: u64,
+    /// The version applied then.
+    pub version: Option<i64>,
+}
+
 /// How current this node's copy of the set catalog is (see `catalog.rs`).
 #[derive(Debug, Default)]
 pub struct Catalog {
@@ -64,12 +76,24 @@ impl Catalog {
             .is_some_and(|t| !t.contains(name))
     }
 
-    /// Whether one set's definition, read from the catalog at `version` by a query sent when
-    /// `removals` sets had been removed here, may be learned: a set removed here since, or a
-    /// newer catalog read applied since (it may have found nothing of a set dropped meanwhile
-    /// to forget, this node not holding it yet), makes the answer possibly older than a DROP.
-    pub fn answer_is_current(&self, version: i64, removals: u64) -> bool {
-        self.removals == removals && self.version.is_none_or(|v| v <= version)
+    /// What a query about one name remembers of this copy when it is sent.
+    pub fn mark(&self) -> Mark {
+        Mark {
+            changes: self.changes,
+            removals: self.removals,
+            version: self.version,
+        }
+    }
+
+    /// Whether one set's definition, read from the catalog at version `read_at` by a query
+    /// sent at `sent`, may be learned: a set removed here since, or a catalog read applied
+    /// since that is newer than the answer (it may have found nothing of a set dropped
+    /// meanwhile to forget, this node not holding it yet), makes the answer possibly older
+    /// than a DROP. A version that only looks newer because it came from another database
+    /// (`member.pg-url` changed) was there when the query was sent, and does not count.
+    pub fn answer_is_current(&self, read_at: i64, sent: Mark) -> bool {
+        self.removals == sent.removals
+            && (self.version == sent.version || self.version.is_none_or(|v| v <= read_at))
     }
 
     /// Counts a change of set `name` on this node.
@@ -166,15 +190,23 @@ mod tests {
     #[test]
     fn a_set_answer_older_than_what_this_node_has_applied_is_not_learned() {
         let mut c = Catalog::default();
-        assert!(c.answer_is_current(3, 0), "nothing applied yet");
+        let first = c.mark();
+        assert!(c.answer_is_current(3, first), "nothing applied yet");
         c.version = Some(4);
-        assert!(c.answer_is_current(4, 0));
-        assert!(c.answer_is_current(6, 0));
-        // Read at version 3, before a DROP that the applied version 4 may hold.
-        assert!(!c.answer_is_current(3, 0));
+        // Read at version 3, before a DROP that the version 4 applied since may hold.
+        assert!(!c.answer_is_current(3, first));
+        assert!(c.answer_is_current(4, first));
+        let sent = c.mark();
+        assert!(c.answer_is_current(6, sent));
+        // Applied before the query was sent (another database after a pg-url change): the
+        // answer is the newest there is.
+        assert!(c.answer_is_current(1, sent));
+        c.version = Some(7);
+        assert!(!c.answer_is_current(6, sent));
         // A set was removed here since the query was sent.
-        c.removals = 1;
-        assert!(!c.answer_is_current(6, 0));
-        assert!(c.answer_is_current(6, 1));
+        let sent = c.mark();
+        c.removals += 1;
+        assert!(!c.answer_is_current(9, sent));
+        assert!(c.answer_is_current(9, c.mark()));
     }
 }

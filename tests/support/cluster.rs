@@ -580,11 +580,9 @@ fn catalog_state(n: &Node, set: &str) -> String {
     let fields = redis::cmd("MEMBER.NODEINFO")
         .arg(set)
         .query::<Value>(&mut c);
-    let log = n.vk.log();
-    let lines: Vec<&str> = log.lines().collect();
     format!(
         "{catalog:?}\nNODEINFO {set}: {fields:?}\nlog:\n{}",
-        lines[lines.len().saturating_sub(40)..].join("\n")
+        super::lifecycle::log_tail(&n.vk)
     )
 }
 

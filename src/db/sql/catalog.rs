@@ -95,11 +95,12 @@ fn catalog_columns(a: &str) -> String {
     )
 }
 
-/// A catalog row from the `catalog_columns` starting at column `at`; `None` for a row this
-/// version cannot read (an unknown normalization or tokenization is never served as plain).
+/// A catalog row from the `catalog_columns` starting at column `at`; `None` where an outer
+/// join matched no set (the name is NULL) and for a row this version cannot read (an unknown
+/// normalization or tokenization is never served as plain).
 fn row_at(row: &postgres::Row, at: usize) -> Option<CatalogRow> {
     let def = SetDef {
-        name: row.get(at),
+        name: row.get::<_, Option<String>>(at)?,
         error_rate: row.get(at + 1),
         capacity: row.get::<_, i64>(at + 2) as u64,
         cache_ttl: row.get::<_, i32>(at + 3) as u64,
@@ -184,11 +185,7 @@ pub fn poll_catalog(db: &mut Db, known: i64) -> Result<Option<(i64, Vec<CatalogR
     if version == known {
         return Ok(None);
     }
-    let defs = rows
-        .iter()
-        .filter(|r| r.get::<_, Option<&str>>(1).is_some())
-        .filter_map(|r| row_at(r, 1))
-        .collect();
+    let defs = rows.iter().filter_map(|r| row_at(r, 1)).collect();
     Ok(Some((version, defs)))
 }
 
@@ -209,11 +206,7 @@ pub fn find_set(db: &mut Db, name: &str) -> Result<(i64, Option<CatalogRow>), Db
     let Some(row) = row else {
         return Err(DbErr::Failed("member_catalog_version has no row".into()));
     };
-    let def = match row.get::<_, Option<&str>>(1) {
-        Some(_) => row_at(&row, 1),
-        None => None,
-    };
-    Ok((row.get(0), def))
+    Ok((row.get(0), row_at(&row, 1)))
 }
 
 /// Creates (or confirms) a set: catalog row and table. `explicit` says which settings the

@@ -12,7 +12,7 @@ use redis_module::{Context, RedisError, RedisResult, RedisValue};
 use crate::db::sql::{self, CatalogRow};
 use crate::db::{pool, DbErr};
 use crate::server::block::{Blocked, Fail};
-use crate::sets::catalog_copy::Mark;
+use crate::sets::catalog_copy::AskedAt;
 use crate::sets::learn::{forget, learn};
 use crate::sets::limits::may_block;
 use crate::sets::state;
@@ -132,7 +132,7 @@ pub fn learn_in_background(name: &str) -> Result<(), RedisError> {
 
 fn query(name: String) {
     ASKS_SENT.fetch_add(1, Ordering::Relaxed);
-    let sent = state::with(|r| r.catalog.mark());
+    let sent = state::with(|r| r.catalog.asked_at());
     let ask = Ask {
         name,
         sent,
@@ -148,7 +148,7 @@ fn query(name: String) {
 struct Ask {
     name: String,
     /// The catalog copy when the query was sent.
-    sent: Mark,
+    sent: AskedAt,
     /// The row, if any, and the catalog version it was read at.
     res: Option<Result<(i64, Option<CatalogRow>), DbErr>>,
 }
@@ -167,7 +167,7 @@ impl Drop for Ask {
 fn answered(
     ctx: &Context,
     name: String,
-    sent: Mark,
+    sent: AskedAt,
     res: Result<(i64, Option<CatalogRow>), DbErr>,
 ) {
     let known = |name: &str| state::with(|r| r.sets.contains_key(name));

@@ -9,9 +9,9 @@ use std::time::Instant;
 const TOUCHED_KEPT: usize = 4096;
 
 /// What a query about one name remembers of the catalog copy when it is sent
-/// ([`Catalog::mark`]).
+/// ([`Catalog::asked_at`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Mark {
+pub struct AskedAt {
     /// `Catalog::changes` then.
     pub changes: u64,
     /// `Catalog::removals` then.
@@ -77,8 +77,8 @@ impl Catalog {
     }
 
     /// What a query about one name remembers of this copy when it is sent.
-    pub fn mark(&self) -> Mark {
-        Mark {
+    pub fn asked_at(&self) -> AskedAt {
+        AskedAt {
             changes: self.changes,
             removals: self.removals,
             version: self.version,
@@ -91,7 +91,7 @@ impl Catalog {
     /// meanwhile to forget, this node not holding it yet), makes the answer possibly older
     /// than a DROP. A version that only looks newer because it came from another database
     /// (`member.pg-url` changed) was there when the query was sent, and does not count.
-    pub fn answer_is_current(&self, read_at: i64, sent: Mark) -> bool {
+    pub fn answer_is_current(&self, read_at: i64, sent: AskedAt) -> bool {
         self.removals == sent.removals
             && (self.version == sent.version || self.version.is_none_or(|v| v <= read_at))
     }
@@ -190,13 +190,13 @@ mod tests {
     #[test]
     fn a_set_answer_older_than_what_this_node_has_applied_is_not_learned() {
         let mut c = Catalog::default();
-        let first = c.mark();
+        let first = c.asked_at();
         assert!(c.answer_is_current(3, first), "nothing applied yet");
         c.version = Some(4);
         // Read at version 3, before a DROP that the version 4 applied since may hold.
         assert!(!c.answer_is_current(3, first));
         assert!(c.answer_is_current(4, first));
-        let sent = c.mark();
+        let sent = c.asked_at();
         assert!(c.answer_is_current(6, sent));
         // Applied before the query was sent (another database after a pg-url change): the
         // answer is the newest there is.
@@ -204,9 +204,9 @@ mod tests {
         c.version = Some(7);
         assert!(!c.answer_is_current(6, sent));
         // A set was removed here since the query was sent.
-        let sent = c.mark();
+        let sent = c.asked_at();
         c.removals += 1;
         assert!(!c.answer_is_current(9, sent));
-        assert!(c.answer_is_current(9, c.mark()));
+        assert!(c.answer_is_current(9, c.asked_at()));
     }
 }

@@ -35,6 +35,9 @@ local function text_gauges(prefix, f)
   if f.db_link_error ~= nil then
     put(prefix .. 'db_link_failing', flag(f.db_link_error ~= 'none'))
   end
+  if f.db_history ~= nil then
+    put(prefix .. 'db_history_unreadable', flag(f.db_history == 'unreadable'))
+  end
   if f.rebuild_link_error ~= nil then
     put(prefix .. 'rebuild_link_failing', flag(f.rebuild_link_error ~= 'none'))
   end

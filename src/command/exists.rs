@@ -30,6 +30,8 @@ pub unsafe extern "C" fn entry(
     argc: c_int,
 ) -> c_int {
     let context = Context::new(ctx);
+    // A new history of the database is answered before the filter is read (docs/failover.md).
+    crate::upkeep::history::react(&context);
     // guard has replied (the answer or a contained panic's error); its NoReply is for wrappers.
     let _ = crate::server::reply::guard(&context, NAME, || {
         let argc = argc.max(0) as usize;

@@ -107,6 +107,8 @@ pub(super) fn fields(ctx: &Context, name: &str) -> Result<Vec<(&'static str, Str
             out.push(("capacity", d.capacity.to_string()));
             out.push(("cache_ttl", d.cache_ttl.to_string()));
             out.push(("recent_ttl", d.recent_ttl.to_string()));
+            // The history of the database the set's state comes from (docs/failover.md).
+            out.extend(crate::db::identity::info_fields());
             Ok((s.filter_key.clone(), s.trusted, current, s.catalog_id))
         })?;
         let (key, trusted, current, set_id) = key;

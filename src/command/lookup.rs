@@ -328,6 +328,7 @@ pub(super) fn decide_item(
         remember,
         asked: Instant::now(),
         generation: set.generation,
+        history: crate::db::identity::generation(),
         incarnation: set.incarnation,
         started,
         explain,
@@ -362,6 +363,9 @@ pub(super) struct LookupDone {
     /// When the lookup was sent to the database (before it read anything).
     asked: Instant,
     generation: u64,
+    /// The database identity's generation when the lookup began: an answer read from a
+    /// history the node no longer follows (docs/failover.md) remembers and fills nothing.
+    history: u64,
     /// The set's incarnation when the lookup began: an answer about a set dropped since
     /// (and maybe created again) fills nothing.
     incarnation: u64,
@@ -416,6 +420,9 @@ impl Completion for LookupDone {
                     set.stats.db_errors += 1;
                     metrics::global(|m| m.paths.db_errors += 1);
                 }
+            }
+            if self.history != crate::db::identity::generation() {
+                return;
             }
             if passed && lapsed {
                 set.stats.lapsed += 1;

@@ -80,6 +80,9 @@ unsafe extern "C" fn entry(
         reply::send_error(&context, crate::model::error::INTERNAL);
         return raw::REDISMODULE_OK as c_int;
     };
+    // A change of the database's history a worker just saw is answered before any command
+    // reads derived state (docs/failover.md): one atomic load when there is none.
+    crate::upkeep::history::react(&context);
     // guard has replied (the answer or a contained panic's error); its NoReply is for wrappers.
     let _ = reply::guard(&context, row.name, || match row.items {
         Some(shape) => redact::around(&context, shape, args, |args| f(&context, args)),

@@ -1,14 +1,48 @@
-//! The identity of a database (`filter_origin`): read by each worker when it opens its
-//! connection and kept as this node's (`NodeDb`), against which the main thread judges the
-//! filters it loads; read by each rebuild on its own connection, and stamped on the filter.
+//! The identity of a database and of the history of it a node follows (`filter_origin`,
+//! docs/failover.md): read by each worker when it opens its connection and by every sync pass,
+//! and kept as this node's (`NodeDb`), against which the main thread judges the filters it
+//! loads; read by each rebuild on its own connection, and stamped on the filter. A change of
+//! it moves [`generation`], which the main thread answers by believing nothing it derived from
+//! the old history (`upkeep/history.rs`).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::SystemTime;
 
+use postgres::types::Type;
 use postgres::Client;
 
 use crate::filter::origin::NodeDb;
 
-static NODE: Mutex<NodeDb> = Mutex::new(NodeDb::NotYet);
+/// The history of the database a node follows: the server's current timeline and the token
+/// the module wrote for it in `member_catalog_history` (docs/failover.md).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct History {
+    pub timeline: i32,
+    pub token: String,
+}
+
+/// What the node knows, and how often and when it changed.
+struct Node {
+    db: NodeDb,
+    /// `None`: not read yet, or the role may not read the timeline (`unreadable`).
+    history: Option<History>,
+    /// The role was refused the timeline functions.
+    history_refused: bool,
+    changes: u64,
+    changed_at: Option<SystemTime>,
+}
+
+static NODE: Mutex<Node> = Mutex::new(Node {
+    db: NodeDb::NotYet,
+    history: None,
+    history_refused: false,
+    changes: 0,
+    changed_at: None,
+});
+
+/// Moves every time the identity a worker reads differs from the one the node held.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
 
 /// The cluster's system identifier (the same on its physical standbys, another on any other
 /// cluster, including one restored from a logical dump) and the database's oid (another for
@@ -18,37 +52,180 @@ const IDENTITY: &str = "SELECT system_identifier::text,
         (SELECT oid FROM pg_database WHERE datname = current_database())::int8
    FROM pg_control_system()";
 
+/// The timeline the server writes WAL on now: the first 8 hex digits of the current WAL
+/// file's name. It moves at the promotion itself (`pg_control_checkpoint()` only after the
+/// next checkpoint). Both functions may be called by any role.
+pub(crate) const TIMELINE: &str =
+    "('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int4";
+
+/// The module's record of the histories it met, `member_catalog_history`: one row per
+/// timeline, its token random. Named `catalog_…`, which no set may take
+/// (`sql::reserved_set_name`).
+const HISTORY_DDL: &str = "CREATE TABLE IF NOT EXISTS member_catalog_history (
+    timeline integer PRIMARY KEY,
+    token text NOT NULL,
+    first_seen timestamptz NOT NULL DEFAULT now()
+)";
+
+/// Advisory lock key of the history table's creation ("lmhist").
+const HISTORY_LOCK: i64 = 0x6c6d_6869_7374;
+
 /// What this node knows of its database now.
 pub fn node() -> NodeDb {
-    *NODE.lock().unwrap_or_else(|e| e.into_inner())
+    lock().db
 }
 
-/// The identity of the database `c` is connected to (one round trip; not on the main
-/// thread).
-pub fn read(c: &mut Client) -> Result<u128, postgres::Error> {
-    c.query_one(IDENTITY, &[]).map(|row| {
+/// The history the node follows (`None`: unknown or unreadable).
+pub fn history() -> Option<History> {
+    lock().history.clone()
+}
+
+/// The role was refused the timeline functions: promotions cannot be seen.
+pub fn history_refused() -> bool {
+    lock().history_refused
+}
+
+/// Changes of identity seen so far; the main thread compares it with the last one it
+/// answered.
+pub fn generation() -> u64 {
+    GENERATION.load(Ordering::Acquire)
+}
+
+/// INFO's view: the history followed (`timeline 2 (token 1a2b3c4d)`, `unknown`, or
+/// `unreadable`), how many times the identity changed, and when it last did.
+pub fn shown() -> (String, u64, Option<SystemTime>) {
+    let n = lock();
+    let h = match (&n.history, n.history_refused) {
+        (Some(h), _) => format!(
+            "timeline {} (token {})",
+            h.timeline,
+            h.token.get(..8).unwrap_or(&h.token)
+        ),
+        (None, true) => "unreadable".into(),
+        (None, false) => "unknown".into(),
+    };
+    (h, n.changes, n.changed_at)
+}
+
+/// INFO's fields of the history followed (MEMBER.INFO and `INFO member`): `db_history`,
+/// `db_history_changes` (changes of database or history this node saw since it started) and
+/// `db_history_changed_at` (unix seconds of the last one, 0 for none).
+pub fn info_fields() -> [(&'static str, String); 3] {
+    let (history, changes, at) = shown();
+    let at = at
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs());
+    [
+        ("db_history", history),
+        ("db_history_changes", changes.to_string()),
+        ("db_history_changed_at", at.to_string()),
+    ]
+}
+
+fn lock() -> std::sync::MutexGuard<'static, Node> {
+    NODE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The system identifier and database oid of `c`'s database, as one string.
+fn base(c: &mut Client) -> Result<String, postgres::Error> {
+    c.query_typed_one(IDENTITY, &[]).map(|row| {
         let sysid: String = row.get(0);
         let oid: i64 = row.get(1);
-        xxhash_rust::xxh3::xxh3_128(format!("postgresql:{sysid}:{oid}").as_bytes())
+        format!("postgresql:{sysid}:{oid}")
     })
 }
 
-/// Worker thread, on a connection just opened to `member.pg-url`: reads the database's
-/// identity and keeps it. A connection to another database (`member.pg-url` changed) replaces
-/// it, so filters made from the old one are no longer trusted. A refusal to read it (the
-/// function revoked or missing) makes the node stand in this process's own identity
-/// ([`local`]) unless one is already known; any other failure (a timeout, a lost connection)
-/// changes nothing, and the next connection or rebuild tries again.
-pub(super) fn learn(c: &mut Client) {
-    let read = read(c);
-    let mut node = NODE.lock().unwrap_or_else(|e| e.into_inner());
-    match read {
-        Ok(id) => *node = NodeDb::Known(id),
-        Err(e) if refused(&e) && !matches!(*node, NodeDb::Known(_)) => {
-            *node = NodeDb::Unreadable(local())
-        }
-        Err(_) => {}
+/// The history `c`'s server follows now, writing its row first if no node has yet.
+pub fn read_history(c: &mut Client) -> Result<History, postgres::Error> {
+    let timeline: i32 = c
+        .query_typed_one(&format!("SELECT {TIMELINE}"), &[])?
+        .get(0);
+    if let Some(token) = token_of(c, timeline)? {
+        return Ok(History { timeline, token });
     }
+    let mut tx = c.transaction()?;
+    tx.query_typed(
+        "SELECT pg_advisory_xact_lock($1)",
+        &[(&HISTORY_LOCK, Type::INT8)],
+    )?;
+    tx.batch_execute(HISTORY_DDL)?;
+    let token: String = tx
+        .query_typed_one(
+            "WITH ins AS (INSERT INTO member_catalog_history (timeline, token)
+                          VALUES ($1, gen_random_uuid()::text)
+                          ON CONFLICT (timeline) DO NOTHING RETURNING token)
+             SELECT coalesce((SELECT token FROM ins),
+                             (SELECT token FROM member_catalog_history WHERE timeline = $1))",
+            &[(&timeline, Type::INT4)],
+        )?
+        .get(0);
+    tx.commit()?;
+    Ok(History { timeline, token })
+}
+
+/// The token of `timeline` on `c`'s database (`None`: no row, or no table yet). On a standby
+/// too: it reads the rows the standby has replayed.
+pub fn token_of(c: &mut Client, timeline: i32) -> Result<Option<String>, postgres::Error> {
+    match c.query_typed_opt(
+        "SELECT token FROM member_catalog_history WHERE timeline = $1",
+        &[(&timeline, Type::INT4)],
+    ) {
+        Ok(row) => Ok(row.map(|r| r.get(0))),
+        Err(e) if e.code() == Some(&postgres::error::SqlState::UNDEFINED_TABLE) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The identity a node holds for base identity `base` (or this process's stand-in for it)
+/// and `history`. On timeline 1 it is what versions before histories stamped, so their
+/// filters stay trusted where they were made; on any later timeline the timeline and its
+/// token are part of it.
+fn compose(base: &str, history: Option<&History>) -> u128 {
+    let text = match history {
+        Some(h) if h.timeline != 1 => format!("{base}:tl{}:{}", h.timeline, h.token),
+        _ => base.to_string(),
+    };
+    xxhash_rust::xxh3::xxh3_128(text.as_bytes())
+}
+
+/// On a connection just opened to `member.pg-url`, and at every sync pass: reads the
+/// database's identity and the history it follows, and keeps them. Another database or
+/// another history replaces what the node held and moves [`generation`], so filters, cache
+/// entries and marks made from the old one are no longer believed. A refusal to read the
+/// system identifier (the function revoked) makes the node stand in this process's own
+/// identity ([`local`]) for it; a refusal of the timeline functions leaves the history
+/// `unreadable`. Any other failure (a timeout, a lost connection) changes nothing, and the
+/// next connection or pass tries again.
+pub(super) fn learn(c: &mut Client) {
+    let base = match base(c) {
+        Ok(b) => Some(b),
+        Err(e) if refused(&e) => None,
+        Err(_) => return,
+    };
+    let (history, history_refused) = match read_history(c) {
+        Ok(h) => (Some(h), false),
+        Err(e) if refused(&e) => (None, true),
+        Err(_) => return,
+    };
+    let mut node = lock();
+    let db = match &base {
+        Some(b) => NodeDb::Known(compose(b, history.as_ref())),
+        // A refusal after the identity was read once (a revoke while running) keeps it.
+        None if matches!(node.db, NodeDb::Known(_)) => return,
+        // The stand-in is the process's own, but another history still moves it.
+        None => NodeDb::Unreadable(compose(
+            &format!("local:{:032x}", local()),
+            history.as_ref(),
+        )),
+    };
+    if node.db != NodeDb::NotYet && node.db != db {
+        node.changes += 1;
+        node.changed_at = Some(SystemTime::now());
+        GENERATION.fetch_add(1, Ordering::AcqRel);
+    }
+    node.db = db;
+    node.history = history;
+    node.history_refused = history_refused;
 }
 
 /// The server refused the statement itself (it will answer the same next time), rather than
@@ -86,13 +263,47 @@ pub fn stamp(c: &mut Client) -> Option<u128> {
     }
 }
 
-/// Learns the identity on a worker's connection if no connection has yet (the first one
-/// failed to read it): the sync loop calls it each pass, so a node never stays unsure.
-pub fn learn_if_unknown(db: &mut super::Db) {
-    if node() == NodeDb::NotYet {
-        let _ = db.run(|c, _| {
-            learn(c);
-            Ok(())
-        });
+/// At the start of every sync pass, on the pass's worker: learns the identity again. Behind a
+/// pooler the module's connection outlives a failover, so a new connection alone would not
+/// tell (docs/failover.md, "When a node reads it"). Returns the generation the pass runs in.
+pub fn learn_for_pass(db: &mut super::Db) -> u64 {
+    let _ = db.run(|c, _| {
+        learn(c);
+        Ok(())
+    });
+    generation()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(timeline: i32, token: &str) -> History {
+        History {
+            timeline,
+            token: token.into(),
+        }
+    }
+
+    #[test]
+    fn timeline_one_keeps_the_identity_earlier_versions_stamped() {
+        let base = "postgresql:7312:16384";
+        let before = xxhash_rust::xxh3::xxh3_128(base.as_bytes());
+        assert_eq!(compose(base, None), before);
+        assert_eq!(compose(base, Some(&h(1, "a"))), before);
+        assert_eq!(compose(base, Some(&h(1, "b"))), before);
+    }
+
+    #[test]
+    fn every_later_history_is_another_identity() {
+        let base = "postgresql:7312:16384";
+        let one = compose(base, Some(&h(1, "a")));
+        let two_a = compose(base, Some(&h(2, "a")));
+        let two_b = compose(base, Some(&h(2, "b")));
+        let three_a = compose(base, Some(&h(3, "a")));
+        assert_ne!(one, two_a);
+        assert_ne!(two_a, two_b, "two promotions to the same timeline number");
+        assert_ne!(two_a, three_a);
+        assert_ne!(two_a, compose("postgresql:7313:16384", Some(&h(2, "a"))));
     }
 }

@@ -99,7 +99,8 @@ pub fn read_hashes(
             .query_opt(sql.as_str(), &[&slots.is_some()])
             .map_err(|e| classify(&e))?
             .is_some_and(|r| r.get::<_, bool>(0));
-        if ready {
+        let follows = follows_primary(&mut tx, link)?;
+        if ready && follows {
             before_copy(xmin)?;
             let rows = copy_rows(&mut tx, link, def, slots, progress, estimate)?;
             tx.commit().map_err(|e| classify(&e))?;
@@ -108,14 +109,62 @@ pub fn read_hashes(
         drop(tx);
         if Instant::now() >= deadline {
             return Err(DbErr::Unavailable(format!(
-                "the standby (member.pg-rebuild-url) has not replayed {}, its change-log \
+                "the standby (member.pg-rebuild-url) has not replayed {}{}, its change-log \
                  triggers or its slot column within {} s (replication lag, or replay paused); \
                  the previous filter keeps serving",
                 table(&def.name),
+                if follows {
+                    ""
+                } else {
+                    " or the primary's history row (a standby that follows another history \
+                     than the primary: not re-pointed after a failover; docs/failover.md)"
+                },
                 wait.as_secs()
             )));
         }
         std::thread::sleep(RETRY_EVERY);
+    }
+}
+
+/// Whether the standby's snapshot shows the history row of the primary's timeline with the
+/// primary's token (docs/failover.md, "The rebuild source"): false while it has not replayed
+/// the row (waited for like the set's table); a refusal when it shows another token, so
+/// follows another history than the primary. Without a known primary history (the role may
+/// not read timelines) there is nothing to compare, and the standby is taken as it is.
+fn follows_primary(tx: &mut postgres::Transaction<'_>, link: &Link) -> Result<bool, DbErr> {
+    let Some(primary) = super::identity::history() else {
+        return Ok(true);
+    };
+    let has_table: bool = tx
+        .query_one(
+            "SELECT to_regclass('member_catalog_history') IS NOT NULL",
+            &[],
+        )
+        .map_err(|e| classify(&e))?
+        .get(0);
+    if !has_table {
+        return Ok(false);
+    }
+    let token: Option<String> = tx
+        .query_opt(
+            "SELECT token FROM member_catalog_history WHERE timeline = $1",
+            &[&primary.timeline],
+        )
+        .map_err(|e| classify(&e))?
+        .map(|r| r.get(0));
+    match token {
+        None => Ok(false),
+        Some(t) if t == primary.token => Ok(true),
+        Some(_) => {
+            let msg = format!(
+                "{} ({}): follows another history than the primary (its timeline {} is not the \
+                 primary's: promoted on its own, or restored apart; docs/failover.md); the \
+                 previous filter keeps serving",
+                link.name, link.masked, primary.timeline
+            );
+            super::link::set_rebuild_error(Some(msg.clone()));
+            Err(DbErr::Invalid(msg))
+        }
     }
 }
 

@@ -40,6 +40,9 @@ struct Mark {
     until: Instant,
     /// Has an entry in the expiry queue.
     queued: bool,
+    /// Made on a history of the database the node no longer follows (`distrust`): held
+    /// only while its ADDs are in flight.
+    cut: bool,
 }
 
 /// The marks of one set, by the item's canonical hash.
@@ -62,16 +65,19 @@ impl Marks {
             pending: 0,
             until,
             queued: false,
+            cut: false,
         });
         m.pending += 1;
+        m.cut = false;
         m.until = m.until.max(until);
     }
 
     /// An ADD of `hash` ended (its filter bit, if any, is set): held `ttl` from now. The last
     /// ADD in flight to end queues the mark, unless it is queued already.
     pub fn end(&mut self, hash: u128, ttl: Duration) {
-        let until = Instant::now() + ttl;
+        let now = Instant::now();
         if let Some(m) = self.marks.get_mut(&hash) {
+            let until = if m.cut { now } else { now + ttl };
             m.pending = m.pending.saturating_sub(1);
             m.until = m.until.max(until);
             if m.pending == 0 && !m.queued {
@@ -90,6 +96,21 @@ impl Marks {
         self.marks
             .get(&hash)
             .is_some_and(|m| m.pending > 0 || Instant::now() < m.until)
+    }
+
+    /// The database's history changed (docs/failover.md): the marks of ended ADDs, which
+    /// may be of writes the new history lost, are dropped; a mark whose ADD is in flight holds
+    /// until that ADD ends, and not after (the set's filter is incomplete until rebuilt from
+    /// the new history, so the mark protects nothing the database does not answer).
+    pub fn distrust(&mut self) {
+        let now = Instant::now();
+        self.marks.retain(|_, m| m.pending > 0);
+        self.expiry.clear();
+        for m in self.marks.values_mut() {
+            m.until = now;
+            m.queued = false;
+            m.cut = true;
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -154,6 +175,25 @@ mod tests {
         m.purge(Instant::now() + TTL + Duration::from_millis(1));
         assert!(!m.holds(1));
         assert!(m.is_empty());
+    }
+
+    #[test]
+    fn distrusted_marks_hold_only_while_their_adds_are_in_flight() {
+        let mut m = Marks::default();
+        m.begin(1, TTL);
+        m.end(1, TTL);
+        m.begin(2, TTL);
+        m.distrust();
+        assert!(!m.holds(1), "an ended ADD of the old history");
+        assert!(m.holds(2), "an ADD in flight");
+        m.end(2, TTL);
+        assert!(!m.holds(2), "held no longer once it ended");
+        m.purge(Instant::now());
+        assert!(m.is_empty());
+        // A write of the new history is held for its TTL as always.
+        m.begin(3, TTL);
+        m.end(3, TTL);
+        assert!(m.holds(3));
     }
 
     #[test]

@@ -221,6 +221,11 @@ impl SetState {
         self.marks.holds(hash)
     }
 
+    /// The database's history changed: marks of ended ADDs are dropped (`Marks::distrust`).
+    pub fn distrust_marks(&mut self) {
+        self.marks.distrust();
+    }
+
     pub fn recent_marks(&self) -> usize {
         self.marks.len()
     }

@@ -17,6 +17,9 @@ const SWEEP_EVERY: Duration = Duration::from_millis(100);
 /// notification asked for, and the periodic sweep (`run`).
 pub fn tick(ctx: &Context) {
     crate::server::replication::flush_replication(ctx);
+    // Another history of the database is answered before anything else (docs/failover.md).
+    crate::upkeep::history::react(ctx);
+    crate::upkeep::history::tell_unreadable(ctx);
     // A change notification starts its pass within this tick, not the next sweep.
     crate::upkeep::sync::poke(ctx);
     run(ctx);

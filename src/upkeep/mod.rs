@@ -3,6 +3,7 @@
 //! filters loaded from the primary.
 
 pub mod grow;
+pub mod history;
 pub mod housekeeping;
 pub mod notify;
 pub mod rebuild;

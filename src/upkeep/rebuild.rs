@@ -340,13 +340,20 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
         }) => {
             let swap = Instant::now();
             let bits = filter.bloom.bits();
+            // Built from a database or history the node no longer follows (a failover while
+            // it ran; docs/failover.md): installed incomplete, so it never answers "absent",
+            // and built again by the next sweep.
+            let stale = stale_origin(filter.origin.as_ref());
+            if stale {
+                filter.cov.complete = false;
+            }
             filter.bloom.add_many(&journal);
             replication::replicate_built_filter(ctx, &key, &payload.0, &journal);
             payload.free_later(ctx);
             let id = store::install(ctx, &key, filter);
             metrics::global(|m| m.rebuilds_done += 1);
             state::with(|r| {
-                state::installed(r, name, id, true);
+                state::installed(r, name, id, !stale);
                 state::built_since(r, name, started);
                 state::synced(r, name, epoch, started)
             });
@@ -420,4 +427,14 @@ fn finish(ctx: &Context, name: &str, incarnation: u64, res: Result<Ready, DbErr>
             }
         }
     });
+}
+
+/// Whether a build stamped `origin` was made from another database or history than the one
+/// this node follows now. A build without a stamp is judged by the sync pass (never trusted).
+fn stale_origin(origin: Option<&Origin>) -> bool {
+    use crate::filter::origin::NodeDb;
+    match (origin, db::identity::node()) {
+        (Some(o), NodeDb::Known(id) | NodeDb::Unreadable(id)) => o.db != id,
+        _ => false,
+    }
 }

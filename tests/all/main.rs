@@ -35,6 +35,7 @@ mod command_docs;
 mod commands;
 mod config_values;
 mod exporter;
+mod failover;
 mod false_positives;
 mod faults;
 mod foreign_filter;

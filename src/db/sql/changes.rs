@@ -30,6 +30,10 @@ pub struct Changes {
     /// Attached sets synced by UPDATED-COLUMN: the time each one's poll covers up to
     /// (docs/attach.md), and why a poll failed.
     pub time_horizons: HashMap<String, i64>,
+    /// The timeline the server wrote on in the pass's snapshot, when the node reads timelines
+    /// (docs/failover.md): a pass whose timeline is not the one the node learned at its start
+    /// applies nothing.
+    pub timeline: Option<i32>,
     pub poll_errors: HashMap<String, String>,
 }
 
@@ -48,7 +52,7 @@ pub struct Changes {
 pub fn changes_since(
     db: &mut Db,
     from: i64,
-    slots: Option<&SlotSet>,
+    (with_timeline, slots): (bool, Option<&SlotSet>),
     sets: &HashMap<String, Normalize>,
     prune_after_s: Option<u64>,
     sink: &mut Sink,
@@ -85,7 +89,13 @@ pub fn changes_since(
                                       AND g.tgname IN ('member_' || a.name || '$ins',
                                                        'member_' || a.name || '$upd',
                                                        'member_' || a.name || '$del')) < 3
-                         ) b) AS blind",
+                         ) b) AS blind,
+                 {timeline} AS timeline",
+        timeline = if with_timeline {
+            crate::db::identity::TIMELINE
+        } else {
+            "NULL::int4"
+        },
         ins = LOG_TRIGGERS[0],
         upd = LOG_TRIGGERS[1],
         del = LOG_TRIGGERS[2],
@@ -110,6 +120,7 @@ pub fn changes_since(
                 horizon: head.get(0),
                 floor: head.get::<_, Option<i64>>(1).unwrap_or(0),
                 blind: head.get(2),
+                timeline: head.get(3),
                 ..Changes::default()
             };
             // The rows, from the same snapshot, through a portal a page at a time.

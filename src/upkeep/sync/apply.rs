@@ -90,12 +90,21 @@ pub fn catch_up(
 
 pub(super) fn apply(
     ctx: &Context,
-    started: Instant,
-    epoch: u64,
+    (started, epoch, generation): (Instant, u64, u64),
     members: Vec<Member>,
     read: Option<&SlotSet>,
     res: Result<Changes, DbErr>,
 ) {
+    // A change of the database's history is answered before anything of this pass applies
+    // (docs/failover.md); a pass read in another generation than the node's now moves no
+    // watermark, and the next one reads on the history the node follows.
+    crate::upkeep::history::react(ctx);
+    let res = match res {
+        Ok(_) if generation != crate::db::identity::generation() => Err(DbErr::Unavailable(
+            "the database's history changed during the sync pass; it is made again".into(),
+        )),
+        res => res,
+    };
     let again = LOOP.with(|l| {
         let mut l = l.borrow_mut();
         l.in_flight = false;

@@ -234,13 +234,17 @@ pub fn run(ctx: &Context, now_all: bool) {
         read,
         started: now,
         epoch: state::with(|r| r.epoch),
+        generation: crate::db::identity::generation(),
         members,
         result: Some(Err(DbErr::Unavailable("sync job dropped".into()))),
     };
     let lookback = config::source_lookback_ms();
     pool::run(move |db| {
         let mut pass = pass;
-        crate::db::identity::learn_if_unknown(db);
+        // Which history this pass reads (docs/failover.md): learned again on its connection,
+        // and checked once more inside its snapshot below.
+        pass.generation = crate::db::identity::learn_for_pass(db);
+        let timeline = crate::db::identity::history().map(|h| h.timeline);
         // Each page goes to the main thread as soon as it is read (docs/sync.md, "Paging");
         // the pass's result follows the last one through the same queue.
         let mut pager = page::Pager::new(|page, ack| {
@@ -251,9 +255,22 @@ pub fn run(ctx: &Context, now_all: bool) {
         });
         let mut sink = |p| pager.send(p);
         let mut res = match from {
-            Some(from) => sql::changes_since(db, from, slots.as_ref(), &norms, prune, &mut sink),
+            Some(from) => {
+                let read = (timeline.is_some(), slots.as_ref());
+                sql::changes_since(db, from, read, &norms, prune, &mut sink)
+            }
             None => Ok(Changes::default()),
         };
+        if let Ok(ch) = &res {
+            if ch.timeline.is_some() && ch.timeline != timeline {
+                res = Err(DbErr::Unavailable(format!(
+                    "the database's timeline moved during the sync pass ({} to {}): the pass \
+                     is made again on the new history",
+                    timeline.unwrap_or_default(),
+                    ch.timeline.unwrap_or_default()
+                )));
+            }
+        }
         if let Ok(ch) = res.as_mut() {
             // One statement per UPDATED-COLUMN set; a failing one (its table dropped, a
             // privilege revoked) holds back only its own set.
@@ -279,6 +296,8 @@ struct Pass {
     started: Instant,
     /// Promotion epoch when the pass started.
     epoch: u64,
+    /// The database identity's generation the pass read in (`db::identity::generation`).
+    generation: u64,
     members: Vec<Member>,
     /// Cluster mode: the slots whose logged rows the pass read (`None`: every row).
     read: Option<SlotSet>,
@@ -287,7 +306,7 @@ struct Pass {
 
 impl Drop for Pass {
     fn drop(&mut self) {
-        let (started, epoch) = (self.started, self.epoch);
+        let (started, epoch, generation) = (self.started, self.epoch, self.generation);
         let members = std::mem::take(&mut self.members);
         let read = self.read.take();
         let res = self
@@ -295,7 +314,13 @@ impl Drop for Pass {
             .take()
             .unwrap_or(Err(DbErr::Unavailable("sync lost".into())));
         mainq::post(Box::new(move |ctx| {
-            apply::apply(ctx, started, epoch, members, read.as_ref(), res)
+            apply::apply(
+                ctx,
+                (started, epoch, generation),
+                members,
+                read.as_ref(),
+                res,
+            )
         }));
     }
 }

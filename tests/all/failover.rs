@@ -1,0 +1,239 @@
+//! A PostgreSQL failover to an asynchronous standby that was behind (docs/failover.md): the
+//! standby is stopped so that it misses transactions (members the module acknowledged, outside
+//! rows, and enough transactions to put the old history's ids well past the standby's), the
+//! primary is killed, and the standby is promoted. `member.pg-url` names both hosts with
+//! `target_session_attrs=read-write`, the libpq way to follow a failover. A checker runs
+//! through it all: members of both histories never answer 0; rows committed on the new
+//! primary answer 1 once the node has learned the new history, and from then on never 0;
+//! members lost in the promotion stop answering 1 within a few seconds of it.
+use crate::support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+use support::failover::PgPair;
+use support::member::*;
+use support::wait_until;
+
+/// The sync interval the node runs with: the bounds below are stated in it.
+const SYNC_MS: u64 = 200;
+
+fn insert(pg: &mut postgres::Client, set: &str, item: &str) {
+    pg.execute(
+        &format!("INSERT INTO member_{set} (entity_id) VALUES ($1)"),
+        &[&item],
+    )
+    .unwrap_or_else(|e| panic!("INSERT {item}: {e}"));
+}
+
+/// EXISTS as Some(answer), or None for an `UNAVAILABLE` (the database away during the
+/// failover: an error is always allowed, a wrong 0 or 1 never).
+fn exists(c: &mut redis::Connection, set: &str, item: &str) -> Option<i64> {
+    match cmd(c, &["MEMBER.EXISTS", set, item]) {
+        Ok(Value::Int(n)) => Some(n),
+        Ok(v) => panic!("EXISTS {item} answered {v:?}"),
+        Err(e) if e.code() == Some("UNAVAILABLE") => None,
+        Err(e) => panic!("EXISTS {item}: {e}"),
+    }
+}
+
+#[test]
+fn a_failover_to_a_standby_that_was_behind_hides_no_member_and_forgets_lost_ones() {
+    let mut pair = PgPair::start();
+    let sync = SYNC_MS.to_string();
+    let vk = start_loaded(&pair.url(), &[("member.sync-interval-ms", &sync)]);
+    let mut c = vk.conn();
+    ok(&mut c, &["MEMBER.CREATE", "s"]);
+    let history = info_field(&mut c, "db_history").expect("INFO member db_history");
+    assert!(history.starts_with("timeline 1 "), "db_history {history}");
+    let mut p = pair.primary();
+
+    // On both histories: acknowledged ADDs and outside rows, replayed by the standby.
+    let both: Vec<String> = (0..40).map(|i| format!("both-{i}")).collect();
+    for (i, item) in both.iter().enumerate() {
+        if i % 2 == 0 {
+            assert_eq!(int(&mut c, &["MEMBER.ADD", "s", item]), 1);
+        } else {
+            insert(&mut p, "s", item);
+        }
+    }
+    pair.wait_caught_up();
+    pair.stop_standby();
+
+    // On the old history only: 20 acknowledged ADDs, 100 outside rows, each its own
+    // transaction, and the node has seen them all (exact-match keys, marks, filter bits).
+    let lost_adds: Vec<String> = (0..20).map(|i| format!("lost-add-{i}")).collect();
+    let lost_rows: Vec<String> = (0..100).map(|i| format!("lost-row-{i}")).collect();
+    for item in &lost_adds {
+        assert_eq!(int(&mut c, &["MEMBER.ADD", "s", item]), 1);
+    }
+    for item in &lost_rows {
+        insert(&mut p, "s", item);
+    }
+    for item in lost_adds.iter().chain(&lost_rows) {
+        assert!(
+            wait_until(Duration::from_secs(20), || exists(&mut c, "s", item)
+                == Some(1)),
+            "{item} never answered 1 before the failover"
+        );
+        // Twice: the second is a cache hit, an exact-match key of the old history.
+        assert_eq!(exists(&mut c, "s", item), Some(1));
+    }
+    let old_watermark = set_info(&mut c, "s", "sync_watermark_xid");
+    drop(p);
+
+    // The checker: members of both histories, over and over, all through the failover.
+    let stop = Arc::new(AtomicBool::new(false));
+    let wrong = Arc::new(Mutex::new(Vec::<String>::new()));
+    let checker = {
+        let (stop, wrong) = (stop.clone(), wrong.clone());
+        let mut c = vk.conn();
+        let both = both.clone();
+        thread::spawn(move || {
+            let mut asked = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for item in &both {
+                    asked += 1;
+                    if exists(&mut c, "s", item) == Some(0) {
+                        wrong.lock().unwrap().push(item.clone());
+                    }
+                }
+            }
+            asked
+        })
+    };
+
+    pair.fail_over();
+    let promoted = Instant::now();
+    let mut s = pair.standby();
+    // New rows on the new primary, each its own transaction: their ids are ids the old
+    // history had already used (below the node's old watermark).
+    let fresh: Vec<String> = (0..30).map(|i| format!("new-row-{i}")).collect();
+    for item in &fresh {
+        insert(&mut s, "s", item);
+    }
+
+    // The node learns the new history within a sync interval of reaching the new primary.
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            info_field(&mut c, "db_history_changes").as_deref() == Some("1")
+        }),
+        "the node never saw the failover: db_history {:?}\n{}",
+        info_field(&mut c, "db_history"),
+        vk.log()
+    );
+    let learned = promoted.elapsed();
+    let history = info_field(&mut c, "db_history").unwrap();
+    assert!(history.starts_with("timeline 2 "), "db_history {history}");
+    assert_ne!(
+        info_field(&mut c, "db_history_changed_at").as_deref(),
+        Some("0")
+    );
+    assert!(
+        vk.log().contains("another history"),
+        "the log does not say what happened:\n{}",
+        vk.log()
+    );
+
+    // Rows of the new primary: their transaction ids are ids the old history had already
+    // used, below the watermark the node had; they answer 1 within the usual sync bound (the
+    // node rebuilds from the new primary and follows it from there), and then never 0.
+    let fresh_xid: i64 = s
+        .query_one(
+            "SELECT max(xmin::text::int8) FROM member_s WHERE entity_id LIKE 'new-row-%'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let old: i64 = old_watermark.as_deref().unwrap_or("0").parse().unwrap();
+    assert!(
+        fresh_xid < old,
+        "the test did not reuse the old history's ids (new rows up to xid {fresh_xid}, old \
+         watermark {old}): it would not show the failover's hazard"
+    );
+    for item in &fresh {
+        assert!(
+            wait_until(Duration::from_secs(10), || exists(&mut c, "s", item)
+                == Some(1)),
+            "{item}, committed on the new primary, never answered 1 (explain {:?}, \
+             filter_complete {:?})\n{}",
+            explain(&mut c, "s", item),
+            set_info(&mut c, "s", "filter_complete"),
+            vk.log()
+        );
+    }
+    // Lost members stop answering 1 within a few seconds of the node learning the new
+    // history (at once, in fact: its next command or 100 ms tick; 5 s for a busy machine),
+    // and stay 0.
+    for item in lost_adds.iter().chain(&lost_rows) {
+        assert!(
+            wait_until(Duration::from_secs(5), || exists(&mut c, "s", item)
+                == Some(0)),
+            "{item}, lost in the promotion, still answers 1 (explain {:?})",
+            explain(&mut c, "s", item)
+        );
+    }
+
+    // Filters rebuild from the new primary and serve "absent" again, on the new history.
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            set_info(&mut c, "s", "filter_serves_absent").as_deref() == Some("1")
+        }),
+        "the filter was never rebuilt from the new primary"
+    );
+    assert_eq!(
+        set_info(&mut c, "s", "filter_origin").as_deref(),
+        Some("here")
+    );
+    assert_ne!(
+        set_info(&mut c, "s", "sync_watermark_xid"),
+        old_watermark,
+        "the watermark is still the old history's"
+    );
+    for item in lost_adds.iter().chain(&lost_rows) {
+        assert_eq!(
+            exists(&mut c, "s", item),
+            Some(0),
+            "{item} after the rebuild"
+        );
+    }
+    for item in &fresh {
+        assert_eq!(
+            exists(&mut c, "s", item),
+            Some(1),
+            "{item} after the rebuild"
+        );
+    }
+    // An outside row written now reaches the rebuilt filter through the sync loop.
+    insert(&mut s, "s", "after-rebuild");
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            explain(&mut c, "s", "after-rebuild") == (1, "recent".into())
+                || explain(&mut c, "s", "after-rebuild").0 == 1
+        }),
+        "an outside row of the new history never answered 1"
+    );
+    // And an ADD through the module lands on the new primary.
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "s", "added-after"]), 1);
+    assert_eq!(exists(&mut c, "s", "added-after"), Some(1));
+
+    stop.store(true, Ordering::Relaxed);
+    let asked = checker.join().unwrap();
+    let mut wrong = wrong.lock().unwrap().clone();
+    assert!(asked > 0, "the checker never asked");
+    let count = wrong.len();
+    wrong.sort();
+    wrong.dedup();
+    assert!(
+        wrong.is_empty(),
+        "{count} of {asked} lookups of members of both histories answered 0, of these items: \
+         {wrong:?}"
+    );
+    eprintln!(
+        "failover: the node learned the new history {learned:?} after the promotion; the \
+         checker asked {asked} times, none wrong"
+    );
+}

@@ -1,0 +1,140 @@
+//! `PgPair`: a dedicated primary and its asynchronous streaming standby (`pg_basebackup -R`),
+//! for the failover tests (docs/failover.md): the standby is stopped so that it misses
+//! transactions, the primary is killed, and the standby is started again and promoted. Each
+//! test that fails over gets its own pair (a failover ends the primary's history); both are
+//! killed and removed on drop.
+
+use std::fs;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::time::Duration;
+
+use super::pg_cluster::{postgres_ids, Cluster};
+use super::process::make_temp_dir;
+use super::{pg_bin, wait_until};
+
+pub struct PgPair {
+    primary: Cluster,
+    standby: Cluster,
+}
+
+impl PgPair {
+    /// A new primary, and a standby streaming from it, both running.
+    pub fn start() -> PgPair {
+        let primary = Cluster::create("member-ownpg");
+        let (uid, gid) = postgres_ids();
+        let base = make_temp_dir("member-ownpg", Some((uid, gid)));
+        let out = Command::new(pg_bin("pg_basebackup"))
+            .arg("-D")
+            .arg(base.join("data"))
+            .args(["-R", "-X", "stream", "--no-sync", "--checkpoint=fast"])
+            .args(["-h", "127.0.0.1", "-U", "postgres", "-p"])
+            .arg(primary.port.to_string())
+            .current_dir(&base)
+            .uid(uid)
+            .gid(gid)
+            .output()
+            .expect("run pg_basebackup (is PostgreSQL installed? scripts/install-deps.sh)");
+        assert!(
+            out.status.success(),
+            "pg_basebackup failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut standby = Cluster {
+            base,
+            port: 0,
+            child: None,
+            extra: Vec::new(),
+        };
+        for attempt in 0.. {
+            standby.port = super::free_port();
+            match standby.try_start() {
+                Ok(()) => break,
+                Err(e) if attempt < 3 && e.contains("ould not") && e.contains("bind") => {}
+                Err(e) => panic!("standby: {e}"),
+            }
+        }
+        PgPair { primary, standby }
+    }
+
+    /// The libpq way to follow a failover: both hosts, and only the one that takes writes.
+    pub fn url(&self) -> String {
+        format!(
+            "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres \
+             target_session_attrs=read-write",
+            self.primary.port, self.standby.port
+        )
+    }
+
+    /// A connection to the primary (before the failover).
+    pub fn primary(&self) -> postgres::Client {
+        self.primary.client("postgres")
+    }
+
+    /// A connection to the standby (after the failover: the new primary).
+    pub fn standby(&self) -> postgres::Client {
+        self.standby.client("postgres")
+    }
+
+    /// Waits until the standby has replayed every commit the primary made so far.
+    pub fn wait_caught_up(&self) {
+        let mut p = self.primary();
+        // Every commit made so far is before the insert position; the test clusters commit
+        // asynchronously (`synchronous_commit=off`), so the WAL writer flushes, and the
+        // walsender ships, that far within its `wal_writer_delay`.
+        let lsn: String = p
+            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+            .unwrap()
+            .get(0);
+        let mut s = self.standby();
+        assert!(
+            wait_until(Duration::from_secs(30), || {
+                s.query_one(
+                    "SELECT coalesce(pg_last_wal_replay_lsn() >= $1::text::pg_lsn, false)",
+                    &[&lsn],
+                )
+                .map(|r| r.get::<_, bool>(0))
+                .unwrap_or(false)
+            }),
+            "the standby did not replay up to {lsn} within 30 s"
+        );
+    }
+
+    /// Stops the standby (fast shutdown): from now on it misses what the primary commits, as
+    /// a disconnected or lagging standby does.
+    pub fn stop_standby(&mut self) {
+        self.standby.stop();
+    }
+
+    /// Kills the primary (immediate shutdown, like a crash), starts the standby again and
+    /// promotes it; returns once it takes writes on a new timeline.
+    pub fn fail_over(&mut self) {
+        self.primary.kill();
+        if let Err(e) = self.standby.try_start() {
+            panic!("restart the standby: {e}");
+        }
+        let mut s = self.standby();
+        let promoted: bool = s
+            .query_one("SELECT pg_promote(true, 60)", &[])
+            .unwrap()
+            .get(0);
+        assert!(promoted, "pg_promote() did not finish within 60 s");
+        assert!(
+            wait_until(Duration::from_secs(30), || {
+                s.query_one("SELECT NOT pg_is_in_recovery()", &[])
+                    .map(|r| r.get::<_, bool>(0))
+                    .unwrap_or(false)
+            }),
+            "the promoted standby still in recovery"
+        );
+    }
+}
+
+impl Drop for PgPair {
+    fn drop(&mut self) {
+        for c in [&mut self.primary, &mut self.standby] {
+            c.kill();
+            let _ = fs::remove_dir_all(&c.base);
+        }
+    }
+}

@@ -312,7 +312,7 @@ fn an_outside_bulk_insert_evicts_nothing_on_any_primary_of_a_cluster() {
     }
 
     let t = Instant::now();
-    cl.db
+    cl.db()
         .client()
         .batch_execute(&format!(
             "INSERT INTO member_{set} (entity_id) SELECT 'cb-' || g FROM generate_series(1, {CLUSTER_ROWS}) g"

@@ -18,7 +18,7 @@ fn an_attached_table_is_served_by_the_owner_of_each_rows_slot() {
     let held = Cluster::shared();
     let cl: &Cluster = &held;
     let set = "cl_users";
-    let mut pg = cl.db.client();
+    let mut pg = cl.db().client();
     pg.batch_execute(&format!(
         "CREATE TABLE public.cl_users (username text PRIMARY KEY);
          CREATE UNIQUE INDEX ON public.cl_users (lower(username));

@@ -357,7 +357,7 @@ fn a_tokenized_set_is_served_by_the_holder_of_each_tokens_slot() {
     );
     // The database holds tokens only.
     let raw: i64 = cl
-        .db
+        .db()
         .client()
         .query_one(
             "SELECT count(*) FROM member_tokens WHERE entity_id ILIKE 'card-%'",

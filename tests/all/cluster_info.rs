@@ -237,7 +237,7 @@ fn a_set_a_node_cannot_serve_backs_off_and_says_why() {
     let set = "cannot_serve";
     // A set whose source table is not there (dropped behind the module's back): written into
     // the catalog directly, as the CREATE that made it would have, then the table is gone.
-    cl.db
+    cl.db()
         .client()
         .batch_execute(&format!(
             "INSERT INTO member_catalog (name, error_rate, capacity, cache_ttl, recent_ttl,

@@ -21,7 +21,7 @@ fn rebuild_from_any_node_rebuilds_every_primary_and_sync_sums_their_rows() {
     let cl: &Cluster = &held;
     let set = "cw_rebuild";
     cl.create_everywhere_with(set, &["NORMALIZE", "none"]);
-    cl.db
+    cl.db()
         .client()
         .batch_execute(&format!(
             "INSERT INTO member_{set} (entity_id) SELECT 'r' || g FROM generate_series(1, 300) g"

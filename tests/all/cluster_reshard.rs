@@ -273,7 +273,7 @@ fn create_set(cl: &Cluster, set: &str, source: Option<&Source>) {
         cl.create_everywhere_with(set, &SET_OPTIONS);
         return;
     };
-    cl.db
+    cl.db()
         .client()
         .batch_execute(&format!(
             "CREATE TABLE {t} (username text PRIMARY KEY);
@@ -292,7 +292,7 @@ fn create_set(cl: &Cluster, set: &str, source: Option<&Source>) {
 /// commit.
 fn source_for(cl: &Cluster, tag: &str) -> Source {
     Source {
-        url: cl.db.url(),
+        url: cl.db().url(),
         table: format!("public.{tag}_src_{}", std::process::id()),
         column: "username".into(),
         outside_ms: 3000,

@@ -536,7 +536,7 @@ fn an_attached_sets_slot_that_arrives_is_filled_from_the_source() {
     let set = "att_arrivals";
     let (absent, slot) = probe(cl, "att-arrivals");
     let member = item_in_slot(cl, "att-arrivals-member", slot);
-    let mut pg = cl.db.client();
+    let mut pg = cl.db().client();
     pg.batch_execute(&format!(
         "CREATE TABLE public.att_arrivals (name text PRIMARY KEY);
          INSERT INTO public.att_arrivals SELECT 'row-' || g FROM generate_series(1, 2000) g;

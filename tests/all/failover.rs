@@ -14,6 +14,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::Value;
+use support::cluster::Cluster;
 use support::failover::PgPair;
 use support::member::*;
 use support::wait_until;
@@ -31,8 +32,8 @@ fn insert(pg: &mut postgres::Client, set: &str, item: &str) {
 
 /// EXISTS as Some(answer), or None for an `UNAVAILABLE` (the database away during the
 /// failover: an error is always allowed, a wrong 0 or 1 never).
-fn exists(c: &mut redis::Connection, set: &str, item: &str) -> Option<i64> {
-    match cmd(c, &["MEMBER.EXISTS", set, item]) {
+fn exists(c: &mut impl redis::ConnectionLike, set: &str, item: &str) -> Option<i64> {
+    match redis::cmd("MEMBER.EXISTS").arg(set).arg(item).query(c) {
         Ok(Value::Int(n)) => Some(n),
         Ok(v) => panic!("EXISTS {item} answered {v:?}"),
         Err(e) if e.code() == Some("UNAVAILABLE") => None,
@@ -40,16 +41,19 @@ fn exists(c: &mut redis::Connection, set: &str, item: &str) -> Option<i64> {
     }
 }
 
+/// The module runs as a least-privilege role (it logs in and owns its database, nothing
+/// more): what it reads to tell histories apart needs no privilege.
 #[test]
 fn a_failover_to_a_standby_that_was_behind_hides_no_member_and_forgets_lost_ones() {
     let mut pair = PgPair::start();
+    let url = pair.least_privilege("app");
     let sync = SYNC_MS.to_string();
-    let vk = start_loaded(&pair.url(), &[("member.sync-interval-ms", &sync)]);
+    let vk = start_loaded(&url, &[("member.sync-interval-ms", &sync)]);
     let mut c = vk.conn();
     ok(&mut c, &["MEMBER.CREATE", "s"]);
     let history = info_field(&mut c, "db_history").expect("INFO member db_history");
     assert!(history.starts_with("timeline 1 "), "db_history {history}");
-    let mut p = pair.primary();
+    let mut p = pair.primary_db("app");
 
     // On both histories: acknowledged ADDs and outside rows, replayed by the standby.
     let both: Vec<String> = (0..40).map(|i| format!("both-{i}")).collect();
@@ -108,7 +112,7 @@ fn a_failover_to_a_standby_that_was_behind_hides_no_member_and_forgets_lost_ones
 
     pair.fail_over();
     let promoted = Instant::now();
-    let mut s = pair.standby();
+    let mut s = pair.standby_db("app");
     // New rows on the new primary, each its own transaction: their ids are ids the old
     // history had already used (below the node's old watermark).
     let fresh: Vec<String> = (0..30).map(|i| format!("new-row-{i}")).collect();
@@ -235,5 +239,161 @@ fn a_failover_to_a_standby_that_was_behind_hides_no_member_and_forgets_lost_ones
     eprintln!(
         "failover: the node learned the new history {learned:?} after the promotion; the \
          checker asked {asked} times, none wrong"
+    );
+}
+
+/// The same failover under a cluster of three primaries: every node reads the history on its
+/// own connections and answers the change on its own (a cluster of the test's own, on the
+/// pair: the shared clusters' database is the shared PostgreSQL, which no test fails over).
+#[test]
+fn in_a_cluster_every_node_sees_the_failover_on_its_own() {
+    let mut pair = PgPair::start();
+    let sync = SYNC_MS.to_string();
+    let cl = Cluster::start_primaries_on(&pair.url(), &[("member.sync-interval-ms", &sync)]);
+    cl.create_everywhere("s");
+    cl.wait_ready("s");
+    let mut c = cl.client();
+    let mut p = pair.primary();
+    let both: Vec<String> = (0..30).map(|i| format!("both-{i}")).collect();
+    for (i, item) in both.iter().enumerate() {
+        if i % 2 == 0 {
+            let added: i64 = redis::cmd("MEMBER.ADD")
+                .arg("s")
+                .arg(item)
+                .query(&mut c)
+                .unwrap();
+            assert_eq!(added, 1, "{item}");
+        } else {
+            insert(&mut p, "s", item);
+        }
+    }
+    pair.wait_caught_up();
+    pair.stop_standby();
+    let lost: Vec<String> = (0..30).map(|i| format!("lost-{i}")).collect();
+    for (i, item) in lost.iter().enumerate() {
+        if i % 2 == 0 {
+            let added: i64 = redis::cmd("MEMBER.ADD")
+                .arg("s")
+                .arg(item)
+                .query(&mut c)
+                .unwrap();
+            assert_eq!(added, 1, "{item}");
+        } else {
+            insert(&mut p, "s", item);
+        }
+    }
+    for item in &lost {
+        assert!(
+            wait_until(Duration::from_secs(20), || exists(&mut c, "s", item)
+                == Some(1)),
+            "{item} never answered 1 before the failover"
+        );
+        assert_eq!(exists(&mut c, "s", item), Some(1));
+    }
+    drop(p);
+
+    pair.fail_over();
+    let mut s = pair.standby();
+    let fresh: Vec<String> = (0..30).map(|i| format!("new-{i}")).collect();
+    for item in &fresh {
+        insert(&mut s, "s", item);
+    }
+    // Every node learns the new history by itself: each runs its own sync passes.
+    for n in cl.primaries() {
+        let mut nc = n.conn();
+        assert!(
+            wait_until(Duration::from_secs(30), || {
+                info_field(&mut nc, "db_history_changes").as_deref() == Some("1")
+            }),
+            "{} never saw the failover: db_history {:?}",
+            n.addr(),
+            info_field(&mut nc, "db_history")
+        );
+        let history = info_field(&mut nc, "db_history").unwrap();
+        assert!(
+            history.starts_with("timeline 2 "),
+            "{}: {history}",
+            n.addr()
+        );
+    }
+    for item in &both {
+        assert_eq!(
+            exists(&mut c, "s", item),
+            Some(1),
+            "{item}, on both histories"
+        );
+    }
+    for item in &lost {
+        assert!(
+            wait_until(Duration::from_secs(5), || exists(&mut c, "s", item)
+                == Some(0)),
+            "{item}, lost in the promotion, still answers 1"
+        );
+    }
+    for item in &fresh {
+        assert!(
+            wait_until(Duration::from_secs(10), || exists(&mut c, "s", item)
+                == Some(1)),
+            "{item}, committed on the new primary, never answered 1"
+        );
+    }
+    cl.wait_ready("s");
+    for item in &fresh {
+        assert_eq!(
+            exists(&mut c, "s", item),
+            Some(1),
+            "{item} after the rebuilds"
+        );
+    }
+    for item in &lost {
+        assert_eq!(
+            exists(&mut c, "s", item),
+            Some(0),
+            "{item} after the rebuilds"
+        );
+    }
+}
+
+/// A rebuild source (`member.pg-rebuild-url`) that follows another history than the primary
+/// is refused: here a second standby of the old primary, which nobody re-pointed at the
+/// promoted one. It never replays the new primary's history row, so the rebuild waits its
+/// bound (10 s) for it and fails, saying why; the set keeps answering from the database.
+#[test]
+fn a_rebuild_source_on_another_history_is_refused() {
+    let mut pair = PgPair::start();
+    let other = pair.other_standby();
+    let sync = SYNC_MS.to_string();
+    let vk = start_loaded(&pair.url(), &[("member.sync-interval-ms", &sync)]);
+    let mut c = vk.conn();
+    ok(&mut c, &["MEMBER.CREATE", "s"]);
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "s", "a"]), 1);
+    ok(
+        &mut c,
+        &["CONFIG", "SET", "member.pg-rebuild-url", &other.url()],
+    );
+    // Before the failover the second standby follows the primary's history: it serves.
+    assert_eq!(int(&mut c, &["MEMBER.REBUILD", "s", "SYNC"]), 1);
+    assert_eq!(set_info(&mut c, "s", "last_rebuild").as_deref(), Some("ok"));
+
+    pair.fail_over();
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            info_field(&mut c, "db_history_changes").as_deref() == Some("1")
+        }),
+        "the node never saw the failover"
+    );
+    let e = err(&mut c, &["MEMBER.REBUILD", "s", "SYNC"]);
+    assert!(
+        e.contains("another history"),
+        "a standby of the old history was not refused as such: {e}"
+    );
+    // The database answers meanwhile, and the primary rebuilds once the URL is emptied.
+    assert_eq!(exists(&mut c, "s", "a"), Some(1));
+    assert_eq!(exists(&mut c, "s", "never-added"), Some(0));
+    ok(&mut c, &["CONFIG", "SET", "member.pg-rebuild-url", ""]);
+    assert_eq!(int(&mut c, &["MEMBER.REBUILD", "s", "SYNC"]), 1);
+    assert_eq!(
+        set_info(&mut c, "s", "filter_serves_absent").as_deref(),
+        Some("1")
     );
 }

@@ -137,7 +137,7 @@ fn sql_server_and_rust_agree_on_every_slot() {
     assert!(items.len() >= 2000);
     let server = server_slots(&mut cl.nodes[0].conn(), &items);
     // The module installed member_keyslot() when it loaded the catalog.
-    let sql = sql_slots(&mut cl.db.client(), &items);
+    let sql = sql_slots(&mut cl.db().client(), &items);
     for (i, item) in items.iter().enumerate() {
         let rust = slot::keyslot(item.as_bytes());
         assert_eq!(sql[i], server[i], "member_keyslot({item:?})");
@@ -210,7 +210,7 @@ fn outside_writers_get_the_slot_filled() {
     let mut c = p.conn();
     ok(&mut c, &["MEMBER.CREATE", "ks_outside"]);
     wait_built(&mut c, "ks_outside");
-    let mut pg = cl.db.client();
+    let mut pg = cl.db().client();
     assert!(has_slot_index(&mut pg, "member_ks_outside"));
     // Plain writes that know nothing of the column: named columns, positional, multi-row, COPY.
     pg.batch_execute(
@@ -249,7 +249,7 @@ fn outside_writers_get_the_slot_filled() {
 fn an_older_table_gets_its_slot_column_when_the_module_meets_it() {
     let held = Cluster::shared();
     let cl: &Cluster = &held;
-    let mut pg = cl.db.client();
+    let mut pg = cl.db().client();
     // A table as earlier versions created it, with rows, before the set is created.
     pg.batch_execute(
         "CREATE TABLE member_ks_old (

@@ -189,7 +189,9 @@ impl<G> std::ops::Deref for Shared<G> {
 }
 
 pub struct Cluster {
-    pub db: TestDb,
+    /// The fresh database of the shared PostgreSQL it runs on (`None`: on a database of the
+    /// caller's, [`Cluster::start_primaries_on`]).
+    db: Option<TestDb>,
     pub nodes: Vec<Node>,
     /// The connection kept for the harness's own questions ([`Cluster::keyslot`],
     /// [`Cluster::slots`]), with the port it goes to.
@@ -287,10 +289,25 @@ impl Cluster {
         Self::start_with_replicas(configs, 0)
     }
 
+    /// [`Cluster::start_primaries_only`] on the database at `pg_url` instead of a fresh one of
+    /// the shared PostgreSQL: for the failover tests, whose database is a primary with its
+    /// standby (`failover::PgPair`), which no other test may share.
+    pub fn start_primaries_on(pg_url: &str, configs: &[(&str, &str)]) -> Cluster {
+        Self::start_on(Some(pg_url), configs, 0)
+    }
+
     /// `replicas` per primary: 0 or 1.
     fn start_with_replicas(configs: &[(&str, &str)], replicas: usize) -> Cluster {
-        let db = fresh_db();
-        let url = db.url();
+        Self::start_on(None, configs, replicas)
+    }
+
+    fn start_on(pg_url: Option<&str>, configs: &[(&str, &str)], replicas: usize) -> Cluster {
+        let db = pg_url.is_none().then(fresh_db);
+        let url = match (&db, pg_url) {
+            (Some(db), _) => db.url(),
+            (None, Some(u)) => u.to_string(),
+            (None, None) => unreachable!(),
+        };
         let mut own: Vec<(&str, &str)> = SHARED_CONFIGS
             .iter()
             .filter(|(k, _)| !configs.iter().any(|(c, _)| c == k))
@@ -405,6 +422,13 @@ impl Cluster {
     }
 
     /// The primaries that are up.
+    /// The cluster's database (not for [`Cluster::start_primaries_on`]'s, which the caller has).
+    pub fn db(&self) -> &TestDb {
+        self.db
+            .as_ref()
+            .expect("a cluster on the caller's own database has no TestDb")
+    }
+
     pub fn primaries(&self) -> impl Iterator<Item = &Node> {
         self.nodes.iter().filter(|n| n.primary && !n.down)
     }

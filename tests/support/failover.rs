@@ -18,62 +18,115 @@ pub struct PgPair {
     standby: Cluster,
 }
 
+/// A second standby of the pair's primary, which nothing promotes: after the failover it
+/// still follows the old history. Killed and removed on drop.
+pub struct OtherStandby(Cluster);
+
+impl OtherStandby {
+    pub fn url(&self) -> String {
+        self.0.url("postgres")
+    }
+}
+
+impl Drop for OtherStandby {
+    fn drop(&mut self) {
+        self.0.kill();
+        let _ = fs::remove_dir_all(&self.0.base);
+    }
+}
+
+/// `pg_basebackup -R` of the server at `port` into a new dir, started.
+fn standby_of(port: u16) -> Cluster {
+    let (uid, gid) = postgres_ids();
+    let base = make_temp_dir("member-ownpg", Some((uid, gid)));
+    let out = Command::new(pg_bin("pg_basebackup"))
+        .arg("-D")
+        .arg(base.join("data"))
+        .args(["-R", "-X", "stream", "--no-sync", "--checkpoint=fast"])
+        .args(["-h", "127.0.0.1", "-U", "postgres", "-p"])
+        .arg(port.to_string())
+        .current_dir(&base)
+        .uid(uid)
+        .gid(gid)
+        .output()
+        .expect("run pg_basebackup (is PostgreSQL installed? scripts/install-deps.sh)");
+    assert!(
+        out.status.success(),
+        "pg_basebackup failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut standby = Cluster {
+        base,
+        port: 0,
+        child: None,
+        extra: Vec::new(),
+    };
+    for attempt in 0.. {
+        standby.port = super::free_port();
+        match standby.try_start() {
+            Ok(()) => break,
+            Err(e) if attempt < 3 && e.contains("ould not") && e.contains("bind") => {}
+            Err(e) => panic!("standby: {e}"),
+        }
+    }
+    standby
+}
+
 impl PgPair {
     /// A new primary, and a standby streaming from it, both running.
     pub fn start() -> PgPair {
         let primary = Cluster::create("member-ownpg");
-        let (uid, gid) = postgres_ids();
-        let base = make_temp_dir("member-ownpg", Some((uid, gid)));
-        let out = Command::new(pg_bin("pg_basebackup"))
-            .arg("-D")
-            .arg(base.join("data"))
-            .args(["-R", "-X", "stream", "--no-sync", "--checkpoint=fast"])
-            .args(["-h", "127.0.0.1", "-U", "postgres", "-p"])
-            .arg(primary.port.to_string())
-            .current_dir(&base)
-            .uid(uid)
-            .gid(gid)
-            .output()
-            .expect("run pg_basebackup (is PostgreSQL installed? scripts/install-deps.sh)");
-        assert!(
-            out.status.success(),
-            "pg_basebackup failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let mut standby = Cluster {
-            base,
-            port: 0,
-            child: None,
-            extra: Vec::new(),
-        };
-        for attempt in 0.. {
-            standby.port = super::free_port();
-            match standby.try_start() {
-                Ok(()) => break,
-                Err(e) if attempt < 3 && e.contains("ould not") && e.contains("bind") => {}
-                Err(e) => panic!("standby: {e}"),
-            }
-        }
+        let standby = standby_of(primary.port);
         PgPair { primary, standby }
+    }
+
+    /// Another standby of the primary (before the failover).
+    pub fn other_standby(&self) -> OtherStandby {
+        OtherStandby(standby_of(self.primary.port))
     }
 
     /// The libpq way to follow a failover: both hosts, and only the one that takes writes.
     pub fn url(&self) -> String {
+        self.url_as("postgres", "postgres")
+    }
+
+    /// [`PgPair::url`] for database `db` as role `user`.
+    pub fn url_as(&self, db: &str, user: &str) -> String {
         format!(
-            "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres \
+            "host=127.0.0.1,127.0.0.1 port={},{} user={user} dbname={db} \
              target_session_attrs=read-write",
             self.primary.port, self.standby.port
         )
     }
 
-    /// A connection to the primary (before the failover).
+    /// A least-privilege role for the module, made on the primary (the standby replays it):
+    /// it may log in and owns database `db`, nothing more. Returns [`PgPair::url_as`] for it.
+    pub fn least_privilege(&self, db: &str) -> String {
+        let mut p = self.primary();
+        p.batch_execute(&format!("CREATE ROLE {db} LOGIN")).unwrap();
+        p.batch_execute(&format!("CREATE DATABASE {db} OWNER {db}"))
+            .unwrap();
+        self.url_as(db, db)
+    }
+
+    /// A connection to the primary (before the failover), to database `postgres`.
     pub fn primary(&self) -> postgres::Client {
         self.primary.client("postgres")
+    }
+
+    /// A connection to database `db` of the primary, as the superuser.
+    pub fn primary_db(&self, db: &str) -> postgres::Client {
+        self.primary.client(db)
     }
 
     /// A connection to the standby (after the failover: the new primary).
     pub fn standby(&self) -> postgres::Client {
         self.standby.client("postgres")
+    }
+
+    /// A connection to database `db` of the standby, as the superuser.
+    pub fn standby_db(&self, db: &str) -> postgres::Client {
+        self.standby.client(db)
     }
 
     /// Waits until the standby has replayed every commit the primary made so far.
@@ -106,12 +159,14 @@ impl PgPair {
         self.standby.stop();
     }
 
-    /// Kills the primary (immediate shutdown, like a crash), starts the standby again and
-    /// promotes it; returns once it takes writes on a new timeline.
+    /// Kills the primary (immediate shutdown, like a crash), starts the standby again if it
+    /// was stopped, and promotes it; returns once it takes writes on a new timeline.
     pub fn fail_over(&mut self) {
         self.primary.kill();
-        if let Err(e) = self.standby.try_start() {
-            panic!("restart the standby: {e}");
+        if self.standby.child.is_none() {
+            if let Err(e) = self.standby.try_start() {
+                panic!("restart the standby: {e}");
+            }
         }
         let mut s = self.standby();
         let promoted: bool = s

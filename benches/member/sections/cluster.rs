@@ -73,7 +73,7 @@ fn members_of(cl: &Cluster, node: &Node, limit: u64) -> Vec<String> {
         .filter(|r| r.primary_port == node.port())
         .map(|r| format!("slot BETWEEN {} AND {}", r.first, r.last))
         .collect();
-    cl.db
+    cl.db()
         .client()
         .query(
             &format!(
@@ -158,7 +158,7 @@ impl Bench {
             "cluster: loading {} members with SQL",
             thousands(n)
         ));
-        let mut pg = cl.db.client();
+        let mut pg = cl.db().client();
         pg.batch_execute(&format!(
             "INSERT INTO {TABLE} (entity_id) SELECT 'm' || g FROM generate_series(1, {n}) g"
         ))

@@ -492,7 +492,7 @@ pub fn final_check(cl: &Cluster, set: &str, cfg: &LoadConfig, ops: &[Op]) -> Vec
     let rules = &cfg.rules();
     let truth = &Truth::of(set, cfg);
     let mut out = Vec::new();
-    let members = truth.members(&mut cl.db.client());
+    let members = truth.members(&mut cl.db().client());
     let mut writes_of: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
     for o in ops {
         let w = writes_of.entry(&o.item).or_default();
@@ -620,7 +620,7 @@ fn settle(
     item: &str,
     deadline: Instant,
 ) -> Option<Violation> {
-    let mut pg = cl.db.client();
+    let mut pg = cl.db().client();
     let mut c = node.conn();
     loop {
         let before = truth.has(&mut pg, item);

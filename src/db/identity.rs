@@ -135,6 +135,32 @@ fn base(c: &mut Client) -> Result<String, postgres::Error> {
     })
 }
 
+/// The base identity and the history in one statement, when the role may read them all and
+/// the timeline's row exists (`None`: it does not yet).
+fn at_once(c: &mut Client) -> Result<Option<(String, History)>, postgres::Error> {
+    let sql = format!(
+        "SELECT i.sysid, i.oid, t.tl,
+                (SELECT token FROM member_catalog_history WHERE timeline = t.tl)
+           FROM (SELECT system_identifier::text AS sysid,
+                        (SELECT oid FROM pg_database
+                          WHERE datname = current_database())::int8 AS oid
+                   FROM pg_control_system()) i,
+                (SELECT {TIMELINE} AS tl) t"
+    );
+    let row = c.query_typed_one(&sql, &[])?;
+    let token: Option<String> = row.get(3);
+    Ok(token.map(|token| {
+        let (sysid, oid): (String, i64) = (row.get(0), row.get(1));
+        (
+            format!("postgresql:{sysid}:{oid}"),
+            History {
+                timeline: row.get(2),
+                token,
+            },
+        )
+    }))
+}
+
 /// The history `c`'s server follows now, writing its row first if no node has yet.
 pub fn read_history(c: &mut Client) -> Result<History, postgres::Error> {
     let timeline: i32 = c
@@ -197,15 +223,23 @@ fn compose(base: &str, history: Option<&History>) -> u128 {
 /// `unreadable`. Any other failure (a timeout, a lost connection) changes nothing, and the
 /// next connection or pass tries again.
 pub(super) fn learn(c: &mut Client) {
-    let base = match base(c) {
-        Ok(b) => Some(b),
-        Err(e) if refused(&e) => None,
-        Err(_) => return,
-    };
-    let (history, history_refused) = match read_history(c) {
-        Ok(h) => (Some(h), false),
-        Err(e) if refused(&e) => (None, true),
-        Err(_) => return,
+    // The usual case in one round trip (every sync pass asks): everything readable, the
+    // timeline's row there. Otherwise each part on its own, which tells what is refused and
+    // writes the row.
+    let (base, (history, history_refused)) = match at_once(c) {
+        Ok(Some((b, h))) => (Some(b), (Some(h), false)),
+        Ok(None) | Err(_) => {
+            let base = match base(c) {
+                Ok(b) => Some(b),
+                Err(e) if refused(&e) => None,
+                Err(_) => return,
+            };
+            match read_history(c) {
+                Ok(h) => (base, (Some(h), false)),
+                Err(e) if refused(&e) => (base, (None, true)),
+                Err(_) => return,
+            }
+        }
     };
     let mut node = lock();
     let db = match &base {

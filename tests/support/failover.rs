@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::pg_cluster::{postgres_ids, Cluster};
 use super::process::make_temp_dir;
-use super::{pg_bin, wait_until};
+use super::{pg_bin, wait_until, OwnPg};
 
 pub struct PgPair {
     primary: Cluster,
@@ -131,26 +131,7 @@ impl PgPair {
 
     /// Waits until the standby has replayed every commit the primary made so far.
     pub fn wait_caught_up(&self) {
-        let mut p = self.primary();
-        // Every commit made so far is before the insert position; the test clusters commit
-        // asynchronously (`synchronous_commit=off`), so the WAL writer flushes, and the
-        // walsender ships, that far within its `wal_writer_delay`.
-        let lsn: String = p
-            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
-            .unwrap()
-            .get(0);
-        let mut s = self.standby();
-        assert!(
-            wait_until(Duration::from_secs(30), || {
-                s.query_one(
-                    "SELECT coalesce(pg_last_wal_replay_lsn() >= $1::text::pg_lsn, false)",
-                    &[&lsn],
-                )
-                .map(|r| r.get::<_, bool>(0))
-                .unwrap_or(false)
-            }),
-            "the standby did not replay up to {lsn} within 30 s"
-        );
+        wait_replayed(&mut self.primary(), &self.standby);
     }
 
     /// Stops the standby (fast shutdown): from now on it misses what the primary commits, as
@@ -163,25 +144,91 @@ impl PgPair {
     /// was stopped, and promotes it; returns once it takes writes on a new timeline.
     pub fn fail_over(&mut self) {
         self.primary.kill();
-        if self.standby.child.is_none() {
-            if let Err(e) = self.standby.try_start() {
-                panic!("restart the standby: {e}");
-            }
+        promote(&mut self.standby);
+    }
+}
+
+/// Waits until `standby` has replayed every commit `primary` made so far.
+fn wait_replayed(primary: &mut postgres::Client, standby: &Cluster) {
+    // Every commit made so far is before the insert position; the test clusters commit
+    // asynchronously (`synchronous_commit=off`), so the WAL writer flushes, and the
+    // walsender ships, that far within its `wal_writer_delay`.
+    let lsn: String = primary
+        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+        .unwrap()
+        .get(0);
+    let mut s = standby.client("postgres");
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            s.query_one(
+                "SELECT coalesce(pg_last_wal_replay_lsn() >= $1::text::pg_lsn, false)",
+                &[&lsn],
+            )
+            .map(|r| r.get::<_, bool>(0))
+            .unwrap_or(false)
+        }),
+        "the standby did not replay up to {lsn} within 30 s"
+    );
+}
+
+/// Starts `standby` if it was stopped and promotes it; returns once it takes writes on a new
+/// timeline.
+fn promote(standby: &mut Cluster) {
+    if standby.child.is_none() {
+        if let Err(e) = standby.try_start() {
+            panic!("restart the standby: {e}");
         }
-        let mut s = self.standby();
-        let promoted: bool = s
-            .query_one("SELECT pg_promote(true, 60)", &[])
-            .unwrap()
-            .get(0);
-        assert!(promoted, "pg_promote() did not finish within 60 s");
-        assert!(
-            wait_until(Duration::from_secs(30), || {
-                s.query_one("SELECT NOT pg_is_in_recovery()", &[])
-                    .map(|r| r.get::<_, bool>(0))
-                    .unwrap_or(false)
-            }),
-            "the promoted standby still in recovery"
-        );
+    }
+    let mut s = standby.client("postgres");
+    let promoted: bool = s
+        .query_one("SELECT pg_promote(true, 60)", &[])
+        .unwrap()
+        .get(0);
+    assert!(promoted, "pg_promote() did not finish within 60 s");
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            s.query_one("SELECT NOT pg_is_in_recovery()", &[])
+                .map(|r| r.get::<_, bool>(0))
+                .unwrap_or(false)
+        }),
+        "the promoted standby still in recovery"
+    );
+}
+
+/// A streaming standby of an [`OwnPg`] (the chaos run's "pg-promote-behind" fault): stopped
+/// so that it falls behind, then promoted in the place of the killed primary. Killed and
+/// removed on drop unless promoted.
+pub struct Standby(Option<Cluster>);
+
+impl Standby {
+    pub fn of(pg: &OwnPg) -> Standby {
+        Standby(Some(standby_of(pg.port())))
+    }
+
+    /// Waits until it has replayed every commit of `primary` so far.
+    pub fn wait_caught_up(&self, primary: &OwnPg) {
+        wait_replayed(&mut primary.client(), self.0.as_ref().unwrap());
+    }
+
+    /// Fast shutdown: from now on it misses what the primary commits.
+    pub fn stop(&mut self) {
+        self.0.as_mut().unwrap().stop();
+    }
+
+    /// Starts it again and promotes it: the new primary, as an [`OwnPg`].
+    pub fn promote(mut self) -> OwnPg {
+        let mut c = self.0.take().unwrap();
+        promote(&mut c);
+        OwnPg::adopt(c)
+    }
+}
+
+impl Drop for Standby {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            c.kill();
+            let _ = fs::remove_dir_all(&c.base);
+        }
     }
 }
 

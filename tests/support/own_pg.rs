@@ -18,6 +18,11 @@ impl OwnPg {
         }
     }
 
+    /// A running cluster made elsewhere (a promoted standby), owned from now on.
+    pub(super) fn adopt(cluster: Cluster) -> OwnPg {
+        OwnPg { cluster }
+    }
+
     pub fn port(&self) -> u16 {
         self.cluster.port
     }

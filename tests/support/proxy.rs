@@ -3,7 +3,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
@@ -24,6 +24,8 @@ pub enum Mode {
 
 struct Shared {
     mode: Mutex<Mode>,
+    /// The port of 127.0.0.1 new connections go to.
+    upstream: AtomicU16,
     /// Connections opened before this id are stalled while the mode is `StallExisting`.
     stall_before: AtomicU64,
     next_id: AtomicU64,
@@ -44,16 +46,16 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let shared = Arc::new(Shared {
             mode: Mutex::new(Mode::Pass),
+            upstream: AtomicU16::new(upstream),
             stall_before: AtomicU64::new(0),
             next_id: AtomicU64::new(1),
             conns: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
         });
         let sh = shared.clone();
-        let up: SocketAddr = format!("127.0.0.1:{upstream}").parse().unwrap();
         thread::Builder::new()
             .name("proxy-accept".into())
-            .spawn(move || accept_loop(listener, up, sh))
+            .spawn(move || accept_loop(listener, sh))
             .expect("spawn proxy thread");
         Proxy { port, shared }
     }
@@ -69,6 +71,11 @@ impl Proxy {
             self.shared.stall_before.store(next, Ordering::SeqCst);
         }
         *self.shared.mode.lock().unwrap() = mode;
+    }
+
+    /// New connections go to `127.0.0.1:port` from now on (a failover of PostgreSQL).
+    pub fn retarget(&self, port: u16) {
+        self.shared.upstream.store(port, Ordering::SeqCst);
     }
 
     /// Closes every connection open now, both sides; returns how many.
@@ -90,7 +97,7 @@ impl Drop for Proxy {
     }
 }
 
-fn accept_loop(listener: TcpListener, up: SocketAddr, sh: Arc<Shared>) {
+fn accept_loop(listener: TcpListener, sh: Arc<Shared>) {
     for conn in listener.incoming() {
         if sh.stop.load(Ordering::SeqCst) {
             return;
@@ -100,6 +107,7 @@ fn accept_loop(listener: TcpListener, up: SocketAddr, sh: Arc<Shared>) {
             let _ = down.shutdown(Shutdown::Both);
             continue;
         }
+        let up = SocketAddr::from(([127, 0, 0, 1], sh.upstream.load(Ordering::SeqCst)));
         let Ok(upstream) = TcpStream::connect_timeout(&up, Duration::from_secs(2)) else {
             let _ = down.shutdown(Shutdown::Both);
             continue;

@@ -118,6 +118,12 @@ pub fn known_state_at<'a>(writes: &[&'a Op], t: u64, r: &Rules) -> (Option<bool>
 
 /// Checks the whole history; returns every violation found.
 pub fn check(ops: &[Op], r: &Rules) -> Vec<Violation> {
+    check_with(ops, &[], r)
+}
+
+/// [`check`], with writes no client made that the per-item rules count too (what a failover
+/// of PostgreSQL took back: `faults::taken_back`); they are no client's, so no hang.
+pub fn check_with(ops: &[Op], taken_back: &[Op], r: &Rules) -> Vec<Violation> {
     let mut out = Vec::new();
     for op in ops {
         let took = op.end.saturating_sub(op.start);
@@ -134,7 +140,7 @@ pub fn check(ops: &[Op], r: &Rules) -> Vec<Violation> {
         }
     }
     let mut by_item: BTreeMap<(&str, &str), Vec<&Op>> = BTreeMap::new();
-    for op in ops {
+    for op in ops.iter().chain(taken_back) {
         by_item.entry((&op.set, &op.item)).or_default().push(op);
     }
     for ops in by_item.values() {

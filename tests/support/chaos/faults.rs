@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use redis::Connection;
 
+use super::history::{Fault, Kind, Op, Outcome};
 use super::Rng;
+use crate::support::failover::Standby;
 use crate::support::member::{cmd, set_info, start_loaded};
 use crate::support::proxy::{Mode, Proxy};
 use crate::support::{wait_until, OwnPg, Valkey};
@@ -29,9 +31,16 @@ pub const ALL: [&str; 12] = [
     "failover",
 ];
 
+/// The faults only `make chaos` runs: a base backup and a promotion take seconds, more than
+/// the short run of `make test` gives each fault. `pg-promote-behind`: PostgreSQL fails over
+/// to a standby that was behind (docs/failover.md).
+pub const LONG_ONLY: [&str; 1] = ["pg-promote-behind"];
+
 /// PostgreSQL, the proxy, two servers (one primary, one replica) and the port clients use.
 pub struct World {
     pub pg: OwnPg,
+    /// A streaming standby of `pg` for the next `pg-promote-behind` (made on first use).
+    standby: Option<Standby>,
     pub proxy: Proxy,
     pub nodes: Vec<Valkey>,
     pub primary: usize,
@@ -82,6 +91,7 @@ impl World {
         let target = Arc::new(AtomicU16::new(a.port()));
         let mut w = World {
             pg,
+            standby: None,
             proxy,
             nodes: vec![a, b],
             primary: 0,
@@ -218,6 +228,7 @@ impl World {
                 )
             }
             "failover" => self.failover(rng),
+            "pg-promote-behind" => self.promote_behind(rng),
             other => panic!("unknown fault {other}"),
         }
     }
@@ -285,6 +296,28 @@ impl World {
         )
     }
 
+    /// PostgreSQL fails over to a standby that was behind: the standby stops (commits go on on
+    /// the primary alone for a while), the primary is killed, the standby promoted, and the
+    /// proxy sends new connections to it. What the old primary committed meanwhile is gone;
+    /// [`taken_back`] tells the checker.
+    fn promote_behind(&mut self, rng: &mut Rng) -> String {
+        let mut standby = self.standby.take().unwrap_or_else(|| Standby::of(&self.pg));
+        standby.wait_caught_up(&self.pg);
+        standby.stop();
+        let behind = 300 + rng.below(1200);
+        thread::sleep(Duration::from_millis(behind));
+        let old = self.pg.port();
+        self.pg.kill();
+        self.pg = standby.promote();
+        self.proxy.retarget(self.pg.port());
+        let cut = self.proxy.cut();
+        format!(
+            "standby stopped, {behind} ms of commits on :{old} alone, :{old} killed, the \
+             standby promoted at :{}; proxy moved, {cut} connections cut",
+            self.pg.port()
+        )
+    }
+
     /// Undoes whatever is still broken: PostgreSQL up, proxy passing, module on the proxy.
     pub fn heal(&mut self) {
         self.proxy.set(Mode::Pass);
@@ -307,4 +340,39 @@ fn short(r: &redis::RedisResult<redis::Value>) -> String {
     .chars()
     .take(80)
     .collect()
+}
+
+/// What a `pg-promote-behind` takes back, for the checker: every write that may have taken
+/// effect while it ran (from the standby's stop to the promotion) may be gone from the new
+/// primary. Each gets a write of the other kind, as if failed: it may take effect at any time
+/// from the fault's start until the checker's settle time after its end (the node answers
+/// from the old history until it learns the new one; docs/failover.md).
+pub fn taken_back(ops: &[Op], faults: &[Fault], settle_us: u64) -> Vec<Op> {
+    let mut out = Vec::new();
+    for f in faults.iter().filter(|f| f.kind == LONG_ONLY[0]) {
+        for w in ops.iter().filter(|o| o.kind != Kind::Exists) {
+            let effect_end = match w.outcome {
+                Outcome::Int(_) => w.end,
+                Outcome::Failed(_) => w.end.saturating_add(settle_us),
+            };
+            if w.start >= f.end || effect_end <= f.start {
+                continue;
+            }
+            out.push(Op {
+                client: usize::MAX,
+                kind: if w.kind == Kind::Del {
+                    Kind::Add
+                } else {
+                    Kind::Del
+                },
+                set: w.set.clone(),
+                item: w.item.clone(),
+                port: 0,
+                start: f.start,
+                end: f.end,
+                outcome: Outcome::Failed("taken back by a failover of PostgreSQL".into()),
+            });
+        }
+    }
+    out
 }

@@ -302,12 +302,16 @@ pub fn run(cfg: &Config, kinds: &[&'static str]) -> Report {
     let faults = rec.faults();
     // Let every failed write land or die, then compare each item with the database.
     thread::sleep(settle.min(Duration::from_millis(3 * cfg.db_timeout_ms + 2000)));
-    let mut violations = checker::check(&ops, &rules);
+    // What a failover of PostgreSQL took back (`faults::taken_back`) is part of the history
+    // the checks judge.
+    let taken = faults::taken_back(&ops, &faults, rules.settle_us);
+    let mut violations = checker::check_with(&ops, &taken, &rules);
     let tops: Vec<usize> = bases
         .iter()
         .map(|b| b.load(Ordering::Relaxed) + cfg.items_per_writer)
         .collect();
-    violations.extend(final_check(&world, &sets, &tops, &ops, &rules));
+    let judged: Vec<Op> = ops.iter().chain(&taken).cloned().collect();
+    violations.extend(final_check(&world, &sets, &tops, &judged, &rules));
     summary("chaos", &ops, &faults, &violations, began.elapsed());
     if let Ok(path) = std::env::var("MEMBER_CHAOS_HISTORY") {
         write_history(&path, &ops, &faults, &violations);

@@ -44,6 +44,10 @@ impl Normalize {
 
     /// Applies the policy. Idempotent: `apply(apply(x)) == apply(x)`, which is what lets a
     /// rebuild re-canonicalize rows that were stored already normalized.
+    ///
+    /// "Trimmed" means Rust's `str::trim`: the Unicode `White_Space` characters at either end.
+    /// In ASCII those are TAB, LF, VT, FF, CR and SPACE; the other control characters (NUL,
+    /// U+001C..U+001F, DEL) are kept.
     pub fn apply(self, s: &str) -> Cow<'_, str> {
         match self {
             Self::None => Cow::Borrowed(s),
@@ -55,14 +59,70 @@ impl Normalize {
                     Cow::Borrowed(t)
                 }
             }
-            Self::Username => {
-                let nfkc: String = s.trim().nfkc().collect();
-                let folded = caseless::default_case_fold_str(&nfkc);
-                let again: String = folded.nfkc().collect();
-                Cow::Owned(again.trim().to_owned())
-            }
+            // On ASCII, NFKC is the identity and full case folding maps A-Z to a-z and nothing
+            // else, so the form is the trimmed, lowercased item, made without the four
+            // allocations of the general path (`canon_tests.rs` proves the two equal).
+            Self::Username if s.is_ascii() => ascii_lower(s.trim()),
+            Self::Username => username(s),
         }
     }
+}
+
+/// `t` with A-Z lowered, borrowed when it has none. `t` is ASCII (where `to_lowercase`, the
+/// standard library's, lowers eight bytes at a time).
+#[inline]
+fn ascii_lower(t: &str) -> Cow<'_, str> {
+    if t.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(t.to_lowercase())
+    } else {
+        Cow::Borrowed(t)
+    }
+}
+
+/// `Username`'s general path: trim → NFKC → full case fold → NFKC → trim. A step whose input
+/// is already in its form (NFKC's quick check says yes; folding changes no character) is
+/// skipped rather than copied, and the result borrows the item when no step changed it.
+fn username(s: &str) -> Cow<'_, str> {
+    let t = s.trim();
+    let n1 = nfkc(t);
+    let a = n1.as_deref().unwrap_or(t);
+    let f = fold(a);
+    let b = f.as_deref().unwrap_or(a);
+    let Some(n2) = nfkc(b) else {
+        // The last form is `t` itself or one of the owned ones: trim it in place.
+        return match f.or(n1) {
+            None => Cow::Borrowed(t),
+            Some(owned) => Cow::Owned(trimmed(owned)),
+        };
+    };
+    Cow::Owned(trimmed(n2))
+}
+
+/// NFKC of `s`, or `None` when `s` is already in NFKC.
+fn nfkc(s: &str) -> Option<String> {
+    match unicode_normalization::is_nfkc_quick(s.chars()) {
+        unicode_normalization::IsNormalized::Yes => None,
+        _ => Some(s.nfkc().collect()),
+    }
+}
+
+/// The full case fold of `s`, or `None` when it changes no character.
+fn fold(s: &str) -> Option<String> {
+    use caseless::Caseless;
+    if s.chars().default_case_fold().eq(s.chars()) {
+        None
+    } else {
+        Some(caseless::default_case_fold_str(s))
+    }
+}
+
+/// `s.trim()`, reusing `s`'s buffer.
+fn trimmed(mut s: String) -> String {
+    let end = s.trim_end().len();
+    s.truncate(end);
+    let start = s.len() - s.trim_start().len();
+    s.drain(..start);
+    s
 }
 
 /// A membership in canonical form: what the database stores (`entity`, `scope`), the bytes

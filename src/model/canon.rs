@@ -237,3 +237,7 @@ pub fn canonicalize<'a>(
 #[cfg(test)]
 #[path = "canon_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "canon_python_tests.rs"]
+mod python_tests;

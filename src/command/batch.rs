@@ -198,19 +198,13 @@ fn canonical_all<'a>(
     items: &[&'a [u8]],
     scope: &'a [u8],
 ) -> Result<Vec<Canon<'a>>, RedisError> {
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| {
-            token_key::canonical(&set.def, item, scope).map_err(|e| {
-                if !error::names_item(e) {
-                    RedisError::Str(e)
-                } else {
-                    RedisError::String(error::at_item(i + 1, e))
-                }
-            })
-        })
-        .collect()
+    token_key::canonical_all(&set.def, items, scope).map_err(|(i, e)| {
+        if !error::names_item(e) {
+            RedisError::Str(e)
+        } else {
+            RedisError::String(error::at_item(i + 1, e))
+        }
+    })
 }
 
 #[cfg(test)]

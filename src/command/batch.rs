@@ -13,7 +13,7 @@ use super::batch_wide;
 use super::outlet::Outlet;
 use super::retry::after_catalog;
 use super::write::expiry;
-use super::{block_timeout, may_block, ManyArgs};
+use super::{block_timeout, may_block, Arg, ManyArgs};
 use crate::model::canon::Canon;
 use crate::server::block::{Blocked, Completion, Fail};
 use crate::{config::token_key, model::error, sets::keys, sets::state};
@@ -22,9 +22,10 @@ use crate::{config::token_key, model::error, sets::keys, sets::state};
 /// main-thread work of one call (probes, or each ADD's effects) to about a millisecond.
 pub const MAX_ITEMS: usize = 1000;
 
-/// MEMBER.MEXISTS <set> [SCOPE <scope>] ITEMS <item> [<item> …]
-pub fn mexists(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    let a = parse(args, &[])?;
+/// MEMBER.MEXISTS <set> [SCOPE <scope>] ITEMS <item> [<item> …], its arguments read in place
+/// by its entry point (`exists::mexists_entry`).
+pub fn mexists(ctx: &Context, args: &[&[u8]]) -> RedisResult {
+    let a = parse(args.to_vec(), &[])?;
     crate::sets::acl::check_set(ctx, &a.set, crate::sets::acl::Access::Read)?;
     run(ctx, a, Kind::Lookups)
 }
@@ -38,7 +39,7 @@ pub fn madd(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// The syntax and the item count, checked before anything is done.
-fn parse(args: Vec<RedisString>, extra: &[&'static str]) -> Result<ManyArgs, RedisError> {
+fn parse<A: Arg>(args: Vec<A>, extra: &[&'static str]) -> Result<ManyArgs<A>, RedisError> {
     let a = ManyArgs::parse(args, extra)?;
     if a.items.len() > MAX_ITEMS {
         return Err(RedisError::Str(error::TOO_MANY_ITEMS));
@@ -48,11 +49,11 @@ fn parse(args: Vec<RedisString>, extra: &[&'static str]) -> Result<ManyArgs, Red
 
 /// Plans the call and starts it; a set this node does not know is asked of the catalog first
 /// (only this client waits), then the call runs as if it had just arrived.
-fn run(ctx: &Context, a: ManyArgs, kind: Kind) -> RedisResult {
+fn run<A: Arg>(ctx: &Context, a: ManyArgs<A>, kind: Kind) -> RedisResult {
     if crate::server::cluster_mode::enabled() {
         return keys::with_db0(ctx, |ctx| defer(ctx, a, kind));
     }
-    let items: Vec<&[u8]> = a.items.iter().map(|i| i.as_slice()).collect();
+    let items: Vec<&[u8]> = a.items.iter().map(|i| &**i).collect();
     keys::with_db0(ctx, |ctx| {
         let planned = match plan(ctx, &a.set, &items, a.scope(), kind, false)? {
             None => return ask_catalog(ctx, &a, kind),
@@ -76,7 +77,7 @@ fn run(ctx: &Context, a: ManyArgs, kind: Kind) -> RedisResult {
 /// the items' exact-match keys, which lie in the items' own slots, would
 /// not be found (and a write would land in the wrong slot). A timer runs outside any command.
 /// An item's error (a bad item, a bad scope) then comes from the timer, with the same text.
-fn defer(ctx: &Context, a: ManyArgs, kind: Kind) -> RedisResult {
+fn defer<A: Arg>(ctx: &Context, a: ManyArgs<A>, kind: Kind) -> RedisResult {
     let known = state::with(|r| -> Result<bool, RedisError> {
         let Some(set) = r.serving(&a.set, false) else {
             return Ok(false);
@@ -91,7 +92,7 @@ fn defer(ctx: &Context, a: ManyArgs, kind: Kind) -> RedisResult {
     // Copied: the argument strings are the command's, freed with its context.
     let call = Deferred {
         set: a.set.clone(),
-        items: a.items.iter().map(|i| i.as_slice().to_vec()).collect(),
+        items: a.items.iter().map(|i| i.to_vec()).collect(),
         scope: a.scope().to_vec(),
         kind,
     };
@@ -128,10 +129,10 @@ fn check_expiry(set: &state::SetState, kind: Kind) -> Result<(), RedisError> {
     }
 }
 
-fn ask_catalog(ctx: &Context, a: &ManyArgs, kind: Kind) -> RedisResult {
+fn ask_catalog<A: Arg>(ctx: &Context, a: &ManyArgs<A>, kind: Kind) -> RedisResult {
     let name = a.set.clone();
     let scope = a.scope().to_vec();
-    let items: Vec<Vec<u8>> = a.items.iter().map(|i| i.as_slice().to_vec()).collect();
+    let items: Vec<Vec<u8>> = a.items.iter().map(|i| i.to_vec()).collect();
     after_catalog(
         ctx,
         &a.set,
@@ -198,19 +199,13 @@ fn canonical_all<'a>(
     items: &[&'a [u8]],
     scope: &'a [u8],
 ) -> Result<Vec<Canon<'a>>, RedisError> {
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| {
-            token_key::canonical(&set.def, item, scope).map_err(|e| {
-                if !error::names_item(e) {
-                    RedisError::Str(e)
-                } else {
-                    RedisError::String(error::at_item(i + 1, e))
-                }
-            })
-        })
-        .collect()
+    token_key::canonical_all(&set.def, items, scope).map_err(|(i, e)| {
+        if !error::names_item(e) {
+            RedisError::Str(e)
+        } else {
+            RedisError::String(error::at_item(i + 1, e))
+        }
+    })
 }
 
 #[cfg(test)]

@@ -42,8 +42,8 @@ pub(super) fn decide_lookups(
     // Standalone, the filter key is looked up once for the whole call. In cluster mode the
     // filter lives in module memory and each item's slot must be one it covers: every item
     // asks the store as a single lookup does.
-    let probe =
-        (!crate::server::cluster_mode::enabled()).then(|| store::Probe::open(ctx, &set.filter_key));
+    let probe = (!crate::server::cluster_mode::enabled())
+        .then(|| store::Probe::open(ctx, (&set.filter_key, &set.filter_ref)));
     // Each item's filter lines are asked for `PREFETCH_AHEAD` items before its probe, so
     // the misses of a filter larger than the caches overlap instead of queueing.
     let hashes: Vec<u128> = canons.iter().map(|c| c.hash).collect();

@@ -1,14 +1,14 @@
-//! The hot path's entry point: MEMBER.EXISTS's raw command function (its row in `table.rs`),
-//! so its arguments are read in place (no vector, no retained strings) before the funnel runs.
-//! Every other command goes through the generic entry point in `register.rs`; all of them,
-//! this one too, run inside `reply::guard`. The item of a tokenized set is redacted
-//! (`redact`, where its row's `items` says) before the server logs the call.
+//! The hot path's entry points: MEMBER.EXISTS's and MEMBER.MEXISTS's raw command functions
+//! (their rows in `table.rs`), so their arguments are read in place (no retained strings)
+//! before the funnel runs. Every other command goes through the generic entry point in
+//! `register.rs`; all of them, these too, run inside `reply::guard`. The items of a tokenized
+//! set are redacted (`redact`, where the row's `items` says) before the server logs the call.
 
 use std::os::raw::c_int;
 
 use redis_module::{raw, Context};
 
-use super::lookup;
+use super::{batch, lookup};
 use crate::hooks::redact::{self, Shape};
 
 /// Longest argument vector read in place: `MEMBER.EXISTS <set> <item> SCOPE <scope>`.
@@ -60,6 +60,42 @@ pub unsafe extern "C" fn entry(
                 lookup::lookup(&context, args, false)
             })
         })
+    });
+    raw::REDISMODULE_OK as c_int
+}
+
+/// Where MEMBER.MEXISTS's items sit (its row's `items`).
+pub const MANY_ITEMS: Shape = Shape::Many;
+/// MEMBER.MEXISTS's name as registered (its row's `name`).
+pub const MANY_NAME: &str = "member.mexists";
+
+/// MEMBER.MEXISTS's command function: each argument read once, in place. Through the generic
+/// entry point a call of 100 items retained and freed each of its strings, and read each twice
+/// (redaction's positions, then the items), before its first probe.
+///
+/// # Safety
+/// Called by the server on the main thread with a valid context and `argc` arguments.
+pub unsafe extern "C" fn mexists_entry(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    let context = Context::new(ctx);
+    let _ = crate::server::reply::guard(&context, MANY_NAME, || {
+        // SAFETY: argv holds argc live strings for the duration of this call.
+        let args = unsafe { std::slice::from_raw_parts(argv, argc.max(0) as usize) };
+        let args: Vec<&[u8]> = args
+            .iter()
+            .map(|&a| {
+                let mut len = 0;
+                let p = unsafe { raw::RedisModule_StringPtrLen.unwrap()(a, &mut len) };
+                unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) }
+            })
+            .collect();
+        redact::begin();
+        let res = batch::mexists(&context, &args);
+        redact::after(&context, MANY_ITEMS, &args, res.is_err());
+        res
     });
     raw::REDISMODULE_OK as c_int
 }

@@ -1,7 +1,8 @@
 //! The one list of the module's commands: one row per command, read by registration
 //! (`register.rs`: name, entry point, flags), COMMAND INFO and COMMAND DOCS (`declare.rs`:
 //! arity, routing key, summary, complexity, arguments), the `@member` ACL category (public
-//! rows), redaction (where the items sit) and the hot path (MEMBER.EXISTS's raw entry point).
+//! rows), redaction (where the items sit) and the hot path (the raw entry points of
+//! MEMBER.EXISTS and MEMBER.MEXISTS).
 //! A new command is one row here (and its section in docs/commands.md, which a test checks).
 
 use redis_module::{Context, RedisResult, RedisString};
@@ -30,6 +31,24 @@ pub const EXISTS: Command = Command {
     &[SET, ITEM, SCOPE],
 );
 
+/// MEMBER.MEXISTS <set> [SCOPE <scope>] ITEMS <item> [<item> …]: the batch hot path, whose
+/// raw entry point reads this row.
+pub const MEXISTS: Command = Command {
+    name: exists::MANY_NAME,
+    run: Run::Raw(exists::mexists_entry),
+    flags: "readonly",
+    arity: -4,
+    route: Route::BySet(Item::Read),
+    audience: Audience::Public,
+    items: Some(exists::MANY_ITEMS),
+    docs: UNDOCUMENTED,
+}
+.doc(
+    "Tells for each of up to 1000 items whether it is a member of a set",
+    Some("O(N) where N is the number of items; one database query for those neither the filter nor the cache decides"),
+    &[SET, SCOPE, ITEMS],
+);
+
 /// Every command of the module. Per-item commands route by the item (argv[2]), the catalog
 /// commands (CREATE, ALTER, DROP), REBUILD, INFO, MEXISTS and MADD by the set name (argv[1]),
 /// both declared NOT_KEY: never an ACL key. NODEINFO and the internal commands declare no key
@@ -53,8 +72,7 @@ pub const COMMANDS: &[Command] = &[
         .doc("Removes an item from a set", Some("O(1), plus one database write"), &[SET, ITEM, SCOPE]),
     public("member.explain", lookup::explain, "readonly", -3, Route::ByItem(Item::Read), Some(Shape::Item))
         .doc("Tells whether an item is a member of a set, and which path decided it", Some("O(1); one database read when neither the filter nor the cache decides"), &[SET, ITEM, SCOPE]),
-    public("member.mexists", batch::mexists, "readonly", -4, Route::BySet(Item::Read), Some(Shape::Many))
-        .doc("Tells for each of up to 1000 items whether it is a member of a set", Some("O(N) where N is the number of items; one database query for those neither the filter nor the cache decides"), &[SET, SCOPE, ITEMS]),
+    MEXISTS,
     public("member.madd", batch::madd, "write deny-oom", -4, Route::BySet(Item::Insert), Some(Shape::Many))
         .doc("Makes up to 1000 items members of a set", Some("O(N) where N is the number of items, plus one database statement"), &[SET, SCOPE, EXPIRY, ITEMS]),
     public("member.info", info_wide::info, "readonly", 2, Route::BySet(Item::Read), None)

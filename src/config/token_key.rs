@@ -128,3 +128,31 @@ pub fn canonical<'a>(
     let plain = canon::canonicalize(def.normalize, item, scope)?;
     Ok(key.tokenize(&plain))
 }
+
+/// [`canonical`] for every item of one call (MEXISTS, MADD), the key checked and held once
+/// rather than once an item. The error names the first item that fails (0-based) as
+/// [`canonical`] would, item by item: a key error is the first item's.
+pub fn canonical_all<'a>(
+    def: &SetDef,
+    items: &[&'a [u8]],
+    scope: &'a [u8],
+) -> Result<Vec<Canon<'a>>, (usize, &'static str)> {
+    let each = |f: &dyn Fn(&'a [u8]) -> Result<Canon<'a>, &'static str>| {
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| f(item).map_err(|e| (i, e)))
+            .collect()
+    };
+    let Some(fp) = def.tokenize.fingerprint() else {
+        return each(&|item| canon::canonicalize(def.normalize, item, scope));
+    };
+    crate::server::redaction::needed();
+    let guard = KEY.read().unwrap_or_else(|e| e.into_inner());
+    let key = match guard.as_ref() {
+        None => return Err((0, error::TOKEN_NO_KEY)),
+        Some(k) if k.fingerprint() != fp => return Err((0, error::TOKEN_KEY_CHANGED)),
+        Some(k) => k,
+    };
+    each(&|item| Ok(key.tokenize(&canon::canonicalize(def.normalize, item, scope)?)))
+}

@@ -89,23 +89,51 @@ pub fn view(
     judge(f, hash, trusted)
 }
 
-/// The filter at one key, opened once for many probes (MEMBER.MEXISTS): each `view` answers
-/// exactly as [`view`] would, without looking the key up again. Hold it only while nothing
-/// writes that key (a command's own synchronous part).
-pub struct Probe(redis_module::key::RedisKey);
+/// The filter at one key, found once for many probes (MEMBER.MEXISTS): each `view` answers
+/// exactly as [`view`] would, without looking the key or the value up again (the value was
+/// asked of the server twice an item, for the prefetch and for the probe). Hold it only while
+/// nothing writes that key (a command's own synchronous part).
+pub struct Probe {
+    /// The key, held open while the value is used, when it was not remembered.
+    _key: Option<redis_module::key::RedisKey>,
+    value: Option<NonNull<FilterValue>>,
+}
 
 impl Probe {
-    pub fn open(ctx: &Context, key: &RedisString) -> Probe {
-        Probe(ctx.open_key(key))
+    /// Finds the value as [`view`] does: the remembered one while it is valid, else the one
+    /// at the key, then remembered.
+    pub fn open(ctx: &Context, (key, remembered): (&RedisString, &Remembered)) -> Probe {
+        if let Some(f) = remembered.get() {
+            return Probe {
+                _key: None,
+                value: Some(NonNull::from(f)),
+            };
+        }
+        let generation = data_type::generation();
+        let k = ctx.open_key(key);
+        let value = k
+            .get_value::<FilterValue>(&FILTER_TYPE)
+            .ok()
+            .flatten()
+            .map(NonNull::from);
+        remembered.0.set(value.map(|p| (p, generation)));
+        Probe {
+            _key: Some(k),
+            value,
+        }
+    }
+
+    #[inline]
+    fn value(&self) -> Option<&FilterValue> {
+        // SAFETY: the value was at the key when found (and the key is held open, or the
+        // remembered generation was current); nothing writes the key while a Probe is held,
+        // and only the main thread uses it.
+        self.value.map(|p| unsafe { p.as_ref() })
     }
 
     #[inline]
     pub fn view(&self, hash: u128, trusted: Option<u64>) -> (FilterView, Option<u64>) {
-        judge(
-            self.0.get_value::<FilterValue>(&FILTER_TYPE).ok().flatten(),
-            hash,
-            trusted,
-        )
+        judge(self.value(), hash, trusted)
     }
 
     /// Starts bringing in the filter lines `view(hash, …)` will read, without waiting: a
@@ -113,7 +141,7 @@ impl Probe {
     /// larger than the caches costs a memory miss a probe; bench/PROFILE.md).
     #[inline]
     pub fn prefetch(&self, hash: u128) {
-        if let Ok(Some(f)) = self.0.get_value::<FilterValue>(&FILTER_TYPE) {
+        if let Some(f) = self.value() {
             f.bloom.prefetch(hash);
         }
     }

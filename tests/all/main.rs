@@ -33,6 +33,7 @@ mod cluster_reshard;
 mod cluster_slots;
 mod command_docs;
 mod commands;
+mod compat;
 mod config_values;
 mod exporter;
 mod failover;

@@ -50,7 +50,7 @@ fn many_err(c: &mut Connection, cmd: &str, set: &str, items: &[String]) -> Strin
 
 fn counter(n: &Node, name: &str) -> i64 {
     info_field(&mut n.conn(), name)
-        .unwrap_or_else(|| panic!("no {name} on {}", n.addr()))
+        .unwrap_or_else(|e| panic!("{e} on {}", n.addr()))
         .parse()
         .unwrap()
 }

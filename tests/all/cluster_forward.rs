@@ -28,7 +28,7 @@ fn node_of<'a>(cl: &'a Cluster, item: &str) -> &'a Node {
 
 fn counter(n: &Node, name: &str) -> i64 {
     info_field(&mut n.conn(), name)
-        .unwrap_or_else(|| panic!("no {name} on {}", n.addr()))
+        .unwrap_or_else(|e| panic!("{e} on {}", n.addr()))
         .parse()
         .unwrap()
 }

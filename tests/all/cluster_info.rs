@@ -96,7 +96,7 @@ fn info_reports_the_set_over_every_node() {
     let w = wide(&mut c, set);
     assert_eq!(w.top["name"], set);
     assert_eq!(
-        Some(w.top["capacity"].clone()),
+        Ok(w.top["capacity"].clone()),
         set_info(&mut cl.set_owner(set).conn(), set, "capacity")
     );
     assert_eq!(num(&w.top, "cluster_nodes"), 6);
@@ -125,7 +125,7 @@ fn info_reports_the_set_over_every_node() {
             "adds_new",
         ] {
             assert_eq!(
-                Some(n[k].clone()),
+                Ok(n[k].clone()),
                 set_info(&mut nc, set, k),
                 "{k} of {}",
                 n["address"]
@@ -201,7 +201,7 @@ fn alter_and_drop_reach_every_node_at_once() {
                     "cache_ttl"
                 )
                 .as_deref()
-                    == Some(want)),
+                    == Ok(want)),
                 "{} {failed}",
                 n.addr()
             );
@@ -220,7 +220,7 @@ fn alter_and_drop_reach_every_node_at_once() {
                 set,
                 "cache_ttl"
             )
-            .is_none()),
+            .is_err_and(|e| e.0.contains("no such set"))),
             "{} still serves the dropped set",
             n.addr()
         );

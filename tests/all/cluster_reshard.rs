@@ -124,7 +124,12 @@ fn paths(c: &mut redis::Connection, set: &str) -> String {
     ];
     SHOWN
         .iter()
-        .map(|f| format!("{f}={}", set_info(c, set, f).unwrap_or_default()))
+        .map(|f| {
+            format!(
+                "{f}={}",
+                set_info(c, set, f).unwrap_or_else(|e| e.to_string())
+            )
+        })
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -163,11 +168,7 @@ fn finish(
     for n in cl.primaries() {
         let mut c = n.conn();
         eprintln!("{tag}: :{} {}", n.port(), paths(&mut c, set));
-        let mut count = |f| {
-            set_info(&mut c, set, f)
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
+        let mut count = |f| set_info(&mut c, set, f).unwrap().parse::<u64>().unwrap();
         negatives += count("path_bloom_negative");
         lookups += count("exists_calls");
     }

@@ -30,10 +30,10 @@ fn wait_info(env: &Env, set: &str, field: &str, ok: impl Fn(&str) -> bool) {
 
 fn wait_on(vk: &support::Valkey, set: &str, field: &str, ok: impl Fn(&str) -> bool) {
     let mut c = vk.conn();
-    let mut last = None;
+    let mut last = set_info(&mut c, set, field);
     let reached = wait_until(SETTLE, || {
         last = set_info(&mut c, set, field);
-        last.as_deref().is_some_and(&ok)
+        last.as_deref().is_ok_and(&ok)
     });
     assert!(
         reached,
@@ -206,9 +206,9 @@ fn a_filter_saved_by_the_previous_version_is_rebuilt_not_trusted() {
     let _: Value = redis::cmd("BGREWRITEAOF").query(&mut c).unwrap();
     assert!(
         wait_until(SETTLE, || {
-            info_section(&mut c, "persistence", "aof_rewrite_in_progress").as_deref() == Some("0")
+            info_section(&mut c, "persistence", "aof_rewrite_in_progress").as_deref() == Ok("0")
                 && info_section(&mut c, "persistence", "aof_rewrite_scheduled").as_deref()
-                    == Some("0")
+                    == Ok("0")
         }),
         "AOF rewrite never finished\n{}",
         env.vk.log()
@@ -227,10 +227,7 @@ fn a_filter_saved_by_the_previous_version_is_rebuilt_not_trusted() {
     let mut c = reconnect_loaded(&env.vk);
     // The old payload loaded (the server started from it), but is never trusted: every
     // member answers 1 (no recent-writes mark survives a restart) until a rebuild replaces it.
-    assert_eq!(
-        set_info(&mut c, "s", "filter_present").as_deref(),
-        Some("1")
-    );
+    assert_eq!(set_info(&mut c, "s", "filter_present").as_deref(), Ok("1"));
     let until = Instant::now() + WATCH;
     while Instant::now() < until {
         assert_members(&env.vk, &mut c, "s", &items, "loaded from the old payload");
@@ -247,7 +244,7 @@ fn a_filter_saved_by_the_previous_version_is_rebuilt_not_trusted() {
     wait_info(&env, "s", "last_rebuild", |v| v == "ok");
     assert_eq!(
         set_info(&mut c, "s", "last_rebuild_reason").as_deref(),
-        Some("incomplete"),
+        Ok("incomplete"),
         "the old payload was not the reason for the rebuild"
     );
     wait_info(&env, "s", "filter_caught_up", |v| v == "1");
@@ -339,7 +336,7 @@ fn a_role_that_may_not_read_the_identity_still_serves_its_own_filters() {
     assert_eq!(info_field(&mut c, "rebuilds_done"), rebuilds);
     assert_eq!(
         set_info(&mut c, "s", "filter_origin").as_deref(),
-        Some("here")
+        Ok("here")
     );
     assert!(bloom_negative_now(&mut c, "s", "never_added"));
     // Saved and loaded by a new process: not this process's, rebuilt once, then it serves.

@@ -37,10 +37,10 @@ fn log_tail() -> String {
 }
 
 fn wait_info(c: &mut Connection, set: &str, field: &str, ok: impl Fn(&str) -> bool) {
-    let mut last = None;
+    let mut last = set_info(c, set, field);
     let reached = wait_until(SETTLE, || {
         last = set_info(c, set, field);
-        last.as_deref().is_some_and(&ok)
+        last.as_deref().is_ok_and(&ok)
     });
     assert!(
         reached,

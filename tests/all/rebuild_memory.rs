@@ -14,9 +14,9 @@ use support::member::*;
 use support::wait_until;
 
 fn number(c: &mut Connection, set: &str, field: &str) -> i64 {
-    set_info(c, set, field)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    let v = set_info(c, set, field).unwrap();
+    v.parse()
+        .unwrap_or_else(|e| panic!("MEMBER.INFO {set} {field} {v:?}: {e}"))
 }
 
 /// Fills `set` with `rows` rows written outside the module and waits until the sync pass

@@ -45,7 +45,7 @@ fn late_commit_is_seen(env: &Env, owner: &str, set: &str) {
             "filter_caught_up"
         )
         .as_deref()
-            == Some("1")),
+            == Ok("1")),
         "the new set's filter never became trusted: {:?}",
         info_all(&mut c, set)
     );
@@ -102,12 +102,9 @@ fn late_commit_is_seen(env: &Env, owner: &str, set: &str) {
     // The module says its horizon is sound, per set and server-wide.
     assert_eq!(
         set_info(&mut c, set, "sync_horizon").as_deref(),
-        Some("visible")
+        Ok("visible")
     );
-    assert_eq!(
-        info_field(&mut c, "sync_horizon").as_deref(),
-        Some("visible")
-    );
+    assert_eq!(info_field(&mut c, "sync_horizon").as_deref(), Ok("visible"));
 }
 
 #[test]
@@ -177,7 +174,7 @@ fn a_set_whose_triggers_vanish_is_blind_and_never_answers_absent() {
         "filter_caught_up"
     )
     .as_deref()
-        == Some("1")));
+        == Ok("1")));
     // Someone takes the table away from the module's role and drops a trigger.
     env.pg()
         .batch_execute(&format!(
@@ -195,12 +192,12 @@ fn a_set_whose_triggers_vanish_is_blind_and_never_answers_absent() {
             "sync_horizon"
         )
         .as_deref()
-            == Some("blind")),
+            == Ok("blind")),
         "sync_horizon never became blind: {:?}",
         info_all(&mut c, "s")
     );
-    assert_eq!(info_field(&mut c, "sync_horizon").as_deref(), Some("blind"));
-    assert_eq!(info_field(&mut c, "sync_blind_sets").as_deref(), Some("1"));
+    assert_eq!(info_field(&mut c, "sync_horizon").as_deref(), Ok("blind"));
+    assert_eq!(info_field(&mut c, "sync_blind_sets").as_deref(), Ok("1"));
     assert!(
         env.vk
             .log()
@@ -211,10 +208,7 @@ fn a_set_whose_triggers_vanish_is_blind_and_never_answers_absent() {
     );
     // Its filter is no longer trusted: the row the log never saw is answered by the database.
     assert_eq!(explain(&mut c, "s", "unlogged"), (1, "db-hit".to_string()));
-    assert_eq!(
-        set_info(&mut c, "s", "filter_complete").as_deref(),
-        Some("0")
-    );
+    assert_eq!(set_info(&mut c, "s", "filter_complete").as_deref(), Ok("0"));
     // The rebuild that follows cannot reinstall the trigger, and says why.
     assert!(
         wait_until(Duration::from_secs(10), || set_info(
@@ -222,7 +216,7 @@ fn a_set_whose_triggers_vanish_is_blind_and_never_answers_absent() {
             "s",
             "last_rebuild_error"
         )
-        .is_some_and(|e| e
+        .is_ok_and(|e| e
             .contains("cannot install the change-log triggers on member_s")
             && e.contains("permission denied for table member_s"))),
         "the rebuild never reported the missing privilege: {:?}",
@@ -239,16 +233,12 @@ fn a_set_whose_triggers_vanish_is_blind_and_never_answers_absent() {
             "sync_horizon"
         )
         .as_deref()
-            == Some("visible")
-            && set_info(&mut c, "s", "filter_caught_up").as_deref()
-                == Some("1")),
+            == Ok("visible")
+            && set_info(&mut c, "s", "filter_caught_up").as_deref() == Ok("1")),
         "the set never became visible again: {:?}",
         info_all(&mut c, "s")
     );
-    assert_eq!(
-        info_field(&mut c, "sync_horizon").as_deref(),
-        Some("visible")
-    );
+    assert_eq!(info_field(&mut c, "sync_horizon").as_deref(), Ok("visible"));
     assert_ne!(explain(&mut c, "s", "unlogged").1, "bloom-negative");
 }
 
@@ -325,8 +315,8 @@ fn a_filter_older_than_the_pruned_log_is_rebuilt_not_caught_up() {
             "filter_caught_up"
         )
         .as_deref()
-            == Some("1")
-            && set_info(&mut c, "s", "last_rebuild").as_deref() == Some("ok")),
+            == Ok("1")
+            && set_info(&mut c, "s", "last_rebuild").as_deref() == Ok("ok")),
         "the filter older than the prune floor was not rebuilt: {:?}\nvalkey log:\n{}",
         info_all(&mut c, "s"),
         env.vk.log()

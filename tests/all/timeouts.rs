@@ -223,7 +223,7 @@ fn answers_at_the_timeout_boundary_are_never_lost() {
     );
     // Past the recent-writes marks, every lookup of an added item asks the database.
     assert!(wait_until(Duration::from_secs(10), || {
-        set_info(&mut c, "edge", "recent_marks").as_deref() == Some("0")
+        set_info(&mut c, "edge", "recent_marks").as_deref() == Ok("0")
     }));
 
     ok(&mut c, &["CONFIG", "SET", "member.db-timeout-ms", "20"]);
@@ -333,7 +333,7 @@ fn client_unblock_timeout_answers_unavailable_once() {
     assert!(
         wait_until(Duration::from_secs(10), || set_info(&mut c, "u", "adds")
             .as_deref()
-            == Some("1")),
+            == Ok("1")),
         "the ADD's completion was never applied: adds {:?}",
         set_info(&mut c, "u", "adds")
     );

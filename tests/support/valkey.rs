@@ -186,9 +186,13 @@ impl Valkey {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
-    /// The whole server log (for assertion messages).
+    /// The whole server log (for assertion messages, and the checks that it names no crash).
+    /// Panics when the log cannot be read: an empty string would pass every such check. Bytes
+    /// that are not UTF-8 (a hostile name the server logged) are kept as U+FFFD, not dropped.
     pub fn log(&self) -> String {
-        fs::read_to_string(self.dir.join("valkey.log")).unwrap_or_default()
+        let path = self.dir.join("valkey.log");
+        let bytes = fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        String::from_utf8_lossy(&bytes).into_owned()
     }
 
     pub(super) fn log_tail(&self) -> String {

@@ -97,7 +97,7 @@ impl World {
                     "filter_complete"
                 )
                 .as_deref()
-                    == Some("1")),
+                    == Ok("1")),
                 "the replica never got set {s}\n{}",
                 w.nodes[1].log()
             );

@@ -106,6 +106,7 @@ fn event(rec: &Recorder, start: u64, kind: &'static str, detail: String) {
         end: rec.now(),
         kind,
         detail,
+        injected: true,
     });
 }
 
@@ -366,6 +367,13 @@ fn reshard_scenario(tag: &str, prefix: &str, count: usize, attached: bool) {
         "{tag}: {moved} of the {} slots aimed at moved",
         moving.len()
     );
+    if moved != moving.len() {
+        problems.push(format!(
+            "{moved} of the {} slots aimed at moved to :{}",
+            moving.len(),
+            to.port()
+        ));
+    }
     let closed = cl.close_open_slots();
     if !closed.is_empty() {
         eprintln!("{tag}: set open slots {closed:?} back to STABLE");

@@ -530,6 +530,9 @@ fn a_create_whose_client_timed_out_completes_into_a_usable_set_or_frees_everythi
     if !settled {
         // The catalog step itself failed (a 10 ms connect timeout on a busy machine): then
         // nothing may exist or be held.
+        eprintln!(
+            "path: the CREATE failed before its catalog row ({reply:?}); checking nothing is left"
+        );
         assert!(
             reply.is_err(),
             "OK but never complete:\n{}",
@@ -553,6 +556,7 @@ fn a_create_whose_client_timed_out_completes_into_a_usable_set_or_frees_everythi
         assert!((after - before).abs() < 16 << 20, "{before} -> {after}");
         return;
     }
+    eprintln!("path: the set completed after its client's CREATE ({reply:?}); checking its memory");
     let filter: i64 = redis::cmd("MEMORY")
         .arg("USAGE")
         .arg("member:big:bloom")

@@ -6,7 +6,7 @@ use crate::support;
 
 use std::time::Duration;
 
-use support::cluster::{cli_follow, while_asleep, Cluster, ConfigFor};
+use support::cluster::{cli_follow, while_stopped, Cluster, ConfigFor};
 use support::member::*;
 use support::wait_until;
 
@@ -99,8 +99,8 @@ fn a_primary_that_does_not_answer_fails_the_call_by_its_address() {
     let owner = cl.set_owner(set);
     let slow = cl.primaries().find(|n| n.port() != owner.port()).unwrap();
     let _short = ConfigFor::set(owner, "member.db-timeout-ms", "300");
-    // The slow primary's main thread sleeps: it reads no cluster message for 2 s.
-    let e = while_asleep(slow, 2.0, || {
+    // The slow primary is stopped: it reads no cluster message until the call has answered.
+    let e = while_stopped(slow, || {
         err(&mut owner.conn(), &["MEMBER.REBUILD", set, "SYNC"])
     });
     assert_eq!(

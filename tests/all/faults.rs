@@ -216,8 +216,19 @@ fn quiet_postgres_restart_then_every_call_answers() {
 
     pg.stop();
     pg.start();
-    // PostgreSQL has been back for a while (longer than any retry delay) before the first call.
-    thread::sleep(Duration::from_secs(3));
+    // The first call comes once the module has seen PostgreSQL back: a sync pass (one a
+    // second, on a worker of its own choosing) has read from it since the restart. Every
+    // other worker still holds its connection from before.
+    let passes = info_number(&mut c, "member", "member_sync_passes");
+    assert!(
+        wait_until(Duration::from_secs(20), || info_number(
+            &mut c,
+            "member",
+            "member_sync_passes"
+        ) > passes),
+        "no sync pass read PostgreSQL after its restart\n{}",
+        vk.log()
+    );
 
     let mut pgc = pg.client();
     every_call_answers(&vk, &mut c, &mut pgc, "s6");

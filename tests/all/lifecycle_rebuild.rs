@@ -241,6 +241,13 @@ fn rebuild_sync_and_races() {
             &[&BULK],
         )
         .unwrap();
+    // The rebuild's read of the table waits for this lock (ACCESS EXCLUSIVE blocks even a
+    // read), so the rebuild stays running through the checks below whatever the machine's
+    // speed; the lock goes once they are done.
+    let mut holder = env.pg();
+    holder
+        .batch_execute("BEGIN; LOCK TABLE member_s IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
     let replies = raw_pipeline(vk, &[&["MEMBER.REBUILD", "s"], &["MEMBER.REBUILD", "s"]]);
     assert_eq!(
         replies,
@@ -249,7 +256,6 @@ fn rebuild_sync_and_races() {
             "-ERR a rebuild of this set is already running (see MEMBER.INFO)"
         ]
     );
-    // Streaming 300k rows takes far longer than these few calls.
     let info = info_all(&mut c, "s");
     assert_eq!(
         field(&info, "rebuild_state").as_deref(),
@@ -272,6 +278,7 @@ fn rebuild_sync_and_races() {
         e,
         "ERR a rebuild of this set is already running (see MEMBER.INFO)"
     );
+    holder.batch_execute("COMMIT").unwrap();
     wait_info(vk, &mut c, "s", "rebuild_state", "idle", REBUILD_TIMEOUT);
     assert_eq!(set_info(&mut c, "s", "last_rebuild").as_deref(), Ok("ok"));
     let base = BULK as u64 + 7;

@@ -480,7 +480,17 @@ fn full_resync_after_a_cut_link_learns_created_and_dropped_sets() {
             .arg("3")
             .query::<(i64, String)>(&mut sleeper)
     });
-    std::thread::sleep(Duration::from_millis(200));
+    // The primary has seen the link go (the replica, asleep, cannot make another).
+    assert!(
+        wait_until(ONE_INTERVAL, || info_section(
+            &mut p,
+            "replication",
+            "connected_slaves"
+        )
+        .as_deref()
+            == Ok("0")),
+        "the primary still sees its replica"
+    );
     ok(&mut p, &["MEMBER.DROP", "gone"]);
     ok(&mut p, &["MEMBER.CREATE", "fresh", "RECENT-TTL", "1"]);
     assert_eq!(int(&mut p, &["MEMBER.ADD", "fresh", "f"]), 1);

@@ -530,7 +530,10 @@ fn with_auto_grow_off_the_filter_stays_as_it_was_sized() {
     let bits = info_u64(&mut c, "f", "filter_bits");
     madd(&mut c, "f", &items("f", 3000));
     assert_eq!(set_info(&mut c, "f", "auto_grow").as_deref(), Ok("0"));
-    // Nothing to wait for: give housekeeping time to act wrongly, then check it did not.
+    // A negative window: housekeeping looks at the sets' fill once a second
+    // (src/upkeep/grow.rs, CHECK_EVERY), so 2 s holds two of its checks, either of which would
+    // have started a grow. A busy machine may run fewer, which can hide a wrong grow but not
+    // invent one; the end of the test shows the same check does grow once it is on.
     std::thread::sleep(Duration::from_secs(2));
     assert!(info_f64(&mut c, "f", "filter_fpr_est") > 0.02);
     assert_eq!(
@@ -563,7 +566,16 @@ fn an_alter_during_a_running_rebuild_is_followed_by_a_build_with_the_new_setting
     let mut a = env.conn();
     let alter =
         std::thread::spawn(move || ok(&mut a, &["MEMBER.ALTER", "b", "CAPACITY", "7000", "SYNC"]));
-    std::thread::sleep(Duration::from_millis(500));
+    // The ALTER has written the new definition; all it may still wait for is a build.
+    assert!(
+        wait_until(WITHIN, || set_info(&mut c, "b", "capacity").as_deref()
+            == Ok("7000")),
+        "the ALTER never took effect"
+    );
+    // A negative window: an ALTER SYNC that did not wait for the build would reply within
+    // milliseconds of its definition (nothing else is left to do); 300 ms is ample for that
+    // reply to arrive, and on a busy machine a late one is missed, never invented.
+    std::thread::sleep(Duration::from_millis(300));
     assert!(!alter.is_finished(), "ALTER SYNC replied before any build");
     tx.commit().unwrap();
     alter.join().unwrap();

@@ -255,6 +255,7 @@ pub fn run(cfg: &Config, kinds: &[&'static str]) -> Report {
     let mut rng = Rng::new(cfg.seed);
     let mut order: Vec<&'static str> = Vec::new();
     let mut injected: BTreeMap<&'static str, usize> = kinds.iter().map(|k| (*k, 0)).collect();
+    let mut retried: Vec<&'static str> = Vec::new();
     let began = Instant::now();
     let target = world.target.clone();
     let bases: Vec<AtomicUsize> = (0..cfg.writers).map(|_| AtomicUsize::new(0)).collect();
@@ -276,7 +277,7 @@ pub fn run(cfg: &Config, kinds: &[&'static str]) -> Report {
             sc.spawn(move || reader(i, x));
         }
         // The fault schedule, on this thread: every kind once per round, in a shuffled order.
-        // A kind whose injection failed is tried again at the end of its round. Past the
+        // A kind whose injection failed is tried once more at the end of its round. Past the
         // run's length the schedule goes on only while a kind was never injected, and for at
         // most one more round of tries, so a short run still injects every kind once.
         thread::sleep(Duration::from_millis(1000));
@@ -290,6 +291,7 @@ pub fn run(cfg: &Config, kinds: &[&'static str]) -> Report {
                 extra -= 1;
             }
             if order.is_empty() {
+                retried.clear();
                 order = kinds.to_vec();
                 for i in (1..order.len()).rev() {
                     order.swap(i, rng.below(i as u64 + 1) as usize);
@@ -310,7 +312,9 @@ pub fn run(cfg: &Config, kinds: &[&'static str]) -> Report {
             });
             if ok {
                 *injected.get_mut(kind).unwrap() += 1;
-            } else if injected[kind] == 0 {
+            } else if injected[kind] == 0 && !retried.contains(&kind) {
+                // Once more at the end of this round (the next round has it again anyway).
+                retried.push(kind);
                 order.insert(0, kind);
             }
             let (lo, hi) = cfg.fault_gap_ms;

@@ -44,11 +44,14 @@ fn info_pairs(v: &Value) -> Vec<(String, String)> {
     v.chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect()
 }
 
+/// A field of an [`info_pairs`] reply (panics when it is missing: "" would pass a check that
+/// it is not some value).
 fn field<'a>(pairs: &'a [(String, String)], name: &str) -> &'a str {
     pairs
         .iter()
         .find(|(k, _)| k == name)
-        .map_or("", |(_, v)| v.as_str())
+        .map(|(_, v)| v.as_str())
+        .unwrap_or_else(|| panic!("no {name} in MEMBER.INFO: {pairs:?}"))
 }
 
 fn members() -> Vec<String> {

@@ -38,8 +38,17 @@ fn adds_arriving_while_the_sets_inserts_run_go_in_one_statement() {
         clients.push(thread::spawn(move || {
             int(&mut conn, &["MEMBER.ADD", "comb", &format!("item-{i}")])
         }));
-        // Each ADD reaches a worker on its own (one event-loop iteration each): without
+        // Each ADD reaches the module on its own (it is then a blocked client, waiting for
+        // the database) and a worker or the batch it joins (the queue is empty again): without
         // combining, each of the four workers would hold a statement of its own.
+        assert!(
+            wait_until(Duration::from_secs(10), || info_number(
+                &mut c,
+                "member",
+                "member_blocked_clients"
+            ) == i as i64 + 1),
+            "ADD {i} never reached the module"
+        );
         assert!(
             wait_until(Duration::from_secs(10), || info_number(
                 &mut c,
@@ -48,11 +57,14 @@ fn adds_arriving_while_the_sets_inserts_run_go_in_one_statement() {
             ) == 0),
             "ADD {i} waits for a worker: every worker holds an insert of this set (no combining)"
         );
-        thread::sleep(Duration::from_millis(100));
     }
     assert!(wait_until(Duration::from_secs(10), || inserts_waiting(
         &mut pg, "comb"
     ) >= 2));
+    // A negative window: every ADD is in the module and none is queued (checked above), so a
+    // third insert would be one a worker already holds and sends at once; 300 ms is far more
+    // than that takes, and on a loaded machine a late one can only be missed here, never
+    // invented (the statement count below still bounds it).
     thread::sleep(Duration::from_millis(300));
     assert_eq!(
         inserts_waiting(&mut pg, "comb"),

@@ -30,9 +30,7 @@ const APP_KEYS: usize = 2_000;
 const PEAK_BUDGET: i64 = 32 << 20;
 
 fn rows_applied(c: &mut Connection, set: &str) -> i64 {
-    set_info(c, set, "sync_rows_applied")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    set_number(c, set, "sync_rows_applied")
 }
 
 /// The two million-row backfills run one at a time: together they starve the rest of the
@@ -124,9 +122,9 @@ fn member_number(c: &mut Connection, name: &str) -> i64 {
 }
 
 fn set_number(c: &mut Connection, set: &str, name: &str) -> i64 {
-    set_info(c, set, name)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("MEMBER.INFO {set} has no number {name}"))
+    let v = set_info(c, set, name).unwrap();
+    v.parse()
+        .unwrap_or_else(|e| panic!("MEMBER.INFO {set} {name} {v:?}: {e}"))
 }
 
 /// What a sync page is admitted for at its largest (`PAGE_ROWS` × `ROW_BYTES`), and at its
@@ -211,8 +209,7 @@ fn a_page_waits_for_headroom_instead_of_evicting() {
     ok(&mut c, &["CONFIG", "SET", "maxmemory", &max]);
     assert!(
         wait_until(SETTLE, || info_field(&mut c, "memory_budget")
-            .and_then(|b| b.parse::<i64>().ok())
-            .is_some_and(|b| b < MIN_PAGE_BYTES)),
+            .is_ok_and(|b| b.parse::<i64>().is_ok_and(|b| b < MIN_PAGE_BYTES))),
         "the module never measured the new headroom: {:?}",
         info_field(&mut c, "memory_budget")
     );
@@ -231,7 +228,7 @@ fn a_page_waits_for_headroom_instead_of_evicting() {
         member_number(&mut c, "memory_waits"),
         info_all(&mut c, "tight")
     );
-    let why = set_info(&mut c, "tight", "sync_last_error").unwrap_or_default();
+    let why = set_info(&mut c, "tight", "sync_last_error").unwrap();
     assert!(
         why.contains("not enough memory left under maxmemory"),
         "sync_last_error: {why:?}"

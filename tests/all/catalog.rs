@@ -37,9 +37,9 @@ fn reply(c: &mut Connection, args: &[&str]) -> Result<i64, String> {
 }
 
 fn info_int(c: &mut Connection, name: &str) -> i64 {
-    info_field(c, name)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("INFO member has no {name}"))
+    let v = info_field(c, name).unwrap();
+    v.parse()
+        .unwrap_or_else(|e| panic!("INFO member {name} {v:?}: {e}"))
 }
 
 /// Makes `replica` a replica of `primary` and waits for the link.
@@ -56,7 +56,7 @@ fn wait_linked(replica: &Valkey, r: &mut Connection) {
             "master_link_status"
         )
         .as_deref()
-            == Some("up")),
+            == Ok("up")),
         "replica never linked\n{}",
         log_tail(replica)
     );
@@ -93,7 +93,7 @@ fn replica_linked_after_create_learns_the_set_and_serves_it_promoted() {
     // anyone names it (its periodic check is off).
     assert!(
         wait_until(ONE_INTERVAL, || info_field(&mut r, "sets").as_deref()
-            == Some("1")),
+            == Ok("1")),
         "the replica did not re-read the catalog after its full sync: sets = {:?}\n{}",
         info_field(&mut r, "sets"),
         log_tail(&replica)
@@ -116,7 +116,7 @@ fn replica_linked_after_create_learns_the_set_and_serves_it_promoted() {
     assert!(
         wait_until(ONE_INTERVAL, || set_info(&mut r, "w", "filter_caught_up")
             .as_deref()
-            == Some("1")),
+            == Ok("1")),
         "the replica's filter never caught up: {:?}",
         set_info(&mut r, "w", "filter_caught_up")
     );
@@ -153,7 +153,7 @@ fn a_node_asks_the_catalog_for_a_name_it_does_not_know() {
     ok(&mut c, &["MEMBER.CREATE", "info_me"]);
     assert_eq!(
         set_info(&mut o, "info_me", "name").as_deref(),
-        Some("info_me")
+        Ok("info_me")
     );
     ok(&mut c, &["MEMBER.CREATE", "del_me"]);
     assert_eq!(int(&mut c, &["MEMBER.ADD", "del_me", "d"]), 1);
@@ -238,16 +238,40 @@ fn another_node_learns_a_create_within_one_sync_interval() {
     // Nobody names it here: the periodic version check alone must bring it.
     assert!(
         wait_until(ONE_INTERVAL, || info_field(&mut c, "sets").as_deref()
-            == Some("1")),
+            == Ok("1")),
         "the set created on another node never arrived: sets = {:?}\n{}",
         info_field(&mut c, "sets"),
         log_tail(&env.vk)
     );
     // Idle cost: the version check reads one row; the catalog itself is re-read only when the
-    // version moved.
-    let v1 = info_field(&mut c, "catalog_version");
+    // version moved. A definition edited in the table without moving the version stays unseen
+    // while the checks go on...
+    let v1 = info_field(&mut c, "catalog_version").unwrap();
+    let ttl = set_info(&mut c, "made_there", "cache_ttl").unwrap();
+    let mut pg = env.pg();
+    pg.batch_execute(
+        "UPDATE member_catalog SET cache_ttl = cache_ttl + 1 WHERE name = 'made_there'",
+    )
+    .unwrap();
+    // A negative window: 1 s is three checks at 300 ms, and one re-read of the catalog in it
+    // would show the edit. (On a busy machine fewer checks run, which can only hide a fault,
+    // never invent one; the positive half below shows the edit is there to be seen.)
     std::thread::sleep(Duration::from_millis(1000));
-    assert_eq!(info_field(&mut c, "catalog_version"), v1);
+    assert_eq!(info_field(&mut c, "catalog_version").unwrap(), v1);
+    assert_eq!(
+        set_info(&mut c, "made_there", "cache_ttl").unwrap(),
+        ttl,
+        "the catalog was re-read though its version had not moved"
+    );
+    // ...and the first check after the version moves re-reads it.
+    pg.batch_execute("UPDATE member_catalog_version SET version = version + 1")
+        .unwrap();
+    assert!(
+        wait_until(ONE_INTERVAL, || set_info(&mut c, "made_there", "cache_ttl")
+            .is_ok_and(|v| v != ttl)),
+        "the catalog was not re-read after its version moved\n{}",
+        log_tail(&env.vk)
+    );
 }
 
 /// `EXISTS <key>` on the server.
@@ -354,37 +378,27 @@ fn drop_reaches_replicas_and_other_nodes_and_a_new_create_starts_clean() {
     assert!(!table_exists(&mut pg, "d"), "DELETE-DATA left the table");
     ok(&mut p, &["MEMBER.CREATE", "d", "RECENT-TTL", "1"]);
     assert_eq!(explain(&mut p, "d", "x"), (0, "bloom-negative".to_string()));
-    assert_eq!(set_info(&mut p, "d", "filter_items").as_deref(), Some("0"));
+    assert_eq!(set_info(&mut p, "d", "filter_items").as_deref(), Ok("0"));
     // The old exact-match key may still exist, but it is not believed: with the filter gone,
     // a lookup that cannot block must not answer 1 from it.
-    let (del, exists): (i64, redis::RedisResult<i64>) = {
-        let mut t = redis::pipe();
-        t.atomic()
-            .cmd("DEL")
-            .arg("member:d:bloom")
-            .cmd("MEMBER.EXISTS")
-            .arg("d")
-            .arg("x");
-        match t.query::<Vec<Value>>(&mut p) {
-            Ok(v) => match (&v[0], &v[1]) {
-                (Value::Int(d), Value::Int(e)) => (*d, Ok(*e)),
-                (Value::Int(d), other) => (
-                    *d,
-                    Err(redis::RedisError::from((
-                        redis::ErrorKind::ResponseError,
-                        "reply",
-                        format!("{other:?}"),
-                    ))),
-                ),
-                other => panic!("MULTI replies: {other:?}"),
-            },
-            Err(e) => (1, Err(e)),
-        }
+    // EXEC's raw reply (an error in it stays a value): the lookup may be refused inside MULTI
+    // (it would need the database), which must not hide the DEL's count beside it.
+    ok(&mut p, &["MULTI"]);
+    for args in [&["DEL", "member:d:bloom"][..], &["MEMBER.EXISTS", "d", "x"]] {
+        let queued = cmd(&mut p, args).unwrap();
+        assert_eq!(queued, Value::SimpleString("QUEUED".into()), "{args:?}");
+    }
+    let exec = redis::ConnectionLike::req_command(&mut p, &redis::cmd("EXEC")).unwrap();
+    let Value::Array(replies) = exec else {
+        panic!("EXEC: {exec:?}");
     };
-    assert_eq!(del, 1);
+    let [Value::Int(del), exists] = &replies[..] else {
+        panic!("MULTI replies: {replies:?}");
+    };
+    assert_eq!(*del, 1, "the DEL of the dropped set's filter found no key");
     assert!(
-        !matches!(exists, Ok(1)),
-        "the new set answered 1 from the dropped set's exact-match key"
+        !matches!(exists, Value::Int(1)),
+        "the new set answered 1 from the dropped set's exact-match key: {exists:?}"
     );
     // The replica follows: the old filter and entries are gone there too.
     // (The DEL of the filter reached it too: it answers from the primary's rebuilt one.)
@@ -446,7 +460,8 @@ fn full_resync_after_a_cut_link_learns_created_and_dropped_sets() {
         );
     }
     let full_before: i64 = info_section(&mut p, "stats", "sync_full")
-        .and_then(|v| v.parse().ok())
+        .unwrap()
+        .parse()
         .unwrap();
 
     // Cut the link and keep the replica from reconnecting while the primary drops a set,
@@ -465,7 +480,17 @@ fn full_resync_after_a_cut_link_learns_created_and_dropped_sets() {
             .arg("3")
             .query::<(i64, String)>(&mut sleeper)
     });
-    std::thread::sleep(Duration::from_millis(200));
+    // The primary has seen the link go (the replica, asleep, cannot make another).
+    assert!(
+        wait_until(ONE_INTERVAL, || info_section(
+            &mut p,
+            "replication",
+            "connected_slaves"
+        )
+        .as_deref()
+            == Ok("0")),
+        "the primary still sees its replica"
+    );
     ok(&mut p, &["MEMBER.DROP", "gone"]);
     ok(&mut p, &["MEMBER.CREATE", "fresh", "RECENT-TTL", "1"]);
     assert_eq!(int(&mut p, &["MEMBER.ADD", "fresh", "f"]), 1);
@@ -483,7 +508,8 @@ fn full_resync_after_a_cut_link_learns_created_and_dropped_sets() {
     assert_eq!(killed, 1, "no link to the primary was cut");
     wait_linked(&replica, &mut r);
     let full_after: i64 = info_section(&mut p, "stats", "sync_full")
-        .and_then(|v| v.parse().ok())
+        .unwrap()
+        .parse()
         .unwrap();
     assert!(
         full_after > full_before,
@@ -500,12 +526,12 @@ fn full_resync_after_a_cut_link_learns_created_and_dropped_sets() {
         .get(0);
     assert!(
         wait_until(ONE_INTERVAL, || info_field(&mut r, "catalog_version")
-            == Some(version.to_string())),
+            == Ok(version.to_string())),
         "after the full resync the replica reflects catalog version {:?}, not {version}\n{}",
         info_field(&mut r, "catalog_version"),
         log_tail(&replica)
     );
-    assert_eq!(info_field(&mut r, "sets").as_deref(), Some("2"));
+    assert_eq!(info_field(&mut r, "sets").as_deref(), Ok("2"));
     // The filter it already knew came anew from the RDB, not caught up: it catches up at
     // once (not at its next sync interval, an hour away).
     assert!(
@@ -515,7 +541,7 @@ fn full_resync_after_a_cut_link_learns_created_and_dropped_sets() {
             "filter_caught_up"
         )
         .as_deref()
-            == Some("1")),
+            == Ok("1")),
         "keep's filter never caught up after the full resync: {:?}",
         set_info(&mut r, "keep", "filter_caught_up")
     );

@@ -46,7 +46,7 @@ fn create_for_app(env: &Env, c: &mut Connection, set: &str) {
             "filter_caught_up"
         )
         .as_deref()
-            == Some("1")),
+            == Ok("1")),
         "the new set's filter never became trusted"
     );
     env.db
@@ -88,7 +88,7 @@ fn an_older_trigger_function_is_replaced_at_the_next_start() {
             "catalog_loaded"
         )
         .as_deref()
-            == Some("1")),
+            == Ok("1")),
         "catalog never loaded:\n{}",
         env.vk.log()
     );

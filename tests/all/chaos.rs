@@ -41,6 +41,16 @@ fn config(secs: u64) -> Config {
 
 fn assert_clean(r: chaos::Report) {
     assert!(r.ops > 0, "no operation ran");
+    let never: Vec<&str> = r
+        .injected
+        .iter()
+        .filter(|(_, n)| **n == 0)
+        .map(|(k, _)| *k)
+        .collect();
+    assert!(
+        never.is_empty(),
+        "fault kinds never injected: {never:?} (each try is in the log above)"
+    );
     assert!(
         r.violations.is_empty(),
         "{} violations of the contract (see the summary above)",

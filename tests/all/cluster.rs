@@ -46,7 +46,7 @@ fn int_field(flat: &[Value], name: &str) -> i64 {
 /// One field of MEMBER.INFO as a number.
 fn set_counter(c: &mut Connection, set: &str, name: &str) -> i64 {
     set_info(c, set, name)
-        .unwrap_or_else(|| panic!("MEMBER.INFO {set} has no {name}"))
+        .unwrap_or_else(|e| panic!("{e}"))
         .parse()
         .unwrap()
 }
@@ -409,22 +409,19 @@ fn a_create_racing_from_two_clients_keeps_one_definition() {
             refused.contains("set already exists with different settings"),
             "{set}: {refused}"
         );
-        let rates: Vec<Option<String>> = cl
+        let rates: Vec<_> = cl
             .nodes
             .iter()
             .map(|n| {
                 let mut c = n.conn();
-                let mut rate = None;
+                let mut rate = set_info(&mut c, &set, "error_rate");
                 wait_until(Duration::from_secs(20), || {
                     rate = set_info(&mut c, &set, "error_rate");
-                    rate.is_some()
+                    rate.is_ok()
                 });
                 rate
             })
             .collect();
-        assert!(
-            rates.iter().all(|r| r.is_some() && *r == rates[0]),
-            "{set}: {rates:?}"
-        );
+        assert!(rates.iter().all(|r| *r == rates[0]), "{set}: {rates:?}");
     }
 }

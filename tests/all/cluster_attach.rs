@@ -51,7 +51,7 @@ fn an_attached_table_is_served_by_the_owner_of_each_rows_slot() {
         .map(|n| {
             let mut c = n.conn();
             let built = wait_until(Duration::from_secs(30), || {
-                set_info(&mut c, set, "filter_complete").as_deref() == Some("1")
+                set_info(&mut c, set, "filter_complete").as_deref() == Ok("1")
             });
             assert!(built, "{}: no complete filter", n.addr());
             set_info(&mut c, set, "filter_items")

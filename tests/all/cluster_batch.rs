@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use redis::Connection;
 use support::cluster::{
-    cli_follow, stall_exclusive, stall_shared, while_asleep, Cluster, ConfigFor, Migrating, Node,
+    cli_follow, stall_exclusive, stall_shared, while_stopped, Cluster, ConfigFor, Migrating, Node,
 };
 use support::member::*;
 use support::wait_until;
@@ -50,7 +50,7 @@ fn many_err(c: &mut Connection, cmd: &str, set: &str, items: &[String]) -> Strin
 
 fn counter(n: &Node, name: &str) -> i64 {
     info_field(&mut n.conn(), name)
-        .unwrap_or_else(|| panic!("no {name} on {}", n.addr()))
+        .unwrap_or_else(|e| panic!("{e} on {}", n.addr()))
         .parse()
         .unwrap()
 }
@@ -265,7 +265,7 @@ fn racing_madds_add_each_item_exactly_once() {
 }
 
 /// An owner that does not answer within the receiving node's `member.db-timeout-ms` (its
-/// event loop sleeps): the whole call is UNAVAILABLE, never a partial array; once it is back
+/// process is stopped): the whole call is UNAVAILABLE, never a partial array; once it is back
 /// the same call answers in full.
 #[test]
 fn an_owner_too_slow_to_answer_makes_the_whole_call_unavailable() {
@@ -284,9 +284,7 @@ fn an_owner_too_slow_to_answer_makes_the_whole_call_unavailable() {
     let mut rc = receiver.conn();
     let e = {
         let _short = ConfigFor::set(receiver, "member.db-timeout-ms", "200");
-        while_asleep(slow, 1.5, || {
-            many_err(&mut rc, "MEMBER.MEXISTS", set, &items)
-        })
+        while_stopped(slow, || many_err(&mut rc, "MEMBER.MEXISTS", set, &items))
     };
     assert!(
         e.starts_with(

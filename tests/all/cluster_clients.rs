@@ -74,7 +74,7 @@ print(rc.execute_command('MEMBER.DROP', s))
                 "pyset",
                 "filter_present"
             )
-            .is_none()),
+            .is_err_and(|e| e.0.contains("no such set"))),
             "{} still knows the dropped set",
             n.addr()
         );

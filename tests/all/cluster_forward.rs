@@ -8,7 +8,7 @@ use crate::support;
 use std::time::Duration;
 
 use support::cluster::{
-    stall_exclusive, stall_shared as shared, while_asleep, Cluster, ConfigFor, Migrating, Node,
+    stall_exclusive, stall_shared as shared, while_stopped, Cluster, ConfigFor, Migrating, Node,
 };
 use support::member::*;
 use support::wait_until;
@@ -28,7 +28,7 @@ fn node_of<'a>(cl: &'a Cluster, item: &str) -> &'a Node {
 
 fn counter(n: &Node, name: &str) -> i64 {
     info_field(&mut n.conn(), name)
-        .unwrap_or_else(|| panic!("no {name} on {}", n.addr()))
+        .unwrap_or_else(|e| panic!("{e} on {}", n.addr()))
         .parse()
         .unwrap()
 }
@@ -223,8 +223,8 @@ fn del_and_expiry_travel_with_the_forwarded_write() {
     }));
 }
 
-/// The holder does not answer within the forwarding node's `member.db-timeout-ms` (its event
-/// loop sleeps): the client gets UNAVAILABLE, exactly once, and the late answer is dropped.
+/// The holder does not answer within the forwarding node's `member.db-timeout-ms` (its
+/// process is stopped): the client gets UNAVAILABLE, exactly once, and the late answer is dropped.
 /// The ADD itself may still happen (UNAVAILABLE leaves the outcome open): every node then
 /// agrees that it did.
 #[test]
@@ -245,8 +245,8 @@ fn a_holder_too_slow_to_answer_gives_unavailable_and_nothing_wrong_after() {
     let timeouts = counter(na, "forwarded_timeouts");
     let e = {
         let _short = ConfigFor::set(na, "member.db-timeout-ms", "200");
-        // The ADD goes out once the owner sleeps.
-        while_asleep(owner, 1.5, || err(&mut na.conn(), &["MEMBER.ADD", set, &a]))
+        // The ADD goes out once the owner is stopped.
+        while_stopped(owner, || err(&mut na.conn(), &["MEMBER.ADD", set, &a]))
     };
     assert!(
         e.starts_with("UNAVAILABLE the node holding the item's canonical slot did not answer"),

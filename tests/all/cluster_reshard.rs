@@ -106,6 +106,7 @@ fn event(rec: &Recorder, start: u64, kind: &'static str, detail: String) {
         end: rec.now(),
         kind,
         detail,
+        injected: true,
     });
 }
 
@@ -124,7 +125,12 @@ fn paths(c: &mut redis::Connection, set: &str) -> String {
     ];
     SHOWN
         .iter()
-        .map(|f| format!("{f}={}", set_info(c, set, f).unwrap_or_default()))
+        .map(|f| {
+            format!(
+                "{f}={}",
+                set_info(c, set, f).unwrap_or_else(|e| e.to_string())
+            )
+        })
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -163,11 +169,7 @@ fn finish(
     for n in cl.primaries() {
         let mut c = n.conn();
         eprintln!("{tag}: :{} {}", n.port(), paths(&mut c, set));
-        let mut count = |f| {
-            set_info(&mut c, set, f)
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
+        let mut count = |f| set_info(&mut c, set, f).unwrap().parse::<u64>().unwrap();
         negatives += count("path_bloom_negative");
         lookups += count("exists_calls");
     }
@@ -365,6 +367,13 @@ fn reshard_scenario(tag: &str, prefix: &str, count: usize, attached: bool) {
         "{tag}: {moved} of the {} slots aimed at moved",
         moving.len()
     );
+    if moved != moving.len() {
+        problems.push(format!(
+            "{moved} of the {} slots aimed at moved to :{}",
+            moving.len(),
+            to.port()
+        ));
+    }
     let closed = cl.close_open_slots();
     if !closed.is_empty() {
         eprintln!("{tag}: set open slots {closed:?} back to STABLE");

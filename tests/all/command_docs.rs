@@ -174,6 +174,15 @@ fn command_docs_of_every_command_match_the_commands_reference() {
     documented.sort();
     assert_eq!(public, documented, "public commands vs docs/commands.md");
     let since = env!("CARGO_PKG_VERSION");
+    // COMMAND DOCS shows display_text from Redis 7.2 (and on every Valkey); before that the
+    // placeholders' names are missing, and only the rest of the syntax can be compared.
+    let server = support::server_version(&mut c);
+    let display_text = server.valkey || server.redis_at_least((7, 2, 0));
+    if !display_text {
+        eprintln!(
+            "{server} has no display_text: placeholders are not compared (checked on Valkey)"
+        );
+    }
     for (name, syntax, summary) in &reference {
         let d = docs(&mut c, name);
         assert_eq!(
@@ -192,9 +201,8 @@ fn command_docs_of_every_command_match_the_commands_reference() {
             .map(written)
             .collect();
         let got = format!("{} {}", name.to_ascii_uppercase(), args.join(" "));
-        if got.contains("<>") {
-            // No display texts (Redis 7.0): the tokens, choices, optional and repeated
-            // arguments still match; the placeholders are checked on Valkey.
+        if !display_text {
+            // The tokens, choices, optional and repeated arguments still match.
             assert_eq!(
                 got,
                 masked(syntax),

@@ -104,20 +104,16 @@ fn create_takes_the_configured_defaults() {
         ("recent_ttl", "9"),
         ("filter_capacity", "5000"),
     ] {
-        assert_eq!(
-            set_info(&mut c, "d", field).as_deref(),
-            Some(want),
-            "{field}"
-        );
+        assert_eq!(set_info(&mut c, "d", field).as_deref(), Ok(want), "{field}");
     }
     // Given options win over the defaults.
     ok(
         &mut c,
         &["MEMBER.CREATE", "e", "CAPACITY", "700", "CACHE-TTL", "5"],
     );
-    assert_eq!(set_info(&mut c, "e", "capacity").as_deref(), Some("700"));
-    assert_eq!(set_info(&mut c, "e", "cache_ttl").as_deref(), Some("5"));
-    assert_eq!(set_info(&mut c, "e", "recent_ttl").as_deref(), Some("9"));
+    assert_eq!(set_info(&mut c, "e", "capacity").as_deref(), Ok("700"));
+    assert_eq!(set_info(&mut c, "e", "cache_ttl").as_deref(), Ok("5"));
+    assert_eq!(set_info(&mut c, "e", "recent_ttl").as_deref(), Ok("9"));
 }
 
 /// MEMBER.INFO is a map: under RESP3 a map reply, under RESP2 the same fields as one flat

@@ -369,8 +369,16 @@ fn promtool_accepts_the_rules_and_their_tests_pass() {
 #[test]
 fn promtool_parses_every_dashboard_query() {
     let dashboard = std::fs::read_to_string(contrib("grafana/libmember.json")).unwrap();
+    // Every query is found, and there are some: a dashboard read as having none would pass.
+    let exprs = json_exprs(&dashboard);
+    let keys = dashboard.matches("\"expr\"").count();
+    assert!(
+        !exprs.is_empty() && exprs.len() == keys,
+        "{} dashboard queries read of {keys} \"expr\" keys",
+        exprs.len()
+    );
     let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
-    for (i, expr) in json_exprs(&dashboard).iter().enumerate() {
+    for (i, expr) in exprs.iter().enumerate() {
         let expr = expr.replace("$__rate_interval", "5m").replace('\'', "''");
         rules.push_str(&format!(
             "      - record: dashboard_query_{i}\n        expr: '{expr}'\n"

@@ -53,7 +53,7 @@ fn insert_outside(env: &Env, set: &str, item: &str) {
 
 fn info_num(c: &mut Connection, set: &str, field: &str) -> u64 {
     set_info(c, set, field)
-        .unwrap_or_else(|| panic!("no {field} in MEMBER.INFO"))
+        .unwrap_or_else(|e| panic!("{e}"))
         .parse()
         .unwrap()
 }
@@ -66,7 +66,7 @@ fn a_false_positive_resolved_by_the_database_counts_in_the_estimate() {
     let mut c = env.conn();
     lossy_set_and_false_positive(&mut c, "fq");
     assert!(wait_until(Duration::from_secs(10), || {
-        set_info(&mut c, "fq", "filter_serves_absent").as_deref() == Some("1")
+        set_info(&mut c, "fq", "filter_serves_absent").as_deref() == Ok("1")
     }));
     let reached_db = (0..1000).any(|i| {
         int(&mut c, &["MEMBER.EXISTS", "fq", &format!("other-{i}")]);
@@ -77,7 +77,7 @@ fn a_false_positive_resolved_by_the_database_counts_in_the_estimate() {
         "no false positive in 1000 lookups of a 50% filter"
     );
     assert_eq!(info_num(&mut c, "fq", "false_positives"), 1);
-    assert!(info_field(&mut c, "false_positives").is_some_and(|n| n == "1"));
+    assert!(info_field(&mut c, "false_positives").is_ok_and(|n| n == "1"));
     let rate: f64 = set_info(&mut c, "fq", "false_positive_rate_est")
         .unwrap()
         .parse()
@@ -236,18 +236,12 @@ fn misses_past_a_missing_filter_are_not_false_positives() {
             0
         );
     }
-    assert_eq!(
-        set_info(&mut c, "s", "filter_present").as_deref(),
-        Some("0")
-    );
-    assert_eq!(set_info(&mut c, "s", "path_db_miss").as_deref(), Some("10"));
-    assert_eq!(
-        set_info(&mut c, "s", "false_positives").as_deref(),
-        Some("0")
-    );
+    assert_eq!(set_info(&mut c, "s", "filter_present").as_deref(), Ok("0"));
+    assert_eq!(set_info(&mut c, "s", "path_db_miss").as_deref(), Ok("10"));
+    assert_eq!(set_info(&mut c, "s", "false_positives").as_deref(), Ok("0"));
     let field = "false_positive_rate_est";
-    assert_eq!(set_info(&mut c, "s", field).as_deref(), Some("0.000000"));
-    assert_eq!(info_field(&mut c, field).as_deref(), Some("0.000000"));
+    assert_eq!(set_info(&mut c, "s", field).as_deref(), Ok("0.000000"));
+    assert_eq!(info_field(&mut c, field).as_deref(), Ok("0.000000"));
 }
 
 /// Members deleted or expired since the filter was built still pass it, rightly: their
@@ -262,17 +256,39 @@ fn lookups_of_deleted_or_expired_members_are_lapsed_not_false_positives() {
         assert_eq!(int(&mut c, &["MEMBER.ADD", "lp", &format!("m{i}")]), 1);
     }
     assert!(wait_until(Duration::from_secs(10), || {
-        set_info(&mut c, "lp", "filter_serves_absent").as_deref() == Some("1")
+        set_info(&mut c, "lp", "filter_serves_absent").as_deref() == Ok("1")
     }));
     assert_eq!(int(&mut c, &["MEMBER.DEL", "lp", "m0"]), 1);
-    // Past the recent-writes mark of its ADD: the filter lets it through, the database says
-    // it is gone, then the fp-cache does.
-    thread::sleep(Duration::from_millis(1100));
+    // Past the recent-writes marks of the ADDs (RECENT-TTL 1 s; waited for, not slept): the
+    // filter lets it through, the database says it is gone, then the fp-cache does.
+    assert!(
+        wait_until(Duration::from_secs(10), || info_num(
+            &mut c,
+            "lp",
+            "recent_marks"
+        ) == 0),
+        "the recent-writes marks never lapsed"
+    );
     assert_eq!(int(&mut c, &["MEMBER.EXISTS", "lp", "m0"]), 0);
     assert_eq!(info_num(&mut c, "lp", "path_db_miss"), 1);
-    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "lp", "m0"]), 0);
-    assert_eq!(info_num(&mut c, "lp", "path_fp_cache"), 1);
-    assert_eq!(info_num(&mut c, "lp", "lapsed_lookups"), 2);
+    // As in the test above, an answer is remembered only if the filter is still the trusted
+    // one when it arrives, which a loaded machine can delay: the next lookups may still go to
+    // the database before the fp-cache answers.
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            assert_eq!(int(&mut c, &["MEMBER.EXISTS", "lp", "m0"]), 0);
+            info_num(&mut c, "lp", "path_fp_cache") > 0
+        }),
+        "the fp-cache never answered for the deleted member"
+    );
+    // Only m0 was looked up, each time after the marks lapsed: every lookup is lapsed (the
+    // filter let through an item the database no longer holds).
+    let (db_miss, fp_cache) = (
+        info_num(&mut c, "lp", "path_db_miss"),
+        info_num(&mut c, "lp", "path_fp_cache"),
+    );
+    assert_eq!(fp_cache, 1);
+    assert_eq!(info_num(&mut c, "lp", "lapsed_lookups"), db_miss + fp_cache);
     assert_eq!(info_num(&mut c, "lp", "lapsed_fp_cache"), 1);
 
     // An expired member: the database still holds its row, no longer active.
@@ -289,5 +305,5 @@ fn lookups_of_deleted_or_expired_members_are_lapsed_not_false_positives() {
         .parse()
         .unwrap();
     assert_eq!(rate, 0.0);
-    assert!(info_field(&mut c, "lapsed_lookups").is_some_and(|n| n != "0"));
+    assert!(info_field(&mut c, "lapsed_lookups").is_ok_and(|n| n != "0"));
 }

@@ -7,7 +7,7 @@
 use crate::support;
 
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::{Connection, Value};
 use support::lifecycle::{add_all, assert_members, names, reconnect_loaded, wait_linked, SYNC_OFF};
@@ -20,20 +20,16 @@ const PAST_RECENT: Duration = Duration::from_millis(1200);
 /// How long a sync pass or the rebuild of a tiny set may take on a busy machine.
 const SETTLE: Duration = Duration::from_secs(30);
 
-/// Long enough for several sync passes to have adopted the restored value (they start at
-/// once, at most one a second, for a value no set trusts), had it been trusted.
-const WATCH: Duration = Duration::from_secs(4);
-
 fn wait_info(env: &Env, set: &str, field: &str, ok: impl Fn(&str) -> bool) {
     wait_on(&env.vk, set, field, ok)
 }
 
 fn wait_on(vk: &support::Valkey, set: &str, field: &str, ok: impl Fn(&str) -> bool) {
     let mut c = vk.conn();
-    let mut last = None;
+    let mut last = set_info(&mut c, set, field);
     let reached = wait_until(SETTLE, || {
         last = set_info(&mut c, set, field);
-        last.as_deref().is_some_and(&ok)
+        last.as_deref().is_ok_and(&ok)
     });
     assert!(
         reached,
@@ -48,11 +44,14 @@ fn info_pairs(v: &Value) -> Vec<(String, String)> {
     v.chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect()
 }
 
+/// A field of an [`info_pairs`] reply (panics when it is missing: "" would pass a check that
+/// it is not some value).
 fn field<'a>(pairs: &'a [(String, String)], name: &str) -> &'a str {
     pairs
         .iter()
         .find(|(k, _)| k == name)
-        .map_or("", |(_, v)| v.as_str())
+        .map(|(_, v)| v.as_str())
+        .unwrap_or_else(|| panic!("no {name} in MEMBER.INFO: {pairs:?}"))
 }
 
 fn members() -> Vec<String> {
@@ -124,12 +123,17 @@ fn a_filter_dumped_from_another_database_is_never_trusted() {
     let replies: Vec<Value> = p.query(&mut ca).expect("RESTORE");
     let restored = info_pairs(&replies[1]);
 
-    // Held back for as long as it is there, then replaced by a rebuild of A's own rows.
-    let until = Instant::now() + WATCH;
-    while Instant::now() < until {
-        check_all(&a, &mut ca);
-        thread::sleep(Duration::from_millis(200));
-    }
+    // Held back for as long as it is there (checked until the moment it is replaced, not
+    // for a fixed time), then replaced by a rebuild of A's own rows.
+    let mut probe = a.conn();
+    assert!(
+        wait_until(SETTLE, || {
+            check_all(&a, &mut ca);
+            set_info(&mut probe, "s", "filter_origin").as_deref() == Ok("here")
+        }),
+        "the foreign filter was never replaced\n{}",
+        a.vk.log()
+    );
     // As it was seen the moment it arrived: another database's, not trusted.
     assert_eq!(field(&restored, "filter_origin"), "foreign", "{restored:?}");
     assert_eq!(field(&restored, "filter_caught_up"), "0", "{restored:?}");
@@ -206,9 +210,9 @@ fn a_filter_saved_by_the_previous_version_is_rebuilt_not_trusted() {
     let _: Value = redis::cmd("BGREWRITEAOF").query(&mut c).unwrap();
     assert!(
         wait_until(SETTLE, || {
-            info_section(&mut c, "persistence", "aof_rewrite_in_progress").as_deref() == Some("0")
+            info_section(&mut c, "persistence", "aof_rewrite_in_progress").as_deref() == Ok("0")
                 && info_section(&mut c, "persistence", "aof_rewrite_scheduled").as_deref()
-                    == Some("0")
+                    == Ok("0")
         }),
         "AOF rewrite never finished\n{}",
         env.vk.log()
@@ -227,27 +231,29 @@ fn a_filter_saved_by_the_previous_version_is_rebuilt_not_trusted() {
     let mut c = reconnect_loaded(&env.vk);
     // The old payload loaded (the server started from it), but is never trusted: every
     // member answers 1 (no recent-writes mark survives a restart) until a rebuild replaces it.
-    assert_eq!(
-        set_info(&mut c, "s", "filter_present").as_deref(),
-        Some("1")
-    );
-    let until = Instant::now() + WATCH;
-    while Instant::now() < until {
-        assert_members(&env.vk, &mut c, "s", &items, "loaded from the old payload");
-        let info = info_pairs(&cmd(&mut c, &["MEMBER.INFO", "s"]).unwrap());
-        if field(&info, "filter_origin") != "here" {
+    assert_eq!(set_info(&mut c, "s", "filter_present").as_deref(), Ok("1"));
+    // Checked until the moment a rebuild replaces it, not for a fixed time.
+    assert!(
+        wait_until(SETTLE, || {
+            assert_members(&env.vk, &mut c, "s", &items, "loaded from the old payload");
+            let info = info_pairs(&cmd(&mut c, &["MEMBER.INFO", "s"]).unwrap());
+            if field(&info, "filter_origin") == "here" {
+                return true;
+            }
             assert_eq!(field(&info, "filter_caught_up"), "0", "{info:?}");
             // No rebuild has finished yet (a failed one, on a busy machine, is retried).
             assert_ne!(field(&info, "last_rebuild"), "ok", "{info:?}");
-        }
-        thread::sleep(Duration::from_millis(200));
-    }
+            false
+        }),
+        "the old payload was never replaced\n{}",
+        env.vk.log()
+    );
     // Rebuilt from the database (not caught up from the old watermark), then it serves.
     wait_info(&env, "s", "filter_origin", |v| v == "here");
     wait_info(&env, "s", "last_rebuild", |v| v == "ok");
     assert_eq!(
         set_info(&mut c, "s", "last_rebuild_reason").as_deref(),
-        Some("incomplete"),
+        Ok("incomplete"),
         "the old payload was not the reason for the rebuild"
     );
     wait_info(&env, "s", "filter_caught_up", |v| v == "1");
@@ -333,13 +339,19 @@ fn a_role_that_may_not_read_the_identity_still_serves_its_own_filters() {
         "{:?}",
         cmd(&mut c, &["MEMBER.INFO", "s"])
     );
-    let rebuilds = info_field(&mut c, "rebuilds_done");
-    // Several sync passes (one a second) judge the filter; none condemns it.
-    thread::sleep(WATCH);
-    assert_eq!(info_field(&mut c, "rebuilds_done"), rebuilds);
+    let rebuilds = info_field(&mut c, "rebuilds_done").unwrap();
+    // Three sync passes (one a second) judge the filter; none condemns it. The window is
+    // those passes, however long they take, not a fixed time.
+    let passes = |c: &mut Connection| info_number(c, "member", "member_sync_passes");
+    let until = passes(&mut c) + 3;
+    assert!(
+        wait_until(SETTLE, || passes(&mut c) >= until),
+        "the sync loop did not run"
+    );
+    assert_eq!(info_field(&mut c, "rebuilds_done").unwrap(), rebuilds);
     assert_eq!(
         set_info(&mut c, "s", "filter_origin").as_deref(),
-        Some("here")
+        Ok("here")
     );
     assert!(bloom_negative_now(&mut c, "s", "never_added"));
     // Saved and loaded by a new process: not this process's, rebuilt once, then it serves.

@@ -69,10 +69,17 @@ fn answer_after(
     p.add_command(k);
     p.cmd("MEMBER.EXPLAIN").arg(set).arg(item);
     let got: redis::RedisResult<Vec<Value>> = p.query(c);
-    if let Ok(v) = &got {
-        if matches!(v.last(), Some(Value::Array(a)) if a.first() == Some(&Value::Int(1))) {
-            return Some(format!("{item}: right behind the write: {got:?}"));
+    match &got {
+        Ok(v) => {
+            if matches!(v.last(), Some(Value::Array(a)) if a.first() == Some(&Value::Int(1))) {
+                return Some(format!("{item}: right behind the write: {got:?}"));
+            }
         }
+        Err(e)
+            if e.code() == Some("UNAVAILABLE")
+                || (atomic && e.to_string().contains("cannot block inside MULTI")) => {}
+        // Any other error (the write refused, say) means the check behind it never ran.
+        Err(e) => return Some(format!("{item}: the write or the lookup behind it: {e}")),
     }
     match redis::cmd("MEMBER.EXPLAIN")
         .arg(set)

@@ -171,7 +171,7 @@ fn wait_built(c: &mut Connection, set: &str) {
             "filter_complete"
         )
         .as_deref()
-            == Some("1")),
+            == Ok("1")),
         "{set} never built: {:?}",
         cmd(c, &["MEMBER.INFO", set])
     );

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use redis::{Connection, Value};
 use support::member::*;
+use support::wait_until;
 
 /// Event names `LATENCY LATEST` lists.
 fn latest_events(c: &mut Connection) -> Vec<String> {
@@ -24,6 +25,27 @@ fn latest_events(c: &mut Connection) -> Vec<String> {
             _ => None,
         })
         .collect()
+}
+
+/// How many times `CONFIG GET` ran on the server (`INFO commandstats`; none yet is 0).
+fn config_get_calls(c: &mut Connection) -> u64 {
+    let stats: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_config|get:calls="))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+/// Sets `latency-monitor-threshold` and waits until the module has read it: it reads the
+/// setting with a `CONFIG GET` of its own (once a second, on the main thread), so the first
+/// such call counted after the SET has seen the new value. The test itself sends no CONFIG GET.
+fn set_threshold(c: &mut Connection, ms: &str) {
+    ok(c, &["CONFIG", "SET", "latency-monitor-threshold", ms]);
+    let before = config_get_calls(c);
+    assert!(
+        wait_until(Duration::from_secs(10), || config_get_calls(c) > before),
+        "the module never read latency-monitor-threshold {ms}"
+    );
 }
 
 /// A lookup of `item` that waits about `hold` for PostgreSQL: a test client holds an ACCESS
@@ -75,8 +97,7 @@ fn slow_resolutions_feed_the_latency_monitor() {
     }
 
     // Monitor off (the default threshold 0): nothing is recorded, however slow.
-    ok(&mut c, &["CONFIG", "SET", "latency-monitor-threshold", "0"]);
-    thread::sleep(Duration::from_millis(1200));
+    set_threshold(&mut c, "0");
     assert_eq!(slow_lookup(&env, "lat", "a", Duration::from_millis(300)), 1);
     assert!(
         !latest_events(&mut c).contains(&"member-db".to_string()),
@@ -84,13 +105,9 @@ fn slow_resolutions_feed_the_latency_monitor() {
         latest_events(&mut c)
     );
 
-    // On: a 1000 ms wait is over a 400 ms threshold (the module reads it within a second;
-    // the margins are wide so that a loaded machine's fast lookup stays under it).
-    ok(
-        &mut c,
-        &["CONFIG", "SET", "latency-monitor-threshold", "400"],
-    );
-    thread::sleep(Duration::from_millis(2500));
+    // On: a 1000 ms wait is over a 400 ms threshold (the margins are wide so that a loaded
+    // machine's fast lookup stays under it).
+    set_threshold(&mut c, "400");
     // A fast resolution stays under the threshold and is not an event.
     assert_eq!(int(&mut c, &["MEMBER.EXISTS", "lat", "b"]), 1);
     assert!(!latest_events(&mut c).contains(&"member-db".to_string()));

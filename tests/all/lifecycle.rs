@@ -34,10 +34,7 @@ fn debug_reload_keeps_members() {
     assert_members(&env.vk, &mut c, "s", &items, "right after DEBUG RELOAD");
 
     wait_info(&env.vk, &mut c, "s", "filter_caught_up", "1", SETTLE);
-    assert_eq!(
-        set_info(&mut c, "s", "filter_complete").as_deref(),
-        Some("1")
-    );
+    assert_eq!(set_info(&mut c, "s", "filter_complete").as_deref(), Ok("1"));
     assert_eq!(
         info_field(&mut c, "rebuilds_done"),
         rebuilds,
@@ -63,7 +60,7 @@ fn debug_reload_keeps_both_parts_of_a_rebuilt_filter() {
     assert_eq!(int(&mut c, &["MEMBER.REBUILD", "s", "SYNC"]), 1000);
     let late = names("late", 15);
     add_all(&env.vk, &mut c, "s", &late);
-    let field = |c: &mut Connection, f: &str| set_info(c, "s", f).unwrap_or_default();
+    let field = |c: &mut Connection, f: &str| set_info(c, "s", f).unwrap();
     assert_eq!(field(&mut c, "filter_design"), "fuse8+bloom-delta");
     assert_eq!(field(&mut c, "filter_static_items"), "1000");
     // Below 2 097 152 rows a build stays one fuse filter (src/filter/bloom/fuse.rs).
@@ -154,14 +151,14 @@ fn aof_round_trip(rewrite: bool) {
     if rewrite {
         let _: Value = redis::cmd("BGREWRITEAOF").query(&mut c).unwrap();
         let done = wait_until(Duration::from_secs(20), || {
-            info_section(&mut c, "persistence", "aof_rewrite_in_progress").as_deref() == Some("0")
+            info_section(&mut c, "persistence", "aof_rewrite_in_progress").as_deref() == Ok("0")
                 && info_section(&mut c, "persistence", "aof_rewrite_scheduled").as_deref()
-                    == Some("0")
+                    == Ok("0")
         });
         assert!(done, "AOF rewrite never finished\n{}", log_tail(&env.vk));
         assert_eq!(
             info_section(&mut c, "persistence", "aof_last_bgrewrite_status").as_deref(),
-            Some("ok"),
+            Ok("ok"),
             "{}",
             log_tail(&env.vk)
         );
@@ -234,7 +231,7 @@ fn flushall_falls_through_and_rebuilds() {
 
     wait_info(&env.vk, &mut c, "s", "filter_complete", "1", SETTLE);
     wait_info(&env.vk, &mut c, "s", "filter_caught_up", "1", SETTLE);
-    assert_eq!(set_info(&mut c, "s", "last_rebuild").as_deref(), Some("ok"));
+    assert_eq!(set_info(&mut c, "s", "last_rebuild").as_deref(), Ok("ok"));
     thread::sleep(PAST_RECENT);
     assert_in_filter(&env.vk, &mut c, "s", &items, "after FLUSHALL and rebuild");
     assert_rejected(
@@ -375,7 +372,7 @@ fn effects_during_client_pause_write_are_held_not_fatal() {
     ok(&mut c, &["CLIENT", "PAUSE", "600000", "WRITE"]);
     assert_eq!(
         set_info(&mut c, "s", "rebuild_state").as_deref(),
-        Some("running")
+        Ok("running")
     );
     locker.batch_execute("COMMIT").unwrap();
     wait_info(

@@ -37,16 +37,37 @@ fn log_tail() -> String {
 }
 
 fn wait_info(c: &mut Connection, set: &str, field: &str, ok: impl Fn(&str) -> bool) {
-    let mut last = None;
+    let mut last = set_info(c, set, field);
     let reached = wait_until(SETTLE, || {
         last = set_info(c, set, field);
-        last.as_deref().is_some_and(&ok)
+        last.as_deref().is_ok_and(&ok)
     });
     assert!(
         reached,
         "MEMBER.INFO {set}: {field} stuck at {last:?}\n{}",
         log_tail()
     );
+}
+
+/// Runs `check` (at once, then every 100 ms) until the sync loop has run `passes` more passes:
+/// a negative check's window is as long as the passes that could do the wrong thing take,
+/// however slow the machine, not a fixed time. Fails when they do not run within 20 s.
+fn during_passes(vk: &support::Valkey, passes: i64, mut check: impl FnMut()) {
+    let mut n = vk.conn();
+    let count = |n: &mut Connection| info_number(n, "member", "member_sync_passes");
+    let until = count(&mut n) + passes;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        check();
+        if count(&mut n) >= until {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sync loop ran fewer than {passes} passes in 20 s"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// `MEMBER.CREATE <set> RECENT-TTL 1 <opts>`, then waits for the sync loop's first pass, so
@@ -81,12 +102,13 @@ fn filter_comes_back(set: &str, away: &[&[&str]], back: &[&[&str]]) {
     let replies: Vec<Value> = p.query(&mut c).unwrap_or_else(|e| panic!("{back:?}: {e}"));
     let first: (i64, String) = redis::from_redis_value(replies.last().unwrap()).unwrap();
     assert_answers_one(&mut c, set, first);
-    for _ in 0..3 {
+    // For the next moments: until a sync pass (one starts at once for a filter no set
+    // trusts) has judged it.
+    during_passes(&env().vk, 1, || {
         let got = explain(&mut c, set, "c");
         assert_answers_one(&mut c, set, got);
         assert_eq!(int(&mut c, &["MEMBER.EXISTS", set, "c"]), 1);
-        thread::sleep(Duration::from_millis(250));
-    }
+    });
     serves_again(&mut c, set);
 }
 
@@ -195,11 +217,10 @@ fn filter_restored_from_an_older_dump_is_held_back() {
         .arg("REPLACE")
         .query(&mut c)
         .unwrap();
-    for _ in 0..3 {
+    during_passes(&env().vk, 1, || {
         let got = explain(&mut c, set, "c");
         assert_answers_one(&mut c, set, got);
-        thread::sleep(Duration::from_millis(250));
-    }
+    });
     serves_again(&mut c, set);
 }
 
@@ -228,13 +249,18 @@ fn another_sets_filter_restored_at_a_key_is_never_trusted_there() {
         .arg("REPLACE")
         .query(&mut c)
         .unwrap();
-    // Sync passes for a filter no set trusts start at once (at most one a second): over
-    // 3 s, several would have adopted it.
-    for _ in 0..12 {
-        let got = explain(&mut c, "xs", "c");
-        assert_answers_one(&mut c, "xs", got);
-        thread::sleep(Duration::from_millis(250));
-    }
+    // Every lookup answers 1 until the filter serves absent again: that is once a rebuild
+    // of xs's own rows has replaced it (a sync pass that adopted the value would end it too,
+    // and the check would have caught c answered 0 from it). Not a fixed time.
+    let mut c2 = env().conn();
+    assert!(
+        wait_until(SETTLE, || {
+            let got = explain(&mut c, "xs", "c");
+            assert_answers_one(&mut c, "xs", got);
+            set_info(&mut c2, "xs", "filter_serves_absent").as_deref() == Ok("1")
+        }),
+        "the filter restored at xs's key was never replaced"
+    );
     // It is replaced by a rebuild of xs's own rows, which then serves.
     wait_info(&mut c, "xs", "last_rebuild", |v| v == "ok");
     serves_again(&mut c, "xs");

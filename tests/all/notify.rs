@@ -35,13 +35,13 @@ fn create(c: &mut Connection, set: &str, extra: &[&str]) {
             "filter_caught_up"
         )
         .as_deref()
-            == Some("1")),
+            == Ok("1")),
         "the filter of {set} never caught up"
     );
     // And its first sync pass (which starts at once) is over: none other is due for a minute.
     assert!(
         wait_until(Duration::from_secs(20), || set_info(c, set, "sync_age_ms")
-            .is_some_and(|a| a != "never")),
+            .is_ok_and(|a| a != "never")),
         "no sync pass for {set}"
     );
 }
@@ -74,10 +74,54 @@ fn listeners(pg: &mut postgres::Client) -> i64 {
     .get(0)
 }
 
+/// A session of the test's own LISTENing on the module's channel: it sees every notification
+/// the module's listener can, in commit order.
+struct Watch(postgres::Client);
+
+impl Watch {
+    fn new(env: &Env) -> Watch {
+        let mut client = env.pg();
+        client.batch_execute("LISTEN member_changes").unwrap();
+        Watch(client)
+    }
+
+    /// Sends a fence notification from `pg` (a transaction of its own, so it is delivered after
+    /// everything committed before it) and returns how many notifications arrived before it.
+    fn count_until_fence(&mut self, pg: &mut postgres::Client) -> usize {
+        use postgres::fallible_iterator::FallibleIterator;
+        pg.batch_execute("NOTIFY member_changes, 'fence'").unwrap();
+        let mut notifications = self.0.notifications();
+        let mut arrived = notifications.timeout_iter(Duration::from_secs(10));
+        let mut before = 0;
+        loop {
+            match arrived.next() {
+                Ok(Some(n)) if n.payload() == "fence" => return before,
+                Ok(Some(_)) => before += 1,
+                Ok(None) => panic!("the fence notification never arrived"),
+                Err(e) => panic!("LISTEN member_changes: {e}"),
+            }
+        }
+    }
+}
+
+/// Waits until the module's listener has counted `want` notifications (the fence's own
+/// among them, delivered last), and checks it is not more.
+fn received_exactly(c: &mut Connection, want: i64) {
+    let mut got = 0;
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            got = number(c, "sync_notify_received");
+            got >= want
+        }),
+        "the module's listener counted {got} notifications, not {want}"
+    );
+    assert_eq!(got, want, "notifications counted by the module");
+}
+
 fn number(c: &mut Connection, field: &str) -> i64 {
-    info_field(c, field)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no number in INFO member field {field}"))
+    let v = info_field(c, field).unwrap();
+    v.parse()
+        .unwrap_or_else(|e| panic!("INFO member {field} {v:?}: {e}"))
 }
 
 #[test]
@@ -92,6 +136,7 @@ fn an_outside_insert_is_answered_within_milliseconds() {
         info_field(&mut c, "sync_notify_error")
     );
     let mut pg = env.pg();
+    let mut watch = Watch::new(&env);
     let (received, woken) = (
         number(&mut c, "sync_notify_received"),
         number(&mut c, "sync_notify_passes"),
@@ -114,12 +159,19 @@ fn an_outside_insert_is_answered_within_milliseconds() {
     assert_ne!(explain(&mut c, "fast", "outsider").1, "bloom-negative");
     assert_eq!(
         set_info(&mut c, "fast", "sync_horizon").as_deref(),
-        Some("visible")
+        Ok("visible")
     );
 
+    // That INSERT sent one notification, and the module counted it (and the fence behind it).
+    assert_eq!(
+        watch.count_until_fence(&mut pg),
+        1,
+        "notifications of one INSERT"
+    );
+    received_exactly(&mut c, received + 2);
+
     // A bulk insert of many rows in one transaction of several statements: one notification.
-    thread::sleep(Duration::from_millis(300));
-    let before = number(&mut c, "sync_notify_received");
+    let before = received + 2;
     outside(
         &mut pg,
         "BEGIN;
@@ -129,16 +181,24 @@ fn an_outside_insert_is_answered_within_milliseconds() {
     );
     assert!(until_answer(&mut c, "fast", "bulk-last", 1, NOTIFIED).is_some());
     assert_eq!(int(&mut c, &["MEMBER.EXISTS", "fast", "bulk-250"]), 1);
-    thread::sleep(Duration::from_millis(300));
-    assert_eq!(number(&mut c, "sync_notify_received"), before + 1);
+    assert_eq!(
+        watch.count_until_fence(&mut pg),
+        1,
+        "notifications of the bulk insert"
+    );
+    received_exactly(&mut c, before + 2);
 
     // Writes through the module notify nobody: they are in this node's filter already.
-    let before = number(&mut c, "sync_notify_received");
+    let before = before + 2;
     for i in 0..5 {
         assert_eq!(int(&mut c, &["MEMBER.ADD", "fast", &format!("own-{i}")]), 1);
     }
-    thread::sleep(Duration::from_millis(500));
-    assert_eq!(number(&mut c, "sync_notify_received"), before);
+    assert_eq!(
+        watch.count_until_fence(&mut pg),
+        0,
+        "notifications of the module's ADDs"
+    );
+    received_exactly(&mut c, before + 1);
 }
 
 #[test]
@@ -147,7 +207,7 @@ fn without_notify_the_interval_decides_and_no_one_listens() {
     let mut c = env.conn();
     create(&mut c, "slow", &[]);
     let mut pg = env.pg();
-    assert_eq!(info_field(&mut c, "sync_notify").as_deref(), Some("off"));
+    assert_eq!(info_field(&mut c, "sync_notify").as_deref(), Ok("off"));
     assert_eq!(listeners(&mut pg), 0, "a listener without sync-notify");
     outside(
         &mut pg,
@@ -182,7 +242,7 @@ fn without_notify_the_interval_decides_and_no_one_listens() {
     assert!(
         wait_until(Duration::from_secs(5), || info_field(&mut c, "sync_notify")
             .as_deref()
-            == Some("off")),
+            == Ok("off")),
         "sync_notify: {:?}",
         info_field(&mut c, "sync_notify")
     );
@@ -232,7 +292,7 @@ fn the_listener_reconnects_after_a_postgres_restart() {
             "sync_notify"
         )
         .as_deref()
-            == Some("reconnecting")),
+            == Ok("reconnecting")),
         "the listener did not notice the restart: {:?}",
         info_field(&mut c, "sync_notify")
     );

@@ -14,9 +14,9 @@ use support::member::*;
 use support::wait_until;
 
 fn number(c: &mut Connection, set: &str, field: &str) -> i64 {
-    set_info(c, set, field)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    let v = set_info(c, set, field).unwrap();
+    v.parse()
+        .unwrap_or_else(|e| panic!("MEMBER.INFO {set} {field} {v:?}: {e}"))
 }
 
 /// Fills `set` with `rows` rows written outside the module and waits until the sync pass
@@ -141,8 +141,17 @@ fn a_rebuild_under_a_tight_maxmemory_fails_cleanly_and_the_old_filter_serves() {
             &(used + (3 << 20)).to_string(),
         ],
     );
-    // The budget is read once a second on the main thread.
-    std::thread::sleep(Duration::from_millis(1500));
+    // The budget is measured once a second on the main thread: wait until it shows the new
+    // headroom (about 3 MB, under the filter's 4.8 MB).
+    assert!(
+        wait_until(Duration::from_secs(10), || info_field(
+            &mut c,
+            "memory_budget"
+        )
+        .is_ok_and(|b| b.parse::<i64>().is_ok_and(|b| b < 4 << 20))),
+        "the module never measured the new headroom: memory_budget {:?}",
+        info_field(&mut c, "memory_budget")
+    );
     let why = rebuild_and_wait(&mut c, "tight").expect_err("the rebuild was refused");
     assert!(why.contains("maxmemory"), "{why}");
     ok(&mut c, &["CONFIG", "SET", "maxmemory", "0"]);

@@ -74,11 +74,11 @@ fn a_rebuild_from_a_lagging_standby_loses_no_committed_row() {
     );
     assert_eq!(
         set_info(&mut c, set, "rebuild_source").as_deref(),
-        Some("standby")
+        Ok("standby")
     );
     assert_eq!(
         info_field(&mut c, "rebuild_source").as_deref(),
-        Some("standby")
+        Ok("standby")
     );
     // A rebuild from the standby that is up to date: every row, the filter serves "absent".
     assert_eq!(int(&mut c, &["MEMBER.REBUILD", set, "SYNC"]), 50);
@@ -101,7 +101,7 @@ fn a_rebuild_from_a_lagging_standby_loses_no_committed_row() {
         "filter_serves_absent"
     )
     .as_deref()
-        == Some("1")));
+        == Ok("1")));
 
     // A transaction the standby sees start (its insert is replayed) but not commit.
     let mut slow = env.pg();
@@ -135,7 +135,7 @@ fn a_rebuild_from_a_lagging_standby_loses_no_committed_row() {
 
     // The rebuild reads the paused standby: its COPY lacks every new row.
     let loaded = int(&mut c, &["MEMBER.REBUILD", set, "SYNC"]);
-    assert_eq!(set_info(&mut c, set, "last_rebuild").as_deref(), Some("ok"));
+    assert_eq!(set_info(&mut c, set, "last_rebuild").as_deref(), Ok("ok"));
     assert_eq!(
         rows_on(&mut on_standby, set, &new),
         0,
@@ -162,7 +162,7 @@ fn a_rebuild_from_a_lagging_standby_loses_no_committed_row() {
     assert_eq!(loaded, (before.len() + new.len()) as i64);
     assert_eq!(
         set_info(&mut c, set, "filter_serves_absent").as_deref(),
-        Some("1")
+        Ok("1")
     );
     let absent: Vec<(i64, String)> = (0..20)
         .map(|i| explain(&mut c, set, &format!("nobody-{i}")))
@@ -195,13 +195,13 @@ fn a_rebuild_from_a_lagging_standby_loses_no_committed_row() {
     assert!(e.contains("member.change-retention-s"), "{e}");
     assert_eq!(
         set_info(&mut c, set, "last_rebuild").as_deref(),
-        Some("failed")
+        Ok("failed")
     );
     let why = set_info(&mut c, set, "last_rebuild_error").unwrap();
     assert!(why.contains("older than the change log's floor"), "{why}");
     assert_eq!(
         set_info(&mut c, set, "filter_serves_absent").as_deref(),
-        Some("1")
+        Ok("1")
     );
     assert_members(&mut c, set, &new, "after the refused rebuild");
     pg.execute(
@@ -235,18 +235,15 @@ fn serving_set(env: &Env, set: &str) -> Vec<String> {
         "filter_serves_absent"
     )
     .as_deref()
-        == Some("1")));
+        == Ok("1")));
     items
 }
 
 /// After a refused rebuild the old filter serves: members 1, absent items 0 without the
 /// database (some of them, at least: any may be a false positive).
 fn old_filter_serves(c: &mut Connection, set: &str, items: &[String]) {
-    assert_eq!(set_info(c, set, "last_rebuild").as_deref(), Some("failed"));
-    assert_eq!(
-        set_info(c, set, "filter_serves_absent").as_deref(),
-        Some("1")
-    );
+    assert_eq!(set_info(c, set, "last_rebuild").as_deref(), Ok("failed"));
+    assert_eq!(set_info(c, set, "filter_serves_absent").as_deref(), Ok("1"));
     for item in items {
         assert_eq!(int(c, &["MEMBER.EXISTS", set, item]), 1, "{item}");
     }
@@ -284,7 +281,7 @@ fn a_rebuild_url_that_points_at_a_primary_is_refused_and_never_shown_with_its_pa
     assert!(why.contains("member.pg-rebuild-url"), "{why}");
     let link = info_field(&mut c, "rebuild_link_error").unwrap();
     assert!(link.contains("not a standby"), "{link}");
-    assert_eq!(info_field(&mut c, "db_link_error").as_deref(), Some("none"));
+    assert_eq!(info_field(&mut c, "db_link_error").as_deref(), Ok("none"));
     old_filter_serves(&mut c, set, &items);
     // The password is nowhere: CONFIG GET, INFO, MEMBER.INFO, SLOWLOG, the server log.
     let info: String = redis::cmd("INFO").arg("member").query(&mut c).unwrap();
@@ -309,7 +306,7 @@ fn a_rebuild_url_that_points_at_a_primary_is_refused_and_never_shown_with_its_pa
     ok(&mut c, &["CONFIG", "SET", "member.pg-rebuild-url", ""]);
     assert_eq!(
         set_info(&mut c, set, "rebuild_source").as_deref(),
-        Some("primary")
+        Ok("primary")
     );
     assert_eq!(
         int(&mut c, &["MEMBER.REBUILD", set, "SYNC"]),
@@ -317,7 +314,7 @@ fn a_rebuild_url_that_points_at_a_primary_is_refused_and_never_shown_with_its_pa
     );
     assert_eq!(
         info_field(&mut c, "rebuild_link_error").as_deref(),
-        Some("none")
+        Ok("none")
     );
 }
 
@@ -351,11 +348,11 @@ fn an_unreachable_rebuild_url_is_a_clear_error_and_the_old_filter_serves() {
     assert_eq!(int(&mut c, &["MEMBER.REBUILD", "att", "SYNC"]), 2);
     assert_eq!(
         set_info(&mut c, "att", "rebuild_source").as_deref(),
-        Some("primary")
+        Ok("primary")
     );
     assert_eq!(
         set_info(&mut c, set, "rebuild_source").as_deref(),
-        Some("standby")
+        Ok("standby")
     );
     let was: Vec<String> = redis::cmd("CONFIG")
         .arg("GET")
@@ -370,7 +367,7 @@ fn an_unreachable_rebuild_url_is_a_clear_error_and_the_old_filter_serves() {
     ok(&mut c, &["CONFIG", "SET", "member.db-timeout-ms", &was[1]]);
     let why = set_info(&mut c, set, "last_rebuild_error").unwrap();
     assert!(why.contains(&url), "{why}");
-    assert!(info_field(&mut c, "rebuild_link_error").is_some_and(|l| l != "none"));
-    assert_eq!(info_field(&mut c, "db_link_error").as_deref(), Some("none"));
+    assert!(info_field(&mut c, "rebuild_link_error").is_ok_and(|l| l != "none"));
+    assert_eq!(info_field(&mut c, "db_link_error").as_deref(), Ok("none"));
     old_filter_serves(&mut c, set, &items);
 }

@@ -23,7 +23,7 @@ fn a_set_created_at_start_is_complete_when_create_replies() {
         let complete = set_info(&mut c, &set, "filter_complete");
         assert_eq!(
             complete.as_deref(),
-            Some("1"),
+            Ok("1"),
             "round {round}: filter_complete right after CREATE's OK\n{}",
             vk.log()
         );
@@ -40,7 +40,7 @@ fn a_set_created_at_start_is_complete_when_create_replies() {
         thread::sleep(Duration::from_millis(300));
         assert_eq!(
             set_info(&mut c, &set, "filter_complete").as_deref(),
-            Some("1"),
+            Ok("1"),
             "round {round}: filter_complete after the catalog load\n{}",
             vk.log()
         );

@@ -16,7 +16,7 @@ use redis::{Connection, Value};
 use super::member::{cmd, ok, wait_catalog_loaded};
 use super::{free_port, fresh_db, server_binary, start_with, wait_until, TestDb, Valkey};
 
-/// A test that stalls a node of the shared cluster (DEBUG SLEEP) holds this exclusively
+/// A test that stalls a node of the shared cluster (SIGSTOP) holds this exclusively
 /// ([`stall_exclusive`]); the tests that would see that stall as a wrong timeout hold it shared
 /// ([`stall_shared`]).
 static STALL: RwLock<()> = RwLock::new(());
@@ -109,30 +109,58 @@ impl Drop for ConfigFor<'_> {
     }
 }
 
-/// Runs `f` while `node`'s event loop sleeps (`DEBUG SLEEP secs`): the sleep is sent first and
-/// `f` starts once the node leaves a PING unanswered for 100 ms (a probe connected beforehand:
-/// a new connection's handshake would itself wait for the node); the sleep's reply is read
-/// before returning. Hold [`stall_exclusive`] around it.
-pub fn while_asleep<R>(node: &Node, secs: f64, f: impl FnOnce() -> R) -> R {
-    let mut sc = node.conn();
+/// The longest [`while_stopped`] holds a node: under the shared cluster's
+/// `cluster-node-timeout` (5 s), so no other node ever flags it as failing.
+const HOLD_MAX: Duration = Duration::from_secs(4);
+
+/// Runs `f` while `node` is stopped (SIGSTOP; SIGCONT once `f` returns), so the node answers
+/// nothing, on a client link or the cluster bus, for exactly as long as `f` needs, however
+/// slow the machine. `f` starts once the node leaves a PING unanswered for 100 ms (a probe
+/// connected beforehand: a new connection's handshake would itself wait for the node); this
+/// returns once the node answers again. Should `f` outlast [`HOLD_MAX`], the node is let go
+/// then and the test fails saying so, rather than let a failover start. Hold
+/// [`stall_exclusive`] around it.
+pub fn while_stopped<R>(node: &Node, f: impl FnOnce() -> R) -> R {
     let mut probe = node.conn();
-    let sleep = redis::cmd("DEBUG")
-        .arg("SLEEP")
-        .arg(secs)
-        .get_packed_command();
-    sc.send_packed_command(&sleep).unwrap();
     probe
         .set_read_timeout(Some(Duration::from_millis(100)))
         .unwrap();
+    let pid = node.vk.child.id() as libc::pid_t;
+    // SAFETY: plain syscalls on our own child.
+    assert_eq!(
+        unsafe { libc::kill(pid, libc::SIGSTOP) },
+        0,
+        "SIGSTOP {}",
+        node.addr()
+    );
+    let (done, until_done) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        // Done (or `f` panicked and dropped the sender): let the node go at once.
+        let held_too_long = matches!(
+            until_done.recv_timeout(HOLD_MAX),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+        );
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        held_too_long
+    });
     assert!(
         wait_until(Duration::from_secs(10), || redis::cmd("PING")
             .query::<String>(&mut probe)
             .is_err()),
-        "{} never went to sleep",
+        "{} never stopped answering",
         node.addr()
     );
     let out = f();
-    let _: Value = sc.recv_response().unwrap();
+    let _ = done.send(());
+    let held_too_long = watchdog.join().unwrap();
+    assert!(
+        !held_too_long,
+        "{} was let go after {HOLD_MAX:?}, before the call under test returned",
+        node.addr()
+    );
+    let mut awake = node.conn();
+    let _: String = redis::cmd("PING").query(&mut awake).unwrap();
     out
 }
 
@@ -479,8 +507,8 @@ impl Cluster {
             let mut c = n.conn();
             let field = |c: &mut Connection, name: &str| super::member::set_info(c, set, name);
             let ready = wait_until(Duration::from_secs(30), || {
-                let owned = field(&mut c, "cluster_slots_owned");
-                owned.is_some() && owned == field(&mut c, "cluster_slots_ready")
+                // A failed read equals nothing, so it is a "not yet".
+                field(&mut c, "cluster_slots_owned") == field(&mut c, "cluster_slots_ready")
             });
             assert!(
                 ready,

@@ -2,7 +2,6 @@
 //! database timeout they run with, calls that must fail with `UNAVAILABLE` in time or must
 //! answer, and looks into PostgreSQL that prove a fault is really in place.
 
-use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::{Connection, Value};
@@ -174,13 +173,6 @@ pub fn module_sessions_waiting_on_lock(pg: &mut postgres::Client) -> i64 {
     )
     .unwrap()
     .get(0)
-}
-
-pub fn sleep_until(t: Instant) {
-    let now = Instant::now();
-    if t > now {
-        thread::sleep(t - now);
-    }
 }
 
 /// Calls made right after recovery, each needing the database: more than the 4 workers.

@@ -151,10 +151,10 @@ pub fn field(info: &[String], name: &str) -> Option<String> {
 
 /// Waits until MEMBER.INFO `<set>` shows `field` = `want`.
 pub fn wait_info(vk: &Valkey, c: &mut Connection, set: &str, field: &str, want: &str, t: Duration) {
-    let mut last = None;
+    let mut last = set_info(c, set, field);
     let reached = wait_until(t, || {
         last = set_info(c, set, field);
-        last.as_deref() == Some(want)
+        last.as_deref() == Ok(want)
     });
     assert!(
         reached,
@@ -231,7 +231,7 @@ pub fn wait_linked(replica: &Valkey, r: &mut Connection, within: Duration) {
             "master_link_status"
         )
         .as_deref()
-            == Some("up")),
+            == Ok("up")),
         "replica never linked\n{}",
         log_tail(replica)
     );
@@ -241,7 +241,7 @@ pub fn wait_linked(replica: &Valkey, r: &mut Connection, within: Duration) {
 pub fn assert_not_rebuilt(vk: &Valkey, c: &mut Connection, set: &str, when: &str) {
     assert_eq!(
         set_info(c, set, "last_rebuild").as_deref(),
-        Some("none"),
+        Ok("none"),
         "{when}: the filter should have been loaded, not rebuilt\nvalkey log:\n{}",
         log_tail(vk)
     );

@@ -53,7 +53,7 @@ impl Env {
                 "catalog_loaded"
             )
             .as_deref()
-                == Some("1")),
+                == Ok("1")),
             "catalog never loaded:\n{}",
             vk.log()
         );
@@ -69,24 +69,48 @@ impl Env {
     }
 }
 
+/// Why a field of INFO or MEMBER.NODEINFO could not be read: the call failed, or the reply
+/// has no such field. It equals nothing, itself included (like a NaN), so a comparison of two
+/// reads that both failed never passes: `assert_eq!(a, b)` on two results fails when either is
+/// an error. A caller that needs the value unwraps it (`.unwrap()` names the field and why); a
+/// caller that waits for a value polls `.is_ok_and(|v| v == "1")`.
+#[derive(Debug)]
+pub struct FieldError(pub String);
+
+impl PartialEq for FieldError {
+    fn eq(&self, _: &FieldError) -> bool {
+        false
+    }
+}
+
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// One field of `INFO member` (fields are printed as `member_<name>`).
-pub fn info_field(c: &mut Connection, name: &str) -> Option<String> {
+pub fn info_field(c: &mut Connection, name: &str) -> Result<String, FieldError> {
     info_section(c, "member", &format!("member_{name}"))
 }
 
 /// Waits until the node's change-notification listener (`member.sync-notify`) is listening.
 pub fn wait_listening(c: &mut Connection, timeout: Duration) -> bool {
     wait_until(timeout, || {
-        info_field(c, "sync_notify").as_deref() == Some("listening")
+        info_field(c, "sync_notify").as_deref() == Ok("listening")
     })
 }
 
-/// `field` of INFO `section`, if the server shows it.
-pub fn info_section(c: &mut Connection, section: &str, field: &str) -> Option<String> {
-    let text: String = redis::cmd("INFO").arg(section).query(c).ok()?;
+/// `field` of INFO `section`; an error when INFO fails or does not show the field.
+pub fn info_section(c: &mut Connection, section: &str, field: &str) -> Result<String, FieldError> {
+    let text: String = redis::cmd("INFO")
+        .arg(section)
+        .query(c)
+        .map_err(|e| FieldError(format!("INFO {section} (for {field}): {e}")))?;
     text.lines()
         .find_map(|l| l.strip_prefix(&format!("{field}:")))
         .map(|v| v.trim().to_string())
+        .ok_or_else(|| FieldError(format!("no {field} in INFO {section}")))
 }
 
 /// A numeric field of any `INFO <section>` (panics, naming it, when it is missing).
@@ -102,9 +126,16 @@ pub fn info_number(c: &mut Connection, section: &str, name: &str) -> i64 {
 
 /// One field of `MEMBER.NODEINFO <set>`: the set as the node behind `c` serves it (the same
 /// fields as MEMBER.INFO; in a cluster, that node's part).
-pub fn set_info(c: &mut Connection, set: &str, name: &str) -> Option<String> {
-    let v: Vec<String> = redis::cmd("MEMBER.NODEINFO").arg(set).query(c).ok()?;
-    v.chunks(2).find(|p| p[0] == name).map(|p| p[1].clone())
+/// An error when the call fails (no such set, server away) or the reply has no such field.
+pub fn set_info(c: &mut Connection, set: &str, name: &str) -> Result<String, FieldError> {
+    let v: Vec<String> = redis::cmd("MEMBER.NODEINFO")
+        .arg(set)
+        .query(c)
+        .map_err(|e| FieldError(format!("MEMBER.NODEINFO {set} (for {name}): {e}")))?;
+    v.chunks(2)
+        .find(|p| p[0] == name)
+        .map(|p| p[1].clone())
+        .ok_or_else(|| FieldError(format!("no {name} in MEMBER.NODEINFO {set}")))
 }
 
 pub fn cmd(c: &mut Connection, args: &[&str]) -> redis::RedisResult<Value> {
@@ -172,7 +203,7 @@ pub fn ok(c: &mut Connection, args: &[&str]) {
 /// Waits up to `timeout` until `INFO member` reports the set catalog loaded.
 pub fn wait_catalog_loaded(c: &mut Connection, timeout: Duration) -> bool {
     wait_until(timeout, || {
-        info_field(c, "catalog_loaded").as_deref() == Some("1")
+        info_field(c, "catalog_loaded").as_deref() == Ok("1")
     })
 }
 

@@ -50,4 +50,7 @@ pub use pg_cluster::{pg_bin, Setup};
 #[allow(unused_imports)]
 pub use process::{free_port, wait_until};
 #[allow(unused_imports)]
-pub use valkey::{debug_module_path, module_path, server_binary, start_with, Valkey};
+pub use valkey::{
+    debug_module_path, module_path, server_binary, server_version, start_with, ServerVersion,
+    Valkey,
+};

@@ -39,6 +39,69 @@ pub fn server_binary() -> String {
     std::env::var("MEMBER_SERVER").unwrap_or_else(|_| "valkey-server".to_string())
 }
 
+/// The server under test as it says of itself in `INFO server`: Valkey (which shows
+/// `valkey_version`; its `redis_version` is a fixed compatibility number) or Redis, and the
+/// version. Tests that do not apply to every server decide from this, never from the reply
+/// they are about to check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServerVersion {
+    pub valkey: bool,
+    /// (major, minor, patch)
+    pub version: (u32, u32, u32),
+}
+
+impl ServerVersion {
+    /// Redis at `at` or later (false on Valkey).
+    pub fn redis_at_least(&self, at: (u32, u32, u32)) -> bool {
+        !self.valkey && self.version >= at
+    }
+    /// Valkey at `at` or later (false on Redis).
+    pub fn valkey_at_least(&self, at: (u32, u32, u32)) -> bool {
+        self.valkey && self.version >= at
+    }
+}
+
+impl std::fmt::Display for ServerVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (a, b, c) = self.version;
+        let name = if self.valkey { "Valkey" } else { "Redis" };
+        write!(f, "{name} {a}.{b}.{c}")
+    }
+}
+
+/// Reads [`ServerVersion`] from `INFO server` (panics, naming the field, when it cannot).
+pub fn server_version(c: &mut redis::Connection) -> ServerVersion {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(c)
+        .unwrap_or_else(|e| panic!("INFO server: {e}"));
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .map(|v| v.trim().to_string())
+    };
+    let (valkey, text) = match field("valkey_version") {
+        Some(v) => (true, v),
+        None => (
+            false,
+            field("redis_version")
+                .expect("INFO server shows neither valkey_version nor redis_version"),
+        ),
+    };
+    let n: Vec<u32> = text
+        .split('.')
+        .map(|p| {
+            p.parse()
+                .unwrap_or_else(|e| panic!("version {text:?}: {e}"))
+        })
+        .collect();
+    assert_eq!(n.len(), 3, "version {text:?}");
+    ServerVersion {
+        valkey,
+        version: (n[0], n[1], n[2]),
+    }
+}
+
 /// One valkey-server for one test. Killed and its dir removed on drop.
 pub struct Valkey {
     pub(super) child: Child,
@@ -186,9 +249,13 @@ impl Valkey {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
-    /// The whole server log (for assertion messages).
+    /// The whole server log (for assertion messages, and the checks that it names no crash).
+    /// Panics when the log cannot be read: an empty string would pass every such check. Bytes
+    /// that are not UTF-8 (a hostile name the server logged) are kept as U+FFFD, not dropped.
     pub fn log(&self) -> String {
-        fs::read_to_string(self.dir.join("valkey.log")).unwrap_or_default()
+        let path = self.dir.join("valkey.log");
+        let bytes = fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        String::from_utf8_lossy(&bytes).into_owned()
     }
 
     pub(super) fn log_tail(&self) -> String {

@@ -107,7 +107,7 @@ impl World {
                     "filter_complete"
                 )
                 .as_deref()
-                    == Some("1")),
+                    == Ok("1")),
                 "the replica never got set {s}\n{}",
                 w.nodes[1].log()
             );
@@ -130,9 +130,11 @@ impl World {
         assert!(v.is_ok(), "REPLICAOF: {v:?}");
     }
 
-    /// Runs one fault of kind `kind`; returns what was done. Blocks while the fault lasts.
-    pub fn inject(&mut self, kind: &str, rng: &mut Rng, sets: &[String]) -> String {
-        match kind {
+    /// Runs one fault of kind `kind`; blocks while the fault lasts. `Ok` says what was done,
+    /// `Err` why nothing was (a command that failed, nothing there to break): the run counts
+    /// only the first as injected.
+    pub fn inject(&mut self, kind: &str, rng: &mut Rng, sets: &[String]) -> Result<String, String> {
+        let done = match kind {
             "pg-restart" => {
                 let immediate = rng.below(2) == 0;
                 if immediate {
@@ -149,7 +151,10 @@ impl World {
                 )
             }
             "pg-terminate" => {
-                let n = self.terminate_backends();
+                let n = self.terminate_backends()?;
+                if n == 0 {
+                    return Err("no module backend to terminate".into());
+                }
                 format!("terminated {n} module backends")
             }
             "proxy-delay" => {
@@ -160,7 +165,10 @@ impl World {
                 self.proxy.set(Mode::Pass);
                 format!("{ms} ms per chunk for {lasts} ms")
             }
-            "proxy-cut" => format!("cut {} connections", self.proxy.cut()),
+            "proxy-cut" => match self.proxy.cut() {
+                0 => return Err("no connection to cut".into()),
+                n => format!("cut {n} connections"),
+            },
             "proxy-refuse" => {
                 let lasts = 300 + rng.below(2000);
                 self.proxy.set(Mode::Refuse);
@@ -191,7 +199,7 @@ impl World {
                     args.push("SYNC");
                 }
                 let r = cmd(&mut c, &args);
-                format!("{} -> {}", args.join(" "), short(&r))
+                ok_or(&r, format!("{} -> {}", args.join(" "), short(&r)))?
             }
             "valkey-kill9" => {
                 let p = self.primary;
@@ -203,13 +211,17 @@ impl World {
                     self.nodes[p].port()
                 )
             }
-            "old-filter" => self.old_filter(rng, sets),
+            "old-filter" => self.old_filter(rng, sets)?,
             "lost-filter" => {
                 let s = &sets[rng.below(sets.len() as u64) as usize];
                 let mut c = self.primary_conn();
                 let key = format!("member:{s}:bloom");
                 let r = cmd(&mut c, &["UNLINK", &key]);
-                format!("UNLINK {key} -> {}", short(&r))
+                let text = format!("UNLINK {key} -> {}", short(&r));
+                if !matches!(r, Ok(redis::Value::Int(1))) {
+                    return Err(text);
+                }
+                text
             }
             "pg-url" => {
                 let direct = rng.below(2) == 0;
@@ -221,35 +233,38 @@ impl World {
                 let url = pg_url(port);
                 let mut c = self.primary_conn();
                 let r = cmd(&mut c, &["CONFIG", "SET", "member.pg-url", &url]);
-                format!(
+                let text = format!(
                     "member.pg-url -> {} port -> {}",
                     if direct { "direct" } else { "proxy" },
                     short(&r)
-                )
+                );
+                ok_or(&r, text)?
             }
-            "failover" => self.failover(rng),
+            "failover" => self.failover(rng)?,
             "pg-promote-behind" => self.promote_behind(rng),
             other => panic!("unknown fault {other}"),
-        }
+        };
+        Ok(done)
     }
 
-    /// `pg_terminate_backend` of every connection the module holds.
-    fn terminate_backends(&mut self) -> i64 {
-        let Ok(mut c) = self.pg.try_client() else {
-            return -1;
-        };
+    /// `pg_terminate_backend` of every connection the module holds: how many.
+    fn terminate_backends(&mut self) -> Result<i64, String> {
+        let mut c = self
+            .pg
+            .try_client()
+            .map_err(|e| format!("connect to PostgreSQL: {e}"))?;
         c.query_one(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
              WHERE application_name = 'libmember' AND pid <> pg_backend_pid()",
             &[],
         )
         .map(|r| r.get::<_, i64>(0))
-        .unwrap_or(-1)
+        .map_err(|e| format!("pg_terminate_backend: {e}"))
     }
 
     /// Takes a `DUMP` of a filter, lets writes go on for longer than RECENT-TTL, and restores
     /// it over the live filter (`RESTORE … REPLACE`): an old value that missed those ADDs.
-    fn old_filter(&mut self, rng: &mut Rng, sets: &[String]) -> String {
+    fn old_filter(&mut self, rng: &mut Rng, sets: &[String]) -> Result<String, String> {
         let mut c = self.primary_conn();
         let s = &sets[rng.below(sets.len() as u64) as usize];
         let key = format!("member:{s}:bloom");
@@ -258,7 +273,7 @@ impl World {
             .query::<Option<Vec<u8>>>(&mut c)
         {
             Ok(Some(d)) => d,
-            other => return format!("DUMP {key} -> {other:?}"),
+            other => return Err(format!("DUMP {key} -> {other:?}")),
         };
         let age = 1200 + rng.below(2000);
         thread::sleep(Duration::from_millis(age));
@@ -268,15 +283,16 @@ impl World {
             .arg(dump)
             .arg("REPLACE")
             .query(&mut c);
-        format!(
+        let text = format!(
             "RESTORE {key} REPLACE with its DUMP of {age} ms before -> {}",
             short(&r)
-        )
+        );
+        ok_or(&r, text)
     }
 
     /// The primary dies; the replica is promoted and clients move to it; the old primary comes
     /// back from its AOF and becomes the new primary's replica.
-    fn failover(&mut self, rng: &mut Rng) -> String {
+    fn failover(&mut self, rng: &mut Rng) -> Result<String, String> {
         let old = self.primary;
         let new = self.replica();
         self.nodes[old].kill9();
@@ -287,13 +303,14 @@ impl World {
         thread::sleep(Duration::from_millis(rng.below(300)));
         self.nodes[old].restart();
         self.make_replica(old);
-        format!(
+        let text = format!(
             ":{} killed, :{} promoted ({}), :{} back as its replica",
             self.nodes[old].port(),
             self.nodes[new].port(),
             short(&r),
             self.nodes[old].port()
-        )
+        );
+        ok_or(&r, text)
     }
 
     /// PostgreSQL fails over to a standby that was behind: the standby stops (commits go on on
@@ -329,6 +346,15 @@ impl World {
             let mut c = n.conn();
             let _ = cmd(&mut c, &["CONFIG", "SET", "member.pg-url", &url]);
         }
+    }
+}
+
+/// `text` as an injected fault when the command behind it succeeded, else as a failed one.
+fn ok_or(r: &redis::RedisResult<redis::Value>, text: String) -> Result<String, String> {
+    if r.is_ok() {
+        Ok(text)
+    } else {
+        Err(text)
     }
 }
 

@@ -96,13 +96,15 @@ impl Op {
     }
 }
 
-/// One injected fault: when it began and ended, its kind and what exactly was done.
+/// One fault tried: when it began and ended, its kind, what exactly was done, and whether it
+/// was injected at all (a command that failed, or nothing there to break, injects nothing).
 #[derive(Clone, Debug)]
 pub struct Fault {
     pub start: u64,
     pub end: u64,
     pub kind: &'static str,
     pub detail: String,
+    pub injected: bool,
 }
 
 /// Collects operations and faults from every thread.
@@ -132,9 +134,10 @@ impl Recorder {
 
     pub fn fault(&self, f: Fault) {
         eprintln!(
-            "chaos: fault {:>8.3} s {:<16} {}",
+            "chaos: fault {:>8.3} s {:<16} {}{}",
             f.start as f64 / 1e6,
             f.kind,
+            if f.injected { "" } else { "NOT INJECTED: " },
             f.detail
         );
         self.faults.lock().unwrap().push(f);

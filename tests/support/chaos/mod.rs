@@ -62,6 +62,8 @@ pub struct Config {
 pub struct Report {
     pub ops: usize,
     pub violations: Vec<Violation>,
+    /// Each fault kind of the run and how many times it was injected (failed tries not counted).
+    pub injected: BTreeMap<&'static str, usize>,
 }
 
 /// The client's read timeout: well past the hang bound, so a hang is recorded, not endured.
@@ -252,6 +254,8 @@ pub fn run(cfg: &Config, kinds: &[&'static str]) -> Report {
     };
     let mut rng = Rng::new(cfg.seed);
     let mut order: Vec<&'static str> = Vec::new();
+    let mut injected: BTreeMap<&'static str, usize> = kinds.iter().map(|k| (*k, 0)).collect();
+    let mut retried: Vec<&'static str> = Vec::new();
     let began = Instant::now();
     let target = world.target.clone();
     let bases: Vec<AtomicUsize> = (0..cfg.writers).map(|_| AtomicUsize::new(0)).collect();
@@ -273,9 +277,21 @@ pub fn run(cfg: &Config, kinds: &[&'static str]) -> Report {
             sc.spawn(move || reader(i, x));
         }
         // The fault schedule, on this thread: every kind once per round, in a shuffled order.
+        // A kind whose injection failed is tried once more at the end of its round. Past the
+        // run's length the schedule goes on only while a kind was never injected, and for at
+        // most one more round of tries, so a short run still injects every kind once.
         thread::sleep(Duration::from_millis(1000));
-        while began.elapsed() < cfg.duration {
+        let mut extra = kinds.len();
+        loop {
+            let missing = kinds.iter().any(|k| injected[k] == 0);
+            if began.elapsed() >= cfg.duration {
+                if !missing || extra == 0 {
+                    break;
+                }
+                extra -= 1;
+            }
             if order.is_empty() {
+                retried.clear();
                 order = kinds.to_vec();
                 for i in (1..order.len()).rev() {
                     order.swap(i, rng.below(i as u64 + 1) as usize);
@@ -283,13 +299,24 @@ pub fn run(cfg: &Config, kinds: &[&'static str]) -> Report {
             }
             let kind = order.pop().unwrap();
             let start = rec.now();
-            let detail = world.inject(kind, &mut rng, &sets);
+            let (detail, ok) = match world.inject(kind, &mut rng, &sets) {
+                Ok(d) => (d, true),
+                Err(d) => (d, false),
+            };
             rec.fault(Fault {
                 start,
                 end: rec.now(),
                 kind,
                 detail,
+                injected: ok,
             });
+            if ok {
+                *injected.get_mut(kind).unwrap() += 1;
+            } else if injected[kind] == 0 && !retried.contains(&kind) {
+                // Once more at the end of this round (the next round has it again anyway).
+                retried.push(kind);
+                order.insert(0, kind);
+            }
             let (lo, hi) = cfg.fault_gap_ms;
             thread::sleep(Duration::from_millis(lo + rng.below(hi - lo + 1)));
         }
@@ -319,6 +346,7 @@ pub fn run(cfg: &Config, kinds: &[&'static str]) -> Report {
     Report {
         ops: ops.len(),
         violations,
+        injected,
     }
 }
 
@@ -416,8 +444,11 @@ pub fn summary(tag: &str, ops: &[Op], faults: &[Fault], violations: &[Violation]
             .push(o.end.saturating_sub(o.start));
     }
     let mut fk: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut failed: BTreeMap<&str, usize> = BTreeMap::new();
     for f in faults {
-        *fk.entry(f.kind).or_default() += 1;
+        *(if f.injected { &mut fk } else { &mut failed })
+            .entry(f.kind)
+            .or_default() += 1;
     }
     let mut vk: BTreeMap<&str, usize> = BTreeMap::new();
     for v in violations {
@@ -435,7 +466,13 @@ pub fn summary(tag: &str, ops: &[Op], faults: &[Fault], violations: &[Violation]
             took.len()
         );
     }
-    eprintln!("{tag}: faults {}: {fk:?}", faults.len());
+    eprintln!(
+        "{tag}: faults injected {}: {fk:?}",
+        fk.values().sum::<usize>()
+    );
+    if !failed.is_empty() {
+        eprintln!("{tag}: faults NOT injected (tried): {failed:?}");
+    }
     eprintln!("{tag}: violations {}: {vk:?}", violations.len());
     for v in violations.iter().take(25) {
         eprintln!("{tag}: VIOLATION [{}] {}", v.rule, v.text);
@@ -449,7 +486,12 @@ pub fn write_history(path: &str, ops: &[Op], faults: &[Fault], violations: &[Vio
         let (s, e) = (f.start as f64 / 1e6, f.end as f64 / 1e6);
         (
             f.start,
-            format!("FAULT {} [{s:.3} s, {e:.3} s] {}", f.kind, f.detail),
+            format!(
+                "FAULT {} [{s:.3} s, {e:.3} s] {}{}",
+                f.kind,
+                if f.injected { "" } else { "NOT INJECTED: " },
+                f.detail
+            ),
         )
     }));
     lines.sort();

@@ -92,9 +92,9 @@ pub fn check_set(ctx: &Context, set: &str, access: Access) -> Result<(), RedisEr
 }
 
 /// Puts every command in `commands` into the `@member` ACL category, where the server lets
-/// modules add categories (Valkey 8 and Redis 7.0 do not: there the commands carry the
-/// built-in categories their flags give, `@read`/`@write`, `@fast`/`@slow`). Returns whether
-/// the category exists.
+/// modules add categories (Valkey 8 does; Redis 7.0 does not: there the commands carry the
+/// built-in categories their flags give, `@read`/`@write`, `@fast`/`@slow`; docs/security.md).
+/// Returns whether the category exists.
 pub fn declare_category(ctx: &Context, commands: &[&str]) -> bool {
     // SAFETY: module load, main thread; names are NUL-terminated; commands exist (registered
     // before this runs).

@@ -1,0 +1,146 @@
+//! `make bench` section `normalize`: what NORMALIZE and TOKENIZE cost on the hot path. Four
+//! sets that differ only in those (none, lower, username, username + hmac-sha256), absent
+//! items never repeating, ASCII and non-ASCII, measured by valkey-benchmark (8 connections)
+//! as MEMBER.EXISTS pipelined 100 deep and as MEMBER.MEXISTS of 100, the four sets in turn,
+//! twice (A B C D A B C D, each pair pooled) on one server.
+
+use crate::*;
+
+const SECTION: &str = "Normalization and tokenization on the hot path (valkey-benchmark, 8 conns)";
+const CONNS: usize = 8;
+/// Items per MEXISTS call, and the pipeline depth of EXISTS.
+const BATCH: usize = 100;
+const KEY_HEX: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+
+/// The sets measured: name, what MEMBER.CREATE is given, and the label of their rows.
+const SETS: [(&str, &[&str], &str); 4] = [
+    ("norm_none", &["NORMALIZE", "none"], "none"),
+    ("norm_lower", &["NORMALIZE", "lower"], "lower"),
+    ("norm_username", &["NORMALIZE", "username"], "username"),
+    (
+        "norm_token",
+        &["NORMALIZE", "username", "TOKENIZE", "hmac-sha256"],
+        "username + hmac-sha256",
+    ),
+];
+
+/// Item shapes: ASCII (nearly every username), and one with Latin accents, CJK and
+/// full-width letters (every step of NORMALIZE username changes something).
+const ITEMS: [(&str, &str); 2] = [
+    ("ASCII", "absent:__rand_int__"),
+    ("non-ASCII", "Ábsënt李ｘ:__rand_int__"),
+];
+
+/// The two ways of sending BATCH items: (label, pipeline depth, command for `set` and `item`).
+fn command(batch: bool, set: &str, item: &str) -> (usize, Vec<String>) {
+    if batch {
+        let mut c = vec![
+            "MEMBER.MEXISTS".to_string(),
+            set.to_string(),
+            "ITEMS".into(),
+        ];
+        c.extend(std::iter::repeat_n(item.to_string(), BATCH));
+        (1, c)
+    } else {
+        let c = vec![
+            "MEMBER.EXISTS".to_string(),
+            set.to_string(),
+            item.to_string(),
+        ];
+        (BATCH, c)
+    }
+}
+
+impl Bench {
+    /// Items per second of `cmd` over `calls` calls.
+    fn norm_rate(&self, pipeline: usize, calls: u64, cmd: &[String]) -> f64 {
+        let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
+        let st = vb_run(
+            self.port,
+            CONNS,
+            pipeline,
+            calls,
+            Some(ABSENT_KEYSPACE),
+            &args,
+        );
+        let per_call = if pipeline == 1 { BATCH as f64 } else { 1.0 };
+        st.rps() * per_call
+    }
+
+    pub(crate) fn normalize(&mut self) {
+        let dir = std::env::temp_dir().join(format!("member-bench-norm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("key dir");
+        let path = dir.join("token.key");
+        std::fs::write(&path, KEY_HEX).expect("key file");
+        let mut c = vk_conn(self.port);
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("member.token-key-file")
+            .arg(path.to_str().unwrap())
+            .query(&mut c)
+            .expect("CONFIG SET member.token-key-file");
+        for (set, opts, _) in SETS {
+            let _: () = redis::cmd("MEMBER.CREATE")
+                .arg(set)
+                .arg("CAPACITY")
+                .arg(self.opts.members)
+                .arg(opts)
+                .query(&mut c)
+                .expect("MEMBER.CREATE");
+        }
+        for (kind, item) in ITEMS {
+            // [set][0: EXISTS, 1: MEXISTS]
+            let mut rates = [[0.0f64; 2]; SETS.len()];
+            for (m, batch) in [false, true].into_iter().enumerate() {
+                let what = if batch {
+                    "MEXISTS of 100"
+                } else {
+                    "EXISTS pipelined 100"
+                };
+                progress(&format!("normalize: {kind} items, {what}, 4 sets × 2"));
+                // Sized once, on the plain set, to about `secs / 2` a run.
+                let (pipeline, plain) = command(batch, SETS[0].0, item);
+                let probe = if batch { 2_000 } else { 200_000 };
+                let cal = self.norm_rate(pipeline, probe, &plain) / (BATCH / pipeline) as f64;
+                let calls = ((cal * self.opts.secs / 2.0) as u64).max(probe);
+                for _ in 0..2 {
+                    for (s, (set, _, _)) in SETS.iter().enumerate() {
+                        let (pipeline, cmd) = command(batch, set, item);
+                        rates[s][m] += self.norm_rate(pipeline, calls, &cmd) / 2.0;
+                    }
+                }
+                for (s, (_, _, label)) in SETS.iter().enumerate().skip(1) {
+                    let ratio = rates[s][m] / rates[0][m].max(1e-9);
+                    let tokenized = s == SETS.len() - 1;
+                    let (target, met) = match (kind, tokenized) {
+                        ("ASCII", false) => ("≥ 0.95×", Some(ratio >= 0.95)),
+                        ("ASCII", true) => ("≥ 0.8×", Some(ratio >= 0.8)),
+                        _ => ("(figure)", None),
+                    };
+                    self.r.row(
+                        SECTION,
+                        format!("{kind} items, {what}: NORMALIZE {label} vs none, items/s"),
+                        rate(rates[s][m]),
+                        format!("{} (none)", rate(rates[0][m])),
+                        Some(ratio),
+                        target,
+                        met,
+                    );
+                }
+            }
+            for (s, (_, _, label)) in SETS.iter().enumerate() {
+                let ratio = rates[s][1] / rates[s][0].max(1e-9);
+                self.r.row(
+                    SECTION,
+                    format!("{kind} items, NORMALIZE {label}: MEXISTS of 100 vs EXISTS pipelined 100, items/s"),
+                    rate(rates[s][1]),
+                    format!("{} (EXISTS)", rate(rates[s][0])),
+                    Some(ratio),
+                    "≥ 2×",
+                    Some(ratio >= 2.0),
+                );
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -422,6 +422,20 @@ mod props {
         });
     }
 
+    /// The general path's steps, which copy the part before the first character they change,
+    /// give what the crates give for the whole string.
+    #[test]
+    fn the_steps_equal_the_crates_on_the_whole_string() {
+        use unicode_normalization::UnicodeNormalization;
+        accepted_share("steps", text(24), 1.0, |s| {
+            let n = nfkc(&s).unwrap_or_else(|| s.clone());
+            prop_assert_eq!(n, s.nfkc().collect::<String>());
+            let f = fold(&s).unwrap_or_else(|| s.clone());
+            prop_assert_eq!(f, caseless::default_case_fold_str(&s));
+            Ok(true)
+        });
+    }
+
     /// Random ASCII of any bytes but NUL, long and short, through both fast paths.
     #[test]
     fn the_ascii_fast_paths_equal_the_general_path() {

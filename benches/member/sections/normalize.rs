@@ -2,7 +2,9 @@
 //! sets that differ only in those (none, lower, username, username + hmac-sha256), absent
 //! items never repeating, ASCII and non-ASCII, measured by valkey-benchmark (8 connections)
 //! as MEMBER.EXISTS pipelined 100 deep and as MEMBER.MEXISTS of 100, the four sets in turn,
-//! twice (A B C D A B C D, each pair pooled) on one server.
+//! three times (A B C D A B C D A B C D, each set's runs pooled) on one server. Beside each
+//! rate, the server's main-thread CPU time per item (`INFO cpu`): on a machine shared with
+//! other work the rates move with it, the CPU an item much less.
 
 use crate::*;
 
@@ -23,6 +25,9 @@ const SETS: [(&str, &[&str], &str); 4] = [
         "username + hmac-sha256",
     ),
 ];
+
+/// Rounds of the four sets in turn.
+const ROUNDS: usize = 3;
 
 /// Item shapes: ASCII (nearly every username), and one with Latin accents, CJK and
 /// full-width letters (every step of NORMALIZE username changes something).
@@ -51,10 +56,50 @@ fn command(batch: bool, set: &str, item: &str) -> (usize, Vec<String>) {
     }
 }
 
+/// The server's main thread's CPU so far (user + system), seconds.
+fn main_thread_cpu(c: &mut redis::Connection) -> f64 {
+    ["used_cpu_user_main_thread", "used_cpu_sys_main_thread"]
+        .iter()
+        .map(|f| {
+            info_stat(c, "cpu", f)
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        })
+        .sum()
+}
+
+/// One set's measure, pooled over its runs.
+#[derive(Clone, Copy, Default)]
+struct Figure {
+    items: f64,
+    secs: f64,
+    cpu: f64,
+}
+
+impl Figure {
+    fn rate(&self) -> f64 {
+        self.items / self.secs.max(1e-9)
+    }
+
+    /// `1 234 567/s, 0.21 µs CPU`.
+    fn text(&self) -> String {
+        let us = self.cpu * 1e6 / self.items.max(1.0);
+        format!("{}, {us:.2} µs CPU", rate(self.rate()))
+    }
+}
+
 impl Bench {
-    /// Items per second of `cmd` over `calls` calls.
-    fn norm_rate(&self, pipeline: usize, calls: u64, cmd: &[String]) -> f64 {
+    /// Adds one run of `cmd` (`calls` calls) to `f`.
+    fn norm_run(
+        &self,
+        c: &mut redis::Connection,
+        f: &mut Figure,
+        pipeline: usize,
+        calls: u64,
+        cmd: &[String],
+    ) {
         let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
+        let before = main_thread_cpu(c);
         let st = vb_run(
             self.port,
             CONNS,
@@ -63,8 +108,10 @@ impl Bench {
             Some(ABSENT_KEYSPACE),
             &args,
         );
+        f.cpu += main_thread_cpu(c) - before;
         let per_call = if pipeline == 1 { BATCH as f64 } else { 1.0 };
-        st.rps() * per_call
+        f.items += calls as f64 * per_call;
+        f.secs += calls as f64 / st.rps().max(1e-9);
     }
 
     pub(crate) fn normalize(&mut self) {
@@ -90,27 +137,31 @@ impl Bench {
         }
         for (kind, item) in ITEMS {
             // [set][0: EXISTS, 1: MEXISTS]
-            let mut rates = [[0.0f64; 2]; SETS.len()];
+            let mut figs = [[Figure::default(); 2]; SETS.len()];
             for (m, batch) in [false, true].into_iter().enumerate() {
                 let what = if batch {
                     "MEXISTS of 100"
                 } else {
                     "EXISTS pipelined 100"
                 };
-                progress(&format!("normalize: {kind} items, {what}, 4 sets × 2"));
+                progress(&format!(
+                    "normalize: {kind} items, {what}, 4 sets × {ROUNDS}"
+                ));
                 // Sized once, on the plain set, to about `secs / 2` a run.
                 let (pipeline, plain) = command(batch, SETS[0].0, item);
                 let probe = if batch { 2_000 } else { 200_000 };
-                let cal = self.norm_rate(pipeline, probe, &plain) / (BATCH / pipeline) as f64;
-                let calls = ((cal * self.opts.secs / 2.0) as u64).max(probe);
-                for _ in 0..2 {
+                let mut cal = Figure::default();
+                self.norm_run(&mut c, &mut cal, pipeline, probe, &plain);
+                let calls_per_s = cal.rate() / (BATCH / pipeline) as f64;
+                let calls = ((calls_per_s * self.opts.secs / 2.0) as u64).max(probe);
+                for _ in 0..ROUNDS {
                     for (s, (set, _, _)) in SETS.iter().enumerate() {
                         let (pipeline, cmd) = command(batch, set, item);
-                        rates[s][m] += self.norm_rate(pipeline, calls, &cmd) / 2.0;
+                        self.norm_run(&mut c, &mut figs[s][m], pipeline, calls, &cmd);
                     }
                 }
                 for (s, (_, _, label)) in SETS.iter().enumerate().skip(1) {
-                    let ratio = rates[s][m] / rates[0][m].max(1e-9);
+                    let ratio = figs[s][m].rate() / figs[0][m].rate().max(1e-9);
                     let tokenized = s == SETS.len() - 1;
                     let (target, met) = match (kind, tokenized) {
                         ("ASCII", false) => ("≥ 0.95×", Some(ratio >= 0.95)),
@@ -120,8 +171,8 @@ impl Bench {
                     self.r.row(
                         SECTION,
                         format!("{kind} items, {what}: NORMALIZE {label} vs none, items/s"),
-                        rate(rates[s][m]),
-                        format!("{} (none)", rate(rates[0][m])),
+                        figs[s][m].text(),
+                        format!("{} (none)", figs[0][m].text()),
                         Some(ratio),
                         target,
                         met,
@@ -129,12 +180,12 @@ impl Bench {
                 }
             }
             for (s, (_, _, label)) in SETS.iter().enumerate() {
-                let ratio = rates[s][1] / rates[s][0].max(1e-9);
+                let ratio = figs[s][1].rate() / figs[s][0].rate().max(1e-9);
                 self.r.row(
                     SECTION,
                     format!("{kind} items, NORMALIZE {label}: MEXISTS of 100 vs EXISTS pipelined 100, items/s"),
-                    rate(rates[s][1]),
-                    format!("{} (EXISTS)", rate(rates[s][0])),
+                    figs[s][1].text(),
+                    format!("{} (EXISTS)", figs[s][0].text()),
                     Some(ratio),
                     "≥ 2×",
                     Some(ratio >= 2.0),

@@ -172,10 +172,22 @@ fn lower_reference(s: &str) -> String {
     s.trim().to_lowercase()
 }
 
-/// Checks one string against both references.
+/// Checks one string against both references, through `apply` and through `canonicalize`
+/// (which takes its ASCII path from its own check of the bytes).
 fn same_as_reference(s: &str) {
-    assert_eq!(Normalize::Username.apply(s), username_reference(s), "{s:?}");
-    assert_eq!(Normalize::Lower.apply(s), lower_reference(s), "{s:?}");
+    for (n, want) in [
+        (Normalize::Username, username_reference(s)),
+        (Normalize::Lower, lower_reference(s)),
+    ] {
+        assert_eq!(n.apply(s), want, "{n:?} {s:?}");
+        match canonicalize(n, s.as_bytes(), b"") {
+            Ok(c) => assert_eq!(c.entity, want, "{n:?} {s:?}"),
+            Err(e) => assert!(
+                s.is_empty() || s.contains('\0') || want.is_empty(),
+                "{n:?} {s:?}: {e}"
+            ),
+        }
+    }
 }
 
 /// Calls `f` on every string of `len` characters drawn from `alphabet`.

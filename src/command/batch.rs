@@ -180,7 +180,8 @@ fn plan(
             return Ok(None);
         };
         check_expiry(set, kind)?;
-        let canons = canonical_all(set, items, scope)?;
+        let mut tokens = Vec::new();
+        let canons = canonical_all(set, items, scope, &mut tokens)?;
         if crate::server::cluster_mode::enabled() {
             let wide = batch_wide::split(ctx, set, epoch, canons, kind)?;
             return Ok(Some(Planned::Wide(wide)));
@@ -198,8 +199,9 @@ fn canonical_all<'a>(
     set: &state::SetState,
     items: &[&'a [u8]],
     scope: &'a [u8],
+    tokens: &'a mut Vec<u8>,
 ) -> Result<Vec<Canon<'a>>, RedisError> {
-    token_key::canonical_all(&set.def, items, scope).map_err(|(i, e)| {
+    token_key::canonical_all(&set.def, items, scope, tokens).map_err(|(i, e)| {
         if !error::names_item(e) {
             RedisError::Str(e)
         } else {

@@ -130,22 +130,24 @@ pub fn canonical<'a>(
 }
 
 /// [`canonical`] for every item of one call (MEXISTS, MADD), the key checked and held once
-/// rather than once an item. The error names the first item that fails (0-based) as
-/// [`canonical`] would, item by item: a key error is the first item's.
+/// rather than once an item, and the tokens written into `tokens` (one buffer for the call,
+/// which the forms borrow: no allocation a token). The error names the first item that fails
+/// (0-based) as [`canonical`] would, item by item: a key error is the first item's.
 pub fn canonical_all<'a>(
     def: &SetDef,
     items: &[&'a [u8]],
     scope: &'a [u8],
+    tokens: &'a mut Vec<u8>,
 ) -> Result<Vec<Canon<'a>>, (usize, &'static str)> {
-    let each = |f: &dyn Fn(&'a [u8]) -> Result<Canon<'a>, &'static str>| {
+    let plain = || -> Result<Vec<Canon<'a>>, (usize, &'static str)> {
         items
             .iter()
             .enumerate()
-            .map(|(i, item)| f(item).map_err(|e| (i, e)))
+            .map(|(i, item)| canon::canonicalize(def.normalize, item, scope).map_err(|e| (i, e)))
             .collect()
     };
     let Some(fp) = def.tokenize.fingerprint() else {
-        return each(&|item| canon::canonicalize(def.normalize, item, scope));
+        return plain();
     };
     crate::server::redaction::needed();
     let guard = KEY.read().unwrap_or_else(|e| e.into_inner());
@@ -154,5 +156,27 @@ pub fn canonical_all<'a>(
         Some(k) if k.fingerprint() != fp => return Err((0, error::TOKEN_KEY_CHANGED)),
         Some(k) => k,
     };
-    each(&|item| Ok(key.tokenize(&canon::canonicalize(def.normalize, item, scope)?)))
+    let plain = plain()?;
+    tokens.clear();
+    tokens.resize(TOKEN_LEN * plain.len(), 0);
+    for (c, out) in plain.iter().zip(tokens.chunks_exact_mut(TOKEN_LEN)) {
+        key.token_into(&c.entity, c.scope, out.try_into().expect("a token's room"));
+    }
+    drop(guard);
+    let tokens: &'a [u8] = tokens;
+    Ok(tokens
+        .chunks_exact(TOKEN_LEN)
+        .map(|t| {
+            // SAFETY: `token_into` writes lowercase hex digits only, which are ASCII.
+            let token = unsafe { std::str::from_utf8_unchecked(t) };
+            Canon {
+                entity: std::borrow::Cow::Borrowed(token),
+                scope: "",
+                hash: canon::hash_parts(token, ""),
+            }
+        })
+        .collect())
 }
+
+/// Hex digits in a token.
+const TOKEN_LEN: usize = 64;

@@ -81,39 +81,71 @@ fn ascii_lower(t: &str) -> Cow<'_, str> {
 
 /// `Username`'s general path: trim → NFKC → full case fold → NFKC → trim. A step whose input
 /// is already in its form (NFKC's quick check says yes; folding changes no character) is
-/// skipped rather than copied, and the result borrows the item when no step changed it.
+/// skipped rather than copied (so is the second NFKC when folding changed nothing), a step
+/// copies the part before the first character it changes, and the result borrows the item
+/// when no step changed it.
 fn username(s: &str) -> Cow<'_, str> {
     let t = s.trim();
     let n1 = nfkc(t);
     let a = n1.as_deref().unwrap_or(t);
-    let f = fold(a);
-    let b = f.as_deref().unwrap_or(a);
-    let Some(n2) = nfkc(b) else {
-        // The last form is `t` itself or one of the owned ones: trim it in place.
-        return match f.or(n1) {
+    // Unfolded, `a` is the last form, and in NFKC already.
+    let Some(f) = fold(a) else {
+        return match n1 {
             None => Cow::Borrowed(t),
             Some(owned) => Cow::Owned(trimmed(owned)),
         };
     };
-    Cow::Owned(trimmed(n2))
+    let n2 = nfkc(&f);
+    Cow::Owned(trimmed(n2.unwrap_or(f)))
 }
 
-/// NFKC of `s`, or `None` when `s` is already in NFKC.
+/// NFKC of `s`, or `None` when `s` is already in NFKC. Only the part from the last starter
+/// before the first character that fails NFKC's quick check (or breaks the canonical order) is
+/// normalized; the part before it is in NFKC and is copied. That cut is safe: the starter
+/// passes the quick check, so it composes with nothing before it, and nothing reorders across
+/// a starter (the segment rule of UAX #15; `canon_python_tests.rs` checks every code point
+/// alone and after ASCII text).
 fn nfkc(s: &str) -> Option<String> {
-    match unicode_normalization::is_nfkc_quick(s.chars()) {
-        unicode_normalization::IsNormalized::Yes => None,
-        _ => Some(s.nfkc().collect()),
+    use unicode_normalization::char::canonical_combining_class;
+    use unicode_normalization::{is_nfkc_quick, IsNormalized};
+    let (mut starter, mut last_class) = (0, 0);
+    for (i, c) in s.char_indices() {
+        if c.is_ascii() {
+            (starter, last_class) = (i, 0);
+            continue;
+        }
+        let class = canonical_combining_class(c);
+        let ordered = class == 0 || last_class <= class;
+        if !ordered || is_nfkc_quick(std::iter::once(c)) != IsNormalized::Yes {
+            let mut out = String::with_capacity(s.len() + 8);
+            out.push_str(&s[..starter]);
+            out.extend(s[starter..].nfkc());
+            return Some(out);
+        }
+        if class == 0 {
+            starter = i;
+        }
+        last_class = class;
     }
+    None
 }
 
-/// The full case fold of `s`, or `None` when it changes no character.
+/// The full case fold of `s`, or `None` when it changes no character. Folding maps each
+/// character on its own, so the part before the first character it changes is copied.
 fn fold(s: &str) -> Option<String> {
     use caseless::Caseless;
-    if s.chars().default_case_fold().eq(s.chars()) {
-        None
-    } else {
-        Some(caseless::default_case_fold_str(s))
-    }
+    let unchanged = |c: char| {
+        if c.is_ascii() {
+            return !c.is_ascii_uppercase();
+        }
+        let mut f = std::iter::once(c).default_case_fold();
+        f.next() == Some(c) && f.next().is_none()
+    };
+    let (at, _) = s.char_indices().find(|&(_, c)| !unchanged(c))?;
+    let mut out = String::with_capacity(s.len() + 8);
+    out.push_str(&s[..at]);
+    out.extend(s[at..].chars().default_case_fold());
+    Some(out)
 }
 
 /// `s.trim()`, reusing `s`'s buffer.

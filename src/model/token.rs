@@ -200,6 +200,12 @@ impl Key {
         to_hex(&self.mac(&[entity.as_bytes(), &[0], scope.as_bytes()]))
     }
 
+    /// [`Key::token`] written into `out`, nothing allocated (a batch's tokens share one
+    /// buffer).
+    pub fn token_into(&self, entity: &str, scope: &str, out: &mut [u8; 64]) {
+        hex_into(&self.mac(&[entity.as_bytes(), &[0], scope.as_bytes()]), out);
+    }
+
     /// `canon` with the token in place of its entity, the scope folded into it (stored `''`),
     /// and the hash of the token: what every tier after canonicalization sees.
     pub fn tokenize(&self, canon: &Canon) -> Canon<'static> {
@@ -237,13 +243,17 @@ fn be_bytes(state: &[u32; 8]) -> [u8; 32] {
 
 /// Lowercase hex of a digest, made in one buffer and allocated once.
 fn to_hex(bytes: &[u8; 32]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut s = [0u8; 64];
-    for (pair, b) in s.chunks_exact_mut(2).zip(bytes) {
+    hex_into(bytes, &mut s);
+    String::from_utf8(s.to_vec()).expect("hex digits are ASCII")
+}
+
+fn hex_into(bytes: &[u8; 32], out: &mut [u8; 64]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
         pair[0] = HEX[(b >> 4) as usize];
         pair[1] = HEX[(b & 15) as usize];
     }
-    String::from_utf8(s.to_vec()).expect("hex digits are ASCII")
 }
 
 #[cfg(test)]
@@ -310,6 +320,13 @@ mod tests {
             key().token("alice", ""),
             "ddba9b6c0e0c40efb00e6e276d720c65321265ca0b8ba161fd2b86047a0a1e3c"
         );
+    }
+
+    #[test]
+    fn token_into_writes_the_token() {
+        let mut out = [0u8; 64];
+        key().token_into("alice", "m1", &mut out);
+        assert_eq!(&out[..], key().token("alice", "m1").as_bytes());
     }
 
     #[test]

@@ -19,9 +19,11 @@ pub mod sql;
 pub mod standby;
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use postgres::{Client, Statement};
+use postgres::types::{ToSql, Type};
+use postgres::{Client, Row, Statement, Transaction};
 
 use crate::{config, model::error};
 
@@ -86,8 +88,35 @@ fn connection_lost(e: &postgres::Error) -> bool {
     }
 }
 
+/// How a connection holds its settings and statements (docs/pooler.md), decided when it
+/// connects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Session {
+    /// One session for the connection's life: the timeouts are startup options, and workers
+    /// prepare their statements once and keep them.
+    Direct,
+    /// Behind a pooler that may hand each transaction to another server connection: every
+    /// transaction starts with the timeouts (`SET LOCAL`), and no statement outlives the
+    /// transaction that made it.
+    Pooled,
+}
+
+/// The reply text when `member.pg-url` leads to a pooler in statement pooling mode.
+pub const STATEMENT_POOLING: &str = "member.pg-url reaches a pooler in statement pooling mode, \
+     which libmember cannot use: it needs transactions (use session or transaction pooling)";
+
+/// What a pooled connection sends to open a transaction: `BEGIN` and the server-side timeouts
+/// `(statement, lock)` in milliseconds (0 = none), in one round trip.
+pub fn begin_sql((statement_timeout_ms, lock_timeout_ms): (u64, u64)) -> String {
+    format!(
+        "BEGIN; SET LOCAL statement_timeout = {statement_timeout_ms}; \
+         SET LOCAL lock_timeout = {lock_timeout_ms}"
+    )
+}
+
 /// Opens a connection to `member.pg-url` with the given server-side statement and lock
-/// timeouts (0 = none). Connecting is bounded by `member.db-timeout-ms`.
+/// timeouts (0 = none). Connecting is bounded by `member.db-timeout-ms`. Also returns the
+/// link's generation and the session mode it got (`member.pg-pooler`, docs/pooler.md).
 ///
 /// `generic_plans` makes prepared statements keep one generic plan. The workers' statements
 /// are key lookups and inserts whose plan never depends on the values, but PostgreSQL's
@@ -98,15 +127,15 @@ pub fn connect(
     statement_timeout_ms: u64,
     lock_timeout_ms: u64,
     generic_plans: bool,
-) -> Result<(Client, u64), DbErr> {
+) -> Result<(Client, u64, Session), DbErr> {
     let (link_settings, generation) = config::pg_link();
-    let client = open_link(
+    let (client, session) = open_link(
         &link_settings,
         (statement_timeout_ms, lock_timeout_ms),
         generic_plans,
         "libmember",
     )?;
-    Ok((client, generation))
+    Ok((client, generation, session))
 }
 
 /// The lock timeout of a build's connections: a build streams a whole table, but does not
@@ -115,38 +144,137 @@ pub fn build_lock_timeout_ms() -> u64 {
     config::db_timeout_ms().saturating_mul(5).max(10_000)
 }
 
+/// Links (by their masked text) found behind a pooler: later connections there go straight
+/// to the pooled way instead of being refused their startup options first.
+static POOLED_LINKS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn known_pooled(link: &crate::config::pg_link::Link) -> bool {
+    POOLED_LINKS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains(&link.masked)
+}
+
+fn remember_pooled(link: &crate::config::pg_link::Link) {
+    let mut known = POOLED_LINKS.lock().unwrap_or_else(|e| e.into_inner());
+    if !known.contains(&link.masked) {
+        if known.len() >= 16 {
+            known.clear();
+        }
+        known.push(link.masked.clone());
+        let msg = format!(
+            "libmember: {} ({}) leads to a connection pooler: every transaction carries its \
+             timeouts and no statement outlives its transaction (docs/pooler.md)",
+            link.name, link.masked
+        );
+        crate::server::mainq::post(Box::new(move |ctx| {
+            crate::server::reply::log(ctx, crate::server::reply::Level::Notice, &msg)
+        }));
+    }
+}
+
 /// Opens a connection with `link` (the primary's, or the rebuild source's), the server-side
-/// statement and lock timeouts `(statement, lock)` and `application_name` `app`.
+/// statement and lock timeouts `(statement, lock)` and `application_name` `app`, in the
+/// session mode `member.pg-pooler` asks for or, with `auto`, the one detected: a server that
+/// refuses the startup options, or whose session does not show the timeouts sent in them,
+/// is a pooler. A pooled connection opens one transaction before it is handed out, so a
+/// pooler in statement pooling mode is refused here ([`STATEMENT_POOLING`]).
 pub fn open_link(
     link: &crate::config::pg_link::Link,
-    (statement_timeout_ms, lock_timeout_ms): (u64, u64),
+    timeouts: (u64, u64),
     generic_plans: bool,
     app: &str,
-) -> Result<Client, DbErr> {
-    link::open(link, |cfg| {
-        tune(
-            cfg,
-            (statement_timeout_ms, lock_timeout_ms),
-            generic_plans,
-            app,
-        )
-    })
+) -> Result<(Client, Session), DbErr> {
+    use crate::config::Pooler;
+    let want = config::PG_POOLER.get();
+    let direct_first = match want {
+        Pooler::No => true,
+        Pooler::Yes => false,
+        Pooler::Auto => !known_pooled(link),
+    };
+    if direct_first {
+        match link::open(link, |cfg| tune(cfg, timeouts, generic_plans, app, true)) {
+            Ok(mut c) => {
+                if want == Pooler::No || options_took(&mut c, timeouts) {
+                    return Ok((c, Session::Direct));
+                }
+                remember_pooled(link);
+                transactions_allowed(link, &mut c)?;
+                return Ok((c, Session::Pooled));
+            }
+            Err(DbErr::Unavailable(m))
+                if want == Pooler::Auto && m.contains("unsupported startup parameter") =>
+            {
+                remember_pooled(link);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let mut c = link::open(link, |cfg| tune(cfg, timeouts, generic_plans, app, false))?;
+    transactions_allowed(link, &mut c)?;
+    Ok((c, Session::Pooled))
+}
+
+/// Whether the session shows the timeouts its startup options set (a pooler that drops
+/// `options`, as pgbouncer's `ignore_startup_parameters` does, leaves the server's).
+fn options_took(c: &mut Client, (statement_timeout_ms, lock_timeout_ms): (u64, u64)) -> bool {
+    let shown = c.simple_query(
+        "SELECT setting FROM pg_settings WHERE name IN ('lock_timeout', 'statement_timeout') \
+         ORDER BY name",
+    );
+    let Ok(msgs) = shown else { return false };
+    let values: Vec<String> = msgs
+        .iter()
+        .filter_map(|m| match m {
+            postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        })
+        .collect();
+    values
+        == [
+            lock_timeout_ms.to_string(),
+            statement_timeout_ms.to_string(),
+        ]
+}
+
+/// A transaction of two messages, which a pooler in statement pooling mode refuses: pgbouncer
+/// says so and closes the connection (the driver may see it closed before it reads why).
+fn transactions_allowed(link: &crate::config::pg_link::Link, c: &mut Client) -> Result<(), DbErr> {
+    match c
+        .batch_execute("BEGIN")
+        .and_then(|()| c.batch_execute("COMMIT"))
+    {
+        Ok(()) => Ok(()),
+        Err(e)
+            if e.is_closed()
+                || e.as_db_error()
+                    .is_some_and(|d| d.message().contains("statement pooling")) =>
+        {
+            link::refused(link, STATEMENT_POOLING);
+            Err(DbErr::Unavailable(STATEMENT_POOLING.to_string()))
+        }
+        Err(e) => Err(classify(&e)),
+    }
 }
 
 /// The session settings every connection of the module gets: connect bounded by
-/// `member.db-timeout-ms`, keepalives, the server-side timeouts `(statement, lock)` (0 =
-/// none), `application_name` `app`, and generic plans when asked (see `connect`).
+/// `member.db-timeout-ms`, keepalives, `application_name` `app`, and with `options` (a
+/// direct connection) the server-side timeouts `(statement, lock)` (0 = none) and generic
+/// plans when asked (see `connect`). A pooled connection sends its timeouts with every
+/// transaction instead ([`begin_sql`]).
 pub(crate) fn tune(
     cfg: &mut tokio_postgres::Config,
     (statement_timeout_ms, lock_timeout_ms): (u64, u64),
     generic_plans: bool,
     app: &str,
+    options: bool,
 ) {
     cfg.connect_timeout(Duration::from_millis(config::db_timeout_ms()))
         .keepalives(true)
         .keepalives_idle(Duration::from_secs(10))
-        .application_name(app)
-        .options(format!(
+        .application_name(app);
+    if options {
+        cfg.options(format!(
             "-c statement_timeout={statement_timeout_ms} -c lock_timeout={lock_timeout_ms}{}",
             if generic_plans {
                 " -c plan_cache_mode=force_generic_plan"
@@ -154,6 +282,120 @@ pub(crate) fn tune(
                 ""
             }
         ));
+    }
+}
+
+/// A worker's statements: how its connection holds them ([`Session`]) and, on a direct one,
+/// those prepared so far. Every statement of the hot path goes through here, so the pooled
+/// way is decided in one place.
+#[derive(Default)]
+pub struct Stmts {
+    cache: HashMap<String, Statement>,
+    pooled: bool,
+    /// `begin_sql` for this connection's timeouts.
+    begin: Arc<str>,
+}
+
+impl Stmts {
+    /// Rows of `sql` with typed parameters: on a direct connection through a statement
+    /// prepared once and kept; on a pooled one an unnamed statement, parsed, bound and run in
+    /// one round trip, that nothing refers to afterwards.
+    pub fn query(
+        &mut self,
+        c: &mut Client,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>, postgres::Error> {
+        if self.pooled {
+            return c.query_typed(sql, params);
+        }
+        let st = match self.cache.get(sql) {
+            Some(s) => s.clone(),
+            None => {
+                let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+                let s = c.prepare_typed(sql, &types)?;
+                self.cache.insert(sql.to_string(), s.clone());
+                s
+            }
+        };
+        let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+        c.query(&st, &values)
+    }
+
+    /// `query` for at most one row.
+    pub fn query_opt(
+        &mut self,
+        c: &mut Client,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Option<Row>, postgres::Error> {
+        let mut rows = self.query(c, sql, params)?;
+        if rows.len() > 1 {
+            rows.truncate(1);
+        }
+        Ok(rows.pop())
+    }
+
+    /// A transaction of the caller's own (in `Db::run_own`), which starts with the
+    /// connection's timeouts when pooled.
+    pub fn begin<'c>(&self, c: &'c mut Client) -> Result<Transaction<'c>, postgres::Error> {
+        let mut tx = c.transaction()?;
+        self.timeouts(&mut tx)?;
+        Ok(tx)
+    }
+
+    /// `begin` for a read-only REPEATABLE READ transaction: one snapshot for every statement.
+    pub fn begin_snapshot<'c>(
+        &self,
+        c: &'c mut Client,
+    ) -> Result<Transaction<'c>, postgres::Error> {
+        let mut tx = c
+            .build_transaction()
+            .isolation_level(postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()?;
+        self.timeouts(&mut tx)?;
+        Ok(tx)
+    }
+
+    fn timeouts(&self, tx: &mut Transaction) -> Result<(), postgres::Error> {
+        if self.pooled {
+            // `begin_sql` less its BEGIN: the driver's transaction has begun.
+            tx.batch_execute(self.begin.trim_start_matches("BEGIN; "))?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs `f` in a transaction that starts with `begin` ([`begin_sql`]) and commits when it
+/// succeeds (rolls back when it fails): how a pooled connection runs anything.
+fn in_transaction<T>(
+    c: &mut Client,
+    begin: &str,
+    f: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
+) -> Result<T, postgres::Error> {
+    c.batch_execute(begin)?;
+    match f(c) {
+        Ok(v) => c.batch_execute("COMMIT").map(|()| v),
+        Err(e) => {
+            if !c.is_closed() {
+                let _ = c.batch_execute("ROLLBACK");
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Runs `f` in a transaction of its own that carries the timeouts `(statement, lock)`,
+/// whatever the connection's mode: for the statements a rebuild or the listener runs outside
+/// their transactions, on connections a pooler may share (rare calls: the extra round trips
+/// cost nothing that matters).
+pub fn pinned<T>(
+    c: &mut Client,
+    timeouts: (u64, u64),
+    f: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
+) -> Result<T, postgres::Error> {
+    in_transaction(c, &begin_sql(timeouts), f)
 }
 
 /// A worker's connection, opened lazily and reopened after a failure or a change of
@@ -161,7 +403,7 @@ pub(crate) fn tune(
 #[derive(Default)]
 pub struct Db {
     conn: Option<(Client, u64)>,
-    stmts: HashMap<String, Statement>,
+    stmts: Stmts,
     last_used: Option<Instant>,
 }
 
@@ -196,9 +438,20 @@ impl Db {
             });
         if stale || dead {
             self.conn = None;
-            self.stmts.clear();
-            let (mut c, generation) = connect(Self::statement_timeout_ms(), 0, true)?;
+            self.stmts = Stmts::default();
+            let timeouts = (Self::statement_timeout_ms(), 0);
+            let (mut c, generation, session) = connect(timeouts.0, timeouts.1, true)?;
+            let pooled = session == Session::Pooled;
+            self.stmts.pooled = pooled;
+            self.stmts.begin = begin_sql(timeouts).into();
+            // Behind a pooler the identity's statement runs in a transaction of its own.
+            if pooled {
+                let _ = c.batch_execute(&self.stmts.begin);
+            }
             identity::learn(&mut c);
+            if pooled {
+                let _ = c.batch_execute("COMMIT");
+            }
             self.conn = Some((c, generation));
         }
         self.last_used = Some(Instant::now());
@@ -212,15 +465,36 @@ impl Db {
     /// failover, `idle_session_timeout`); the synchronous driver only notices on the next
     /// call. A read that fails that way is retried once on a fresh connection, so a database
     /// that is back answers the very next request. Writes use `run_once`.
+    ///
+    /// Behind a pooler the call is one transaction that starts with the connection's
+    /// timeouts; `f` must not open transactions of its own (use `run_own`).
     pub fn run<T>(
         &mut self,
-        mut f: impl FnMut(&mut Client, &mut HashMap<String, Statement>) -> Result<T, postgres::Error>,
+        f: impl FnMut(&mut Client, &mut Stmts) -> Result<T, postgres::Error>,
+    ) -> Result<T, DbErr> {
+        self.retried(f, true)
+    }
+
+    /// `run` for a call that opens its own transactions, with `Stmts::begin` or
+    /// `Stmts::begin_snapshot` (they carry the timeouts behind a pooler); `f` runs nothing
+    /// outside them.
+    pub fn run_own<T>(
+        &mut self,
+        f: impl FnMut(&mut Client, &mut Stmts) -> Result<T, postgres::Error>,
+    ) -> Result<T, DbErr> {
+        self.retried(f, false)
+    }
+
+    fn retried<T>(
+        &mut self,
+        mut f: impl FnMut(&mut Client, &mut Stmts) -> Result<T, postgres::Error>,
+        wrap: bool,
     ) -> Result<T, DbErr> {
         let reused = self.conn.is_some();
-        match self.attempt(&mut f) {
+        match self.attempt(&mut f, wrap) {
             Err((_, true)) if reused => {
                 self.reset();
-                self.attempt(&mut f).map_err(|(e, _)| e)
+                self.attempt(&mut f, wrap).map_err(|(e, _)| e)
             }
             other => other.map_err(|(e, _)| e),
         }
@@ -228,22 +502,40 @@ impl Db {
 
     /// Runs a write once: if the connection died mid-call the write may or may not have
     /// committed, and retrying could turn a 1 into a 0. The client gets UNAVAILABLE instead
-    /// (a timed-out write's usual contract); idle connections are checked before use.
+    /// (a timed-out write's usual contract); idle connections are checked before use. Behind
+    /// a pooler, as `run`.
     pub fn run_once<T>(
         &mut self,
-        mut f: impl FnMut(&mut Client, &mut HashMap<String, Statement>) -> Result<T, postgres::Error>,
+        mut f: impl FnMut(&mut Client, &mut Stmts) -> Result<T, postgres::Error>,
     ) -> Result<T, DbErr> {
-        self.attempt(&mut f).map_err(|(e, _)| e)
+        self.attempt(&mut f, true).map_err(|(e, _)| e)
     }
 
-    /// One call; the error says whether the connection itself failed.
+    /// `run_once` for a write that opens its own transactions (as `run_own`).
+    pub fn run_once_own<T>(
+        &mut self,
+        mut f: impl FnMut(&mut Client, &mut Stmts) -> Result<T, postgres::Error>,
+    ) -> Result<T, DbErr> {
+        self.attempt(&mut f, false).map_err(|(e, _)| e)
+    }
+
+    /// One call, in a transaction of its own on a pooled connection when `wrap`; the error
+    /// says whether the connection itself failed.
     fn attempt<T>(
         &mut self,
-        f: &mut impl FnMut(&mut Client, &mut HashMap<String, Statement>) -> Result<T, postgres::Error>,
+        f: &mut impl FnMut(&mut Client, &mut Stmts) -> Result<T, postgres::Error>,
+        wrap: bool,
     ) -> Result<T, (DbErr, bool)> {
         self.client().map_err(|e| (e, false))?;
         let client = &mut self.conn.as_mut().expect("connected above").0;
-        match f(client, &mut self.stmts) {
+        let stmts = &mut self.stmts;
+        let result = if wrap && stmts.pooled {
+            let begin = stmts.begin.clone();
+            in_transaction(client, &begin, |c| f(c, stmts))
+        } else {
+            f(client, stmts)
+        };
+        match result {
             Ok(v) => Ok(v),
             Err(e) => {
                 let err = classify(&e);
@@ -260,20 +552,6 @@ impl Db {
     /// Forgets the connection (after a panic mid-call, its state is unknown).
     pub fn reset(&mut self) {
         self.conn = None;
-        self.stmts.clear();
+        self.stmts = Stmts::default();
     }
-}
-
-/// Prepares `sql` once per connection.
-pub fn prepared(
-    client: &mut Client,
-    stmts: &mut HashMap<String, Statement>,
-    sql: &str,
-) -> Result<Statement, postgres::Error> {
-    if let Some(s) = stmts.get(sql) {
-        return Ok(s.clone());
-    }
-    let s = client.prepare(sql)?;
-    stmts.insert(sql.to_string(), s.clone());
-    Ok(s)
 }

@@ -6,7 +6,9 @@
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
-use super::{prepared, Db, DbErr};
+use postgres::types::Type;
+
+use super::{Db, DbErr};
 
 mod catalog;
 mod change_log;
@@ -94,8 +96,15 @@ pub fn add_many(
         xs.push(x);
     }
     let inserted = db.run_once(|c, st| {
-        let q = prepared(c, st, &sql)?;
-        c.query(&q, &[&es, &ss, &xs])
+        st.query(
+            c,
+            &sql,
+            &[
+                (&es, Type::TEXT_ARRAY),
+                (&ss, Type::TEXT_ARRAY),
+                (&xs, Type::FLOAT8_ARRAY),
+            ],
+        )
     })?;
     let mut out = vec![false; items.len()];
     for row in &inserted {
@@ -142,10 +151,8 @@ pub fn lookup_many(db: &mut Db, set: &str, items: &[(&str, &str)]) -> Result<Vec
             ss.push(s);
         }
     }
-    let rows = db.run(|c, st| {
-        let q = prepared(c, st, &sql)?;
-        c.query(&q, &[&es, &ss])
-    })?;
+    let rows =
+        db.run(|c, st| st.query(c, &sql, &[(&es, Type::TEXT_ARRAY), (&ss, Type::TEXT_ARRAY)]))?;
     for row in &rows {
         let key = (row.get::<_, &str>(0), row.get::<_, &str>(1));
         if let Some(v) = uniq.get_mut(&key) {
@@ -165,9 +172,9 @@ pub fn del(db: &mut Db, set: &str, entity: &str, scope: &str) -> Result<bool, Db
         "DELETE FROM {t} WHERE entity_id = $1 AND scope = $2 RETURNING ({ACTIVE})",
         t = table(set)
     );
-    db.run_once(|c, s| {
-        let st = prepared(c, s, &sql)?;
-        Ok(c.query_opt(&st, &[&entity, &scope])?
+    db.run_once(|c, st| {
+        Ok(st
+            .query_opt(c, &sql, &[(&entity, Type::TEXT), (&scope, Type::TEXT)])?
             .map(|r| r.get::<_, bool>(0))
             .unwrap_or(false))
     })

@@ -15,7 +15,10 @@ use support::pgbouncer::{Mode, Pgbouncer};
 use support::{module_path, wait_until, Valkey};
 
 fn env(mode: Mode, extra: &[(&str, &str)]) -> Env {
-    let pb = Pgbouncer::get(mode);
+    env_at(Pgbouncer::get(mode), extra)
+}
+
+fn env_at(pb: &Pgbouncer, extra: &[(&str, &str)]) -> Env {
     Env::through(|db| pb.url(db), extra)
 }
 
@@ -65,6 +68,11 @@ fn ints(c: &mut Connection, args: &[&str]) -> Vec<i64> {
 
 fn every_command(mode: Mode) {
     let e = env(mode, &[("member.attach-allow", "public.app_users")]);
+    every_command_on(&e, || Pgbouncer::get(mode).log());
+}
+
+/// `every_command` on the node of `e`; `more` says more on a failure.
+fn every_command_on(e: &Env, more: impl Fn() -> String) {
     let mut c = e.conn();
     let mut pg = e.pg();
     create(&mut c, "s", &[]);
@@ -140,7 +148,12 @@ fn every_command(mode: Mode) {
     ok(&mut c, &["MEMBER.DROP", "s", "DELETE-DATA"]);
     assert!(err(&mut c, &["MEMBER.EXISTS", "s", "u1_1"]).contains("no such set"));
     // Nothing of it failed on a statement another transaction had prepared.
-    assert!(!e.vk.log().contains("does not exist"), "{}", logs(&e, mode));
+    assert!(
+        !e.vk.log().contains("does not exist"),
+        "{}\n{}",
+        e.vk.log(),
+        more()
+    );
 }
 
 #[test]
@@ -274,8 +287,12 @@ fn lookups_running(pg: &mut postgres::Client) -> i64 {
 }
 
 fn stuck_lookup(mode: Mode) {
+    stuck_lookup_at(Pgbouncer::get(mode));
+}
+
+fn stuck_lookup_at(pb: &Pgbouncer) {
     // Workers' statement timeout: 4 × 300 ms, at least a second: 1.2 s.
-    let e = env(mode, &[("member.db-timeout-ms", "300")]);
+    let e = env_at(pb, &[("member.db-timeout-ms", "300")]);
     let mut c = e.conn();
     create(&mut c, "s", &[]);
     let mut pg = e.pg();
@@ -300,8 +317,9 @@ fn stuck_lookup(mode: Mode) {
     assert!(
         wait_until(Duration::from_secs(5), || lookups_running(&mut watcher)
             == 0),
-        "the stuck lookup's statement still waits in the database:\n{}",
-        logs(&e, mode)
+        "the stuck lookup's statement still waits in the database:\nmodule:\n{}\npgbouncer:\n{}",
+        e.vk.log(),
+        pb.log()
     );
     let held: i64 = watcher
         .query_one(
@@ -352,4 +370,43 @@ fn statement_pooling_is_refused() {
     );
     let answer = err(&mut c, &["MEMBER.CREATE", "s"]);
     assert!(answer.starts_with("UNAVAILABLE"), "{answer}");
+}
+
+/// A pgbouncer that drops the startup options (the timeouts with them) is found out: the
+/// node works the pooled way there, and its timeouts hold.
+#[test]
+fn dropped_startup_options_are_detected() {
+    stuck_lookup_at(Pgbouncer::ignoring_options());
+}
+
+/// `member.pg-pooler yes` on a direct connection: the pooled way works there too.
+#[test]
+fn pooled_way_on_a_direct_connection() {
+    let e = Env::with(&[
+        ("member.pg-pooler", "yes"),
+        ("member.attach-allow", "public.app_users"),
+    ]);
+    every_command_on(&e, String::new);
+}
+
+/// `member.pg-pooler no` through a stock pgbouncer: the startup options are refused, and
+/// the node says so; back to `auto`, it works.
+#[test]
+fn direct_way_forced_through_a_pooler_is_refused() {
+    let e = env(Mode::Transaction, &[]);
+    let mut c = e.conn();
+    // The catalog loaded through `auto` at start-up; from now on `no`.
+    ok(&mut c, &["CONFIG", "SET", "member.pg-pooler", "no"]);
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let _ = cmd(&mut c, &["MEMBER.CREATE", "s"]);
+            info_field(&mut c, "db_link_error")
+                .is_some_and(|e| e.contains("unsupported startup parameter"))
+        }),
+        "{:?}",
+        info_field(&mut c, "db_link_error")
+    );
+    ok(&mut c, &["CONFIG", "SET", "member.pg-pooler", "auto"]);
+    create(&mut c, "s", &[]);
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "s", "x"]), 1);
 }

@@ -57,7 +57,15 @@ impl Pgbouncer {
     /// The pgbouncer of `mode` in front of [`Pg::get`], started on first use.
     pub fn get(mode: Mode) -> &'static Pgbouncer {
         static ALL: [OnceLock<Pgbouncer>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
-        ALL[mode as usize].get_or_init(|| start(mode))
+        ALL[mode as usize].get_or_init(|| start(mode, ""))
+    }
+
+    /// A pgbouncer in transaction pooling that accepts and drops the startup parameter
+    /// `options` (`ignore_startup_parameters = options`, the usual workaround for clients
+    /// that send it): what a client asked for there silently does not happen.
+    pub fn ignoring_options() -> &'static Pgbouncer {
+        static ONE: OnceLock<Pgbouncer> = OnceLock::new();
+        ONE.get_or_init(|| start(Mode::Transaction, "ignore_startup_parameters = options\n"))
     }
 
     /// Connection string for a database through this pgbouncer, as the superuser.
@@ -74,7 +82,7 @@ impl Pgbouncer {
     }
 }
 
-fn start(mode: Mode) -> Pgbouncer {
+fn start(mode: Mode, extra: &str) -> Pgbouncer {
     let pg = Pg::get();
     let (uid, gid) = postgres_ids();
     let base = make_temp_dir("member-pgbouncer", Some((uid, gid)));
@@ -97,7 +105,7 @@ fn start(mode: Mode) -> Pgbouncer {
             format!(
                 "[databases]\n* = host=127.0.0.1 port={pg}\n\n[pgbouncer]\n\
                  listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
-                 auth_type = trust\nauth_file = {users}\npool_mode = {mode}\n",
+                 auth_type = trust\nauth_file = {users}\npool_mode = {mode}\n{extra}",
                 pg = pg.port(),
                 users = users.display(),
                 mode = mode.name()

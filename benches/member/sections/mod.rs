@@ -11,6 +11,7 @@ mod idle_sync;
 mod memory;
 mod mixed;
 mod negative;
+mod pooler;
 mod rebuild;
 mod rebuild_memory;
 mod seeds_app;

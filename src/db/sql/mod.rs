@@ -6,9 +6,7 @@
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
-use postgres::types::Type;
-
-use super::{Db, DbErr};
+use super::{Db, DbErr, Param};
 
 mod catalog;
 mod change_log;
@@ -95,20 +93,20 @@ pub fn add_many(
         ss.push(s);
         xs.push(x);
     }
-    let inserted = db.run_once(|c, st| {
-        st.query(
+    // One statement, its own transaction even behind a pooler (`Stmts::hot`).
+    let inserted = db.run_once_own(|c, st| {
+        st.hot(
             c,
             &sql,
-            &[
-                (&es, Type::TEXT_ARRAY),
-                (&ss, Type::TEXT_ARRAY),
-                (&xs, Type::FLOAT8_ARRAY),
-            ],
+            &[Param::Texts(&es), Param::Texts(&ss), Param::Floats(&xs)],
         )
     })?;
     let mut out = vec![false; items.len()];
-    for row in &inserted {
-        let key = (row.get::<_, &str>(0), row.get::<_, &str>(1));
+    for r in 0..inserted.len() {
+        let key = (
+            inserted.text(r, 0).unwrap_or_default(),
+            inserted.text(r, 1).unwrap_or_default(),
+        );
         if let Some(&i) = first.get(&key) {
             out[i] = true;
         }
@@ -151,13 +149,16 @@ pub fn lookup_many(db: &mut Db, set: &str, items: &[(&str, &str)]) -> Result<Vec
             ss.push(s);
         }
     }
-    let rows =
-        db.run(|c, st| st.query(c, &sql, &[(&es, Type::TEXT_ARRAY), (&ss, Type::TEXT_ARRAY)]))?;
-    for row in &rows {
-        let key = (row.get::<_, &str>(0), row.get::<_, &str>(1));
+    // One statement, its own transaction even behind a pooler (`Stmts::hot`).
+    let rows = db.run_own(|c, st| st.hot(c, &sql, &[Param::Texts(&es), Param::Texts(&ss)]))?;
+    for r in 0..rows.len() {
+        let key = (
+            rows.text(r, 0).unwrap_or_default(),
+            rows.text(r, 1).unwrap_or_default(),
+        );
         if let Some(v) = uniq.get_mut(&key) {
-            *v = if row.get::<_, bool>(3) {
-                Found::Member(row.get::<_, Option<f64>>(2))
+            *v = if rows.flag(r, 3) {
+                Found::Member(rows.float(r, 2))
             } else {
                 Found::Lapsed
             };
@@ -172,11 +173,9 @@ pub fn del(db: &mut Db, set: &str, entity: &str, scope: &str) -> Result<bool, Db
         "DELETE FROM {t} WHERE entity_id = $1 AND scope = $2 RETURNING ({ACTIVE})",
         t = table(set)
     );
-    db.run_once(|c, st| {
-        Ok(st
-            .query_opt(c, &sql, &[(&entity, Type::TEXT), (&scope, Type::TEXT)])?
-            .map(|r| r.get::<_, bool>(0))
-            .unwrap_or(false))
+    db.run_once_own(|c, st| {
+        let rows = st.hot(c, &sql, &[Param::Text(entity), Param::Text(scope)])?;
+        Ok(!rows.is_empty() && rows.flag(0, 0))
     })
 }
 

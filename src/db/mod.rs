@@ -297,6 +297,11 @@ pub struct Stmts {
 }
 
 impl Stmts {
+    /// Whether the connection is a pooler's ([`Session::Pooled`]).
+    pub fn pooled(&self) -> bool {
+        self.pooled
+    }
+
     /// Rows of `sql` with typed parameters: on a direct connection through a statement
     /// prepared once and kept; on a pooled one an unnamed statement, parsed, bound and run in
     /// one round trip, that nothing refers to afterwards.

@@ -105,10 +105,22 @@ fn every_command_on(e: &Env, more: impl Fn() -> String) {
     // Rows written outside, then a rebuild that counts every row: their lookups go to the
     // database (nothing cached, no recent-writes mark), from four clients at once.
     pg.batch_execute(
-        "INSERT INTO member_s (entity_id) SELECT 'o' || g FROM generate_series(1, 100) g",
+        "INSERT INTO member_s (entity_id) SELECT 'o' || g FROM generate_series(1, 100) g;
+         INSERT INTO member_s (entity_id, scope) VALUES ('o1', 'sc'), ('o''2', 'sc')",
     )
     .unwrap();
-    assert_eq!(int(&mut c, &["MEMBER.REBUILD", "s", "SYNC"]), 499);
+    assert_eq!(int(&mut c, &["MEMBER.REBUILD", "s", "SYNC"]), 501);
+    // Scoped, and with a quote in the item.
+    for item in ["o1", "o'2"] {
+        let got: (i64, String) = redis::cmd("MEMBER.EXPLAIN")
+            .arg("s")
+            .arg(item)
+            .arg("SCOPE")
+            .arg("sc")
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(got, (1, "db-hit".into()), "{item}");
+    }
     std::thread::scope(|s| {
         for t in 0..4 {
             let mut c = e.conn();

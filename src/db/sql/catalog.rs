@@ -287,6 +287,9 @@ pub fn create_set(
             }
             Some(_) => {}
         }
+        // Every row read goes before the commit: a row holds its statement, and a statement
+        // closed after it would stay behind on a pooler's server connection.
+        drop(existing);
         tx.commit()?;
         Ok(Ok(row))
     })?;
@@ -323,6 +326,8 @@ pub fn drop_set(
         if delete_data {
             tx.batch_execute(&format!("DROP TABLE IF EXISTS {}", table(name)))?;
         }
+        // The row (and with it its statement) goes before the commit (see create_set).
+        drop(gone);
         tx.commit()?;
         Ok((true, note))
     })

@@ -164,9 +164,14 @@ pub fn prune(db: &mut Db, after_s: u64) -> Result<u64, DbErr> {
          RETURNING (SELECT count(*) FROM d)"
     );
     db.run_once_own(|c, st| {
-        Ok(by_index(c, st, |tx| tx.query_opt(sql.as_str(), &[]))?
-            .map(|r| r.get::<_, i64>(0) as u64)
-            .unwrap_or(0))
+        // Read inside the transaction: a row outliving it would close its statement after
+        // the commit, on whatever server connection a pooler gives next.
+        by_index(c, st, |tx| {
+            Ok(tx
+                .query_opt(sql.as_str(), &[])?
+                .map(|r| r.get::<_, i64>(0) as u64)
+                .unwrap_or(0))
+        })
     })
 }
 

@@ -106,12 +106,16 @@ pub const STATEMENT_POOLING: &str = "member.pg-url reaches a pooler in statement
      which libmember cannot use: it needs transactions (use session or transaction pooling)";
 
 /// What a pooled connection sends to open a transaction: `BEGIN` and the server-side timeouts
-/// `(statement, lock)` in milliseconds (0 = none), in one round trip.
+/// `(statement, lock)` in milliseconds, in one round trip. A statement timeout of 0 is sent
+/// (none: a rebuild's COPY must not meet a server default); a lock timeout only when there is
+/// one (the workers have none, and their statement timeout bounds every wait: one statement
+/// less in each of their transactions, where it showed).
 pub fn begin_sql((statement_timeout_ms, lock_timeout_ms): (u64, u64)) -> String {
-    format!(
-        "BEGIN; SET LOCAL statement_timeout = {statement_timeout_ms}; \
-         SET LOCAL lock_timeout = {lock_timeout_ms}"
-    )
+    let mut s = format!("BEGIN; SET LOCAL statement_timeout = {statement_timeout_ms}");
+    if lock_timeout_ms > 0 {
+        s.push_str(&format!("; SET LOCAL lock_timeout = {lock_timeout_ms}"));
+    }
+    s
 }
 
 /// Opens a connection to `member.pg-url` with the given server-side statement and lock
@@ -784,6 +788,18 @@ mod tests {
                 ])]
             ),
             "ARRAY[1.5,NULL,1e20,'inf']::float8[]"
+        );
+    }
+
+    #[test]
+    fn a_transaction_begins_with_the_timeouts_it_has() {
+        assert_eq!(
+            begin_sql((8000, 0)),
+            "BEGIN; SET LOCAL statement_timeout = 8000"
+        );
+        assert_eq!(
+            begin_sql((0, 10000)),
+            "BEGIN; SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 10000"
         );
     }
 }

@@ -109,7 +109,7 @@ pub const STATEMENT_POOLING: &str = "member.pg-url reaches a pooler in statement
 /// `(statement, lock)` in milliseconds, in one round trip. A statement timeout of 0 is sent
 /// (none: a rebuild's COPY must not meet a server default); a lock timeout only when there is
 /// one (the workers have none, and their statement timeout bounds every wait: one statement
-/// less in each of their transactions, where it showed).
+/// less in each of their lookups' and ADDs' messages).
 pub fn begin_sql((statement_timeout_ms, lock_timeout_ms): (u64, u64)) -> String {
     let mut s = format!("BEGIN; SET LOCAL statement_timeout = {statement_timeout_ms}");
     if lock_timeout_ms > 0 {

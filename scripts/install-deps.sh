@@ -8,7 +8,7 @@
 # Prometheus' redis_exporter and promtool (the monitoring files of contrib/ are tested with
 # them), chromium with chromium-driver (the sign-up example's browser test drives it), and
 # Node.js with npm (the Node example runs under the tests; scripts/node-env.sh installs its
-# ioredis). Idempotent; does nothing when everything is present.
+# ioredis), and pgbouncer (the pooler tests run the module behind it). Idempotent; does nothing when everything is present.
 set -euo pipefail
 
 need=()
@@ -17,6 +17,7 @@ command -v valkey-cli >/dev/null 2>&1 || need+=(valkey-tools)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 command -v psql >/dev/null 2>&1 || need+=(postgresql-client)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+[ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
@@ -56,10 +57,10 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq -t bookworm-backports valkey-server valkey-tools >/dev/null
 $SUDO apt-get install -y -qq postgresql postgresql-client libclang-dev redis-server \
   openssl libssl-dev pkg-config python3 python3-redis python3-venv prometheus-redis-exporter \
-  prometheus chromium chromium-driver >/dev/null
+  prometheus chromium chromium-driver pgbouncer >/dev/null
 [ ${#node[@]} -eq 0 ] || $SUDO apt-get install -y -qq "${node[@]}" >/dev/null
 # The Debian packages start system-wide servers; libmember runs its own (and the monitoring
 # test its own exporter).
 $SUDO systemctl disable --now valkey-server postgresql redis-server prometheus \
-  prometheus-redis-exporter >/dev/null 2>&1 || true
-for s in valkey-server redis-server postgresql prometheus prometheus-redis-exporter; do $SUDO service "$s" stop >/dev/null 2>&1 || true; done
+  prometheus-redis-exporter pgbouncer >/dev/null 2>&1 || true
+for s in valkey-server redis-server postgresql prometheus prometheus-redis-exporter pgbouncer; do $SUDO service "$s" stop >/dev/null 2>&1 || true; done

@@ -235,6 +235,64 @@ pub fn sync_notify() -> bool {
     SYNC_NOTIFY.load(Ordering::Relaxed)
 }
 
+/// `member.pg-pooler` (docs/pooler.md): how connections to PostgreSQL hold their settings and
+/// statements. `Auto` detects a pooler when connecting; `No` is a direct connection (startup
+/// options, statements prepared once); `Yes` is a pooler (every transaction carries its
+/// settings, no statement outlives its transaction).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Pooler {
+    Auto = 0,
+    No = 1,
+    Yes = 2,
+}
+
+impl Pooler {
+    pub const NAMES: [&'static str; 3] = ["auto", "no", "yes"];
+
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
+    pub fn parse(s: &str) -> Option<Pooler> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Some(Pooler::Auto),
+            "no" => Some(Pooler::No),
+            "yes" => Some(Pooler::Yes),
+            _ => None,
+        }
+    }
+}
+
+pub const PG_POOLER_DEFAULT: &str = "auto";
+/// The `member.pg-pooler` config, one byte; setting it reconnects every connection (as a new
+/// `member.pg-url` does).
+pub static PG_POOLER: PoolerConfig = PoolerConfig(std::sync::atomic::AtomicU8::new(0));
+
+pub struct PoolerConfig(std::sync::atomic::AtomicU8);
+
+impl PoolerConfig {
+    pub fn get(&self) -> Pooler {
+        match self.0.load(Ordering::Relaxed) {
+            1 => Pooler::No,
+            2 => Pooler::Yes,
+            _ => Pooler::Auto,
+        }
+    }
+}
+
+impl ConfigurationValue<RedisString> for PoolerConfig {
+    fn get(&self, _: &ConfigurationContext) -> RedisString {
+        shown(self.get().name())
+    }
+    fn set(&self, _: &ConfigurationContext, val: RedisString) -> Result<(), RedisError> {
+        let v = Pooler::parse(&val.to_string_lossy())
+            .ok_or(RedisError::Str("member.pg-pooler must be auto, no or yes"))?;
+        self.0.store(v as u8, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
 pub const ERROR_RATE_DEFAULT: &str = "0.01";
 pub const ERROR_RATE_MIN: f64 = 0.000_001;
 pub const ERROR_RATE_MAX: f64 = 0.5;

@@ -171,8 +171,14 @@ pub fn install_triggers(c: &mut Client, def: &SetDef) -> Result<(), DbErr> {
             tx.commit().map_err(tx_error)
         }
         Some(src) => source::refuse_module_relation(c, src),
+        // One message, so one transaction, whose lock timeout is set in it (a pooler may have
+        // dropped the connection's own).
         None => c
-            .batch_execute(&log_triggers_ddl(&def.name))
+            .batch_execute(&format!(
+                "SET LOCAL lock_timeout = {}; {}",
+                super::build_lock_timeout_ms(),
+                log_triggers_ddl(&def.name)
+            ))
             .map_err(tx_error),
     }
 }

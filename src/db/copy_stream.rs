@@ -40,14 +40,16 @@ pub fn each_row(
         .enable_all()
         .build()
         .map_err(|e| DbErr::Unavailable(format!("cannot start the COPY reader: {e}")))?;
+    // No startup options (a pooler refuses them): the transaction sets its own timeouts.
     let client = super::link::open_async(link, &rt, |cfg| {
-        super::tune(cfg, (0, lock_timeout_ms), false, "libmember-rebuild")
+        super::tune(cfg, (0, lock_timeout_ms), false, "libmember-rebuild", false)
     })?;
     rt.block_on(async {
         client
             .batch_execute(&format!(
                 "START TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY; \
-                 SET TRANSACTION SNAPSHOT '{id}'"
+                 SET TRANSACTION SNAPSHOT '{id}'; \
+                 SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = {lock_timeout_ms}"
             ))
             .await?;
         let stream = client.copy_out(sql).await?;

@@ -44,14 +44,6 @@ static NODE: Mutex<Node> = Mutex::new(Node {
 /// Moves every time the identity a worker reads differs from the one the node held.
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 
-/// The cluster's system identifier (the same on its physical standbys, another on any other
-/// cluster, including one restored from a logical dump) and the database's oid (another for
-/// every database of the cluster). `pg_control_system()` may be called by any role unless an
-/// administrator revoked it.
-const IDENTITY: &str = "SELECT system_identifier::text,
-        (SELECT oid FROM pg_database WHERE datname = current_database())::int8
-   FROM pg_control_system()";
-
 /// The timeline the server writes WAL on now: the first 8 hex digits of the current WAL
 /// file's name. It moves at the promotion itself (`pg_control_checkpoint()` only after the
 /// next checkpoint). Both functions may be called by any role.
@@ -66,9 +58,6 @@ const HISTORY_DDL: &str = "CREATE TABLE IF NOT EXISTS member_catalog_history (
     token text NOT NULL,
     first_seen timestamptz NOT NULL DEFAULT now()
 )";
-
-/// Advisory lock key of the history table's creation ("lmhist").
-const HISTORY_LOCK: i64 = 0x6c6d_6869_7374;
 
 /// What this node knows of its database now.
 pub fn node() -> NodeDb {
@@ -126,80 +115,97 @@ fn lock() -> std::sync::MutexGuard<'static, Node> {
     NODE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The system identifier and database oid of `c`'s database, as one string.
-fn base(c: &mut Client) -> Result<String, postgres::Error> {
-    c.query_typed_one(IDENTITY, &[]).map(|row| {
-        let sysid: String = row.get(0);
-        let oid: i64 = row.get(1);
-        format!("postgresql:{sysid}:{oid}")
+/// What the module's role may read here, asked first so that no statement of [`learn`]
+/// fails on a refusal: a failed statement would abort the transaction a pooled connection
+/// runs it in (docs/pooler.md), and the server checks a function's privilege when it plans a
+/// statement, whatever branch would call it.
+struct Probe {
+    /// `pg_control_system()`: the cluster's system identifier (the same on its physical
+    /// standbys, another on any other cluster, including one restored from a logical dump).
+    sysid: bool,
+    /// `pg_walfile_name()` and `pg_current_wal_lsn()`: the timeline.
+    timeline: bool,
+    in_recovery: bool,
+    /// `member_catalog_history` exists.
+    table: bool,
+}
+
+const PROBE: &str = "SELECT has_function_privilege('pg_control_system()', 'EXECUTE'),
+        has_function_privilege('pg_walfile_name(pg_lsn)', 'EXECUTE')
+          AND has_function_privilege('pg_current_wal_lsn()', 'EXECUTE'),
+        pg_is_in_recovery(),
+        to_regclass('member_catalog_history') IS NOT NULL";
+
+fn probe(c: &mut Client) -> Result<Probe, postgres::Error> {
+    let r = c.query_typed_one(PROBE, &[])?;
+    Ok(Probe {
+        sysid: r.get(0),
+        timeline: r.get(1),
+        in_recovery: r.get(2),
+        table: r.get(3),
     })
 }
 
-/// The base identity and the history in one statement, when the role may read them all and
-/// the timeline's row exists (`None`: it does not yet).
-fn at_once(c: &mut Client) -> Result<Option<(String, History)>, postgres::Error> {
+/// What one read of the identity found: the base identity (`None`: the role may not read
+/// the system identifier), the timeline (`None`: may not read it) and its token, if written.
+type Read = (Option<String>, Option<(i32, Option<String>)>);
+
+/// The identity's parts in one statement, only those `p` says the role may read. The
+/// database's oid distinguishes every database of the cluster.
+fn read_parts(c: &mut Client, p: &Probe) -> Result<Read, postgres::Error> {
+    let sysid = if p.sysid {
+        "(SELECT system_identifier::text FROM pg_control_system())"
+    } else {
+        "NULL::text"
+    };
+    let timeline = if p.timeline { TIMELINE } else { "NULL::int4" };
+    let token = if p.timeline && p.table {
+        "(SELECT token FROM member_catalog_history WHERE timeline = t.tl)"
+    } else {
+        "NULL::text"
+    };
     let sql = format!(
-        "SELECT i.sysid, i.oid, t.tl,
-                (SELECT token FROM member_catalog_history WHERE timeline = t.tl)
-           FROM (SELECT system_identifier::text AS sysid,
-                        (SELECT oid FROM pg_database
-                          WHERE datname = current_database())::int8 AS oid
-                   FROM pg_control_system()) i,
-                (SELECT {TIMELINE} AS tl) t"
+        "SELECT {sysid}, (SELECT oid FROM pg_database WHERE datname = current_database())::int8,
+                t.tl, {token}
+           FROM (SELECT {timeline} AS tl) t"
     );
-    let row = c.query_typed_one(&sql, &[])?;
-    let token: Option<String> = row.get(3);
-    Ok(token.map(|token| {
-        let (sysid, oid): (String, i64) = (row.get(0), row.get(1));
-        (
-            format!("postgresql:{sysid}:{oid}"),
-            History {
-                timeline: row.get(2),
-                token,
-            },
-        )
-    }))
+    let r = c.query_typed_one(&sql, &[])?;
+    let sysid: Option<String> = r.get(0);
+    let oid: i64 = r.get(1);
+    let tl: Option<i32> = r.get(2);
+    let token: Option<String> = r.get(3);
+    Ok((
+        sysid.map(|s| format!("postgresql:{s}:{oid}")),
+        tl.map(|t| (t, token)),
+    ))
 }
 
-/// The history `c`'s server follows now, writing its row first if no node has yet.
-pub fn read_history(c: &mut Client) -> Result<History, postgres::Error> {
-    let timeline: i32 = c
-        .query_typed_one(&format!("SELECT {TIMELINE}"), &[])?
-        .get(0);
-    if let Some(token) = token_of(c, timeline)? {
-        return Ok(History { timeline, token });
+/// The token of `timeline`, written first (with the table, if `table` says it is missing)
+/// when no node has yet. Statements that work inside a caller's transaction or alone; two
+/// nodes writing the first row at once both end up with the one that won.
+fn write_token(c: &mut Client, timeline: i32, table: bool) -> Result<String, postgres::Error> {
+    if !table {
+        c.batch_execute(HISTORY_DDL)?;
     }
-    let mut tx = c.transaction()?;
-    tx.query_typed(
-        "SELECT pg_advisory_xact_lock($1)",
-        &[(&HISTORY_LOCK, Type::INT8)],
-    )?;
-    tx.batch_execute(HISTORY_DDL)?;
-    let token: String = tx
-        .query_typed_one(
-            "WITH ins AS (INSERT INTO member_catalog_history (timeline, token)
-                          VALUES ($1, gen_random_uuid()::text)
-                          ON CONFLICT (timeline) DO NOTHING RETURNING token)
-             SELECT coalesce((SELECT token FROM ins),
-                             (SELECT token FROM member_catalog_history WHERE timeline = $1))",
-            &[(&timeline, Type::INT4)],
-        )?
-        .get(0);
-    tx.commit()?;
-    Ok(History { timeline, token })
-}
-
-/// The token of `timeline` on `c`'s database (`None`: no row, or no table yet). On a standby
-/// too: it reads the rows the standby has replayed.
-pub fn token_of(c: &mut Client, timeline: i32) -> Result<Option<String>, postgres::Error> {
-    match c.query_typed_opt(
-        "SELECT token FROM member_catalog_history WHERE timeline = $1",
-        &[(&timeline, Type::INT4)],
-    ) {
-        Ok(row) => Ok(row.map(|r| r.get(0))),
-        Err(e) if e.code() == Some(&postgres::error::SqlState::UNDEFINED_TABLE) => Ok(None),
-        Err(e) => Err(e),
+    for _ in 0..3 {
+        let token: Option<String> = c
+            .query_typed_one(
+                "WITH ins AS (INSERT INTO member_catalog_history (timeline, token)
+                              VALUES ($1, gen_random_uuid()::text)
+                              ON CONFLICT (timeline) DO NOTHING RETURNING token)
+                 SELECT coalesce((SELECT token FROM ins),
+                                 (SELECT token FROM member_catalog_history
+                                   WHERE timeline = $1))",
+                &[(&timeline, Type::INT4)],
+            )?
+            .get(0);
+        // None: another node's row committed while this statement ran, unseen by its
+        // snapshot; the next statement sees it.
+        if let Some(t) = token {
+            return Ok(t);
+        }
     }
+    Ok(String::new())
 }
 
 /// The identity a node holds for base identity `base` (or this process's stand-in for it)
@@ -217,30 +223,29 @@ fn compose(base: &str, history: Option<&History>) -> u128 {
 /// On a connection just opened to `member.pg-url`, and at every sync pass: reads the
 /// database's identity and the history it follows, and keeps them. Another database or
 /// another history replaces what the node held and moves [`generation`], so filters, cache
-/// entries and marks made from the old one are no longer believed. A refusal to read the
-/// system identifier (the function revoked) makes the node stand in this process's own
-/// identity ([`local`]) for it; a refusal of the timeline functions leaves the history
-/// `unreadable`. Any other failure (a timeout, a lost connection) changes nothing, and the
-/// next connection or pass tries again.
+/// entries and marks made from the old one are no longer believed. A role that may not read
+/// the system identifier makes the node stand in this process's own identity ([`local`]) for
+/// it; one that may not read the timeline leaves the history `unreadable`. A server in
+/// recovery (a standby), or any failure (a timeout, a lost connection), changes nothing, and
+/// the next connection or pass tries again. Safe inside a caller's transaction: no statement
+/// of it fails on a refusal. Two round trips; a third and fourth only on a new timeline.
 pub(super) fn learn(c: &mut Client) {
-    // The usual case in one round trip (every sync pass asks): everything readable, the
-    // timeline's row there. Otherwise each part on its own, which tells what is refused and
-    // writes the row.
-    let (base, (history, history_refused)) = match at_once(c) {
-        Ok(Some((b, h))) => (Some(b), (Some(h), false)),
-        Ok(None) | Err(_) => {
-            let base = match base(c) {
-                Ok(b) => Some(b),
-                Err(e) if refused(&e) => None,
-                Err(_) => return,
-            };
-            match read_history(c) {
-                Ok(h) => (base, (Some(h), false)),
-                Err(e) if refused(&e) => (base, (None, true)),
-                Err(_) => return,
-            }
-        }
+    let Ok(p) = probe(c) else { return };
+    if p.in_recovery {
+        return;
+    }
+    let Ok((base, tl)) = read_parts(c, &p) else {
+        return;
     };
+    let history = match tl {
+        Some((timeline, Some(token))) => Some(History { timeline, token }),
+        Some((timeline, None)) => match write_token(c, timeline, p.table) {
+            Ok(token) if !token.is_empty() => Some(History { timeline, token }),
+            _ => return,
+        },
+        None => None,
+    };
+    let history_refused = !p.timeline;
     let mut node = lock();
     let db = match &base {
         Some(b) => NodeDb::Known(compose(b, history.as_ref())),
@@ -260,15 +265,6 @@ pub(super) fn learn(c: &mut Client) {
     node.db = db;
     node.history = history;
     node.history_refused = history_refused;
-}
-
-/// The server refused the statement itself (it will answer the same next time), rather than
-/// failing to run it.
-fn refused(e: &postgres::Error) -> bool {
-    use postgres::error::SqlState;
-    e.code().is_some_and(|c| {
-        *c == SqlState::INSUFFICIENT_PRIVILEGE || *c == SqlState::UNDEFINED_FUNCTION
-    })
 }
 
 /// This process's stand-in identity for a database whose own it may not read: random per

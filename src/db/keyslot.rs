@@ -138,10 +138,12 @@ pub fn ensure_slot_column(
     lock_timeout_ms: u64,
 ) -> Result<(), postgres::Error> {
     let t = table(set);
-    if !missing(c, &t)?.any() {
-        return Ok(());
-    }
+    // Everything in the transaction (a pooler may hand each one to another server
+    // connection); a table that has both still takes no lock.
     let mut tx = c.transaction()?;
+    if !missing(&mut tx, &t)?.any() {
+        return tx.commit();
+    }
     tx.execute(
         "SELECT pg_advisory_xact_lock(hashtextextended('libmember slot column ' || $1, 0))",
         &[&t],

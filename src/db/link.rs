@@ -44,6 +44,11 @@ pub fn set_rebuild_error(e: Option<String>) {
     *LAST_REBUILD_ERROR.lock().unwrap_or_else(|e| e.into_inner()) = e;
 }
 
+/// Records why a connection that opened cannot be used (a pooler in statement pooling mode).
+pub fn refused(link: &Link, why: &str) {
+    *error_slot(link).lock().unwrap_or_else(|e| e.into_inner()) = Some(why.to_string());
+}
+
 fn error_slot(link: &Link) -> &'static Mutex<Option<String>> {
     if link.name == crate::config::pg_link::NAMES[1] {
         &LAST_REBUILD_ERROR

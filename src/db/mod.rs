@@ -11,19 +11,25 @@ pub mod members;
 #[cfg(test)]
 mod names_tests;
 pub mod pool;
+mod session;
 pub mod snapshot_rows;
 pub mod source;
 pub mod source_check;
 pub mod source_triggers;
 pub mod sql;
 pub mod standby;
+mod stmts;
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use postgres::{Client, Statement};
+use postgres::Client;
 
 use crate::{config, model::error};
+
+pub(crate) use session::tune;
+pub use session::{begin_sql, open_link, Session, STATEMENT_POOLING};
+use stmts::in_transaction;
+pub use stmts::{pinned, Param, Rows, Stmts};
 
 /// Why a database call failed, with the reply text for the client.
 #[derive(Clone, Debug, PartialEq)]
@@ -87,7 +93,8 @@ fn connection_lost(e: &postgres::Error) -> bool {
 }
 
 /// Opens a connection to `member.pg-url` with the given server-side statement and lock
-/// timeouts (0 = none). Connecting is bounded by `member.db-timeout-ms`.
+/// timeouts (0 = none). Connecting is bounded by `member.db-timeout-ms`. Also returns the
+/// link's generation and the session mode it got (`member.pg-pooler`, docs/pooler.md).
 ///
 /// `generic_plans` makes prepared statements keep one generic plan. The workers' statements
 /// are key lookups and inserts whose plan never depends on the values, but PostgreSQL's
@@ -98,15 +105,15 @@ pub fn connect(
     statement_timeout_ms: u64,
     lock_timeout_ms: u64,
     generic_plans: bool,
-) -> Result<(Client, u64), DbErr> {
+) -> Result<(Client, u64, Session), DbErr> {
     let (link_settings, generation) = config::pg_link();
-    let client = open_link(
+    let (client, session) = open_link(
         &link_settings,
         (statement_timeout_ms, lock_timeout_ms),
         generic_plans,
         "libmember",
     )?;
-    Ok((client, generation))
+    Ok((client, generation, session))
 }
 
 /// The lock timeout of a build's connections: a build streams a whole table, but does not
@@ -115,53 +122,12 @@ pub fn build_lock_timeout_ms() -> u64 {
     config::db_timeout_ms().saturating_mul(5).max(10_000)
 }
 
-/// Opens a connection with `link` (the primary's, or the rebuild source's), the server-side
-/// statement and lock timeouts `(statement, lock)` and `application_name` `app`.
-pub fn open_link(
-    link: &crate::config::pg_link::Link,
-    (statement_timeout_ms, lock_timeout_ms): (u64, u64),
-    generic_plans: bool,
-    app: &str,
-) -> Result<Client, DbErr> {
-    link::open(link, |cfg| {
-        tune(
-            cfg,
-            (statement_timeout_ms, lock_timeout_ms),
-            generic_plans,
-            app,
-        )
-    })
-}
-
-/// The session settings every connection of the module gets: connect bounded by
-/// `member.db-timeout-ms`, keepalives, the server-side timeouts `(statement, lock)` (0 =
-/// none), `application_name` `app`, and generic plans when asked (see `connect`).
-pub(crate) fn tune(
-    cfg: &mut tokio_postgres::Config,
-    (statement_timeout_ms, lock_timeout_ms): (u64, u64),
-    generic_plans: bool,
-    app: &str,
-) {
-    cfg.connect_timeout(Duration::from_millis(config::db_timeout_ms()))
-        .keepalives(true)
-        .keepalives_idle(Duration::from_secs(10))
-        .application_name(app)
-        .options(format!(
-            "-c statement_timeout={statement_timeout_ms} -c lock_timeout={lock_timeout_ms}{}",
-            if generic_plans {
-                " -c plan_cache_mode=force_generic_plan"
-            } else {
-                ""
-            }
-        ));
-}
-
 /// A worker's connection, opened lazily and reopened after a failure or a change of
 /// `member.pg-url`, with its prepared statements.
 #[derive(Default)]
 pub struct Db {
     conn: Option<(Client, u64)>,
-    stmts: HashMap<String, Statement>,
+    stmts: Stmts,
     last_used: Option<Instant>,
 }
 
@@ -196,9 +162,19 @@ impl Db {
             });
         if stale || dead {
             self.conn = None;
-            self.stmts.clear();
-            let (mut c, generation) = connect(Self::statement_timeout_ms(), 0, true)?;
+            self.stmts = Stmts::default();
+            let timeouts = (Self::statement_timeout_ms(), 0);
+            let (mut c, generation, session) = connect(timeouts.0, timeouts.1, true)?;
+            self.stmts = Stmts::new(session, timeouts);
+            let pooled = session == Session::Pooled;
+            // Behind a pooler the identity's statement runs in a transaction of its own.
+            if pooled {
+                let _ = c.batch_execute(&self.stmts.opening());
+            }
             identity::learn(&mut c);
+            if pooled {
+                let _ = c.batch_execute("COMMIT");
+            }
             self.conn = Some((c, generation));
         }
         self.last_used = Some(Instant::now());
@@ -212,15 +188,36 @@ impl Db {
     /// failover, `idle_session_timeout`); the synchronous driver only notices on the next
     /// call. A read that fails that way is retried once on a fresh connection, so a database
     /// that is back answers the very next request. Writes use `run_once`.
+    ///
+    /// Behind a pooler the call is one transaction that starts with the connection's
+    /// timeouts; `f` must not open transactions of its own (use `run_own`).
     pub fn run<T>(
         &mut self,
-        mut f: impl FnMut(&mut Client, &mut HashMap<String, Statement>) -> Result<T, postgres::Error>,
+        f: impl FnMut(&mut Client, &mut Stmts) -> Result<T, postgres::Error>,
+    ) -> Result<T, DbErr> {
+        self.retried(f, true)
+    }
+
+    /// `run` for a call that opens its own transactions, with `Stmts::begin` or
+    /// `Stmts::begin_snapshot` (they carry the timeouts behind a pooler); `f` runs nothing
+    /// outside them.
+    pub fn run_own<T>(
+        &mut self,
+        f: impl FnMut(&mut Client, &mut Stmts) -> Result<T, postgres::Error>,
+    ) -> Result<T, DbErr> {
+        self.retried(f, false)
+    }
+
+    fn retried<T>(
+        &mut self,
+        mut f: impl FnMut(&mut Client, &mut Stmts) -> Result<T, postgres::Error>,
+        wrap: bool,
     ) -> Result<T, DbErr> {
         let reused = self.conn.is_some();
-        match self.attempt(&mut f) {
+        match self.attempt(&mut f, wrap) {
             Err((_, true)) if reused => {
                 self.reset();
-                self.attempt(&mut f).map_err(|(e, _)| e)
+                self.attempt(&mut f, wrap).map_err(|(e, _)| e)
             }
             other => other.map_err(|(e, _)| e),
         }
@@ -228,22 +225,40 @@ impl Db {
 
     /// Runs a write once: if the connection died mid-call the write may or may not have
     /// committed, and retrying could turn a 1 into a 0. The client gets UNAVAILABLE instead
-    /// (a timed-out write's usual contract); idle connections are checked before use.
+    /// (a timed-out write's usual contract); idle connections are checked before use. Behind
+    /// a pooler, as `run`.
     pub fn run_once<T>(
         &mut self,
-        mut f: impl FnMut(&mut Client, &mut HashMap<String, Statement>) -> Result<T, postgres::Error>,
+        mut f: impl FnMut(&mut Client, &mut Stmts) -> Result<T, postgres::Error>,
     ) -> Result<T, DbErr> {
-        self.attempt(&mut f).map_err(|(e, _)| e)
+        self.attempt(&mut f, true).map_err(|(e, _)| e)
     }
 
-    /// One call; the error says whether the connection itself failed.
+    /// `run_once` for a write that opens its own transactions (as `run_own`).
+    pub fn run_once_own<T>(
+        &mut self,
+        mut f: impl FnMut(&mut Client, &mut Stmts) -> Result<T, postgres::Error>,
+    ) -> Result<T, DbErr> {
+        self.attempt(&mut f, false).map_err(|(e, _)| e)
+    }
+
+    /// One call, in a transaction of its own on a pooled connection when `wrap`; the error
+    /// says whether the connection itself failed.
     fn attempt<T>(
         &mut self,
-        f: &mut impl FnMut(&mut Client, &mut HashMap<String, Statement>) -> Result<T, postgres::Error>,
+        f: &mut impl FnMut(&mut Client, &mut Stmts) -> Result<T, postgres::Error>,
+        wrap: bool,
     ) -> Result<T, (DbErr, bool)> {
         self.client().map_err(|e| (e, false))?;
         let client = &mut self.conn.as_mut().expect("connected above").0;
-        match f(client, &mut self.stmts) {
+        let stmts = &mut self.stmts;
+        let result = if wrap && stmts.pooled() {
+            let begin = stmts.opening();
+            in_transaction(client, &begin, |c| f(c, stmts))
+        } else {
+            f(client, stmts)
+        };
+        match result {
             Ok(v) => Ok(v),
             Err(e) => {
                 let err = classify(&e);
@@ -260,20 +275,6 @@ impl Db {
     /// Forgets the connection (after a panic mid-call, its state is unknown).
     pub fn reset(&mut self) {
         self.conn = None;
-        self.stmts.clear();
+        self.stmts = Stmts::default();
     }
-}
-
-/// Prepares `sql` once per connection.
-pub fn prepared(
-    client: &mut Client,
-    stmts: &mut HashMap<String, Statement>,
-    sql: &str,
-) -> Result<Statement, postgres::Error> {
-    if let Some(s) = stmts.get(sql) {
-        return Ok(s.clone());
-    }
-    let s = client.prepare(sql)?;
-    stmts.insert(sql.to_string(), s.clone());
-    Ok(s)
 }

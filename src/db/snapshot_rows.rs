@@ -30,6 +30,13 @@ pub fn snapshot<'a>(c: &'a mut Client, def: &SetDef) -> Result<(Transaction<'a>,
         .read_only(true)
         .start()
         .map_err(tx_error)?;
+    // The timeouts the build's connection was opened with, again for this transaction: a
+    // pooler may have dropped them (and this takes no snapshot yet).
+    tx.batch_execute(&format!(
+        "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = {}",
+        super::build_lock_timeout_ms()
+    ))
+    .map_err(tx_error)?;
     // The first statement takes the snapshot the COPY reads; its xmin is the watermark: every
     // transaction below it had ended (its rows are in the COPY), every later commit is at or
     // above it (and reaches the filter through the change log).

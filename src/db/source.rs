@@ -9,7 +9,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use super::sql::{read_pages, Found, Sink};
-use super::{prepared, Db, DbErr};
+use postgres::types::Type;
+
+use super::{Db, DbErr};
 use crate::model::canon::Normalize;
 use crate::model::set_def::{SetDef, Source, SourceSync};
 
@@ -172,10 +174,15 @@ pub fn lookup_many(
     let sql = point_sql(&src.0, src.1);
     let mut seen: HashMap<(&str, &str), bool> = HashMap::with_capacity(items.len());
     db.run(|c, st| {
-        let q = prepared(c, st, &sql)?;
         for &(e, s) in items {
             if let Entry::Vacant(v) = seen.entry((e, s)) {
-                v.insert(c.query_opt(&q, &[&e, &e, &s, &s])?.is_some());
+                let params: [(&(dyn postgres::types::ToSql + Sync), Type); 4] = [
+                    (&e, Type::TEXT),
+                    (&e, Type::TEXT),
+                    (&s, Type::TEXT),
+                    (&s, Type::TEXT),
+                ];
+                v.insert(st.query_opt(c, &sql, &params)?.is_some());
             }
         }
         Ok(())
@@ -223,8 +230,8 @@ pub fn poll(
     let in_cluster = crate::server::cluster_mode::enabled();
     let since = (from - TIME_BASE).max(0) - lookback_ms.saturating_mul(1000);
     let since = since as f64;
-    db.run(|c, _| {
-        let mut tx = c.transaction()?;
+    db.run_own(|c, st| {
+        let mut tx = st.begin(c)?;
         let horizon: i64 = tx.query_one(NOW_WATERMARK, &[])?.get(0);
         let portal = tx.bind(sql.as_str(), &[&since])?;
         let read = read_pages(&mut tx, &portal, sink, |_, r, page| {

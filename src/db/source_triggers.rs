@@ -6,6 +6,7 @@
 //! A trigger is the module's for set `s` only when it runs `member_log_source` (of the
 //! module's schema) with `s` as its first argument: names alone never decide what is dropped.
 
+use postgres::types::Type;
 use postgres::{GenericClient, Transaction};
 
 use super::source::{qualified, quote_ident, quote_literal, shown_table};
@@ -65,8 +66,10 @@ END $do$"#;
 /// application's own `member_…` table is not reserved by its name alone (an earlier version
 /// may have attached one). False for a table that does not exist.
 fn module_relation<C: GenericClient>(c: &mut C, src: &Source) -> Result<bool, DbErr> {
+    // Unnamed statements throughout this file: the caller may run them outside a transaction
+    // on a connection a pooler shares.
     let row = c
-        .query_opt(
+        .query_typed_opt(
             "SELECT (n.nspname = current_schema()
                      AND (c.relname::text LIKE 'member\\_catalog%'
                           OR c.relname::text LIKE 'member\\_changes%'
@@ -78,7 +81,7 @@ fn module_relation<C: GenericClient>(c: &mut C, src: &Source) -> Result<bool, Db
                                   AND p.proname IN ('member_log_change', 'member_notify_change'))
                FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
               WHERE n.nspname = $1 AND c.relname = $2",
-            &[&src.schema, &src.table],
+            &[(&src.schema, Type::TEXT), (&src.table, Type::TEXT)],
         )
         .map_err(|e| super::classify(&e))?;
     Ok(row.is_some_and(|r| r.get::<_, bool>(0)))
@@ -119,19 +122,19 @@ fn found<C: GenericClient>(
     t: &str,
     names: &[String],
 ) -> Result<(Vec<Found>, Option<bool>), postgres::Error> {
-    let rows = c.query(
+    let rows = c.query_typed(
         "SELECT g.tgname::text, g.tgenabled = 'D', g.tgargs,
                 p.proname IN ('member_log_source', 'member_notify_source')
                   AND p.pronamespace = current_schema()::regnamespace
            FROM pg_trigger g JOIN pg_proc p ON p.oid = g.tgfoid
           WHERE g.tgrelid = to_regclass($1) AND g.tgname::text = ANY($2::text[])",
-        &[&t, &names],
+        &[(&t, Type::TEXT), (&names, Type::TEXT_ARRAY)],
     )?;
     let owner: Option<bool> = c
-        .query_one(
+        .query_typed_one(
             "SELECT (SELECT pg_has_role(relowner, 'USAGE') FROM pg_class
                       WHERE oid = to_regclass($1))",
-            &[&t],
+            &[(&t, Type::TEXT)],
         )?
         .get(0);
     let found = rows
@@ -217,7 +220,7 @@ pub fn install_notify_trigger<C: GenericClient>(c: &mut C, def: &SetDef) -> Resu
         return Ok(());
     };
     let function: bool = c
-        .query_one("SELECT to_regproc('member_notify_source') IS NOT NULL", &[])
+        .query_typed_one("SELECT to_regproc('member_notify_source') IS NOT NULL", &[])
         .map_err(|e| super::classify(&e))?
         .get(0);
     if !function {

@@ -26,15 +26,14 @@ const RETRY_EVERY: Duration = Duration::from_millis(100);
 pub fn connect(link: &Link, lock_timeout_ms: u64) -> Result<Client, DbErr> {
     let name = link.name;
     let whose = |m: &str| format!("{name} ({}): {m}", link.masked);
-    let mut c =
-        super::open_link(link, (0, lock_timeout_ms), false, "libmember-rebuild").map_err(|e| {
-            match e {
-                DbErr::Unavailable(m) => DbErr::Unavailable(whose(&m)),
-                other => other,
-            }
+    let (mut c, _) = super::open_link(link, (0, lock_timeout_ms), false, "libmember-rebuild")
+        .map_err(|e| match e {
+            DbErr::Unavailable(m) => DbErr::Unavailable(whose(&m)),
+            other => other,
         })?;
+    // Unnamed, in one round trip: the connection may be a pooler's.
     let in_recovery: bool = c
-        .query_one("SELECT pg_is_in_recovery()", &[])
+        .query_typed_one("SELECT pg_is_in_recovery()", &[])
         .map_err(|e| match classify(&e) {
             DbErr::Unavailable(m) => DbErr::Unavailable(whose(&m)),
             DbErr::Failed(m) => DbErr::Failed(whose(&m)),
@@ -186,7 +185,7 @@ fn above_floor(from: i64, floor: i64) -> Result<(), DbErr> {
 /// instead of after streaming the whole table.
 pub fn check_floor(c: &mut Client, from: i64) -> Result<(), DbErr> {
     let floor: Option<i64> = c
-        .query_opt("SELECT floor::text::int8 FROM member_changes_floor", &[])
+        .query_typed_opt("SELECT floor::text::int8 FROM member_changes_floor", &[])
         .map_err(|e| classify(&e))?
         .map(|r| r.get(0));
     above_floor(from, floor.unwrap_or(0))
@@ -221,7 +220,13 @@ pub fn catch_up(
         from = from.max(0)
     );
     let rows = c
-        .query(sql.as_str(), &[&table(&def.name), &def.name])
+        .query_typed(
+            sql.as_str(),
+            &[
+                (&table(&def.name), postgres::types::Type::TEXT),
+                (&def.name, postgres::types::Type::TEXT),
+            ],
+        )
         .map_err(|e| classify(&e))?;
     let first = rows
         .first()

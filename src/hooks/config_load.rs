@@ -111,6 +111,7 @@ pub fn register_and_load(ctx: &Context, args: &[RedisString]) -> Result<(), Stri
         ["pg-url", &PG_URL, PG_URL_DEFAULT, F::SENSITIVE, Some(Box::new(on_pg_url_changed))],
         ["pg-rebuild-url", &PG_REBUILD_URL, "", F::SENSITIVE, None],
         ["pg-password-file", &PG_PASSWORD_FILE, "", F::DEFAULT, Some(Box::new(on_pg_url_changed))],
+        ["pg-pooler", &PG_POOLER, PG_POOLER_DEFAULT, F::DEFAULT, Some(Box::new(on_pg_url_changed))],
         ["default-error-rate", &DEFAULT_ERROR_RATE, ERROR_RATE_DEFAULT, F::DEFAULT, None],
         ["token-key-file", &TOKEN_KEY_FILE, TOKEN_KEY_FILE_DEFAULT, F::DEFAULT, None],
         ["attach-allow", &crate::config::attach_allow::ATTACH_ALLOW, "", F::DEFAULT, None],

@@ -1,5 +1,6 @@
 //! Change notification (`member.sync-notify`, docs/sync.md): one thread holds one connection
-//! that LISTENs for outside writes and wakes the sync loop; the loop's pass itself is unchanged.
+//! that LISTENs for outside writes and wakes the sync loop, once it has heard a notification
+//! sent from another connection (docs/pooler.md); the loop's pass itself is unchanged.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
@@ -8,7 +9,7 @@ use std::time::{Duration, Instant};
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::Client;
 
-use crate::db::{link, sql};
+use crate::db::sql;
 use crate::{config, server::mainq, server::reply};
 
 /// What the listener is doing, as `INFO member` shows it (`sync_notify`).
@@ -19,6 +20,9 @@ pub enum State {
     Connecting = 1,
     Listening = 2,
     Reconnecting = 3,
+    /// The listener's LISTEN did not hear a notification sent from another connection (a
+    /// transaction pooler between them): outside writes arrive with the sync interval.
+    Unheard = 4,
 }
 
 impl State {
@@ -28,6 +32,7 @@ impl State {
             State::Connecting => "connecting",
             State::Listening => "listening",
             State::Reconnecting => "reconnecting",
+            State::Unheard => "unheard",
         }
     }
 }
@@ -52,12 +57,24 @@ const CHECK_EVERY: Duration = Duration::from_secs(5);
 /// Reconnection backoff: doubles from the first to the last.
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// How long a listener that did not hear its check waits before it tries again.
+const UNHEARD_RETRY: Duration = Duration::from_secs(60);
+/// The listener's check: one notification from another connection, heard within
+/// `max(HEAR_WITHIN, member.db-timeout-ms)`.
+const HEAR_WITHIN: Duration = Duration::from_secs(2);
+/// Set while the listener is unheard and has said so (logged once until it hears again).
+static UNHEARD_SAID: AtomicBool = AtomicBool::new(false);
+/// Why a listener is unheard, as `sync_notify_error` says it.
+const UNHEARD: &str = "a notification sent through member.pg-url from another connection \
+     never reached the listener (a pooler in transaction pooling between them?): outside \
+     writes arrive within member.sync-interval-ms; the listener tries again every minute";
 
 pub fn state() -> State {
     match STATE.load(Ordering::Acquire) {
         1 => State::Connecting,
         2 => State::Listening,
         3 => State::Reconnecting,
+        4 => State::Unheard,
         _ => State::Off,
     }
 }
@@ -166,18 +183,17 @@ fn pause(d: Duration) {
     }
 }
 
-/// Opens the listener's own connection through the module's link (password source, TLS).
-fn connect() -> Result<(Client, u64), String> {
+/// Opens the listener's own connection (or, `app` "libmember-probe", the one its check
+/// notifies from) through the module's link (password source, TLS, a pooler detected).
+fn connect(app: &str) -> Result<(Client, u64), String> {
     let (link_settings, generation) = config::pg_link();
     let timeout = config::db_timeout_ms();
-    let client = link::open(&link_settings, |cfg| {
-        crate::db::tune(
-            cfg,
-            (timeout.saturating_mul(4).max(1000), timeout),
-            false,
-            "libmember-listen",
-        )
-    })
+    let (client, _) = crate::db::open_link(
+        &link_settings,
+        (timeout.saturating_mul(4).max(1000), timeout),
+        false,
+        app,
+    )
     .map_err(|e| match e {
         crate::db::DbErr::Unavailable(m) | crate::db::DbErr::Failed(m) => m,
         other => other.reply_text(),
@@ -193,7 +209,7 @@ fn db_text(e: &postgres::Error) -> String {
 /// One connection's life: install, LISTEN, then wait for notifications until the connection
 /// fails (Err) or the config says stop or reconnect (Ok).
 fn session(ever: &mut bool, backoff: &mut Duration) -> Result<(), String> {
-    let (mut client, generation) = connect()?;
+    let (mut client, generation) = connect("libmember-listen")?;
     // LISTEN first: a write that commits while the triggers are being installed wakes us.
     client
         .batch_execute(&format!("LISTEN {}", sql::NOTIFY_CHANNEL))
@@ -215,6 +231,34 @@ fn session(ever: &mut bool, backoff: &mut Duration) -> Result<(), String> {
         );
         log(reply::Level::Warning, format!("libmember: {msg}"));
         set_error(Some(msg));
+    }
+    // Heard, or the interval alone serves (and this connection's LISTEN is dropped, which
+    // through a transaction pooler may reach another server connection: the one that holds
+    // it is closed by the pooler at the first notification it gets while idle).
+    if !hears(&mut client)? {
+        let _ = client.batch_execute("UNLISTEN *");
+        drop(client);
+        if !UNHEARD_SAID.swap(true, Ordering::AcqRel) {
+            log(
+                reply::Level::Warning,
+                format!("libmember: sync-notify: {UNHEARD}"),
+            );
+        }
+        set_error(Some(UNHEARD.to_string()));
+        set_state(State::Unheard);
+        // Sooner when `member.pg-url` (or `member.pg-pooler`) changes.
+        let until = Instant::now() + UNHEARD_RETRY;
+        while config::sync_notify() && config::pg_link_gen() == generation && Instant::now() < until
+        {
+            std::thread::sleep(POLL);
+        }
+        return Ok(());
+    }
+    if UNHEARD_SAID.swap(false, Ordering::AcqRel) {
+        log(
+            reply::Level::Notice,
+            "libmember: sync-notify listener hears notifications again".into(),
+        );
     }
     // Counted first: whoever sees `listening` also sees this connection counted.
     CONNECTS.fetch_add(1, Ordering::Relaxed);
@@ -248,6 +292,48 @@ fn session(ever: &mut bool, backoff: &mut Duration) -> Result<(), String> {
             client
                 .is_valid(timeout)
                 .map_err(|e| format!("the listener's connection is gone: {}", db_text(&e)))?;
+        }
+    }
+}
+
+/// Whether `client`, LISTENing, hears a notification sent from a connection of its own: a
+/// notification that is not the check's (an outside write) counts and wakes as usual.
+fn hears(client: &mut Client) -> Result<bool, String> {
+    static CHECKS: AtomicU64 = AtomicU64::new(0);
+    let token = format!(
+        "libmember-check-{}-{}",
+        std::process::id(),
+        CHECKS.fetch_add(1, Ordering::Relaxed)
+    );
+    {
+        let (mut probe, _) = connect("libmember-probe")?;
+        probe
+            .batch_execute(&format!(
+                "SELECT pg_catalog.pg_notify('{}', '{token}')",
+                sql::NOTIFY_CHANNEL
+            ))
+            .map_err(|e| format!("the listener's check could not notify: {}", db_text(&e)))?;
+    }
+    let lost = |e: postgres::Error| format!("the listener's connection failed: {}", db_text(&e));
+    let until = Instant::now() + HEAR_WITHIN.max(Duration::from_millis(config::db_timeout_ms()));
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(false);
+        }
+        let got = {
+            let mut n = client.notifications();
+            let next = n.timeout_iter(left.min(POLL)).next().map_err(lost)?;
+            next.map(|g| g.payload() == token)
+        };
+        match got {
+            Some(true) => return Ok(true),
+            Some(false) => {
+                RECEIVED.fetch_add(1, Ordering::Relaxed);
+                wake();
+            }
+            None if client.is_closed() => return Err("the listener's connection was closed".into()),
+            None => {}
         }
     }
 }

@@ -117,8 +117,10 @@ fn build(
             None
         }
     };
-    let (mut c, _) = db::connect(0, lock_timeout, false)?;
-    let here = db::identity::stamp(&mut c);
+    let (mut c, _, _) = db::connect(0, lock_timeout, false)?;
+    // In a transaction of its own: the connection may be a pooler's.
+    let here = db::pinned(&mut c, (0, lock_timeout), |c| Ok(db::identity::stamp(c)))
+        .map_err(|e| db::classify(&e))?;
     // Where every node meets every set table: older tables get their slot column here,
     // waiting at most a database timeout for the lock.
     db::keyslot::ensure_slot_column(&mut c, &def.name, config::db_timeout_ms())

@@ -53,6 +53,7 @@ mod module_load;
 mod moved_keys;
 mod notify;
 mod pg_tls;
+mod pooler;
 mod python_client;
 mod rebuild_memory;
 mod signup_browser;

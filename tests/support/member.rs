@@ -37,13 +37,25 @@ impl Env {
         Env::start_module(fresh_db(), None, extra, &debug_module_path())
     }
 
+    /// An `Env` whose module reaches its fresh database at `url(name)` (through a pooler in
+    /// front of the shared cluster, say).
+    pub fn through(url: impl FnOnce(&str) -> String, extra: &[(&str, &str)]) -> Env {
+        let db = fresh_db();
+        let url = url(&db.name);
+        Env::start_at(db, &url, extra, &module_path())
+    }
+
     fn start(db: TestDb, role: Option<&str>, extra: &[(&str, &str)]) -> Env {
         Env::start_module(db, role, extra, &module_path())
     }
 
     fn start_module(db: TestDb, role: Option<&str>, extra: &[(&str, &str)], module: &Path) -> Env {
         let url = role.map_or_else(|| db.url(), |r| db.url_as(r));
-        let mut cfg = vec![("member.pg-url", url.as_str())];
+        Env::start_at(db, &url, extra, module)
+    }
+
+    fn start_at(db: TestDb, url: &str, extra: &[(&str, &str)], module: &Path) -> Env {
+        let mut cfg = vec![("member.pg-url", url)];
         cfg.extend_from_slice(extra);
         let vk = Valkey::start_module(module, &cfg);
         let mut c = vk.conn();

@@ -14,7 +14,8 @@
 //! Files: `process.rs` (waiting, ports, temp dirs, the spawner), `pg_cluster.rs` (one PostgreSQL
 //! cluster process), `pg.rs` (the shared cluster, test roles, `TestDb`), `own_pg.rs` (`OwnPg`),
 //! `valkey.rs` (`Valkey`, starting it), `valkey_lifecycle.rs` (kill, shutdown, restart),
-//! `member.rs` (`Env` and libmember client helpers), `lifecycle.rs` (the filter-lifecycle
+//! `member.rs` (`Env` and libmember client helpers), `pgbouncer.rs` (pgbouncer in front of the
+//! shared cluster, one per pooling mode), `lifecycle.rs` (the filter-lifecycle
 //! tests' servers and assertions), `faults.rs` (the fault-injection tests' calls and
 //! probes), `cluster.rs` / `cluster_ops.rs` (a Valkey Cluster), `proxy.rs` (a TCP proxy that
 //! injects link faults), `tls.rs` (PostgreSQL over TLS), `python.rs` (the virtualenv, pytest,
@@ -34,6 +35,7 @@ pub mod faults;
 pub mod lifecycle;
 pub mod member;
 pub mod node;
+pub mod pgbouncer;
 pub mod proxy;
 pub mod python;
 pub mod source;

@@ -12,6 +12,7 @@ mod memory;
 mod mixed;
 mod negative;
 mod normalize;
+mod pooler;
 mod rebuild;
 mod rebuild_memory;
 mod seeds_app;

@@ -3,7 +3,9 @@
 
 use super::change_log::{guarded_ddl, CHANGE_LOG_DDL, NOTIFY_FN_DDL};
 use super::{table, ADVISORY_KEY};
-use crate::db::{prepared, Db, DbErr};
+use postgres::types::Type;
+
+use crate::db::{Db, DbErr, Stmts};
 use crate::model::canon::Normalize;
 use crate::model::error;
 use crate::model::set_def::{SetChange, SetDef, Source, SourceSync};
@@ -141,10 +143,11 @@ fn source_at(row: &postgres::Row, at: usize) -> Option<Option<Source>> {
 
 /// A transaction holding the catalog's advisory lock, in which the module's tables and
 /// functions (catalog, change log, notify functions, slot function) exist: idempotent DDL.
-fn schema_transaction(
-    c: &mut postgres::Client,
-) -> Result<postgres::Transaction<'_>, postgres::Error> {
-    let mut tx = c.transaction()?;
+fn schema_transaction<'c>(
+    c: &'c mut postgres::Client,
+    st: &Stmts,
+) -> Result<postgres::Transaction<'c>, postgres::Error> {
+    let mut tx = st.begin(c)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
     tx.batch_execute(CATALOG_DDL)?;
     tx.batch_execute(CHANGE_LOG_DDL)?;
@@ -156,8 +159,8 @@ fn schema_transaction(
 /// The catalog version and every set definition, read in one snapshot. Creates the catalog
 /// tables on a fresh database (or one from before the version table existed).
 pub fn load_catalog(db: &mut Db) -> Result<(i64, Vec<CatalogRow>), DbErr> {
-    db.run(|c, _| {
-        let tx = schema_transaction(c)?;
+    db.run_own(|c, st| {
+        let tx = schema_transaction(c, st)?;
         tx.commit()
     })?;
     // Versions start at 0: -1 is never current, so this reads everything.
@@ -174,10 +177,7 @@ pub fn poll_catalog(db: &mut Db, known: i64) -> Result<Option<(i64, Vec<CatalogR
           ORDER BY c.name",
         cols = catalog_columns("c")
     );
-    let rows = db.run(|c, st| {
-        let q = prepared(c, st, &sql)?;
-        c.query(&q, &[&known])
-    })?;
+    let rows = db.run(|c, st| st.query(c, &sql, &[(&known, Type::INT8)]))?;
     let Some(first) = rows.first() else {
         return Err(DbErr::Failed("member_catalog_version has no row".into()));
     };
@@ -199,10 +199,7 @@ pub fn find_set(db: &mut Db, name: &str) -> Result<(i64, Option<CatalogRow>), Db
            LEFT JOIN member_catalog a ON a.name = $1",
         catalog_columns("a")
     );
-    let row = db.run(|c, st| {
-        let q = prepared(c, st, &sql)?;
-        c.query_opt(&q, &[&name])
-    })?;
+    let row = db.run(|c, st| st.query_opt(c, &sql, &[(&name, Type::TEXT)]))?;
     let Some(row) = row else {
         return Err(DbErr::Failed("member_catalog_version has no row".into()));
     };
@@ -219,8 +216,8 @@ pub fn create_set(
     explicit: &[bool; 6],
     check: &dyn Fn(&SetDef) -> Result<(), String>,
 ) -> Result<CatalogRow, DbErr> {
-    let row = db.run(|c, _| {
-        let mut tx = schema_transaction(c)?;
+    let row = db.run_own(|c, st| {
+        let mut tx = schema_transaction(c, st)?;
         let existing = tx.query_opt(
             &format!(
                 "SELECT {} FROM member_catalog a WHERE name = $1",
@@ -290,6 +287,9 @@ pub fn create_set(
             }
             Some(_) => {}
         }
+        // Every row read goes before the commit: a row holds its statement, and a statement
+        // closed after it would stay behind on a pooler's server connection.
+        drop(existing);
         tx.commit()?;
         Ok(Ok(row))
     })?;
@@ -305,8 +305,8 @@ pub fn drop_set(
     name: &str,
     delete_data: bool,
 ) -> Result<(bool, Option<String>), DbErr> {
-    db.run_once(|c, _| {
-        let mut tx = c.transaction()?;
+    db.run_once_own(|c, st| {
+        let mut tx = st.begin(c)?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
         tx.batch_execute(CATALOG_DDL)?;
         let sql = format!(
@@ -326,6 +326,8 @@ pub fn drop_set(
         if delete_data {
             tx.batch_execute(&format!("DROP TABLE IF EXISTS {}", table(name)))?;
         }
+        // The row (and with it its statement) goes before the commit (see create_set).
+        drop(gone);
         tx.commit()?;
         Ok((true, note))
     })
@@ -355,8 +357,8 @@ pub fn alter_set(
     change: &SetChange,
     check: &dyn Fn(&SetDef) -> Result<(), String>,
 ) -> Result<Option<Altered>, DbErr> {
-    let done = db.run_once(|c, _| {
-        let mut tx = c.transaction()?;
+    let done = db.run_once_own(|c, st| {
+        let mut tx = st.begin(c)?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
         tx.batch_execute(CATALOG_DDL)?;
         let sql = format!(

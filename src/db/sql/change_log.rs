@@ -154,13 +154,15 @@ pub fn install_notify(c: &mut postgres::Client) -> Result<Vec<(String, String)>,
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
     tx.batch_execute(&NOTIFY_FN_DDL)?;
     tx.commit()?;
-    let missing = c.query(
+    // Unnamed statements outside the transaction (a pooler may hand each to another server
+    // connection).
+    let missing = c.query_typed(
         "SELECT c.name FROM member_catalog c
           WHERE to_regclass(quote_ident('member_' || c.name)) IS NOT NULL
             AND NOT EXISTS (SELECT FROM pg_trigger g
                              WHERE g.tgrelid = to_regclass(quote_ident('member_' || c.name))
                                AND g.tgname = $1)",
-        &[&NOTIFY_TRIGGER],
+        &[(&NOTIFY_TRIGGER, postgres::types::Type::TEXT)],
     );
     let missing = match missing {
         Ok(rows) => rows,
@@ -177,7 +179,7 @@ pub fn install_notify(c: &mut postgres::Client) -> Result<Vec<(String, String)>,
         })
         .collect();
     // Attached sets: the source table, quoted by the database itself.
-    let attached = c.query(
+    let attached = c.query_typed(
         "SELECT c.name, quote_ident(c.source_schema) || '.' || quote_ident(c.source_table)
            FROM member_catalog c
           WHERE c.source_sync = 'log'
@@ -201,10 +203,13 @@ pub fn install_notify(c: &mut postgres::Client) -> Result<Vec<(String, String)>,
         let (set, t): (&str, String) = (row.get(0), row.get(1));
         let name = source_notify_trigger(set);
         let has: bool = c
-            .query_one(
+            .query_typed_one(
                 "SELECT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = to_regclass($1)
                                    AND tgname = $2)",
-                &[&t, &name],
+                &[
+                    (&t, postgres::types::Type::TEXT),
+                    (&name, postgres::types::Type::TEXT),
+                ],
             )?
             .get(0);
         if !has {
@@ -216,8 +221,12 @@ pub fn install_notify(c: &mut postgres::Client) -> Result<Vec<(String, String)>,
         }
     }
     let mut failed = Vec::new();
+    // Each in one message, so one transaction, with the lock timeout a pooler may have
+    // dropped from the connection.
+    let lock_timeout = crate::config::db_timeout_ms();
     for (t, ddl) in wanted {
-        if let Err(e) = c.batch_execute(&ddl) {
+        if let Err(e) = c.batch_execute(&format!("SET LOCAL lock_timeout = {lock_timeout}; {ddl}"))
+        {
             let why = e
                 .as_db_error()
                 .map_or_else(|| e.to_string(), |d| d.message().to_string());

@@ -112,8 +112,8 @@ pub fn changes_since(
     );
     let in_cluster = crate::server::cluster_mode::enabled();
     let bits = slots.map(slot_bits);
-    let mut out = db.run(|c, _| {
-        in_one_snapshot(c, |tx| {
+    let mut out = db.run_own(|c, st| {
+        in_one_snapshot(c, st, |tx| {
             let head = tx.query_one(head_sql.as_str(), &[])?;
             let mut out = Changes {
                 statements: 2,
@@ -174,10 +174,15 @@ pub fn prune(db: &mut Db, after_s: u64) -> Result<u64, DbErr> {
            FROM f
          RETURNING (SELECT count(*) FROM d)"
     );
-    db.run_once(|c, _| {
-        Ok(by_index(c, |tx| tx.query_opt(sql.as_str(), &[]))?
-            .map(|r| r.get::<_, i64>(0) as u64)
-            .unwrap_or(0))
+    db.run_once_own(|c, st| {
+        // Read inside the transaction: a row outliving it would close its statement after
+        // the commit, on whatever server connection a pooler gives next.
+        by_index(c, st, |tx| {
+            Ok(tx
+                .query_opt(sql.as_str(), &[])?
+                .map(|r| r.get::<_, i64>(0) as u64)
+                .unwrap_or(0))
+        })
     })
 }
 
@@ -195,13 +200,10 @@ const INDEX_ONLY: &str = "SET LOCAL enable_seqscan = off; SET LOCAL jit = off";
 /// its rows).
 fn in_one_snapshot<T>(
     c: &mut postgres::Client,
+    st: &crate::db::Stmts,
     f: impl FnOnce(&mut postgres::Transaction) -> Result<T, postgres::Error>,
 ) -> Result<T, postgres::Error> {
-    let mut tx = c
-        .build_transaction()
-        .isolation_level(postgres::IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()?;
+    let mut tx = st.begin_snapshot(c)?;
     tx.batch_execute(INDEX_ONLY)?;
     let out = f(&mut tx)?;
     tx.commit()?;
@@ -211,9 +213,10 @@ fn in_one_snapshot<T>(
 /// Runs `f` in a transaction of its own under [`INDEX_ONLY`] (the prune).
 fn by_index<T>(
     c: &mut postgres::Client,
+    st: &crate::db::Stmts,
     f: impl FnOnce(&mut postgres::Transaction) -> Result<T, postgres::Error>,
 ) -> Result<T, postgres::Error> {
-    let mut tx = c.transaction()?;
+    let mut tx = st.begin(c)?;
     tx.batch_execute(INDEX_ONLY)?;
     let out = f(&mut tx)?;
     tx.commit()?;

@@ -6,7 +6,7 @@
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
-use super::{prepared, Db, DbErr};
+use super::{Db, DbErr, Param};
 
 mod catalog;
 mod change_log;
@@ -93,13 +93,20 @@ pub fn add_many(
         ss.push(s);
         xs.push(x);
     }
-    let inserted = db.run_once(|c, st| {
-        let q = prepared(c, st, &sql)?;
-        c.query(&q, &[&es, &ss, &xs])
+    // One statement, its own transaction even behind a pooler (`Stmts::hot`).
+    let inserted = db.run_once_own(|c, st| {
+        st.hot(
+            c,
+            &sql,
+            &[Param::Texts(&es), Param::Texts(&ss), Param::Floats(&xs)],
+        )
     })?;
     let mut out = vec![false; items.len()];
-    for row in &inserted {
-        let key = (row.get::<_, &str>(0), row.get::<_, &str>(1));
+    for r in 0..inserted.len() {
+        let key = (
+            inserted.text(r, 0).unwrap_or_default(),
+            inserted.text(r, 1).unwrap_or_default(),
+        );
         if let Some(&i) = first.get(&key) {
             out[i] = true;
         }
@@ -142,15 +149,31 @@ pub fn lookup_many(db: &mut Db, set: &str, items: &[(&str, &str)]) -> Result<Vec
             ss.push(s);
         }
     }
-    let rows = db.run(|c, st| {
-        let q = prepared(c, st, &sql)?;
-        c.query(&q, &[&es, &ss])
+    // Behind a pooler the statement is planned at every call: a batch of one scope (every
+    // batch of an unscoped set) takes the form that is quickest to plan, an index scan on an
+    // array of entities (1.6x the statements a second of the pairs' form, in the database).
+    let one_scope = ss.windows(2).all(|w| w[0] == w[1]);
+    let one_scope_sql = format!(
+        "SELECT m.entity_id, m.scope, EXTRACT(EPOCH FROM m.expires_at)::float8, (m.{ACTIVE_M})
+           FROM {t} m
+          WHERE m.scope = $2 AND m.entity_id = ANY($1::text[])",
+        t = table(set)
+    );
+    // One statement, its own transaction even behind a pooler (`Stmts::hot`).
+    let rows = db.run_own(|c, st| match ss.first() {
+        Some(scope) if one_scope && st.pooled() => {
+            st.hot(c, &one_scope_sql, &[Param::Texts(&es), Param::Text(scope)])
+        }
+        _ => st.hot(c, &sql, &[Param::Texts(&es), Param::Texts(&ss)]),
     })?;
-    for row in &rows {
-        let key = (row.get::<_, &str>(0), row.get::<_, &str>(1));
+    for r in 0..rows.len() {
+        let key = (
+            rows.text(r, 0).unwrap_or_default(),
+            rows.text(r, 1).unwrap_or_default(),
+        );
         if let Some(v) = uniq.get_mut(&key) {
-            *v = if row.get::<_, bool>(3) {
-                Found::Member(row.get::<_, Option<f64>>(2))
+            *v = if rows.flag(r, 3) {
+                Found::Member(rows.float(r, 2))
             } else {
                 Found::Lapsed
             };
@@ -165,11 +188,9 @@ pub fn del(db: &mut Db, set: &str, entity: &str, scope: &str) -> Result<bool, Db
         "DELETE FROM {t} WHERE entity_id = $1 AND scope = $2 RETURNING ({ACTIVE})",
         t = table(set)
     );
-    db.run_once(|c, s| {
-        let st = prepared(c, s, &sql)?;
-        Ok(c.query_opt(&st, &[&entity, &scope])?
-            .map(|r| r.get::<_, bool>(0))
-            .unwrap_or(false))
+    db.run_once_own(|c, st| {
+        let rows = st.hot(c, &sql, &[Param::Text(entity), Param::Text(scope)])?;
+        Ok(!rows.is_empty() && rows.flag(0, 0))
     })
 }
 

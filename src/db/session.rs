@@ -1,0 +1,198 @@
+//! How a connection holds its settings and statements (docs/pooler.md): directly, one session
+//! for its life, or behind a pooler; which one a connection gets, detected when it connects.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use postgres::Client;
+
+use super::{classify, link, DbErr};
+use crate::config;
+
+/// How a connection holds its settings and statements (docs/pooler.md), decided when it
+/// connects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Session {
+    /// One session for the connection's life: the timeouts are startup options, and workers
+    /// prepare their statements once and keep them.
+    Direct,
+    /// Behind a pooler that may hand each transaction to another server connection: every
+    /// transaction starts with the timeouts (`SET LOCAL`), and no statement outlives the
+    /// transaction that made it.
+    Pooled,
+}
+
+/// The reply text when `member.pg-url` leads to a pooler in statement pooling mode.
+pub const STATEMENT_POOLING: &str = "member.pg-url reaches a pooler in statement pooling mode, \
+     which libmember cannot use: it needs transactions (use session or transaction pooling)";
+
+/// What a pooled connection sends to open a transaction: `BEGIN` and the server-side timeouts
+/// `(statement, lock)` in milliseconds, in one round trip. A statement timeout of 0 is sent
+/// (none: a rebuild's COPY must not meet a server default); a lock timeout only when there is
+/// one (the workers have none, and their statement timeout bounds every wait: one statement
+/// less in each of their lookups' and ADDs' messages).
+pub fn begin_sql((statement_timeout_ms, lock_timeout_ms): (u64, u64)) -> String {
+    let mut s = format!("BEGIN; SET LOCAL statement_timeout = {statement_timeout_ms}");
+    if lock_timeout_ms > 0 {
+        s.push_str(&format!("; SET LOCAL lock_timeout = {lock_timeout_ms}"));
+    }
+    s
+}
+
+/// Links (by their masked text) found behind a pooler: later connections there go straight
+/// to the pooled way instead of being refused their startup options first.
+static POOLED_LINKS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn known_pooled(link: &crate::config::pg_link::Link) -> bool {
+    POOLED_LINKS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains(&link.masked)
+}
+
+fn remember_pooled(link: &crate::config::pg_link::Link) {
+    let mut known = POOLED_LINKS.lock().unwrap_or_else(|e| e.into_inner());
+    if !known.contains(&link.masked) {
+        if known.len() >= 16 {
+            known.clear();
+        }
+        known.push(link.masked.clone());
+        let msg = format!(
+            "libmember: {} ({}) leads to a connection pooler: every transaction carries its \
+             timeouts and no statement outlives its transaction (docs/pooler.md)",
+            link.name, link.masked
+        );
+        crate::server::mainq::post(Box::new(move |ctx| {
+            crate::server::reply::log(ctx, crate::server::reply::Level::Notice, &msg)
+        }));
+    }
+}
+
+/// Opens a connection with `link` (the primary's, or the rebuild source's), the server-side
+/// statement and lock timeouts `(statement, lock)` and `application_name` `app`, in the
+/// session mode `member.pg-pooler` asks for or, with `auto`, the one detected: a server that
+/// refuses the startup options, or whose session does not show the timeouts sent in them,
+/// is a pooler. A pooled connection opens one transaction before it is handed out, so a
+/// pooler in statement pooling mode is refused here ([`STATEMENT_POOLING`]).
+pub fn open_link(
+    link: &crate::config::pg_link::Link,
+    timeouts: (u64, u64),
+    generic_plans: bool,
+    app: &str,
+) -> Result<(Client, Session), DbErr> {
+    use crate::config::Pooler;
+    let want = config::PG_POOLER.get();
+    let direct_first = match want {
+        Pooler::No => true,
+        Pooler::Yes => false,
+        Pooler::Auto => !known_pooled(link),
+    };
+    if direct_first {
+        match link::open(link, |cfg| tune(cfg, timeouts, generic_plans, app, true)) {
+            Ok(mut c) => {
+                if want == Pooler::No || options_took(&mut c, timeouts) {
+                    return Ok((c, Session::Direct));
+                }
+                remember_pooled(link);
+                transactions_allowed(link, &mut c)?;
+                return Ok((c, Session::Pooled));
+            }
+            Err(DbErr::Unavailable(m))
+                if want == Pooler::Auto && m.contains("unsupported startup parameter") =>
+            {
+                remember_pooled(link);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let mut c = link::open(link, |cfg| tune(cfg, timeouts, generic_plans, app, false))?;
+    transactions_allowed(link, &mut c)?;
+    Ok((c, Session::Pooled))
+}
+
+/// Whether the session shows the timeouts its startup options set (a pooler that drops
+/// `options`, as pgbouncer's `ignore_startup_parameters` does, leaves the server's).
+fn options_took(c: &mut Client, (statement_timeout_ms, lock_timeout_ms): (u64, u64)) -> bool {
+    let shown = c.simple_query(
+        "SELECT setting FROM pg_settings WHERE name IN ('lock_timeout', 'statement_timeout') \
+         ORDER BY name",
+    );
+    let Ok(msgs) = shown else { return false };
+    let values: Vec<String> = msgs
+        .iter()
+        .filter_map(|m| match m {
+            postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        })
+        .collect();
+    values
+        == [
+            lock_timeout_ms.to_string(),
+            statement_timeout_ms.to_string(),
+        ]
+}
+
+/// A transaction of two messages, which a pooler in statement pooling mode refuses: pgbouncer
+/// says so and closes the connection (the driver may see it closed before it reads why).
+fn transactions_allowed(link: &crate::config::pg_link::Link, c: &mut Client) -> Result<(), DbErr> {
+    match c
+        .batch_execute("BEGIN")
+        .and_then(|()| c.batch_execute("COMMIT"))
+    {
+        Ok(()) => Ok(()),
+        Err(e)
+            if e.is_closed()
+                || e.as_db_error()
+                    .is_some_and(|d| d.message().contains("statement pooling")) =>
+        {
+            link::refused(link, STATEMENT_POOLING);
+            Err(DbErr::Unavailable(STATEMENT_POOLING.to_string()))
+        }
+        Err(e) => Err(classify(&e)),
+    }
+}
+
+/// The session settings every connection of the module gets: connect bounded by
+/// `member.db-timeout-ms`, keepalives, `application_name` `app`, and with `options` (a
+/// direct connection) the server-side timeouts `(statement, lock)` (0 = none) and generic
+/// plans when asked (see `connect`). A pooled connection sends its timeouts with every
+/// transaction instead ([`begin_sql`]).
+pub(crate) fn tune(
+    cfg: &mut tokio_postgres::Config,
+    (statement_timeout_ms, lock_timeout_ms): (u64, u64),
+    generic_plans: bool,
+    app: &str,
+    options: bool,
+) {
+    cfg.connect_timeout(Duration::from_millis(config::db_timeout_ms()))
+        .keepalives(true)
+        .keepalives_idle(Duration::from_secs(10))
+        .application_name(app);
+    if options {
+        cfg.options(format!(
+            "-c statement_timeout={statement_timeout_ms} -c lock_timeout={lock_timeout_ms}{}",
+            if generic_plans {
+                " -c plan_cache_mode=force_generic_plan"
+            } else {
+                ""
+            }
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transaction_begins_with_the_timeouts_it_has() {
+        assert_eq!(
+            begin_sql((8000, 0)),
+            "BEGIN; SET LOCAL statement_timeout = 8000"
+        );
+        assert_eq!(
+            begin_sql((0, 10000)),
+            "BEGIN; SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 10000"
+        );
+    }
+}

@@ -85,15 +85,12 @@ impl Stmts {
             !sql.contains(['\'', '"']),
             "not a hot-path statement: {sql}"
         );
-        let typed: Vec<(&(dyn ToSql + Sync), Type)> = params.iter().map(Param::typed).collect();
         if !self.pooled {
+            let typed: Vec<(&(dyn ToSql + Sync), Type)> = params.iter().map(Param::typed).collect();
             return self.query(c, sql, &typed).map(Rows::Typed);
         }
-        if params.iter().any(Param::has_nul) {
-            // Never the case (canonical items are text); PostgreSQL says why, as it would.
-            let begin = self.begin.clone();
-            return in_transaction(c, &begin, |c| c.query_typed(sql, &typed)).map(Rows::Typed);
-        }
+        // A value holding a NUL (never: canonical items are text) makes the driver refuse
+        // the message with an error, as PostgreSQL would refuse the value.
         let mut text = String::with_capacity(sql.len() + 64 + params.len() * 64);
         text.push_str(self.begin.trim_start_matches("BEGIN; "));
         text.push_str("; ");
@@ -159,6 +156,9 @@ pub enum Param<'a> {
     Text(&'a str),
     Texts(&'a [&'a str]),
     Floats(&'a [Option<f64>]),
+    /// Memberships to insert, `(entity, scope, expiry)`, written as the rows of a `VALUES`
+    /// list: behind a pooler only (a direct connection binds arrays instead).
+    Members(&'a [(&'a str, &'a str, Option<f64>)]),
 }
 
 impl Param<'_> {
@@ -167,14 +167,7 @@ impl Param<'_> {
             Param::Text(s) => (s, Type::TEXT),
             Param::Texts(s) => (s, Type::TEXT_ARRAY),
             Param::Floats(s) => (s, Type::FLOAT8_ARRAY),
-        }
-    }
-
-    fn has_nul(&self) -> bool {
-        match self {
-            Param::Text(s) => s.contains('\0'),
-            Param::Texts(v) => v.iter().any(|s| s.contains('\0')),
-            Param::Floats(_) => false,
+            Param::Members(_) => unreachable!("a VALUES list is written in, never bound"),
         }
     }
 
@@ -210,6 +203,28 @@ impl Param<'_> {
                     }
                 }
                 out.push_str("]::float8[]");
+            }
+            Param::Members(v) => {
+                for (i, (e, s, x)) in v.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push('(');
+                    text_literal(e, out);
+                    out.push(',');
+                    text_literal(s, out);
+                    out.push_str(",1,");
+                    match x {
+                        Some(x) if x.is_finite() => {
+                            let _ = write!(out, "to_timestamp({x:?})");
+                        }
+                        Some(x) => {
+                            let _ = write!(out, "to_timestamp('{x}')");
+                        }
+                        None => out.push_str("NULL"),
+                    }
+                    out.push(')');
+                }
             }
         }
     }

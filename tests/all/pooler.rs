@@ -89,6 +89,18 @@ fn every_command_on(e: &Env, more: impl Fn() -> String) {
         }
     });
     assert_eq!(int(&mut c, &["MEMBER.ADD", "s", "u0_1"]), 0);
+    // With an expiry, written in as a timestamp behind a pooler.
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "s", "t1", "TTL", "600"]), 1);
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "s", "t1"]), 0);
+    let left: f64 = pg
+        .query_one(
+            "SELECT EXTRACT(EPOCH FROM expires_at - now())::float8 FROM member_s
+              WHERE entity_id = 't1'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!((590.0..=600.0).contains(&left), "{left}");
     let madd: Vec<String> = (0..100).map(|i| format!("m{i}")).collect();
     let mut args = vec!["MEMBER.MADD", "s", "ITEMS"];
     args.extend(madd.iter().map(String::as_str));
@@ -109,7 +121,7 @@ fn every_command_on(e: &Env, more: impl Fn() -> String) {
          INSERT INTO member_s (entity_id, scope) VALUES ('o1', 'sc'), ('o''2', 'sc')",
     )
     .unwrap();
-    assert_eq!(int(&mut c, &["MEMBER.REBUILD", "s", "SYNC"]), 501);
+    assert_eq!(int(&mut c, &["MEMBER.REBUILD", "s", "SYNC"]), 502);
     // Scoped, and with a quote in the item.
     for item in ["o1", "o'2"] {
         let got: (i64, String) = redis::cmd("MEMBER.EXPLAIN")

@@ -88,13 +88,26 @@ pub fn add_many(
     // deadlocking, which would fail one of them.
     rows.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
     let (mut es, mut ss, mut xs) = (Vec::new(), Vec::new(), Vec::new());
-    for (e, s, x) in rows {
+    for &(e, s, x) in &rows {
         es.push(e);
         ss.push(s);
         xs.push(x);
     }
+    // Behind a pooler the statement is planned at every call: there the rows are a VALUES
+    // list, which plans quicker than three arrays taken apart.
+    let values_sql = format!(
+        "INSERT INTO {t} AS m (entity_id, scope, status, expires_at) VALUES $1
+         ON CONFLICT (entity_id, scope) DO UPDATE
+            SET status = 1, expires_at = EXCLUDED.expires_at, created_at = now(), updated_at = now()
+            WHERE NOT (m.status = 1 AND (m.expires_at IS NULL OR m.expires_at > now()))
+         RETURNING entity_id, scope",
+        t = table(set)
+    );
     // One statement, its own transaction even behind a pooler (`Stmts::hot`).
     let inserted = db.run_once_own(|c, st| {
+        if st.pooled() {
+            return st.hot(c, &values_sql, &[Param::Members(&rows)]);
+        }
         st.hot(
             c,
             &sql,

@@ -35,9 +35,11 @@ impl Drop for OtherStandby {
     }
 }
 
-/// `pg_basebackup -R` of the server at `port` into a new dir, started.
-fn standby_of(port: u16) -> Cluster {
+/// `pg_basebackup -R` of the server at `port` into a new dir, started: a streaming standby
+/// of it (here, and the shared one of `standby.rs`).
+pub(super) fn standby_of(port: u16) -> Cluster {
     let (uid, gid) = postgres_ids();
+    // The prefix of `OwnPg` dirs: a dir left by a killed test process is swept.
     let base = make_temp_dir("member-ownpg", Some((uid, gid)));
     let out = Command::new(pg_bin("pg_basebackup"))
         .arg("-D")
@@ -61,12 +63,16 @@ fn standby_of(port: u16) -> Cluster {
         child: None,
         extra: Vec::new(),
     };
+    // A port picked by free_port() can be taken before postgres binds it.
     for attempt in 0.. {
         standby.port = super::free_port();
         match standby.try_start() {
             Ok(()) => break,
             Err(e) if attempt < 3 && e.contains("ould not") && e.contains("bind") => {}
-            Err(e) => panic!("standby: {e}"),
+            Err(e) => {
+                let _ = fs::remove_dir_all(&standby.base);
+                panic!("standby: {e}");
+            }
         }
     }
     standby

@@ -2,15 +2,12 @@
 //! started on a free port once per test process (the first [`Standby::get`]), stopped and
 //! removed at exit. It replicates every database the tests create, with the same roles.
 
-use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use std::os::unix::process::CommandExt;
-
-use super::pg_cluster::{postgres_ids, Cluster};
-use super::process::{make_temp_dir, stop_postmaster_at_exit};
-use super::{pg_bin, wait_until, Pg};
+use super::pg_cluster::Cluster;
+use super::process::stop_postmaster_at_exit;
+use super::{wait_until, Pg};
 
 pub struct Standby {
     cluster: Cluster,
@@ -31,44 +28,7 @@ impl Standby {
     pub fn get() -> &'static Standby {
         static SB: OnceLock<Standby> = OnceLock::new();
         SB.get_or_init(|| {
-            let primary = Pg::get();
-            let (uid, gid) = postgres_ids();
-            // The prefix of `OwnPg` dirs: a dir left by a killed test process is swept.
-            let base = make_temp_dir("member-ownpg", Some((uid, gid)));
-            let out = Command::new(pg_bin("pg_basebackup"))
-                .arg("-D")
-                .arg(base.join("data"))
-                .args(["-R", "-X", "stream", "--no-sync", "--checkpoint=fast"])
-                .args(["-h", "127.0.0.1", "-U", "postgres", "-p"])
-                .arg(primary.port().to_string())
-                .current_dir(&base)
-                .uid(uid)
-                .gid(gid)
-                .output()
-                .expect("run pg_basebackup (is PostgreSQL installed? scripts/install-deps.sh)");
-            assert!(
-                out.status.success(),
-                "pg_basebackup failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let mut cluster = Cluster {
-                base,
-                port: 0,
-                child: None,
-                extra: Vec::new(),
-            };
-            // A port picked by free_port() can be taken before postgres binds it.
-            for attempt in 0.. {
-                cluster.port = super::free_port();
-                match cluster.try_start() {
-                    Ok(()) => break,
-                    Err(e) if attempt < 3 && e.contains("ould not") && e.contains("bind") => {}
-                    Err(e) => {
-                        let _ = std::fs::remove_dir_all(&cluster.base);
-                        panic!("standby: {e}");
-                    }
-                }
-            }
+            let cluster = super::failover::standby_of(Pg::get().port());
             let pid = cluster.child.as_ref().unwrap().id();
             RUNNING.lock().unwrap().replace((pid, cluster.base.clone()));
             // SAFETY: registering a plain extern "C" fn.

@@ -39,16 +39,7 @@ fn function_state(pg: &mut postgres::Client) -> (Option<Vec<String>>, bool) {
 /// A set `set` whose filter is trusted, with INSERT granted to the application role.
 fn create_for_app(env: &Env, c: &mut Connection, set: &str) {
     ok(c, &["MEMBER.CREATE", set]);
-    assert!(
-        wait_until(Duration::from_secs(20), || set_info(
-            c,
-            set,
-            "filter_caught_up"
-        )
-        .as_deref()
-            == Ok("1")),
-        "the new set's filter never became trusted"
-    );
+    wait_trusted(c, set, "the new set's filter never became trusted");
     env.db
         .client_as(MODULE_ROLE)
         .batch_execute(&format!(

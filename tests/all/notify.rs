@@ -23,29 +23,6 @@ fn with_notify(on: bool) -> Vec<(&'static str, &'static str)> {
     v
 }
 
-/// Creates `set` and waits until its filter is trusted (its first pass has run).
-fn create(c: &mut Connection, set: &str, extra: &[&str]) {
-    let mut args = vec!["MEMBER.CREATE", set];
-    args.extend_from_slice(extra);
-    ok(c, &args);
-    assert!(
-        wait_until(Duration::from_secs(20), || set_info(
-            c,
-            set,
-            "filter_caught_up"
-        )
-        .as_deref()
-            == Ok("1")),
-        "the filter of {set} never caught up"
-    );
-    // And its first sync pass (which starts at once) is over: none other is due for a minute.
-    assert!(
-        wait_until(Duration::from_secs(20), || set_info(c, set, "sync_age_ms")
-            .is_ok_and(|a| a != "never")),
-        "no sync pass for {set}"
-    );
-}
-
 /// Polls EXISTS until it answers `want` or `timeout` passes; the time it took.
 fn until_answer(
     c: &mut Connection,
@@ -128,7 +105,7 @@ fn number(c: &mut Connection, field: &str) -> i64 {
 fn an_outside_insert_is_answered_within_milliseconds() {
     let env = Env::with(&with_notify(true));
     let mut c = env.conn();
-    create(&mut c, "fast", &[]);
+    create_synced(&mut c, "fast", &[]);
     assert!(
         wait_listening(&mut c, Duration::from_secs(10)),
         "listener state {:?}, error {:?}",
@@ -205,7 +182,7 @@ fn an_outside_insert_is_answered_within_milliseconds() {
 fn without_notify_the_interval_decides_and_no_one_listens() {
     let env = Env::with(&with_notify(false));
     let mut c = env.conn();
-    create(&mut c, "slow", &[]);
+    create_synced(&mut c, "slow", &[]);
     let mut pg = env.pg();
     assert_eq!(info_field(&mut c, "sync_notify").as_deref(), Ok("off"));
     assert_eq!(listeners(&mut pg), 0, "a listener without sync-notify");
@@ -255,7 +232,7 @@ fn without_notify_the_interval_decides_and_no_one_listens() {
 fn an_outside_delete_is_answered_0_after_the_cache_ttl() {
     let env = Env::with(&with_notify(true));
     let mut c = env.conn();
-    create(&mut c, "gone", &["CACHE-TTL", "1"]);
+    create_synced(&mut c, "gone", &["CACHE-TTL", "1"]);
     assert!(wait_listening(&mut c, Duration::from_secs(10)));
     let mut pg = env.pg();
     outside(
@@ -281,7 +258,7 @@ fn the_listener_reconnects_after_a_postgres_restart() {
     let mut own = OwnPg::start_new();
     let vk = start_loaded(&own.url(), &with_notify(true));
     let mut c = vk.conn();
-    create(&mut c, "again", &[]);
+    create_synced(&mut c, "again", &[]);
     assert!(wait_listening(&mut c, Duration::from_secs(10)));
     let connects = number(&mut c, "sync_notify_connects");
 
@@ -339,7 +316,7 @@ fn an_outside_insert_into_an_attached_table_is_answered_within_milliseconds() {
          INSERT INTO public.signups VALUES ('first')",
     );
     let mut c = env.conn();
-    create(
+    create_synced(
         &mut c,
         "signups",
         &["SOURCE", "public.signups", "COLUMN", "name", "SYNC", "log"],
@@ -414,7 +391,7 @@ fn the_listener_gives_an_attached_set_made_before_it_its_trigger() {
     let mut pg = env.pg();
     outside(&mut pg, "CREATE TABLE public.later (name text PRIMARY KEY)");
     let mut c = env.conn();
-    create(
+    create_synced(
         &mut c,
         "later",
         &["SOURCE", "public.later", "COLUMN", "name", "SYNC", "log"],

@@ -31,28 +31,6 @@ fn logs(e: &Env, mode: Mode) -> String {
     )
 }
 
-/// Creates `set` and waits until its filter is trusted and its first sync pass has run.
-fn create(c: &mut Connection, set: &str, extra: &[&str]) {
-    let mut args = vec!["MEMBER.CREATE", set];
-    args.extend_from_slice(extra);
-    ok(c, &args);
-    assert!(
-        wait_until(Duration::from_secs(20), || set_info(
-            c,
-            set,
-            "filter_caught_up"
-        )
-        .as_deref()
-            == Ok("1")),
-        "the filter of {set} never caught up"
-    );
-    assert!(
-        wait_until(Duration::from_secs(20), || set_info(c, set, "sync_age_ms")
-            .is_ok_and(|a| a != "never")),
-        "no sync pass for {set}"
-    );
-}
-
 fn ints(c: &mut Connection, args: &[&str]) -> Vec<i64> {
     match cmd(c, args).unwrap_or_else(|e| panic!("{args:?}: {e}")) {
         Value::Array(v) => v
@@ -75,7 +53,7 @@ fn every_command(mode: Mode) {
 fn every_command_on(e: &Env, more: impl Fn() -> String) {
     let mut c = e.conn();
     let mut pg = e.pg();
-    create(&mut c, "s", &[]);
+    create_synced(&mut c, "s", &[]);
     // ADDs from four clients at once: every worker, several server connections.
     std::thread::scope(|s| {
         for t in 0..4 {
@@ -153,7 +131,7 @@ fn every_command_on(e: &Env, more: impl Fn() -> String) {
          INSERT INTO app_users SELECT 'a' || g FROM generate_series(1, 50) g",
     )
     .unwrap();
-    create(
+    create_synced(
         &mut c,
         "att",
         &[
@@ -193,7 +171,7 @@ fn transaction_every_command() {
 fn outside_insert_is_synced(mode: Mode) {
     let e = env(mode, &[("member.sync-interval-ms", "200")]);
     let mut c = e.conn();
-    create(&mut c, "s", &[]);
+    create_synced(&mut c, "s", &[]);
     assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s", "late"]), 0);
     e.pg()
         .batch_execute("INSERT INTO member_s (entity_id) VALUES ('late')")
@@ -240,7 +218,7 @@ fn session_notify_is_heard() {
         "the listener never listened: {:?}",
         info_field(&mut c, "sync_notify_error")
     );
-    create(&mut c, "s", &[]);
+    create_synced(&mut c, "s", &[]);
     e.pg()
         .batch_execute("INSERT INTO member_s (entity_id) VALUES ('told')")
         .unwrap();
@@ -285,7 +263,7 @@ fn transaction_notify_falls_back_to_the_interval() {
         "not logged:\n{}",
         e.vk.log()
     );
-    create(&mut c, "s", &[]);
+    create_synced(&mut c, "s", &[]);
     e.pg()
         .batch_execute("INSERT INTO member_s (entity_id) VALUES ('polled')")
         .unwrap();
@@ -318,7 +296,7 @@ fn stuck_lookup_at(pb: &Pgbouncer) {
     // Workers' statement timeout: 4 × 300 ms, at least a second: 1.2 s.
     let e = env_at(pb, &[("member.db-timeout-ms", "300")]);
     let mut c = e.conn();
-    create(&mut c, "s", &[]);
+    create_synced(&mut c, "s", &[]);
     let mut pg = e.pg();
     pg.batch_execute("INSERT INTO member_s (entity_id) VALUES ('k1'), ('k2')")
         .unwrap();
@@ -431,6 +409,6 @@ fn direct_way_forced_through_a_pooler_is_refused() {
         info_field(&mut c, "db_link_error")
     );
     ok(&mut c, &["CONFIG", "SET", "member.pg-pooler", "auto"]);
-    create(&mut c, "s", &[]);
+    create_synced(&mut c, "s", &[]);
     assert_eq!(int(&mut c, &["MEMBER.ADD", "s", "x"]), 1);
 }

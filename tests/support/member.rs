@@ -212,6 +212,31 @@ pub fn ok(c: &mut Connection, args: &[&str]) {
     );
 }
 
+/// Waits until the filter of `set` is trusted on the node behind `c` (`filter_caught_up`);
+/// `what` names it in the failure.
+pub fn wait_trusted(c: &mut Connection, set: &str, what: &str) {
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            set_info(c, set, "filter_caught_up").as_deref() == Ok("1")
+        }),
+        "{what}"
+    );
+}
+
+/// Creates `set` (with the options `extra`) and waits until its filter is trusted and its
+/// first sync pass, which starts at once, is over: none other is due until the interval.
+pub fn create_synced(c: &mut Connection, set: &str, extra: &[&str]) {
+    let mut args = vec!["MEMBER.CREATE", set];
+    args.extend_from_slice(extra);
+    ok(c, &args);
+    wait_trusted(c, set, &format!("the filter of {set} never caught up"));
+    assert!(
+        wait_until(Duration::from_secs(20), || set_info(c, set, "sync_age_ms")
+            .is_ok_and(|a| a != "never")),
+        "no sync pass for {set}"
+    );
+}
+
 /// Waits up to `timeout` until `INFO member` reports the set catalog loaded.
 pub fn wait_catalog_loaded(c: &mut Connection, timeout: Duration) -> bool {
     wait_until(timeout, || {

@@ -41,6 +41,18 @@ fn exists(c: &mut impl redis::ConnectionLike, set: &str, item: &str) -> Option<i
     }
 }
 
+/// Every item of `items` answers `want` now; `when` says at which point of the test.
+fn all_answer<'a>(
+    c: &mut impl redis::ConnectionLike,
+    items: impl IntoIterator<Item = &'a String>,
+    want: i64,
+    when: &str,
+) {
+    for item in items {
+        assert_eq!(exists(c, "s", item), Some(want), "{item} {when}");
+    }
+}
+
 /// The module runs as a least-privilege role (it logs in and owns its database, nothing
 /// more): what it reads to tell histories apart needs no privilege.
 #[test]
@@ -191,20 +203,13 @@ fn a_failover_to_a_standby_that_was_behind_hides_no_member_and_forgets_lost_ones
         old_watermark,
         "the watermark is still the old history's"
     );
-    for item in lost_adds.iter().chain(&lost_rows) {
-        assert_eq!(
-            exists(&mut c, "s", item),
-            Some(0),
-            "{item} after the rebuild"
-        );
-    }
-    for item in &fresh {
-        assert_eq!(
-            exists(&mut c, "s", item),
-            Some(1),
-            "{item} after the rebuild"
-        );
-    }
+    all_answer(
+        &mut c,
+        lost_adds.iter().chain(&lost_rows),
+        0,
+        "after the rebuild",
+    );
+    all_answer(&mut c, &fresh, 1, "after the rebuild");
     // An outside row written now reaches the rebuilt filter through the sync loop.
     insert(&mut s, "s", "after-rebuild");
     assert!(
@@ -310,13 +315,7 @@ fn in_a_cluster_every_node_sees_the_failover_on_its_own() {
             n.addr()
         );
     }
-    for item in &both {
-        assert_eq!(
-            exists(&mut c, "s", item),
-            Some(1),
-            "{item}, on both histories"
-        );
-    }
+    all_answer(&mut c, &both, 1, "on both histories");
     for item in &lost {
         assert!(
             wait_until(Duration::from_secs(5), || exists(&mut c, "s", item)
@@ -332,20 +331,8 @@ fn in_a_cluster_every_node_sees_the_failover_on_its_own() {
         );
     }
     cl.wait_ready("s");
-    for item in &fresh {
-        assert_eq!(
-            exists(&mut c, "s", item),
-            Some(1),
-            "{item} after the rebuilds"
-        );
-    }
-    for item in &lost {
-        assert_eq!(
-            exists(&mut c, "s", item),
-            Some(0),
-            "{item} after the rebuilds"
-        );
-    }
+    all_answer(&mut c, &fresh, 1, "after the rebuilds");
+    all_answer(&mut c, &lost, 0, "after the rebuilds");
 }
 
 /// A rebuild source (`member.pg-rebuild-url`) that follows another history than the primary

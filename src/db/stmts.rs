@@ -173,7 +173,6 @@ impl Param<'_> {
 
     /// The value as an SQL literal of its type.
     fn write(&self, out: &mut String) {
-        use std::fmt::Write as _;
         match self {
             Param::Text(s) => text_literal(s, out),
             Param::Texts(v) => {
@@ -193,12 +192,7 @@ impl Param<'_> {
                         out.push(',');
                     }
                     match x {
-                        Some(x) if x.is_finite() => {
-                            let _ = write!(out, "{x:?}");
-                        }
-                        Some(x) => {
-                            let _ = write!(out, "'{x}'");
-                        }
+                        Some(x) => float_literal(*x, out),
                         None => out.push_str("NULL"),
                     }
                 }
@@ -215,11 +209,10 @@ impl Param<'_> {
                     text_literal(s, out);
                     out.push_str(",1,");
                     match x {
-                        Some(x) if x.is_finite() => {
-                            let _ = write!(out, "to_timestamp({x:?})");
-                        }
                         Some(x) => {
-                            let _ = write!(out, "to_timestamp('{x}')");
+                            out.push_str("to_timestamp(");
+                            float_literal(*x, out);
+                            out.push(')');
                         }
                         None => out.push_str("NULL"),
                     }
@@ -228,6 +221,17 @@ impl Param<'_> {
             }
         }
     }
+}
+
+/// A float8 literal that means exactly `x`: its shortest round-trip digits, or for an
+/// infinity or NaN the quoted text PostgreSQL reads as one (`'inf'`, `'NaN'`).
+fn float_literal(x: f64, out: &mut String) {
+    use std::fmt::Write as _;
+    let _ = if x.is_finite() {
+        write!(out, "{x:?}")
+    } else {
+        write!(out, "'{x}'")
+    };
 }
 
 /// A text literal that means exactly `s` whatever `standard_conforming_strings` says (the

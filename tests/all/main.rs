@@ -37,6 +37,7 @@ mod compat;
 mod config_values;
 mod exporter;
 mod failover;
+mod failover_pooler;
 mod false_positives;
 mod faults;
 mod foreign_filter;

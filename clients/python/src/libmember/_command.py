@@ -102,6 +102,28 @@ def madd(
     return Many("MEMBER.MADD", name, [*_scope(scope), *_expiry(ttl, expireat)], members)
 
 
+def crc16(data: bytes) -> int:
+    """CRC16-CCITT (XMODEM), the cluster's slot hash."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+        crc &= 0xFFFF
+    return crc
+
+
+def keyslot(key: bytes) -> int:
+    """The cluster slot of ``key``, as the server computes it: the part between the first
+    ``{`` and the next ``}`` when that part is not empty, else the whole key."""
+    start = key.find(b"{")
+    if start != -1:
+        end = key.find(b"}", start + 1)
+        if end > start + 1:
+            key = key[start + 1 : end]
+    return crc16(key) % 16384
+
+
 def text(value: Any) -> str:
     """A reply string, whether the client decodes responses or not."""
     return value.decode() if isinstance(value, bytes) else str(value)

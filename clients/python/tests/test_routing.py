@@ -20,7 +20,7 @@ from redis.cluster import RedisCluster
 
 import libmember
 import libmember.asyncio
-from libmember._command import keyslot
+from libmember._command import ROUTING_ARG, keyslot
 
 # GLIDE gives up on a call after 250 ms unless told otherwise: docs/clients.md.
 TIMEOUT_MS = 30_000
@@ -98,6 +98,18 @@ def test_the_items_span_every_primary_and_the_slots_match_the_server(cluster_por
         # The slot libmember computes for bytes GLIDE cannot take as text is the server's.
         for item in NOT_UTF8 + [b"{}x", b"a{b}c", b"{\xff}z", b"no}{tag"]:
             assert keyslot(item) == rc.execute_command("CLUSTER KEYSLOT", item), item
+
+
+def test_the_routing_arguments_are_the_servers(cluster_ports):
+    """The argument the package routes each command by is the one the server declares (first
+    key position in COMMAND INFO), and every public command that declares one is covered."""
+    with redis.Redis(port=cluster_ports[0], decode_responses=True) as node:
+        names = node.command_list(module="member")
+        public = [n for n in names if not n.startswith("member._")]
+        info = node.execute_command("COMMAND", "INFO", *public)
+    declared = {n.upper(): i["first_key_pos"] for n, i in info.items() if i["first_key_pos"]}
+    assert declared == ROUTING_ARG
+    assert info["member.nodeinfo"]["first_key_pos"] == 0
 
 
 def every_method(sets, name, own_error):

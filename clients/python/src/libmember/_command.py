@@ -19,6 +19,29 @@ class Explanation(NamedTuple):
     path: str
 
 
+# The argument each command is routed by in a cluster, as the server declares it (COMMAND's
+# first key position, `src/command/table.rs`): the item for the per-item commands, the set name
+# for the rest. tests/test_routing.py checks it against the server's COMMAND INFO.
+ROUTING_ARG = {
+    "MEMBER.ADD": 2,
+    "MEMBER.EXISTS": 2,
+    "MEMBER.DEL": 2,
+    "MEMBER.EXPLAIN": 2,
+    "MEMBER.CREATE": 1,
+    "MEMBER.ALTER": 1,
+    "MEMBER.DROP": 1,
+    "MEMBER.MEXISTS": 1,
+    "MEMBER.MADD": 1,
+    "MEMBER.INFO": 1,
+    "MEMBER.REBUILD": 1,
+}
+
+
+def routing_key(args: Args) -> Item:
+    """The argument ``args`` (a whole command) is routed by."""
+    return args[ROUTING_ARG[args[0]]]
+
+
 def option_name(keyword: str) -> str:
     """A Python keyword as the command's option: ``cache_ttl`` -> ``CACHE-TTL``."""
     return keyword.upper().replace("_", "-")

@@ -30,11 +30,11 @@ class Sets:
         self.client = client
         self._sender = sender
 
-    async def _run(self, command: Union[cmd.Args, cmd.Many], key: Item) -> Any:
+    async def _run(self, command: Union[cmd.Args, cmd.Many]) -> Any:
         """``libmember.Sets._run``, awaited."""
         args = command.args() if isinstance(command, cmd.Many) else command
         try:
-            return await self._sender.send(args, key)
+            return await self._sender.send(args, cmd.routing_key(args))
         except self._sender.family.reply_error as e:
             typed = self._sender.family.typed(e)
             if typed is e:
@@ -42,13 +42,13 @@ class Sets:
             raise typed from e
 
     async def create(self, name: str, **settings: Any) -> None:
-        cmd.is_ok(await self._run(cmd.create(name, settings), name))
+        cmd.is_ok(await self._run(cmd.create(name, settings)))
 
     async def alter(self, name: str, sync: bool = False, **settings: Any) -> None:
-        cmd.is_ok(await self._run(cmd.alter(name, sync, settings), name))
+        cmd.is_ok(await self._run(cmd.alter(name, sync, settings)))
 
     async def drop(self, name: str, delete_data: bool = False) -> None:
-        cmd.is_ok(await self._run(cmd.drop(name, delete_data), name))
+        cmd.is_ok(await self._run(cmd.drop(name, delete_data)))
 
     async def add(
         self,
@@ -58,23 +58,23 @@ class Sets:
         ttl: Optional[int] = None,
         expireat: Optional[int] = None,
     ) -> bool:
-        return bool(await self._run(cmd.add(name, item, scope, ttl, expireat), item))
+        return bool(await self._run(cmd.add(name, item, scope, ttl, expireat)))
 
     async def exists(self, name: str, item: Item, scope: Optional[Item] = None) -> bool:
-        return bool(await self._run(cmd.item("MEMBER.EXISTS", name, item, scope), item))
+        return bool(await self._run(cmd.item("MEMBER.EXISTS", name, item, scope)))
 
     async def delete(self, name: str, item: Item, scope: Optional[Item] = None) -> bool:
-        return bool(await self._run(cmd.item("MEMBER.DEL", name, item, scope), item))
+        return bool(await self._run(cmd.item("MEMBER.DEL", name, item, scope)))
 
     async def explain(self, name: str, item: Item, scope: Optional[Item] = None) -> Explanation:
-        return cmd.explanation(await self._run(cmd.item("MEMBER.EXPLAIN", name, item, scope), item))
+        return cmd.explanation(await self._run(cmd.item("MEMBER.EXPLAIN", name, item, scope)))
 
     async def mexists(
         self, name: str, items: Sequence[Item], scope: Optional[Item] = None
     ) -> List[bool]:
         if not items:
             return []
-        return cmd.flags(await self._run(cmd.mexists(name, items, scope), name))
+        return cmd.flags(await self._run(cmd.mexists(name, items, scope)))
 
     async def madd(
         self,
@@ -86,13 +86,13 @@ class Sets:
     ) -> List[bool]:
         if not items:
             return []
-        return cmd.flags(await self._run(cmd.madd(name, items, scope, ttl, expireat), name))
+        return cmd.flags(await self._run(cmd.madd(name, items, scope, ttl, expireat)))
 
     async def info(self, name: str) -> Dict[str, InfoValue]:
-        return cmd.info_dict(await self._run(cmd.info(name), name))
+        return cmd.info_dict(await self._run(cmd.info(name)))
 
     async def rebuild(self, name: str, sync: bool = False) -> Optional[int]:
-        reply = await self._run(cmd.rebuild(name, sync), name)
+        reply = await self._run(cmd.rebuild(name, sync))
         if sync:
             return int(reply)
         cmd.is_ok(reply)

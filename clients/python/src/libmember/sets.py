@@ -36,12 +36,12 @@ class Sets:
         self.client = client
         self._sender = sender
 
-    def _run(self, command: Union[cmd.Args, cmd.Many], key: Item) -> Any:
-        """Sends one command to the node serving ``key`` (the item, or the set name); its
-        error reply raised as a typed error."""
+    def _run(self, command: Union[cmd.Args, cmd.Many]) -> Any:
+        """Sends one command to the node serving its routing argument (the item, or the set
+        name: ``_command.ROUTING_ARG``); its error reply raised as a typed error."""
         args = command.args() if isinstance(command, cmd.Many) else command
         try:
-            return self._sender.send(args, key)
+            return self._sender.send(args, cmd.routing_key(args))
         except self._sender.family.reply_error as e:
             typed = self._sender.family.typed(e)
             if typed is e:
@@ -54,16 +54,16 @@ class Sets:
         ``recent_ttl``, ``normalize``, ``tokenize``; for an attached table ``source``,
         ``column``, ``scope_column``, ``sync`` or ``updated_column``. Creating an existing
         set with the same settings is fine."""
-        cmd.is_ok(self._run(cmd.create(name, settings), name))
+        cmd.is_ok(self._run(cmd.create(name, settings)))
 
     def alter(self, name: str, sync: bool = False, **settings: Any) -> None:
         """MEMBER.ALTER: ``error``, ``capacity``, ``cache_ttl``, ``recent_ttl``. With
         ``sync=True`` returns once the filter built with the new settings serves."""
-        cmd.is_ok(self._run(cmd.alter(name, sync, settings), name))
+        cmd.is_ok(self._run(cmd.alter(name, sync, settings)))
 
     def drop(self, name: str, delete_data: bool = False) -> None:
         """MEMBER.DROP; ``delete_data=True`` drops the set's table too."""
-        cmd.is_ok(self._run(cmd.drop(name, delete_data), name))
+        cmd.is_ok(self._run(cmd.drop(name, delete_data)))
 
     def add(
         self,
@@ -75,19 +75,19 @@ class Sets:
     ) -> bool:
         """MEMBER.ADD: True when this call made ``item`` a member, False when it already was
         one. ``ttl`` (seconds) or ``expireat`` (unix seconds) make the membership expire."""
-        return bool(self._run(cmd.add(name, item, scope, ttl, expireat), item))
+        return bool(self._run(cmd.add(name, item, scope, ttl, expireat)))
 
     def exists(self, name: str, item: Item, scope: Optional[Item] = None) -> bool:
         """MEMBER.EXISTS: whether ``item`` is a member, as the database says."""
-        return bool(self._run(cmd.item("MEMBER.EXISTS", name, item, scope), item))
+        return bool(self._run(cmd.item("MEMBER.EXISTS", name, item, scope)))
 
     def delete(self, name: str, item: Item, scope: Optional[Item] = None) -> bool:
         """MEMBER.DEL: True when ``item`` was a member and is removed."""
-        return bool(self._run(cmd.item("MEMBER.DEL", name, item, scope), item))
+        return bool(self._run(cmd.item("MEMBER.DEL", name, item, scope)))
 
     def explain(self, name: str, item: Item, scope: Optional[Item] = None) -> Explanation:
         """MEMBER.EXPLAIN: the answer and the tier of the funnel that decided it."""
-        return cmd.explanation(self._run(cmd.item("MEMBER.EXPLAIN", name, item, scope), item))
+        return cmd.explanation(self._run(cmd.item("MEMBER.EXPLAIN", name, item, scope)))
 
     def mexists(
         self, name: str, items: Sequence[Item], scope: Optional[Item] = None
@@ -96,7 +96,7 @@ class Sets:
         receiving node asks the owners of the items' slots)."""
         if not items:
             return []
-        return cmd.flags(self._run(cmd.mexists(name, items, scope), name))
+        return cmd.flags(self._run(cmd.mexists(name, items, scope)))
 
     def madd(
         self,
@@ -111,19 +111,19 @@ class Sets:
         items' slots, so an error may leave some items added: repeat the call."""
         if not items:
             return []
-        return cmd.flags(self._run(cmd.madd(name, items, scope, ttl, expireat), name))
+        return cmd.flags(self._run(cmd.madd(name, items, scope, ttl, expireat)))
 
     def info(self, name: str) -> Dict[str, InfoValue]:
         """MEMBER.INFO as a dict: flags as bools, counts as ints, rates as floats, words as
         strings (``_command.info_value``). In cluster mode: the definition, totals over the
         nodes, and ``nodes``, a list of each node's fields (``node_id``, ``address``,
         ``role``, ``state``, then its own MEMBER.INFO fields)."""
-        return cmd.info_dict(self._run(cmd.info(name), name))
+        return cmd.info_dict(self._run(cmd.info(name)))
 
     def rebuild(self, name: str, sync: bool = False) -> Optional[int]:
         """MEMBER.REBUILD: None once started; with ``sync=True`` the number of members
         loaded. In cluster mode every primary rebuilds its slots (``sync``: the sum)."""
-        reply = self._run(cmd.rebuild(name, sync), name)
+        reply = self._run(cmd.rebuild(name, sync))
         if sync:
             return int(reply)
         cmd.is_ok(reply)

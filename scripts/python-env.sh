@@ -19,9 +19,13 @@ mkdir -p "$root/target"
 # Tests run in parallel threads: one run at a time, the others then find it done.
 exec 9>"$root/target/.pyenv.lock"
 flock 9
-# The virtualenv records the path it was made at (pyvenv.cfg's `command`): another path means
-# a copy whose pip and libmember are the original's.
-grep -qxF "command = /usr/bin/python3 -m venv $env" "$env/pyvenv.cfg" 2>/dev/null || rm -rf "$env"
+# The virtualenv records the path it was made at (pyvenv.cfg's `command`, Python 3.11 and
+# later): another path means a copy whose pip and libmember are the original's.
+cfg="$env/pyvenv.cfg"
+if grep -q '^command = ' "$cfg" 2>/dev/null \
+  && ! grep -qxF "command = /usr/bin/python3 -m venv $env" "$cfg"; then
+  rm -rf "$env"
+fi
 [ -f "$done_mark" ] && [ "$(cat "$done_mark")" = "${packages[*]}" ] && exit 0
 
 [ -x "$env/bin/pip" ] || { rm -rf "$env"; /usr/bin/python3 -m venv "$env"; }

@@ -269,6 +269,11 @@ def test_the_count_sees_a_misrouted_call(cluster_port, cluster_ports):
         # Two in three on 3 primaries when the node is picked at random (the issue: 659-672
         # per 1000); anything well above 0 shows the count works.
         assert c.count >= 100, c.count
+        # Set-wide calls unrouted: shows whether GLIDE picks a random node or argv[1].
+        with Counted(cluster_ports) as c:
+            for _ in range(100):
+                client.custom_command(["MEMBER.INFO", name])
+        print(f"MOVED per 100: glide_sync custom_command without a route: INFO {c.count}")
         sets.drop(name, delete_data=True)
     finally:
         client.close()

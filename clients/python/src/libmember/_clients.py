@@ -4,10 +4,10 @@ that serves it, its error replies raised as libmember's typed errors.
 redis-py and valkey-py route a module command by the key position it declares (``COMMAND``):
 nothing to add. valkey-glide does not read those for a command it does not know: it would send
 every call by argv[1], the set name, and two per-item calls in three to a node that answers
-MOVED, so it is told the route: the primary of the
-routing argument's slot (the item for ADD, EXISTS, DEL and EXPLAIN, the set name for the rest,
-as ``src/command/table.rs`` declares them). A library the application never imported cannot
-have made the client, so only the ones in ``sys.modules`` are looked at.
+MOVED, so it is told the route: the primary of the routing argument's slot (``ROUTING_ARG``:
+the item for ADD, EXISTS, DEL and EXPLAIN, the set name for the rest). A library the
+application never imported cannot have made the client, so only the ones in ``sys.modules``
+are looked at.
 """
 
 import sys

@@ -55,6 +55,7 @@ mod moved_keys;
 mod notify;
 mod pg_tls;
 mod pooler;
+mod pooler_cluster;
 mod python_client;
 mod rebuild_memory;
 mod signup_browser;

@@ -37,6 +37,8 @@ pub fn init(ctx: &Context, args: &[RedisString]) -> Status {
             return Status::Err;
         }
     }
+    // The character table of NORMALIZE username, built before any client can wait on it.
+    crate::model::canon_chars::prepare();
     // The configs are applied by now.
     token_key::started(ctx);
     config::started(ctx);

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use unicode_normalization::UnicodeNormalization;
 use xxhash_rust::xxh3::xxh3_128;
 
-use crate::model::error;
+use crate::model::{canon_chars, error};
 
 /// Longest raw item accepted, in bytes (before normalization).
 pub const MAX_ITEM_BYTES: usize = 1024;
@@ -106,17 +106,16 @@ fn username(s: &str) -> Cow<'_, str> {
 /// a starter (the segment rule of UAX #15; `canon_python_tests.rs` checks every code point
 /// alone and after ASCII text).
 fn nfkc(s: &str) -> Option<String> {
-    use unicode_normalization::char::canonical_combining_class;
-    use unicode_normalization::{is_nfkc_quick, IsNormalized};
     let (mut starter, mut last_class) = (0, 0);
     for (i, c) in s.char_indices() {
         if c.is_ascii() {
             (starter, last_class) = (i, 0);
             continue;
         }
-        let class = canonical_combining_class(c);
+        let facts = canon_chars::facts(c);
+        let class = facts.class();
         let ordered = class == 0 || last_class <= class;
-        if !ordered || is_nfkc_quick(std::iter::once(c)) != IsNormalized::Yes {
+        if !ordered || !facts.nfkc_yes() {
             let mut out = String::with_capacity(s.len() + 8);
             out.push_str(&s[..starter]);
             out.extend(s[starter..].nfkc());
@@ -138,13 +137,18 @@ fn fold(s: &str) -> Option<String> {
         if c.is_ascii() {
             return !c.is_ascii_uppercase();
         }
-        let mut f = std::iter::once(c).default_case_fold();
-        f.next() == Some(c) && f.next().is_none()
+        canon_chars::facts(c).folds_to_itself()
     };
     let (at, _) = s.char_indices().find(|&(_, c)| !unchanged(c))?;
     let mut out = String::with_capacity(s.len() + 8);
     out.push_str(&s[..at]);
-    out.extend(s[at..].chars().default_case_fold());
+    for c in s[at..].chars() {
+        if unchanged(c) {
+            out.push(c);
+        } else {
+            out.extend(std::iter::once(c).default_case_fold());
+        }
+    }
     Some(out)
 }
 

@@ -3,6 +3,7 @@
 //! decisions, the upkeep records' decisions and every error text.
 
 pub mod canon;
+pub mod canon_chars;
 pub mod error;
 pub mod funnel;
 pub mod set_def;

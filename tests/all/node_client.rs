@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::support;
 
-use support::cluster::Cluster;
+use support::cluster::{cli_binary, Cluster};
 use support::member::*;
 use support::node;
 use support::OwnPg;
@@ -26,6 +26,10 @@ const LIMIT: Duration = Duration::from_secs(300);
 fn node_test(files: &[&str], env: &[(&str, String)]) -> String {
     node::node_test("clients/node", files, env, LIMIT)
 }
+
+/// One test at a time on [`cluster`]: the MOVED each counts are its own, and no slot moves
+/// while another counts.
+static TURN: Mutex<()> = Mutex::new(());
 
 /// The cluster these tests count MOVED on: 3 primaries and 3 replicas of their own, so that
 /// no other area's redirections (some send by the wrong argument on purpose) are counted.
@@ -103,21 +107,26 @@ fn unavailable_with_postgres_stopped() {
 /// Every method over each library's cluster client, started from a replica, and 1 000 EXISTS,
 /// 1 000 ADD and 100 concurrent EXISTS with no MOVED on any node. One library at a time, so
 /// the MOVED counted are its own.
+/// Then 20 slots move to another primary under the client's feet, and every call on their items
+/// still answers right, the library following the server's MOVED itself.
 fn on_cluster(lib: &str) {
-    static TURN: Mutex<()> = Mutex::new(());
     let cl = cluster();
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let replica = cl.replicas().next().expect("a replica");
     let nodes: Vec<String> = cl.nodes.iter().map(|n| n.addr()).collect();
     let out = node_test(
-        &["test/cluster.test.js"],
+        &["test/cluster.test.js", "test/moved.test.js"],
         &[
             ("MEMBER_CLUSTER", replica.addr()),
             ("MEMBER_CLUSTER_NODES", nodes.join(",")),
             ("MEMBER_CLIENTS", lib.into()),
+            ("MEMBER_CLI", cli_binary()),
         ],
     );
-    for line in out.lines().filter(|l| l.contains("MOVED per 1000")) {
+    for line in out
+        .lines()
+        .filter(|l| l.contains("MOVED per 1000") || l.contains("slots moved:"))
+    {
         println!("{}", line.trim_start_matches(['#', ' ']));
     }
 }
@@ -157,6 +166,7 @@ fn cluster_glide() {
 #[test]
 fn routing_matches_the_server() {
     let cl = cluster();
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let nodes: Vec<String> = cl.nodes.iter().map(|n| n.addr()).collect();
     node_test(
         &["test/routing.test.js"],

@@ -94,6 +94,8 @@ pub fn node_test(project: &str, files: &[&str], env: &[(&str, String)], limit: D
         "--test".to_string(),
         "--test-reporter=tap".to_string(),
         "--test-concurrency=1".to_string(),
+        // A client left open by a failed test must not keep the run alive.
+        "--test-force-exit".to_string(),
     ];
     args.extend(files.iter().map(|f| dir.join(f).display().to_string()));
     let base = std::env::temp_dir().join(format!("member-node-test-{}", unique()));

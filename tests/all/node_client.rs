@@ -38,10 +38,11 @@ fn cluster() -> &'static Cluster {
     CLUSTER.get_or_init(|| Cluster::start(&[]))
 }
 
-/// The pure parts: the slot function, the option names, the reply and error mappings.
+/// The pure parts: the slot function, the option names, the reply and error mappings; and
+/// the types (`index.d.ts`) against every library's own, under `tsc --strict`.
 #[test]
 fn unit() {
-    node_test(&["test/unit.test.js"], &[]);
+    node_test(&["test/unit.test.js", "test/types.test.js"], &[]);
 }
 
 /// Every method and the typed errors over each library's standalone client.

@@ -3,10 +3,9 @@
 # clients/node (the libmember package's test clients, side by side under npm aliases: ioredis
 # 5 and 6, iovalkey, node-redis 5 and 6, GLIDE; and TypeScript for its types) and
 # examples/node (ioredis 5.9, and the package linked from clients/node), for
-# tests/all/node_client.rs,
-# tests/all/client_snippets.rs and a user trying the example. Does nothing for a folder whose
-# dependencies are there from this same lock file; `rm -rf <folder>/node_modules` installs
-# them again.
+# tests/all/node_client.rs, tests/all/client_snippets.rs and a user trying the example. Does
+# nothing for a folder whose dependencies are there from this same lock file;
+# `rm -rf <folder>/node_modules` installs them again.
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"

@@ -75,6 +75,28 @@ for (const [lib, connect] of libraries()) {
     }
   });
 
+  if (lib.startsWith("redis")) {
+    test(`${lib}: replies under RESP3 (maps as objects)`, async () => {
+      const { client, close } = await connect({ ...server, resp3: true });
+      try {
+        const sets = new Sets(client);
+        const name = `${lib}_resp3`;
+        await sets.create(name, { cacheTtl: 300 });
+        assert.equal(await sets.add(name, "alice"), true);
+        assert.deepEqual(await sets.mexists(name, ["alice", "bob"]), [true, false]);
+        assert.deepEqual(await sets.explain(name, "bob"), { member: false, path: "bloom-negative" });
+        const info = await sets.info(name);
+        assert.equal(info.name, name);
+        assert.equal(info.cache_ttl, 300);
+        assert.equal(info.filter_complete, true);
+        assert.equal(info.filter_items, 1);
+        assert.equal(await sets.rebuild(name, { sync: true }), 1);
+      } finally {
+        await close();
+      }
+    });
+  }
+
   test(`${lib}: NoSuchSet, and other errors as the library gives them`, async () => {
     const { client, close } = await connect(server);
     try {
@@ -125,7 +147,10 @@ for (const [lib, connect] of libraries()) {
       await conn.call("ACL", "SETUSER", `${lib}_reader`, "on", ">pw", "+@all", `%R~member:${name}`);
       await conn.call("ACL", "SETUSER", `${lib}_pinger`, "on", ">pw", "+@all", "-member.exists", "~*");
       const reader = await connect({ ...server, username: `${lib}_reader`, password: "pw" });
-      const pinger = await connect({ ...server, username: `${lib}_pinger`, password: "pw" });
+      const pinger = await connect({ ...server, username: `${lib}_pinger`, password: "pw" }).catch(async (e) => {
+        await reader.close();
+        throw e;
+      });
       try {
         const asReader = new Sets(reader.client);
         assert.equal(await asReader.exists(name, "4111"), true);

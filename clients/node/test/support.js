@@ -23,7 +23,7 @@ function address(given) {
 
 /** Every client library the package supports, by the name MEMBER_CLIENTS uses. Each opens a
  * standalone or a cluster client from one node's address (and optional user), connected,
- * with `close()`. */
+ * with `close()`; node-redis speaks RESP3 when asked (`resp3`; GLIDE always does). */
 const LIBRARIES = {
   ioredis5: ioredisLike(() => require("ioredis5")),
   ioredis6: ioredisLike(() => require("ioredis6")),
@@ -44,11 +44,12 @@ function ioredisLike(load) {
 }
 
 function nodeRedis(load) {
-  return async ({ host, port, cluster, username, password }) => {
+  return async ({ host, port, cluster, username, password, resp3 }) => {
     const redis = load();
+    const RESP = resp3 ? 3 : 2;
     const client = cluster
-      ? redis.createCluster({ rootNodes: [{ socket: { host, port } }], defaults: { username, password } })
-      : redis.createClient({ socket: { host, port }, username, password });
+      ? redis.createCluster({ rootNodes: [{ socket: { host, port } }], defaults: { username, password }, RESP })
+      : redis.createClient({ socket: { host, port }, username, password, RESP });
     client.on("error", () => {});
     await client.connect();
     return { client, close: async () => (client.close ? client.close() : client.quit()) };

@@ -159,9 +159,8 @@ pub fn canonical_all<'a>(
     let plain = plain()?;
     tokens.clear();
     tokens.resize(TOKEN_LEN * plain.len(), 0);
-    for (c, out) in plain.iter().zip(tokens.chunks_exact_mut(TOKEN_LEN)) {
-        key.token_into(&c.entity, c.scope, out.try_into().expect("a token's room"));
-    }
+    let pairs: Vec<(&str, &str)> = plain.iter().map(|c| (&*c.entity, c.scope)).collect();
+    key.tokens_into(&pairs, tokens);
     drop(guard);
     let tokens: &'a [u8] = tokens;
     Ok(tokens

@@ -7,6 +7,7 @@ pub mod error;
 pub mod funnel;
 pub mod set_def;
 pub mod set_upkeep;
+pub mod sha256x2;
 pub mod slot;
 pub mod slot_change;
 pub mod slotset;

@@ -7,6 +7,7 @@ use std::fmt;
 use sha2::block_api::compress256;
 
 use crate::model::canon::{hash_parts, Canon};
+use crate::model::sha256x2::compress_pair;
 
 /// Fewest key bytes accepted (64 hex digits): the strength of HMAC-SHA-256 itself.
 pub const MIN_KEY_BYTES: usize = 32;
@@ -179,13 +180,50 @@ impl Key {
         for block in buf.chunks_exact(64) {
             compress256(&mut state, &[block.try_into().unwrap()]);
         }
-        let mut block = [0u8; 64];
-        block[..32].copy_from_slice(&be_bytes(&state));
-        block[32] = 0x80;
-        block[56..].copy_from_slice(&((64 + 32) * 8u64).to_be_bytes());
-        let mut state = self.outer;
-        compress256(&mut state, &[block]);
-        be_bytes(&state)
+        let mut outer = self.outer;
+        compress256(&mut outer, &[outer_block(&state)]);
+        be_bytes(&outer)
+    }
+
+    /// The HMACs of two messages of one block each (`entity NUL scope` of at most
+    /// [`ONE_BLOCK`] bytes: every usual item), their compressions made side by side
+    /// ([`compress_pair`]): the inner hashes together, then the outer ones.
+    fn mac_pair(&self, a: (&str, &str), b: (&str, &str)) -> [[u8; 32]; 2] {
+        let (mut ia, mut ib) = (self.inner, self.inner);
+        compress_pair(&mut ia, &one_block(a), &mut ib, &one_block(b));
+        let (mut oa, mut ob) = (self.outer, self.outer);
+        compress_pair(&mut oa, &outer_block(&ia), &mut ob, &outer_block(&ib));
+        [be_bytes(&oa), be_bytes(&ob)]
+    }
+
+    /// [`Key::token_into`] for many items, `out` holding 64 bytes for each: two items at a
+    /// time where both fit one block ([`Key::mac_pair`]), one at a time otherwise. The same
+    /// tokens as one call each.
+    pub fn tokens_into(&self, items: &[(&str, &str)], out: &mut [u8]) {
+        assert_eq!(out.len(), 64 * items.len(), "a token's room for each item");
+        let fits = |(e, s): (&str, &str)| e.len() + 1 + s.len() <= ONE_BLOCK;
+        let mut outs = out
+            .chunks_exact_mut(64)
+            .map(|o| -> &mut [u8; 64] { o.try_into().expect("64 bytes") });
+        let mut pending: Option<((&str, &str), &mut [u8; 64])> = None;
+        for &item in items {
+            let o = outs.next().expect("a room for each item");
+            if !fits(item) {
+                self.token_into(item.0, item.1, o);
+                continue;
+            }
+            match pending.take() {
+                None => pending = Some((item, o)),
+                Some((first, first_out)) => {
+                    let [x, y] = self.mac_pair(first, item);
+                    hex_into(&x, first_out);
+                    hex_into(&y, o);
+                }
+            }
+        }
+        if let Some((last, o)) = pending {
+            self.token_into(last.0, last.1, o);
+        }
     }
 
     /// `hex(HMAC-SHA-256(key, FINGERPRINT_LABEL))`, first 16 digits: stored in the catalog
@@ -197,12 +235,22 @@ impl Key {
     /// The token of `entity NUL scope` (the exact-match key's own encoding): 64 lowercase hex
     /// digits of its HMAC-SHA-256.
     pub fn token(&self, entity: &str, scope: &str) -> String {
-        to_hex(&self.mac(&[entity.as_bytes(), &[0], scope.as_bytes()]))
+        let mut out = [0u8; 64];
+        self.token_into(entity, scope, &mut out);
+        String::from_utf8(out.to_vec()).expect("hex digits are ASCII")
     }
 
     /// [`Key::token`] written into `out`, nothing allocated (a batch's tokens share one
     /// buffer).
     pub fn token_into(&self, entity: &str, scope: &str, out: &mut [u8; 64]) {
+        if entity.len() + 1 + scope.len() <= ONE_BLOCK {
+            // One block: built in place, without `mac`'s general padding.
+            let mut inner = self.inner;
+            compress256(&mut inner, &[one_block((entity, scope))]);
+            let mut outer = self.outer;
+            compress256(&mut outer, &[outer_block(&inner)]);
+            return hex_into(&be_bytes(&outer), out);
+        }
         hex_into(&self.mac(&[entity.as_bytes(), &[0], scope.as_bytes()]), out);
     }
 
@@ -217,6 +265,32 @@ impl Key {
             hash,
         }
     }
+}
+
+/// Most bytes of `entity NUL scope` that SHA-256 pads into one block (64 less its 0x80 and
+/// the 8-byte length).
+const ONE_BLOCK: usize = 55;
+
+/// The inner hash's one block of `entity NUL scope`, padded: its length counts the pad's
+/// block before it.
+fn one_block((entity, scope): (&str, &str)) -> [u8; 64] {
+    let len = entity.len() + 1 + scope.len();
+    debug_assert!(len <= ONE_BLOCK);
+    let mut block = [0u8; 64];
+    block[..entity.len()].copy_from_slice(entity.as_bytes());
+    block[entity.len() + 1..len].copy_from_slice(scope.as_bytes());
+    block[len] = 0x80;
+    block[56..].copy_from_slice(&((64 + len as u64) * 8).to_be_bytes());
+    block
+}
+
+/// The outer hash's block: the inner digest, padded, after the outer pad's block.
+fn outer_block(inner: &[u32; 8]) -> [u8; 64] {
+    let mut block = [0u8; 64];
+    block[..32].copy_from_slice(&be_bytes(inner));
+    block[32] = 0x80;
+    block[56..].copy_from_slice(&((64 + 32) * 8u64).to_be_bytes());
+    block
 }
 
 fn digit(b: u8) -> u8 {
@@ -249,12 +323,22 @@ fn to_hex(bytes: &[u8; 32]) -> String {
 }
 
 fn hex_into(bytes: &[u8; 32], out: &mut [u8; 64]) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
-        pair[0] = HEX[(b >> 4) as usize];
-        pair[1] = HEX[(b & 15) as usize];
+        pair.copy_from_slice(&HEX_PAIRS[*b as usize]);
     }
 }
+
+/// The two lowercase hex digits of every byte: a token's 32 bytes are 32 lookups.
+static HEX_PAIRS: [[u8; 2]; 256] = {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut t = [[0u8; 2]; 256];
+    let mut b = 0;
+    while b < 256 {
+        t[b] = [HEX[b >> 4], HEX[b & 15]];
+        b += 1;
+    }
+    t
+};
 
 #[cfg(test)]
 mod tests {
@@ -327,6 +411,31 @@ mod tests {
         let mut out = [0u8; 64];
         key().token_into("alice", "m1", &mut out);
         assert_eq!(&out[..], key().token("alice", "m1").as_bytes());
+    }
+
+    /// Many tokens at once, and each alone, are the general path's tokens: items of every length around
+    /// the one-block edge, in runs that pair them, leave one alone and break pairs with a
+    /// long item.
+    #[test]
+    fn tokens_take_the_general_paths_bytes() {
+        let k = key();
+        let owned: Vec<(String, String)> = (0..130)
+            .map(|i| ("é".repeat(i % 23) + &"x".repeat(i % 61), "s".repeat(i % 3)))
+            .collect();
+        for n in [0, 1, 2, 3, 7, 64, 130] {
+            let items: Vec<(&str, &str)> = owned[..n]
+                .iter()
+                .map(|(e, s)| (e.as_str(), s.as_str()))
+                .collect();
+            let mut out = vec![0u8; 64 * n];
+            k.tokens_into(&items, &mut out);
+            for (i, (e, s)) in items.iter().enumerate() {
+                // `mac` is the general path, checked against the `hmac` crate above.
+                let want = to_hex(&k.mac(&[e.as_bytes(), &[0], s.as_bytes()]));
+                assert_eq!(&out[64 * i..64 * i + 64], want.as_bytes(), "{n}: {i}");
+                assert_eq!(k.token(e, s), want, "{n}: {i}");
+            }
+        }
     }
 
     #[test]

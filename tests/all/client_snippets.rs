@@ -1,7 +1,7 @@
-//! The README's Node (ioredis) and Rust (`redis` crate) snippets, run as they are shipped:
-//! `examples/node` against a standalone server, one whose PostgreSQL this test stops, and the
-//! shared cluster; `examples/rust/members.rs` (also the `members` example) called directly
-//! against the same three; and the README's quotes of both checked against those files.
+//! The Node (ioredis) and Rust (`redis` crate) snippets of docs/clients.md, run as they are
+//! shipped: `examples/node` against a standalone server, one whose PostgreSQL this test stops,
+//! and the shared cluster; `examples/rust/members.rs` (also the `members` example) called
+//! directly against the same three; and the page's quotes of both checked against those files.
 use std::collections::HashSet;
 use std::fs;
 use std::path::Path;
@@ -163,11 +163,11 @@ fn rust_cluster() {
     assert_eq!(found, [true, true, false]);
 }
 
-/// The lines of the README's fenced blocks marked `lang`.
-fn readme_blocks(readme: &str, lang: &str) -> Vec<String> {
+/// The lines of a page's fenced blocks marked `lang`.
+fn fenced_blocks(page: &str, lang: &str) -> Vec<String> {
     let mut lines = Vec::new();
     let mut inside = false;
-    for line in readme.lines() {
+    for line in page.lines() {
         if inside && line.trim_end() == "```" {
             inside = false;
         } else if inside {
@@ -179,13 +179,15 @@ fn readme_blocks(readme: &str, lang: &str) -> Vec<String> {
     lines
 }
 
-/// The README's Node and Rust snippets are quotes of the files tested above: every line of
-/// its `js` and `rust` blocks is a line of `examples/node/*.js` or `examples/rust/*.rs`
-/// (compared without indentation; `// …` marks what a quote leaves out).
+/// The Node and Rust snippets of docs/clients.md (and of the README, should it quote any) are
+/// quotes of the files tested above: every line of their `js` and `rust` blocks is a line of
+/// `examples/node/*.js` or `examples/rust/*.rs` (compared without indentation; `// …` marks
+/// what a quote leaves out).
 #[test]
-fn readme_quotes_the_tested_files() {
+fn client_docs_quote_the_tested_files() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let readme = fs::read_to_string(root.join("README.md")).expect("read README.md");
+    let read = |page: &str| fs::read_to_string(root.join(page)).expect(page);
+    let (clients, readme) = (read("docs/clients.md"), read("README.md"));
     for (lang, dir, ext) in [
         ("js", "examples/node", "js"),
         ("rust", "examples/rust", "rs"),
@@ -198,15 +200,19 @@ fn readme_quotes_the_tested_files() {
                 known.extend(text.lines().map(|l| l.trim().to_string()));
             }
         }
-        let quoted = readme_blocks(&readme, lang);
-        assert!(quoted.len() >= 10, "README quotes no {lang} snippet");
+        let quoted = fenced_blocks(&clients, lang);
+        assert!(
+            quoted.len() >= 10,
+            "docs/clients.md quotes no {lang} snippet"
+        );
+        let quoted = [quoted, fenced_blocks(&readme, lang)].concat();
         for line in quoted.iter().map(|l| l.trim()) {
             if line.is_empty() || line.starts_with("// …") {
                 continue;
             }
             assert!(
                 known.contains(line),
-                "README's {lang} line is not in {dir}: {line:?}"
+                "a quoted {lang} line is not in {dir}: {line:?}"
             );
         }
     }

@@ -20,9 +20,9 @@ use support::member::*;
 use support::wait_until;
 
 /// The sync interval the node runs with: the bounds below are stated in it.
-const SYNC_MS: u64 = 200;
+pub(crate) const SYNC_MS: u64 = 200;
 
-fn insert(pg: &mut postgres::Client, set: &str, item: &str) {
+pub(crate) fn insert(pg: &mut postgres::Client, set: &str, item: &str) {
     pg.execute(
         &format!("INSERT INTO member_{set} (entity_id) VALUES ($1)"),
         &[&item],
@@ -32,7 +32,7 @@ fn insert(pg: &mut postgres::Client, set: &str, item: &str) {
 
 /// EXISTS as Some(answer), or None for an `UNAVAILABLE` (the database away during the
 /// failover: an error is always allowed, a wrong 0 or 1 never).
-fn exists(c: &mut impl redis::ConnectionLike, set: &str, item: &str) -> Option<i64> {
+pub(crate) fn exists(c: &mut impl redis::ConnectionLike, set: &str, item: &str) -> Option<i64> {
     match redis::cmd("MEMBER.EXISTS").arg(set).arg(item).query(c) {
         Ok(Value::Int(n)) => Some(n),
         Ok(v) => panic!("EXISTS {item} answered {v:?}"),
@@ -42,7 +42,7 @@ fn exists(c: &mut impl redis::ConnectionLike, set: &str, item: &str) -> Option<i
 }
 
 /// Every item of `items` answers `want` now; `when` says at which point of the test.
-fn all_answer<'a>(
+pub(crate) fn all_answer<'a>(
     c: &mut impl redis::ConnectionLike,
     items: impl IntoIterator<Item = &'a String>,
     want: i64,

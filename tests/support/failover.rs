@@ -91,6 +91,11 @@ impl PgPair {
         OtherStandby(standby_of(self.primary.port))
     }
 
+    /// The ports of the primary and of the standby.
+    pub fn ports(&self) -> (u16, u16) {
+        (self.primary.port, self.standby.port)
+    }
+
     /// The libpq way to follow a failover: both hosts, and only the one that takes writes.
     pub fn url(&self) -> String {
         self.url_as("postgres", "postgres")

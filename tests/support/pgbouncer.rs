@@ -4,7 +4,8 @@
 //! stock one but for what a pooler must be told: where to listen, the server (every database,
 //! `* =`), the pooling mode, and a user list for `auth_type = trust` (the cluster trusts
 //! 127.0.0.1). `options` is not in `ignore_startup_parameters`: a client that sends startup
-//! options is refused, as by any stock pgbouncer.
+//! options is refused, as by any stock pgbouncer. A test that fails its server over starts an
+//! [`OwnPgbouncer`] in front of its own pair and points it at the promoted standby.
 
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -37,7 +38,13 @@ impl Mode {
 pub struct Pgbouncer {
     port: u16,
     base: PathBuf,
+    pid: u32,
 }
+
+/// A pgbouncer of one test's own, in front of a server of its own (a failover pair's
+/// primary), which [`OwnPgbouncer::retarget`] points at another server as an operator does
+/// after a failover. Stopped, and its directory removed, on drop.
+pub struct OwnPgbouncer(Pgbouncer);
 
 /// The running pgbouncers' pids and dirs, for the exit hook.
 static RUNNING: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
@@ -57,7 +64,7 @@ impl Pgbouncer {
     /// The pgbouncer of `mode` in front of [`Pg::get`], started on first use.
     pub fn get(mode: Mode) -> &'static Pgbouncer {
         static ALL: [OnceLock<Pgbouncer>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
-        ALL[mode as usize].get_or_init(|| start(mode, ""))
+        ALL[mode as usize].get_or_init(|| start(mode, "", Pg::get().port(), &[]))
     }
 
     /// A pgbouncer in transaction pooling that accepts and drops the startup parameter
@@ -65,7 +72,10 @@ impl Pgbouncer {
     /// that send it): what a client asked for there silently does not happen.
     pub fn ignoring_options() -> &'static Pgbouncer {
         static ONE: OnceLock<Pgbouncer> = OnceLock::new();
-        ONE.get_or_init(|| start(Mode::Transaction, "ignore_startup_parameters = options\n"))
+        ONE.get_or_init(|| {
+            let extra = "ignore_startup_parameters = options\n";
+            start(Mode::Transaction, extra, Pg::get().port(), &[])
+        })
     }
 
     /// Connection string for a database through this pgbouncer, as the superuser.
@@ -82,20 +92,76 @@ impl Pgbouncer {
     }
 }
 
-fn start(mode: Mode, extra: &str) -> Pgbouncer {
-    let pg = Pg::get();
+impl OwnPgbouncer {
+    /// A pgbouncer in `mode` in front of the server at `port`, which also knows the roles
+    /// `users` (beside the superuser and the shared cluster's roles).
+    pub fn start(mode: Mode, port: u16, users: &[&str]) -> OwnPgbouncer {
+        OwnPgbouncer(start(mode, "", port, users))
+    }
+
+    pub fn url(&self, dbname: &str) -> String {
+        self.0.url(dbname)
+    }
+
+    /// [`Pgbouncer::url`] as role `user`.
+    pub fn url_as(&self, dbname: &str, user: &str) -> String {
+        self.url(dbname)
+            .replace("user=postgres", &format!("user={user}"))
+    }
+
+    pub fn log(&self) -> String {
+        self.0.log()
+    }
+
+    /// Points every database at the server on `port` and reloads the configuration (SIGHUP);
+    /// returns once pgbouncer has read it. Its clients stay connected; new server
+    /// connections go to `port`.
+    pub fn retarget(&self, port: u16) {
+        let ini = self.0.base.join("pgbouncer.ini");
+        let text = std::fs::read_to_string(&ini).unwrap();
+        let (head, rest) = text.split_once("\n\n").expect("the [databases] section");
+        assert!(head.starts_with("[databases]\n* = "), "{head}");
+        std::fs::write(&ini, format!("{}\n\n{rest}", databases(port))).unwrap();
+        let log = self.0.base.join("pgbouncer.log");
+        let reloads = || tail(&log, 100_000).matches("SIGHUP").count();
+        let before = reloads();
+        signal(self.0.pid, libc::SIGHUP);
+        assert!(
+            super::wait_until(Duration::from_secs(20), || reloads() > before),
+            "pgbouncer never re-read its configuration:\n{}",
+            self.log()
+        );
+    }
+}
+
+impl Drop for OwnPgbouncer {
+    fn drop(&mut self) {
+        signal(self.0.pid, libc::SIGINT);
+        if let Ok(mut running) = RUNNING.lock() {
+            running.retain(|(pid, _)| *pid != self.0.pid);
+        }
+        let _ = std::fs::remove_dir_all(&self.0.base);
+    }
+}
+
+/// The `[databases]` section: every database on the server at `port`.
+fn databases(port: u16) -> String {
+    format!("[databases]\n* = host=127.0.0.1 port={port}")
+}
+
+fn start(mode: Mode, extra: &str, server_port: u16, users: &[&str]) -> Pgbouncer {
     let (uid, gid) = postgres_ids();
     let base = make_temp_dir("member-pgbouncer", Some((uid, gid)));
-    let users = base.join("userlist.txt");
-    std::fs::write(
-        &users,
-        format!(
-            "\"postgres\" \"\"\n\"{}\" \"\"\n\"{}\" \"\"\n",
-            super::MODULE_ROLE,
-            super::APP_ROLE
-        ),
-    )
-    .unwrap();
+    let users_file = base.join("userlist.txt");
+    let mut list = String::new();
+    for u in ["postgres", super::MODULE_ROLE, super::APP_ROLE]
+        .iter()
+        .chain(users)
+    {
+        list.push_str(&format!("\"{u}\" \"\"\n"));
+    }
+    std::fs::write(&users_file, list).unwrap();
+    let users = users_file;
     let log = base.join("pgbouncer.log");
     for attempt in 0.. {
         let port = free_port();
@@ -103,10 +169,10 @@ fn start(mode: Mode, extra: &str) -> Pgbouncer {
         std::fs::write(
             &ini,
             format!(
-                "[databases]\n* = host=127.0.0.1 port={pg}\n\n[pgbouncer]\n\
+                "{databases}\n\n[pgbouncer]\n\
                  listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
                  auth_type = trust\nauth_file = {users}\npool_mode = {mode}\n{extra}",
-                pg = pg.port(),
+                databases = databases(server_port),
                 users = users.display(),
                 mode = mode.name()
             ),
@@ -151,7 +217,11 @@ fn start(mode: Mode, extra: &str) -> Pgbouncer {
                     }
                 }
                 running.push((child.id(), base.clone()));
-                return Pgbouncer { port, base };
+                return Pgbouncer {
+                    port,
+                    base,
+                    pid: child.id(),
+                };
             }
             assert!(
                 Instant::now() < deadline,

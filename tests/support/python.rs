@@ -73,7 +73,8 @@ pub fn try_pytest(project: &str, selection: &[&str], env: &[(&str, String)]) -> 
             "pytest {selection:?}: every test must run and pass:\n{text}"
         ));
     }
-    println!("pytest {selection:?}: {summary}");
+    // Captured by the test harness; `-- --nocapture` shows what the tests printed (-rA).
+    println!("pytest {selection:?}: {summary}\n{text}");
     Ok(())
 }
 

@@ -1,11 +1,13 @@
 """Fixtures for the client's tests: the servers come from the environment.
 
 ``cargo test --test all python_client::`` (tests/all/python_client.rs) starts them and sets
-``MEMBER_URL`` (a standalone server) or ``MEMBER_CLUSTER_PORT`` (a node of a cluster). A test
-whose server is not given fails: nothing is skipped in silence.
+``MEMBER_URL`` (a standalone server), ``MEMBER_CLUSTER_PORT`` (a node of a cluster) or
+``MEMBER_CLUSTER_PORTS`` (every node of a cluster the test may count errors on). A test whose
+server is not given fails: nothing is skipped in silence.
 """
 
 import os
+from urllib.parse import urlparse
 
 import pytest
 import redis
@@ -43,3 +45,15 @@ def sets(r) -> libmember.Sets:
 @pytest.fixture
 def cluster_port() -> int:
     return int(need("MEMBER_CLUSTER_PORT"))
+
+
+@pytest.fixture
+def address(url):
+    """(host, port) of the standalone server, for clients that take no URL (GLIDE)."""
+    parsed = urlparse(url)
+    return parsed.hostname, parsed.port
+
+
+@pytest.fixture
+def cluster_ports() -> list:
+    return [int(p) for p in need("MEMBER_CLUSTER_PORTS").split(",")]

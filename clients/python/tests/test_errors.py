@@ -113,3 +113,34 @@ def test_mapping_with_status_code(exc, typed):
     else:
         assert type(mapped) is typed and str(mapped) == str(exc)
         assert mapped.status_code == exc.status_code
+
+
+# Replies as valkey-glide presents them: the code named by its Rust client's error kind.
+@pytest.mark.parametrize(
+    "message, typed",
+    [
+        ("UNAVAILABLE: source of truth unavailable: timed out", libmember.Unavailable),
+        ("An error was signalled by the server: - ResponseError: no such set: create it with "
+         "MEMBER.CREATE", libmember.NoSuchSet),
+        ("An error was signalled by the server: - PermissionDenied: this user may not read set "
+         "'s' (needs …)", libmember.NoPermission),
+        ("An error was signalled by the server: - ResponseError: SOURCE table is not allowed by "
+         "member.attach-allow: …", libmember.NoPermission),
+        ("An error was signalled by the server: - ResponseError: item is empty", None),
+        ("An error was signalled by the server: - TryAgain: libmember: no node serves the "
+         "item's canonical slot", None),
+        ("no such set", None),  # a client-side message, not a reply
+    ],
+)
+def test_mapping_of_glide_errors(message, typed):
+    from glide_shared.exceptions import RequestError
+
+    from libmember._clients import glide_family
+
+    e = RequestError(message)
+    mapped = glide_family().typed(e)
+    if typed is None:
+        assert mapped is e
+    else:
+        assert isinstance(mapped, typed) and isinstance(mapped, RequestError)
+        assert str(mapped) == message

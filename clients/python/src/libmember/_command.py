@@ -19,6 +19,29 @@ class Explanation(NamedTuple):
     path: str
 
 
+# The argument each command is routed by in a cluster, as the server declares it (COMMAND's
+# first key position, `src/command/table.rs`): the item for the per-item commands, the set name
+# for the rest. tests/test_routing.py checks it against the server's COMMAND INFO.
+ROUTING_ARG = {
+    "MEMBER.ADD": 2,
+    "MEMBER.EXISTS": 2,
+    "MEMBER.DEL": 2,
+    "MEMBER.EXPLAIN": 2,
+    "MEMBER.CREATE": 1,
+    "MEMBER.ALTER": 1,
+    "MEMBER.DROP": 1,
+    "MEMBER.MEXISTS": 1,
+    "MEMBER.MADD": 1,
+    "MEMBER.INFO": 1,
+    "MEMBER.REBUILD": 1,
+}
+
+
+def routing_key(args: Args) -> Item:
+    """The argument ``args`` (a whole command) is routed by."""
+    return args[ROUTING_ARG[args[0]]]
+
+
 def option_name(keyword: str) -> str:
     """A Python keyword as the command's option: ``cache_ttl`` -> ``CACHE-TTL``."""
     return keyword.upper().replace("_", "-")
@@ -100,6 +123,28 @@ def madd(
     expireat: Optional[int],
 ) -> Many:
     return Many("MEMBER.MADD", name, [*_scope(scope), *_expiry(ttl, expireat)], members)
+
+
+def crc16(data: bytes) -> int:
+    """CRC16-CCITT (XMODEM), the cluster's slot hash."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+        crc &= 0xFFFF
+    return crc
+
+
+def keyslot(key: bytes) -> int:
+    """The cluster slot of ``key``, as the server computes it: the part between the first
+    ``{`` and the next ``}`` when that part is not empty, else the whole key."""
+    start = key.find(b"{")
+    if start != -1:
+        end = key.find(b"}", start + 1)
+        if end > start + 1:
+            key = key[start + 1 : end]
+    return crc16(key) % 16384
 
 
 def text(value: Any) -> str:

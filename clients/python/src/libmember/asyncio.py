@@ -1,40 +1,45 @@
-"""``libmember.asyncio.Sets``: the MEMBER.* commands over redis-py's asyncio clients.
+"""``libmember.asyncio.Sets``: the MEMBER.* commands over an asyncio client: redis-py's,
+valkey-py's or valkey-glide's (``glide``).
 
 The twin of ``libmember.Sets`` (same methods, same replies, same errors), awaited.
 """
 
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ResponseError
-
 from . import _command as cmd
+from ._clients import ASYNC_CLIENTS, async_sender, sync_sender
 from ._command import Explanation, InfoValue, Item
-from .errors import map_error
 
 __all__ = ["Sets", "AsyncSets"]
 
 
 class Sets:
-    """The sets of a libmember server, through ``client`` (a ``redis.asyncio.Redis`` or a
-    ``redis.asyncio.cluster.RedisCluster``). Each method is ``libmember.Sets``'s, awaited."""
+    """The sets of a libmember server, through ``client``: a ``redis.asyncio.Redis`` or
+    ``redis.asyncio.cluster.RedisCluster``, valkey-py's ``valkey.asyncio.Valkey`` or
+    ``valkey.asyncio.cluster.ValkeyCluster``, or valkey-glide's ``glide.GlideClient`` or
+    ``glide.GlideClusterClient``. Each method is ``libmember.Sets``'s, awaited, routed the
+    same way."""
 
-    def __init__(self, client: Union[Redis, RedisCluster]) -> None:
-        if not isinstance(client, (Redis, RedisCluster)):
-            raise TypeError(
-                "libmember.asyncio.Sets needs redis.asyncio.Redis or "
-                "redis.asyncio.cluster.RedisCluster (blocking clients: libmember.Sets)"
+    def __init__(self, client: Any) -> None:
+        sender = async_sender(client)
+        if sender is None:
+            hint = (
+                " (blocking clients: libmember.Sets)" if sync_sender(client) is not None else ""
             )
+            raise TypeError(f"libmember.asyncio.Sets needs one of {ASYNC_CLIENTS}{hint}")
         self.client = client
+        self._sender = sender
 
     async def _run(self, command: Union[cmd.Args, cmd.Many]) -> Any:
         """``libmember.Sets._run``, awaited."""
         args = command.args() if isinstance(command, cmd.Many) else command
         try:
-            return await self.client.execute_command(*args)
-        except ResponseError as e:
-            raise map_error(e) from e
+            return await self._sender.send(args, cmd.routing_key(args))
+        except self._sender.family.reply_error as e:
+            typed = self._sender.family.typed(e)
+            if typed is e:
+                raise
+            raise typed from e
 
     async def create(self, name: str, **settings: Any) -> None:
         cmd.is_ok(await self._run(cmd.create(name, settings)))

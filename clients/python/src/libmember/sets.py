@@ -1,44 +1,52 @@
-"""``Sets``: the MEMBER.* commands over a blocking redis-py client, standalone or cluster.
+"""``Sets``: the MEMBER.* commands over a blocking client, standalone or cluster: redis-py,
+valkey-py or valkey-glide's sync client.
 
 Every answer is the server's: the client keeps no filter and no cache, and adds no retry.
 """
 
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from redis import Redis
-from redis.cluster import RedisCluster
-from redis.exceptions import ResponseError
-
 from . import _command as cmd
+from ._clients import SYNC_CLIENTS, async_sender, sync_sender
 from ._command import Explanation, InfoValue, Item
-from .errors import map_error
 
 
 class Sets:
-    """The sets of a libmember server, through ``client`` (a ``redis.Redis`` or a
-    ``redis.cluster.RedisCluster``, with or without ``decode_responses``).
+    """The sets of a libmember server, through ``client``: a ``redis.Redis`` or
+    ``redis.cluster.RedisCluster`` (with or without ``decode_responses``), valkey-py's
+    ``valkey.Valkey`` or ``valkey.cluster.ValkeyCluster``, or valkey-glide's
+    ``glide_sync.GlideClient`` or ``glide_sync.GlideClusterClient``.
 
     Error replies raise ``Unavailable``, ``NoSuchSet`` or ``NoPermission`` when they are one
-    of those, redis-py's ``ResponseError`` otherwise. In cluster mode every method works from
-    any node: every command declares its routing argument, and redis-py routes by it.
+    of those, the client library's own error otherwise. In cluster mode every call goes
+    straight to the primary that serves it: ADD, EXISTS, DEL and EXPLAIN to the item's slot,
+    every other method to the set name's (redis-py and valkey-py route by the key position
+    each command declares; GLIDE is given that route with each call).
     """
 
-    def __init__(self, client: Union[Redis, RedisCluster]) -> None:
-        if not isinstance(client, (Redis, RedisCluster)):
-            raise TypeError(
-                "libmember.Sets needs redis.Redis or redis.cluster.RedisCluster "
-                "(for redis.asyncio clients: libmember.asyncio.Sets)"
+    def __init__(self, client: Any) -> None:
+        sender = sync_sender(client)
+        if sender is None:
+            hint = (
+                " (for asyncio clients: libmember.asyncio.Sets)"
+                if async_sender(client) is not None
+                else ""
             )
+            raise TypeError(f"libmember.Sets needs one of {SYNC_CLIENTS}{hint}")
         self.client = client
+        self._sender = sender
 
     def _run(self, command: Union[cmd.Args, cmd.Many]) -> Any:
-        """Sends one command (in a cluster, redis-py routes every MEMBER.* command by its
-        declared key position); its error reply raised as a typed error."""
+        """Sends one command to the node serving its routing argument (the item, or the set
+        name: ``_command.ROUTING_ARG``); its error reply raised as a typed error."""
         args = command.args() if isinstance(command, cmd.Many) else command
         try:
-            return self.client.execute_command(*args)
-        except ResponseError as e:
-            raise map_error(e) from e
+            return self._sender.send(args, cmd.routing_key(args))
+        except self._sender.family.reply_error as e:
+            typed = self._sender.family.typed(e)
+            if typed is e:
+                raise
+            raise typed from e
 
     def create(self, name: str, **settings: Any) -> None:
         """MEMBER.CREATE: returns once the set exists and its filter is built. ``settings``

@@ -23,7 +23,8 @@ function address(given) {
 
 /** Every client library the package supports, by the name MEMBER_CLIENTS uses. Each opens a
  * standalone or a cluster client from one node's address (and optional user), connected,
- * with `close()`; node-redis speaks RESP3 when asked (`resp3`; GLIDE always does). */
+ * with `close()`; node-redis speaks RESP3 when asked (`resp3`; GLIDE always does), ioredis
+ * and iovalkey auto-pipeline when asked (`autoPipelining`). */
 const LIBRARIES = {
   ioredis5: ioredisLike(() => require("ioredis5")),
   ioredis6: ioredisLike(() => require("ioredis6")),
@@ -34,11 +35,12 @@ const LIBRARIES = {
 };
 
 function ioredisLike(load) {
-  return async ({ host, port, cluster, username, password }) => {
+  return async ({ host, port, cluster, username, password, autoPipelining = false }) => {
     const Redis = load();
+    const enableAutoPipelining = autoPipelining;
     const client = cluster
-      ? new Redis.Cluster([{ host, port }], { redisOptions: { username, password } })
-      : new Redis({ host, port, username, password });
+      ? new Redis.Cluster([{ host, port }], { redisOptions: { username, password }, enableAutoPipelining })
+      : new Redis({ host, port, username, password, enableAutoPipelining });
     return { client, close: async () => client.disconnect() };
   };
 }

@@ -55,8 +55,8 @@ REDIS_AREAS = commands bad_input batch funnel hostile acl \
 # imports in src/ must flow one way (scripts/check-layers.py, docs/architecture.md).
 # scripts/test-build.sh then builds the release module in the background while the Python
 # (target/pyenv, for tests/all/python_client.rs and the browser test tests/all/signup_browser.rs)
-# and Node (ioredis, for tests/all/client_snippets.rs) environments are made and the debug
-# build compiles beside it. Tests start their own PostgreSQL and valkey-server and load the
+# and Node (clients/node and examples/node, for tests/all/node_client.rs and client_snippets.rs)
+# environments are made and the debug build compiles beside it. Tests start their own PostgreSQL and valkey-server and load the
 # release module, the one the package ships (MEMBER_MODULE; the failpoint tests load the debug
 # one). The REDIS_AREAS then run once more against Redis 7.0, the second supported server.
 # Last, the Debian package is made from that same build and loaded from its extracted files.

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks every relative link of the user documentation: README.md, docs/*.md, bench/README.md,
-examples/*/README.md.
+examples/*/README.md, clients/*/README.md.
 
 A link resolves when the file (or directory) it names exists and, for a `#anchor`, when the
 target Markdown file has a heading with that anchor under GitHub's rules: the heading's text
@@ -33,6 +33,9 @@ def documents():
     examples = os.path.join(ROOT, "examples")
     if os.path.isdir(examples):
         files += sorted(os.path.join("examples", d, "README.md") for d in os.listdir(examples))
+    clients = os.path.join(ROOT, "clients")
+    if os.path.isdir(clients):
+        files += sorted(os.path.join("clients", d, "README.md") for d in os.listdir(clients))
     return [f for f in files if os.path.isfile(os.path.join(ROOT, f))]
 
 

@@ -2,17 +2,19 @@
 // (`make run` serves 6380). Prints each answer; exits 75 (try again later) when PostgreSQL
 // stays unavailable.
 const Redis = require("ioredis");
+const { Sets } = require("libmember");
 const { isUnavailable, retrying } = require("./unavailable");
 
 async function main(url = "redis://127.0.0.1:6380", set = "users") {
   const redis = new Redis(url);
+  const sets = new Sets(redis);
   try {
-    // Module commands go through call(); the replies are plain integers and arrays.
-    await retrying(() => redis.call("MEMBER.CREATE", set, "NORMALIZE", "username"));
-    const added = await retrying(() => redis.call("MEMBER.ADD", set, "alice")); // 1, or 0 if already
-    const taken = await retrying(() => redis.call("MEMBER.EXISTS", set, "ALICE")); // 1: one member
-    const free = await retrying(() => redis.call("MEMBER.EXISTS", set, "bob")); // 0
-    const both = await retrying(() => redis.call("MEMBER.MEXISTS", set, "ITEMS", "alice", "bob")); // [1, 0]
+    // The libmember package sends MEMBER.* and gives typed answers: booleans, arrays of them.
+    await retrying(() => sets.create(set, { normalize: "username" }));
+    const added = await retrying(() => sets.add(set, "alice")); // true, or false if already
+    const taken = await retrying(() => sets.exists(set, "ALICE")); // true: one member
+    const free = await retrying(() => sets.exists(set, "bob")); // false
+    const both = await retrying(() => sets.mexists(set, ["alice", "bob"])); // [true, false]
     console.log(`added alice: ${added}`);
     console.log(`exists ALICE: ${taken}`);
     console.log(`exists bob: ${free}`);

@@ -1,12 +1,12 @@
-// libmember's one retryable error: a reply starting with UNAVAILABLE means PostgreSQL (the
-// source of truth) did not answer in time. The module never guesses a 0 or 1 instead, so the
-// call may simply be tried again; every other error is final. Retrying an ADD is safe: a
-// second ADD of a member answers 0.
-const { ReplyError } = require("ioredis");
+// libmember's one retryable error: `Unavailable` (a reply starting with UNAVAILABLE) means
+// PostgreSQL (the source of truth) did not answer in time. The module never guesses a 0 or 1
+// instead, so the call may simply be tried again; every other error is final. Retrying an ADD
+// is safe: a second ADD of a member answers false.
+const { Unavailable } = require("libmember");
 
 /** Whether `err` is libmember's retryable UNAVAILABLE reply. */
 function isUnavailable(err) {
-  return err instanceof ReplyError && err.message.startsWith("UNAVAILABLE");
+  return err instanceof Unavailable;
 }
 
 /** Runs `call` (a function returning a promise), again after UNAVAILABLE, at most `tries` times. */

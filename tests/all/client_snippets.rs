@@ -44,7 +44,8 @@ fn node_standalone() {
     let run = run_node("standalone.js", &[env.vk.url(), "users".into()]);
     assert_eq!(run.code, Some(0), "{run:?}");
     assert_eq!(
-        run.stdout, "added alice: 1\nexists ALICE: 1\nexists bob: 0\nmexists alice bob: [1,0]\n",
+        run.stdout,
+        "added alice: true\nexists ALICE: true\nexists bob: false\nmexists alice bob: [true,false]\n",
         "{run:?}"
     );
 }
@@ -68,8 +69,9 @@ fn node_unavailable_is_retried_then_reported() {
     );
 }
 
-/// cluster.js from a replica's address: CREATE and every per-item call follow MOVED, and
-/// MEMBER.INFO reaches every primary (their slots add up to all 16384).
+/// cluster.js from a replica's address: through the libmember package CREATE goes to the set
+/// name's primary and every per-item call to its item's, and MEMBER.INFO reaches every
+/// primary (their slots add up to all 16384).
 #[test]
 fn node_cluster() {
     let held = Cluster::shared();
@@ -83,7 +85,7 @@ fn node_cluster() {
     assert_eq!(run.code, Some(0), "{run:?}");
     assert_eq!(
         run.stdout,
-        "added alice bob carol: [1,1,1]\nexists ALICE Bob dave: [1,1,0]\n\
+        "added alice bob carol: [true,true,true]\nexists ALICE Bob dave: [true,true,false]\n\
          slots owned by the 3 primaries: 16384\n",
         "{run:?}"
     );

@@ -52,6 +52,7 @@ mod lifecycle_rebuild;
 mod limits;
 mod module_load;
 mod moved_keys;
+mod node_client;
 mod notify;
 mod pg_tls;
 mod pooler;

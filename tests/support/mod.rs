@@ -19,7 +19,7 @@
 //! tests' servers and assertions), `faults.rs` (the fault-injection tests' calls and
 //! probes), `cluster.rs` / `cluster_ops.rs` (a Valkey Cluster), `proxy.rs` (a TCP proxy that
 //! injects link faults), `tls.rs` (PostgreSQL over TLS), `python.rs` (the virtualenv, pytest,
-//! Python programs), `node.rs` (the Node example's dependencies and scripts).
+//! Python programs), `node.rs` (the Node dependencies, the example's scripts, `node --test`).
 
 mod own_pg;
 mod pg;

@@ -125,8 +125,8 @@ pub fn canonical<'a>(
         Some(k) if k.fingerprint() != fp => return Err(error::TOKEN_KEY_CHANGED),
         Some(k) => k,
     };
-    let plain = canon::canonicalize(def.normalize, item, scope)?;
-    Ok(key.tokenize(&plain))
+    let (entity, scope) = canon::canonical_text(def.normalize, item, scope)?;
+    Ok(key.tokenize(&entity, scope))
 }
 
 /// [`canonical`] for every item of one call (MEXISTS, MADD), the key checked and held once
@@ -156,10 +156,15 @@ pub fn canonical_all<'a>(
         Some(k) if k.fingerprint() != fp => return Err((0, error::TOKEN_KEY_CHANGED)),
         Some(k) => k,
     };
-    let plain = plain()?;
+    // The canonical texts only: their hashes would be thrown away for the tokens'.
+    let texts = items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| canon::canonical_text(def.normalize, item, scope).map_err(|e| (i, e)))
+        .collect::<Result<Vec<_>, _>>()?;
     tokens.clear();
-    tokens.resize(TOKEN_LEN * plain.len(), 0);
-    let pairs: Vec<(&str, &str)> = plain.iter().map(|c| (&*c.entity, c.scope)).collect();
+    tokens.resize(TOKEN_LEN * texts.len(), 0);
+    let pairs: Vec<(&str, &str)> = texts.iter().map(|(e, s)| (&**e, *s)).collect();
     key.tokens_into(&pairs, tokens);
     drop(guard);
     let tokens: &'a [u8] = tokens;

@@ -241,6 +241,22 @@ pub fn canonicalize<'a>(
     item: &'a [u8],
     scope: &'a [u8],
 ) -> Result<Canon<'a>, &'static str> {
+    let (entity, scope) = canonical_text(norm, item, scope)?;
+    let hash = hash_parts(&entity, scope);
+    Ok(Canon {
+        entity,
+        scope,
+        hash,
+    })
+}
+
+/// [`canonicalize`] without the hash: the canonical entity and scope, for a tokenized set,
+/// which hashes the token made of them instead.
+pub fn canonical_text<'a>(
+    norm: Normalize,
+    item: &'a [u8],
+    scope: &'a [u8],
+) -> Result<(Cow<'a, str>, &'a str), &'static str> {
     if item.is_empty() {
         return Err(error::EMPTY_ITEM);
     }
@@ -262,12 +278,7 @@ pub fn canonicalize<'a>(
     if entity.len() > MAX_ITEM_BYTES {
         return Err(error::ITEM_TOO_LONG_AFTER_NORMALIZE);
     }
-    let hash = hash_parts(&entity, scope);
-    Ok(Canon {
-        entity,
-        scope,
-        hash,
-    })
+    Ok((entity, scope))
 }
 
 #[cfg(test)]

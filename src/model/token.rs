@@ -254,10 +254,11 @@ impl Key {
         hex_into(&self.mac(&[entity.as_bytes(), &[0], scope.as_bytes()]), out);
     }
 
-    /// `canon` with the token in place of its entity, the scope folded into it (stored `''`),
-    /// and the hash of the token: what every tier after canonicalization sees.
-    pub fn tokenize(&self, canon: &Canon) -> Canon<'static> {
-        let token = self.token(&canon.entity, canon.scope);
+    /// The canonical `entity` and `scope` as the token in place of the entity, the scope
+    /// folded into it (stored `''`), and the hash of the token: what every tier after
+    /// canonicalization sees.
+    pub fn tokenize(&self, entity: &str, scope: &str) -> Canon<'static> {
+        let token = self.token(entity, scope);
         let hash = hash_parts(&token, "");
         Canon {
             entity: Cow::Owned(token),
@@ -451,7 +452,7 @@ mod tests {
     fn tokenize_replaces_entity_and_scope() {
         let k = key();
         let c = canonicalize(Normalize::Lower, b" Alice ", b"m1").unwrap();
-        let t = k.tokenize(&c);
+        let t = k.tokenize(&c.entity, c.scope);
         assert_eq!(t.entity, k.token("alice", "m1"));
         assert_eq!(t.scope, "");
         assert_eq!(t.hash, hash_parts(&t.entity, ""));

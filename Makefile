@@ -56,7 +56,7 @@ REDIS_AREAS = commands bad_input batch funnel hostile acl \
 # the cluster areas where slots move (the classic path, and atomic slot migration), whose
 # outcome depends on how the server hands a slot over. The server is the pinned binary
 # scripts/valkey9.sh unpacks (`make deps`).
-VALKEY9_AREAS = funnel lifecycle cluster cluster_slots cluster_reshard
+VALKEY9_AREAS = funnel lifecycle cluster cluster_slots cluster_reshard asm
 VALKEY9_SERVER = $(CURDIR)/target/servers/valkey-9.1.2/valkey-server
 
 # $(call check_areas,VAR,Name): every area of $(VAR) must select at least one test of its own

@@ -9,5 +9,6 @@ pub mod set_def;
 pub mod set_upkeep;
 pub mod slot;
 pub mod slot_change;
+pub mod slot_migration;
 pub mod slotset;
 pub mod token;

@@ -77,6 +77,19 @@ fn scenario_set(cl: &Cluster, tag: &str) -> String {
     set
 }
 
+/// One field of `node`'s `INFO member` (`member_<field>`), as a number, or why not. Never
+/// panics: it is asked inside the load's closure, where a panic would leave the load running.
+fn info_member(node: &Node, field: &str) -> Result<i64, String> {
+    let info: String = redis::cmd("INFO")
+        .arg("member")
+        .query(&mut node.conn())
+        .map_err(|e| format!("INFO member: {e}"))?;
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("member_{field}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| format!("INFO member has no number member_{field}"))
+}
+
 /// Two primaries: the one serving slot 0, and another.
 fn two_primaries(cl: &Cluster) -> (&Node, &Node) {
     let table = cl.slot_table();
@@ -286,6 +299,10 @@ fn a_migration_cancelled_halfway_keeps_the_contract() {
                 if state != "waiting-to-pause" {
                     problems.push(format!("the job never reached its last step: {j:?}"));
                 }
+                let exporting = info_member(from, "slots_exporting");
+                if exporting != Ok(moving.len() as i64) {
+                    problems.push(format!("slots_exporting {exporting:?} during the job"));
+                }
                 thread::sleep(Duration::from_secs(1));
                 let start = rec.now();
                 let cancelled = redis::cmd("CLUSTER")
@@ -300,6 +317,10 @@ fn a_migration_cancelled_halfway_keeps_the_contract() {
                 );
                 if j.get("state").map(String::as_str) != Some("cancelled") {
                     problems.push(format!("cancel: {cancelled:?}, job {j:?}"));
+                }
+                let exporting = info_member(from, "slots_exporting");
+                if exporting != Ok(0) {
+                    problems.push(format!("slots_exporting {exporting:?} after the cancel"));
                 }
             }
         }

@@ -85,7 +85,7 @@ pub const COMMANDS: &[Command] = &[
         .doc("Internal (replication and AOF only): a committed ADD's filter and cache effects", None, &[SET, ENTITY, Arg::string("scope")]),
     internal("member._del", internal::del, "write", 4, Route::ByItem(Item::Delete))
         .doc("Internal (replication and AOF only): a committed DEL's cache invalidation", None, &[SET, ENTITY, Arg::string("scope")]),
-    internal("member._load", internal::load, "write deny-oom", -3, Route::BySet(Item::Update))
+    internal("member._load", internal::load, "write deny-oom", -3, Route::Anywhere)
         .doc("Internal (replication and AOF only): a whole filter, then the adds that landed while its rebuild streamed", None, &[KEY, Arg::string("payload"), Arg::string("adds").optional()]),
     internal("member._set", internal::set, "write", -7, Route::BySet(Item::Update))
         .doc("Internal (replication and AOF only): a set definition made on the primary", None, &[SET, Arg::double("error-rate"), Arg::integer("capacity"), Arg::integer("cache-ttl"), Arg::integer("recent-ttl"), Arg::string("normalize"), SET_REST]),
@@ -229,11 +229,15 @@ const fn public(
 }
 
 /// A replication and AOF command: not in `@member`, run without redaction. Those the
-/// module replicates name a `NOT_KEY` routing argument (the entity, or the set's key or name):
+/// module replicates name a `NOT_KEY` routing argument (the entity, or the set's name), all
+/// but `_LOAD` (below):
 /// Valkey 9.1.2 fails every running atomic slot migration when a module replicates a command
 /// without a key (`VM_Replicate` tests flags `clusterSlotByCommand` leaves unset for a keyless
 /// command: "A module replicated a cross-slot command"); with one key the command has a slot.
-/// Replicas and the AOF never route, so they run them as before.
+/// Replicas and the AOF never route, so they run them as before. `_LOAD` stays keyless: a
+/// migration streams a keyed command to its target, and the target's replicas would install
+/// the source's whole filter; a rebuild that ends during an export fails that export instead
+/// (docs/cluster.md, "Slot moves: classic and atomic").
 const fn internal(
     name: &'static str,
     f: fn(&Context, Vec<RedisString>) -> RedisResult,

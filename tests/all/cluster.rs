@@ -78,7 +78,7 @@ fn command_info_declares_arity_and_the_item_or_the_set_as_routing_key() {
         ("member.rebuild", -2, Some((1, UPDATE))),
         ("member._add", 4, Some((2, ADD))),
         ("member._del", 4, Some((2, DEL))),
-        ("member._load", -3, Some((1, UPDATE))),
+        ("member._load", -3, None),
         ("member._set", -7, Some((1, UPDATE))),
         ("member.drop", -2, Some((1, DEL))),
         ("member._drop", 2, Some((1, DEL))),

@@ -365,18 +365,5 @@ fn failed(ctx: &Context, why: String) -> Option<Instant> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sentinel_names_sit_in_their_slot_and_are_recognised() {
-        for slot in [0u16, 1, 5460, 16383] {
-            let n = sentinel_name(slot);
-            assert_eq!(crate::model::slot::keyslot(n.as_bytes()), slot);
-            assert!(is_sentinel_name(n.as_bytes()));
-        }
-        assert!(!is_sentinel_name(b"member:{}:owner"));
-        assert!(!is_sentinel_name(b"member:s:bloom"));
-        assert!(!is_sentinel_name(b"member:{a b}:owner"));
-    }
-}
+#[path = "owner_tests.rs"]
+mod tests;

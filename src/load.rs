@@ -7,8 +7,8 @@ use redis_module::{Context, InfoContext, RedisString, Status};
 use crate::command::info_section;
 use crate::{
     cluster, command, config, config::token_key, db, hooks::config_filter, hooks::config_load,
-    hooks::events, server::mainq, server::reply, sets::catalog, sets::learn, sets::state,
-    upkeep::housekeeping, upkeep::notify, upkeep::sync,
+    hooks::events, hooks::slot_migration, server::mainq, server::reply, sets::catalog, sets::learn,
+    sets::state, upkeep::housekeeping, upkeep::notify, upkeep::sync,
 };
 
 /// The module's load function: fails the load (`Status::Err`) on a refused config value or a
@@ -45,8 +45,15 @@ pub fn init(ctx: &Context, args: &[RedisString]) -> Status {
     config::PG_URL.default_if_empty(config::PG_URL_DEFAULT);
     config_filter::register(ctx);
     // A short read of a filter payload must fail the load cleanly (rdb_load checks for it),
-    // not abort the server.
-    ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
+    // not abort the server. On Valkey ≥ 9.0 the module also takes part in atomic slot
+    // migration, following its events (hooks/slot_migration.rs).
+    let asm = slot_migration::server_has_asm(ctx);
+    crate::server::cluster_mode::set_asm(asm);
+    slot_migration::set_options(
+        ctx,
+        redis_module::ModuleOptions::HANDLE_IO_ERRORS.bits(),
+        asm,
+    );
     // Every command of the table (command/table.rs), the hot path's raw one included.
     if let Status::Err = command::register::create(ctx) {
         return Status::Err;
@@ -54,6 +61,12 @@ pub fn init(ctx: &Context, args: &[RedisString]) -> Status {
     if let Err(e) = events::subscribe(ctx) {
         reply::log(ctx, reply::Level::Warning, e);
         return Status::Err;
+    }
+    if asm {
+        if let Err(e) = slot_migration::subscribe(ctx) {
+            reply::log(ctx, reply::Level::Warning, e);
+            return Status::Err;
+        }
     }
     // Nothing below fails the load: a failed load cleans up commands, events, configs and the
     // filter, not a cluster message receiver (its code would be unloaded under it).

@@ -8,6 +8,7 @@ pub mod bus;
 pub mod bus_nodelay;
 pub mod nodes;
 pub mod owner;
+pub mod owners;
 pub mod peers;
 pub mod responder;
 pub mod sentinel;

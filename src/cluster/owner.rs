@@ -18,7 +18,10 @@ use std::time::{Duration, Instant};
 use redis_module::{Context, RedisString, RedisValue};
 
 use super::nodes;
+use super::owners::set_owners;
+pub use super::owners::{node_of, primaries, primary_index};
 use crate::model::slot::{tag_for_slot, SLOTS};
+use crate::model::slot_migration::{self, Step};
 use crate::model::slotset::SlotSet;
 use crate::{config, server::replication, server::reply};
 
@@ -27,6 +30,10 @@ struct Own {
     owned: Vec<bool>,
     /// Owned slots being migrated away: no key of ours is written there any more.
     migrating: Vec<bool>,
+    /// Owned slots an atomic slot migration (`CLUSTER MIGRATESLOTS`) is exporting, from its
+    /// EXPORT_STARTED event to its end: served, but no filter negative or cache entry of
+    /// theirs is believed, and no cache entry written (`CLUSTER NODES` does not show them).
+    exporting: Vec<bool>,
     /// `CLUSTER SETSLOT <slot> MIGRATING` seen by the command filter and not yet shown by a
     /// poll (a primary waiting for its replicas' acknowledgement runs it later, unfiltered):
     /// until when it counts as migrating anyway.
@@ -53,6 +60,7 @@ impl Default for Own {
             primary: false,
             owned: vec![false; SLOTS],
             migrating: vec![false; SLOTS],
+            exporting: vec![false; SLOTS],
             marked: vec![None; SLOTS],
             accepted: vec![None; SLOTS],
             last_error: None,
@@ -100,7 +108,9 @@ pub fn ready(slot: u16, covered_since: Option<Instant>) -> bool {
         let o = o.borrow();
         let s = slot as usize;
         match o.accepted[s] {
-            Some(at) if !o.migrating[s] => covered_since.is_some_and(|c| c >= at),
+            Some(at) if !o.migrating[s] && !o.exporting[s] => {
+                covered_since.is_some_and(|c| c >= at)
+            }
             _ => false,
         }
     })
@@ -178,11 +188,51 @@ pub fn holds(slot: u16) -> bool {
 }
 
 /// True when this node may read and fill the exact-match key of a canonical entity, which
-/// lives in the entity's slot: it [`holds`] that slot (an importing node, or one whose slot is
-/// leaving, leaves it to the database).
+/// lives in the entity's slot: it [`holds`] that slot and no atomic slot migration exports
+/// it (an importing node, or one whose slot is leaving, leaves it to the database). Asked
+/// again when a fill is written, so a lookup begun before the slot started leaving writes
+/// nothing into it.
 #[inline]
 pub fn may_cache(entity: &str) -> bool {
-    holds(crate::model::slot::keyslot(entity.as_bytes()))
+    let slot = crate::model::slot::keyslot(entity.as_bytes());
+    holds(slot) && !OWN.with(|o| o.borrow().exporting[slot as usize])
+}
+
+/// An event of an atomic slot migration job named `slots` (inclusive ranges), applied as
+/// `model::slot_migration::effect` says. Main thread, from the server's event.
+pub fn slot_migration(step: Step, slots: &[(u16, u16)]) {
+    let effect = slot_migration::effect(step);
+    OWN.with(|o| {
+        let mut o = o.borrow_mut();
+        for &(a, b) in slots {
+            let (a, b) = (a as usize, (b as usize).min(SLOTS - 1));
+            if a > b {
+                continue;
+            }
+            if let Some(on) = effect.exporting {
+                o.exporting[a..=b].fill(on);
+            }
+            if effect.gone {
+                // The server gave these slots away in this very step; the next poll shows
+                // it, but until then nothing may count them as this node's.
+                o.owned[a..=b].fill(false);
+                o.migrating[a..=b].fill(false);
+                for s in a..=b {
+                    o.owned_set.remove(s as u16);
+                }
+                o.owned_count = o.owned.iter().filter(|x| **x).count();
+            }
+            if effect.unaccept {
+                o.accepted[a..=b].fill(None);
+            }
+        }
+        o.unsettled = true;
+    });
+}
+
+/// Slots an atomic slot migration exports from here now (INFO).
+pub fn exporting_count() -> usize {
+    OWN.with(|o| o.borrow().exporting.iter().filter(|x| **x).count())
 }
 
 /// The slots this node owns (as last polled).
@@ -303,63 +353,6 @@ pub fn poll(ctx: &Context) -> Option<Instant> {
     (!newly.is_empty()).then_some(ready_at)
 }
 
-/// Which primary serves each slot, as last polled: node ids, and per slot an index into them.
-struct Owners {
-    ids: Vec<String>,
-    /// `NONE` for a slot no primary serves.
-    of: Vec<u16>,
-}
-
-const NONE: u16 = u16::MAX;
-
-thread_local! {
-    static OWNERS: RefCell<Owners> = RefCell::new(Owners { ids: Vec::new(), of: vec![NONE; SLOTS] });
-}
-
-fn set_owners(ranges: &[(u16, u16, String)]) {
-    OWNERS.with(|o| {
-        let mut o = o.borrow_mut();
-        o.ids.clear();
-        o.of.fill(NONE);
-        for (a, b, id) in ranges {
-            let at = match o.ids.iter().position(|x| x == id) {
-                Some(i) => i,
-                None => {
-                    o.ids.push(id.clone());
-                    o.ids.len() - 1
-                }
-            };
-            o.of[*a as usize..=*b as usize].fill(at as u16);
-        }
-    });
-}
-
-/// The node ids of the primaries serving at least one slot, as last polled (where a
-/// cluster-wide REBUILD goes).
-pub fn primaries() -> Vec<String> {
-    OWNERS.with(|o| o.borrow().ids.clone())
-}
-
-/// Where in [`primaries`] the node serving `slot` is, as last polled (many items split by
-/// owner without a node id copied per item).
-#[inline]
-pub fn primary_index(slot: u16) -> Option<usize> {
-    OWNERS.with(|o| {
-        let o = o.borrow();
-        let at = o.of[slot as usize] as usize;
-        (at < o.ids.len()).then_some(at)
-    })
-}
-
-/// The node id of the primary serving `slot`, as last polled (where a request about an item
-/// of that slot is forwarded).
-pub fn node_of(slot: u16) -> Option<String> {
-    OWNERS.with(|o| {
-        let o = o.borrow();
-        o.ids.get(o.of[slot as usize] as usize).cloned()
-    })
-}
-
 fn failed(ctx: &Context, why: String) -> Option<Instant> {
     OWN.with(|o| {
         let mut o = o.borrow_mut();
@@ -372,18 +365,5 @@ fn failed(ctx: &Context, why: String) -> Option<Instant> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sentinel_names_sit_in_their_slot_and_are_recognised() {
-        for slot in [0u16, 1, 5460, 16383] {
-            let n = sentinel_name(slot);
-            assert_eq!(crate::model::slot::keyslot(n.as_bytes()), slot);
-            assert!(is_sentinel_name(n.as_bytes()));
-        }
-        assert!(!is_sentinel_name(b"member:{}:owner"));
-        assert!(!is_sentinel_name(b"member:s:bloom"));
-        assert!(!is_sentinel_name(b"member:{a b}:owner"));
-    }
-}
+#[path = "owner_tests.rs"]
+mod tests;

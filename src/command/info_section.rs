@@ -195,6 +195,14 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
             ("forwarded_served", n(&bus::SERVED)),
             ("forwarded_refused", n(&bus::REFUSED)),
             ("bus_nodelay_set", n(&crate::cluster::bus_nodelay::SET)),
+            (
+                "slot_migration_events",
+                crate::server::metrics::global(|m| m.slot_migration_events).to_string(),
+            ),
+            (
+                "slots_exporting",
+                crate::cluster::owner::exporting_count().to_string(),
+            ),
         ]);
     }
     let mut b = ctx.builder().add_section("");

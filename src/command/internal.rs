@@ -22,6 +22,17 @@ fn guard(ctx: &Context) -> Result<(), RedisError> {
     }
 }
 
+/// True when the command arrives through an atomic slot migration's stream (the commands of
+/// the slots it moves, internal ones included now that they name a key in their slot): the
+/// node answers OK and changes nothing. Its filter learns the slots from the database (a slot
+/// fill), its sets from the catalog; the source's filter or set state would be wrong here, and
+/// an error reply would fail the migration.
+fn streamed_by_migration(ctx: &Context) -> bool {
+    crate::server::cluster_mode::from_slot_import(ctx)
+}
+
+const SKIPPED: RedisValue = RedisValue::SimpleStringStatic("OK");
+
 fn canon_of<'a>(entity: &'a RedisString, scope: &'a RedisString) -> Result<Canon<'a>, RedisError> {
     let e =
         std::str::from_utf8(entity.as_slice()).map_err(|_| RedisError::Str("ERR bad entity"))?;
@@ -36,6 +47,9 @@ fn canon_of<'a>(entity: &'a RedisString, scope: &'a RedisString) -> Result<Canon
 /// MEMBER._ADD <set> <entity> <scope> — a committed ADD's filter and cache effects.
 pub fn add(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard(ctx)?;
+    if streamed_by_migration(ctx) {
+        return Ok(SKIPPED);
+    }
     let [_, set, entity, scope] =
         <[RedisString; 4]>::try_from(args).map_err(|_| RedisError::WrongArity)?;
     let set = set_name(&set)?;
@@ -46,6 +60,9 @@ pub fn add(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// MEMBER._DEL <set> <entity> <scope> — a committed DEL's cache invalidation.
 pub fn del(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard(ctx)?;
+    if streamed_by_migration(ctx) {
+        return Ok(SKIPPED);
+    }
     let [_, set, entity, scope] =
         <[RedisString; 4]>::try_from(args).map_err(|_| RedisError::WrongArity)?;
     let set = set_name(&set)?;
@@ -60,6 +77,9 @@ pub fn del(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// it is as current as the primary's, and trusted at once.
 pub fn load(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard(ctx)?;
+    if streamed_by_migration(ctx) {
+        return Ok(SKIPPED);
+    }
     let (key, payload, adds) = match <[RedisString; 4]>::try_from(args) {
         Ok([_, key, payload, adds]) => (key, payload, Some(adds)),
         Err(args) => {
@@ -125,6 +145,9 @@ fn set_of_filter_key(key: &[u8]) -> Option<&str> {
 /// tokenized set, its mode and key fingerprint.
 pub fn set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard(ctx)?;
+    if streamed_by_migration(ctx) {
+        return Ok(SKIPPED);
+    }
     if !matches!(args.len(), 7 | 8 | 10 | 16) {
         return Err(RedisError::WrongArity);
     }
@@ -209,6 +232,9 @@ fn source_of(f: &[RedisString]) -> Option<Option<Source>> {
 /// MEMBER._DROP <set> — a set dropped on the primary: forget everything held for it.
 pub fn drop(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard(ctx)?;
+    if streamed_by_migration(ctx) {
+        return Ok(SKIPPED);
+    }
     let [_, name] = <[RedisString; 2]>::try_from(args).map_err(|_| RedisError::WrongArity)?;
     crate::sets::learn::forget(ctx, &set_name(&name)?);
     Ok(RedisValue::SimpleStringStatic("OK"))

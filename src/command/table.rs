@@ -51,8 +51,8 @@ pub const MEXISTS: Command = Command {
 
 /// Every command of the module. Per-item commands route by the item (argv[2]), the catalog
 /// commands (CREATE, ALTER, DROP), REBUILD, INFO, MEXISTS and MADD by the set name (argv[1]),
-/// both declared NOT_KEY: never an ACL key. NODEINFO and the internal commands declare no key
-/// and run on any node. (MEXISTS and MADD: the receiving node splits the items by slot owner;
+/// both declared NOT_KEY: never an ACL key. NODEINFO declares no key and runs on any node; the
+/// internal commands declare one too, for the slot of what they replicate (`internal` below). (MEXISTS and MADD: the receiving node splits the items by slot owner;
 /// INFO asks every node.)
 ///
 /// One row per line, its documentation on the next: a table reads better than rustfmt's one
@@ -81,17 +81,17 @@ pub const COMMANDS: &[Command] = &[
         .doc("Shows a set as the node that receives the call serves it, or lists the sets it serves", Some("O(1); without a set O(N) where N is the number of sets"), &[Arg::string("set").optional()]),
     public("member.rebuild", rebuild::rebuild, "write", -2, Route::BySet(Item::Update), None)
         .doc("Rebuilds a set's filter from its table, in a cluster on every primary", Some("O(N) where N is the number of members, read off the main thread"), &[SET, REBUILD_MODE]),
-    internal("member._add", internal::add, "write deny-oom", 4)
+    internal("member._add", internal::add, "write deny-oom", 4, Route::ByItem(Item::Insert))
         .doc("Internal (replication and AOF only): a committed ADD's filter and cache effects", None, &[SET, ENTITY, Arg::string("scope")]),
-    internal("member._del", internal::del, "write", 4)
+    internal("member._del", internal::del, "write", 4, Route::ByItem(Item::Delete))
         .doc("Internal (replication and AOF only): a committed DEL's cache invalidation", None, &[SET, ENTITY, Arg::string("scope")]),
-    internal("member._load", internal::load, "write deny-oom", -3)
+    internal("member._load", internal::load, "write deny-oom", -3, Route::Anywhere)
         .doc("Internal (replication and AOF only): a whole filter, then the adds that landed while its rebuild streamed", None, &[KEY, Arg::string("payload"), Arg::string("adds").optional()]),
-    internal("member._set", internal::set, "write", -7)
+    internal("member._set", internal::set, "write", -7, Route::BySet(Item::Update))
         .doc("Internal (replication and AOF only): a set definition made on the primary", None, &[SET, Arg::double("error-rate"), Arg::integer("capacity"), Arg::integer("cache-ttl"), Arg::integer("recent-ttl"), Arg::string("normalize"), SET_REST]),
-    internal("member._drop", internal::drop, "write", 2)
+    internal("member._drop", internal::drop, "write", 2, Route::BySet(Item::Delete))
         .doc("Internal (replication and AOF only): a set dropped on the primary", None, &[SET]),
-    internal("member._own", internal::own, "write", 2)
+    internal("member._own", internal::own, "write", 2, Route::Anywhere)
         .doc("Internal (replication and AOF of earlier versions only): a slot sentinel key, now deleted", None, &[KEY]),
 ];
 
@@ -228,19 +228,29 @@ const fn public(
     }
 }
 
-/// A replication and AOF command: no routing key, not in `@member`, run without redaction.
+/// A replication and AOF command: not in `@member`, run without redaction. Those the
+/// module replicates name a `NOT_KEY` routing argument (the entity, or the set's name), all
+/// but `_LOAD` (below):
+/// Valkey 9.1.2 fails every running atomic slot migration when a module replicates a command
+/// without a key (`VM_Replicate` tests flags `clusterSlotByCommand` leaves unset for a keyless
+/// command: "A module replicated a cross-slot command"); with one key the command has a slot.
+/// Replicas and the AOF never route, so they run them as before. `_LOAD` stays keyless: a
+/// migration streams a keyed command to its target, and the target's replicas would install
+/// the source's whole filter; a rebuild that ends during an export fails that export instead
+/// (docs/cluster.md, "Slot moves: classic and atomic").
 const fn internal(
     name: &'static str,
     f: fn(&Context, Vec<RedisString>) -> RedisResult,
     flags: &'static str,
     arity: i32,
+    route: Route,
 ) -> Command {
     Command {
         name,
         run: Run::Args(f),
         flags,
         arity,
-        route: Route::Anywhere,
+        route,
         audience: Audience::Internal,
         items: None,
         docs: UNDOCUMENTED,

@@ -5,3 +5,4 @@ pub mod config_filter;
 pub mod config_load;
 pub mod events;
 pub mod redact;
+pub mod slot_migration;

@@ -11,5 +11,6 @@ pub mod set_upkeep;
 pub mod sha256x2;
 pub mod slot;
 pub mod slot_change;
+pub mod slot_migration;
 pub mod slotset;
 pub mod token;

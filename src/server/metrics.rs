@@ -155,6 +155,8 @@ pub struct Global {
     /// Replicated filters (`MEMBER._LOAD`) decoded off the main thread and swapped in.
     pub loads_off_thread: u64,
     pub rebuilds_failed: u64,
+    /// Atomic slot migration events (`CLUSTER MIGRATESLOTS`) this node followed.
+    pub slot_migration_events: u64,
 }
 
 thread_local! {

@@ -57,7 +57,9 @@ fn command_info_declares_arity_and_the_item_or_the_set_as_routing_key() {
     let cl: &Cluster = &held;
     let mut c = cl.nodes[0].conn();
     // Per-item commands: first/last/step 2/2/1, catalog commands 1/1/1, and one key spec
-    // with these flags.
+    // with these flags. The internal commands the module replicates name the item or the set
+    // the same way, so a replicated effect has a slot (Valkey 9's atomic slot migration fails
+    // on a replicated command without one).
     const ADD: &[&str] = &["RW", "insert", "not_key"];
     const UPDATE: &[&str] = &["RW", "update", "not_key"];
     const DEL: &[&str] = &["RW", "delete", "not_key"];
@@ -74,12 +76,12 @@ fn command_info_declares_arity_and_the_item_or_the_set_as_routing_key() {
         ("member.info", 2, Some((1, READ))),
         ("member.nodeinfo", -1, None),
         ("member.rebuild", -2, Some((1, UPDATE))),
-        ("member._add", 4, None),
-        ("member._del", 4, None),
+        ("member._add", 4, Some((2, ADD))),
+        ("member._del", 4, Some((2, DEL))),
         ("member._load", -3, None),
-        ("member._set", -7, None),
+        ("member._set", -7, Some((1, UPDATE))),
         ("member.drop", -2, Some((1, DEL))),
-        ("member._drop", 2, None),
+        ("member._drop", 2, Some((1, DEL))),
         ("member._own", 2, None),
         ("member.mexists", -4, Some((1, READ))),
         ("member.madd", -4, Some((1, ADD))),

@@ -26,11 +26,11 @@ use support::cluster::{Cluster, ConfigFor};
 use support::member::set_info;
 use support::wait_until;
 
-const DB_TIMEOUT_MS: u64 = 1000;
+pub(crate) const DB_TIMEOUT_MS: u64 = 1000;
 
 /// Every node's configs: failures are detected in 2 s, and the sync loop runs only once a
 /// second, so it cannot hide a node that answers before it has caught up.
-const CONFIGS: [(&str, &str); 4] = [
+pub(crate) const CONFIGS: [(&str, &str); 4] = [
     ("cluster-node-timeout", "2000"),
     ("member.sync-interval-ms", "1000"),
     ("member.db-timeout-ms", "1000"),
@@ -41,7 +41,7 @@ const CONFIGS: [(&str, &str); 4] = [
 /// the load's items go out spelled in mixed case, whose slot is not the item's, so calls are
 /// served through the cluster bus's forwarding and the batch split while slots move
 /// (`LoadConfig::spell`).
-const SET_OPTIONS: [&str; 6] = [
+pub(crate) const SET_OPTIONS: [&str; 6] = [
     "CAPACITY",
     "100000",
     "RECENT-TTL",
@@ -69,7 +69,7 @@ fn failover_cluster() -> MutexGuard<'static, Cluster> {
         .unwrap_or_else(|e| e.into_inner())
 }
 
-fn load_config(hot: Vec<u16>, source: Option<Source>) -> LoadConfig {
+pub(crate) fn load_config(hot: Vec<u16>, source: Option<Source>) -> LoadConfig {
     let seed = std::env::var("MEMBER_RESHARD_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -95,12 +95,12 @@ fn load_config(hot: Vec<u16>, source: Option<Source>) -> LoadConfig {
 }
 
 /// Every node's port: the routers read the slot table from the first that answers.
-fn seeds(cl: &Cluster) -> Vec<u16> {
+pub(crate) fn seeds(cl: &Cluster) -> Vec<u16> {
     cl.nodes.iter().map(|n| n.port()).collect()
 }
 
 /// Records a cluster event as a fault of the history (printed at once).
-fn event(rec: &Recorder, start: u64, kind: &'static str, detail: String) {
+pub(crate) fn event(rec: &Recorder, start: u64, kind: &'static str, detail: String) {
     rec.fault(Fault {
         start,
         end: rec.now(),
@@ -111,7 +111,7 @@ fn event(rec: &Recorder, start: u64, kind: &'static str, detail: String) {
 }
 
 /// How a node answered for `set`: the counters of MEMBER.INFO that say which tier decided.
-fn paths(c: &mut redis::Connection, set: &str) -> String {
+pub(crate) fn paths(c: &mut redis::Connection, set: &str) -> String {
     const SHOWN: [&str; 9] = [
         "filter_complete",
         "filter_caught_up",
@@ -137,13 +137,13 @@ fn paths(c: &mut redis::Connection, set: &str) -> String {
 
 /// The load goes on until it has made enough operations for the history check to mean
 /// something (`finish` requires more than 1000), however slow the machine is today.
-fn enough_operations(rec: &Recorder) {
+pub(crate) fn enough_operations(rec: &Recorder) {
     wait_until(Duration::from_secs(180), || rec.op_count() > 1000);
 }
 
 /// Waits for the load to settle, checks the history and the final state, prints the summary,
 /// and fails with every problem found.
-fn finish(
+pub(crate) fn finish(
     tag: &str,
     cl: &Cluster,
     set: &str,
@@ -270,7 +270,7 @@ fn resharding_an_attached_set_under_load_keeps_the_contract() {
 
 /// Creates `set` on every node with [`SET_OPTIONS`]; attached to `source`'s table (made
 /// here) when given.
-fn create_set(cl: &Cluster, set: &str, source: Option<&Source>) {
+pub(crate) fn create_set(cl: &Cluster, set: &str, source: Option<&Source>) {
     let Some(src) = source else {
         cl.create_everywhere_with(set, &SET_OPTIONS);
         return;

@@ -12,6 +12,7 @@ mod chaos_harness;
 mod acl;
 mod add_combining;
 mod alter;
+mod asm;
 mod attach;
 mod attach_boundary;
 mod backfill;

@@ -29,6 +29,7 @@ mod valkey;
 mod valkey_lifecycle;
 
 pub mod cluster;
+pub mod cluster_asm;
 pub mod cluster_ops;
 pub mod failover;
 pub mod faults;

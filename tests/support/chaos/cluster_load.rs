@@ -414,7 +414,7 @@ fn outside_writer(src: &Source, x: &Shared) {
 
 /// Runs the load on `set` through routers seeded with `seeds` while `during` runs on this
 /// thread (the reshard or the failover, with load before and after it); returns once every
-/// client has stopped.
+/// client has stopped, and panics (after stopping them) when `during` panicked.
 pub fn run(cfg: &LoadConfig, set: &str, seeds: &[u16], rec: &Recorder, during: impl FnOnce()) {
     let mut hot = vec![false; 16384];
     for s in &cfg.hot {
@@ -447,8 +447,13 @@ pub fn run(cfg: &LoadConfig, set: &str, seeds: &[u16], rec: &Recorder, during: i
         if let Some(src) = &cfg.source {
             sc.spawn(move || outside_writer(src, x));
         }
-        during();
+        // A panic in `during` (a failed step of the scenario) must stop the clients too, or
+        // the scope would wait for them for ever; it is raised again once they have stopped.
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(during));
         x.stop.store(true, Ordering::SeqCst);
+        if let Err(p) = outcome {
+            std::panic::resume_unwind(p);
+        }
     });
 }
 

@@ -145,6 +145,25 @@ impl Bench {
                 "the same ADDs over a direct connection",
             );
         }
+        // How many items a statement carried on each node (lookups and ADDs together): a
+        // pooled statement is planned at every call, so its cost per item falls with this.
+        let per_batch: Vec<String> = nodes
+            .iter()
+            .map(|n| {
+                let mut c = n.vk.conn();
+                let mut stat = |f: &str| -> f64 {
+                    crate::info_stat(&mut c, "member", f)
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0.0)
+                };
+                let (b, p) = (stat("member_db_batches"), stat("member_db_batched_points"));
+                format!("{} {:.1}", n.name, if b > 0.0 { p / b } else { 0.0 })
+            })
+            .collect();
+        self.r.note(format!(
+            "pooler: items per database statement, lookups and ADDs: {}",
+            per_batch.join(", ")
+        ));
         let mut c = direct.vk.conn();
         self.r.note(format!(
             "pooler: pgbouncer 1.18, stock configuration (default_pool_size 20), on this machine; \

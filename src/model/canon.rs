@@ -99,34 +99,54 @@ fn username(s: &str) -> Cow<'_, str> {
     Cow::Owned(trimmed(n2.unwrap_or(f)))
 }
 
-/// NFKC of `s`, or `None` when `s` is already in NFKC. Only the part from the last starter
-/// before the first character that fails NFKC's quick check (or breaks the canonical order) is
-/// normalized; the part before it is in NFKC and is copied. That cut is safe: the starter
-/// passes the quick check, so it composes with nothing before it, and nothing reorders across
-/// a starter (the segment rule of UAX #15; `canon_python_tests.rs` checks every code point
-/// alone and after ASCII text).
+/// NFKC of `s`, or `None` when `s` is already in NFKC. Only the segments that need it are
+/// normalized; the text between them is in NFKC and is copied. A segment runs from the last
+/// starter before a character that fails NFKC's quick check (or breaks the canonical order)
+/// to the next boundary: a character of combining class 0 that passes the quick check (ASCII
+/// among them). Both cuts are safe: such a character composes with nothing before it (a
+/// character that can is one the quick check answers "maybe" or "no"), and nothing reorders
+/// across a starter (UAX #15; `canon_python_tests.rs` checks every code point alone and
+/// after ASCII text, `canon_tests.rs` random text against the whole string normalized).
 fn nfkc(s: &str) -> Option<String> {
-    let (mut starter, mut last_class) = (0, 0);
-    for (i, c) in s.char_indices() {
+    let boundary = |c: char| {
+        c.is_ascii() || {
+            let f = canon_chars::facts(c);
+            f.class() == 0 && f.nfkc_yes()
+        }
+    };
+    let mut out: Option<String> = None;
+    // `s[..copied]` is in `out`; `starter` the last boundary seen, `i` the next character.
+    let (mut copied, mut starter, mut last_class, mut i) = (0, 0, 0, 0);
+    while let Some(c) = s[i..].chars().next() {
+        let next = i + c.len_utf8();
         if c.is_ascii() {
-            (starter, last_class) = (i, 0);
+            (starter, last_class, i) = (i, 0, next);
             continue;
         }
         let facts = canon_chars::facts(c);
         let class = facts.class();
         let ordered = class == 0 || last_class <= class;
         if !ordered || !facts.nfkc_yes() {
-            let mut out = String::with_capacity(s.len() + 8);
-            out.push_str(&s[..starter]);
-            out.extend(s[starter..].nfkc());
-            return Some(out);
+            let end = s[next..]
+                .char_indices()
+                .find(|&(_, c)| boundary(c))
+                .map_or(s.len(), |(k, _)| next + k);
+            let o = out.get_or_insert_with(|| String::with_capacity(s.len() + 8));
+            o.push_str(&s[copied..starter]);
+            o.extend(s[starter..end].nfkc());
+            (copied, starter, last_class, i) = (end, end, 0, end);
+            continue;
         }
         if class == 0 {
             starter = i;
         }
         last_class = class;
+        i = next;
     }
-    None
+    out.map(|mut o| {
+        o.push_str(&s[copied..]);
+        o
+    })
 }
 
 /// The full case fold of `s`, or `None` when it changes no character. Folding maps each

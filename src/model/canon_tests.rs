@@ -325,6 +325,10 @@ mod props {
                 'a', 'Z', ' ', '\t', '\u{3000}', '\u{a0}', '\u{85}', 'İ', 'ı', 'ß', 'ẞ', 'Σ', 'ς',
                 'σ', 'ﬁ', 'ﬃ', 'ŉ', 'ΐ', 'ﷺ', '\u{345}', '\u{301}', '\u{308}', '´', '˘', 'ǅ', 'ῼ',
                 'ᾳ', 'Å', 'Ω', 'K', 'Ⅻ', '㈱', 'ｱ', 'ﾞ', '①', 'ǰ', 'ﬅ', 'Ꭰ', 'ꭰ',
+                // Hangul jamo that compose (L V T) and a syllable they extend, a mark that
+                // decomposes into two, marks of other classes, and full-width letters.
+                '\u{1100}', '\u{1161}', '\u{11A8}', '가', '\u{344}', '\u{316}', '\u{5B0}', 'ｘ',
+                'Ａ', 'é', 'ë', '李',
             ]),
             // ASCII, controls included: the fast paths' ground.
             (0u8..0x80).prop_map(char::from),

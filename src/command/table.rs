@@ -52,8 +52,9 @@ pub const MEXISTS: Command = Command {
 /// Every command of the module. Per-item commands route by the item (argv[2]), the catalog
 /// commands (CREATE, ALTER, DROP), REBUILD, INFO, MEXISTS and MADD by the set name (argv[1]),
 /// both declared NOT_KEY: never an ACL key. NODEINFO declares no key and runs on any node; the
-/// internal commands declare one too, for the slot of what they replicate (`internal` below). (MEXISTS and MADD: the receiving node splits the items by slot owner;
-/// INFO asks every node.)
+/// internal commands declare one too, for the slot of what they replicate (`internal` below).
+/// (MEXISTS and MADD: the receiving node splits the items by slot owner; INFO asks every
+/// node.)
 ///
 /// One row per line, its documentation on the next: a table reads better than rustfmt's one
 /// argument per line.

@@ -53,6 +53,77 @@ pub(crate) fn all_answer<'a>(
     }
 }
 
+/// Half of `items` (even positions) added through the module, the other half inserted by an
+/// outside writer on `pg`, each its own transaction.
+pub(crate) fn add_or_insert(
+    c: &mut impl redis::ConnectionLike,
+    pg: &mut postgres::Client,
+    items: &[String],
+) {
+    for (i, item) in items.iter().enumerate() {
+        if i % 2 == 0 {
+            let added: i64 = redis::cmd("MEMBER.ADD")
+                .arg("s")
+                .arg(item)
+                .query(c)
+                .unwrap_or_else(|e| panic!("ADD {item}: {e}"));
+            assert_eq!(added, 1, "ADD {item}");
+        } else {
+            insert(pg, "s", item);
+        }
+    }
+}
+
+/// A thread asking EXISTS of `items` on `c`, over and over, until [`NeverZero::finish`],
+/// keeping every answer of 0 (an `UNAVAILABLE` is allowed).
+pub(crate) struct NeverZero {
+    stop: Arc<AtomicBool>,
+    wrong: Arc<Mutex<Vec<String>>>,
+    thread: thread::JoinHandle<u64>,
+}
+
+impl NeverZero {
+    pub(crate) fn start(mut c: redis::Connection, items: &[String]) -> NeverZero {
+        let stop = Arc::new(AtomicBool::new(false));
+        let wrong = Arc::new(Mutex::new(Vec::new()));
+        let (s, w, items) = (stop.clone(), wrong.clone(), items.to_vec());
+        let thread = thread::spawn(move || {
+            let mut asked = 0u64;
+            while !s.load(Ordering::Relaxed) {
+                for item in &items {
+                    asked += 1;
+                    if exists(&mut c, "s", item) == Some(0) {
+                        w.lock().unwrap().push(item.clone());
+                    }
+                }
+            }
+            asked
+        });
+        NeverZero {
+            stop,
+            wrong,
+            thread,
+        }
+    }
+
+    /// Stops the thread; fails if it never asked or saw a 0. Returns how many times it asked.
+    pub(crate) fn finish(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        let asked = self.thread.join().unwrap();
+        let mut wrong = self.wrong.lock().unwrap().clone();
+        assert!(asked > 0, "the checker never asked");
+        let count = wrong.len();
+        wrong.sort();
+        wrong.dedup();
+        assert!(
+            wrong.is_empty(),
+            "{count} of {asked} lookups of members of both histories answered 0, of these \
+             items: {wrong:?}"
+        );
+        asked
+    }
+}
+
 /// The module runs as a least-privilege role (it logs in and owns its database, nothing
 /// more): what it reads to tell histories apart needs no privilege.
 #[test]
@@ -69,13 +140,7 @@ fn a_failover_to_a_standby_that_was_behind_hides_no_member_and_forgets_lost_ones
 
     // On both histories: acknowledged ADDs and outside rows, replayed by the standby.
     let both: Vec<String> = (0..40).map(|i| format!("both-{i}")).collect();
-    for (i, item) in both.iter().enumerate() {
-        if i % 2 == 0 {
-            assert_eq!(int(&mut c, &["MEMBER.ADD", "s", item]), 1);
-        } else {
-            insert(&mut p, "s", item);
-        }
-    }
+    add_or_insert(&mut c, &mut p, &both);
     pair.wait_caught_up();
     pair.stop_standby();
 
@@ -102,25 +167,7 @@ fn a_failover_to_a_standby_that_was_behind_hides_no_member_and_forgets_lost_ones
     drop(p);
 
     // The checker: members of both histories, over and over, all through the failover.
-    let stop = Arc::new(AtomicBool::new(false));
-    let wrong = Arc::new(Mutex::new(Vec::<String>::new()));
-    let checker = {
-        let (stop, wrong) = (stop.clone(), wrong.clone());
-        let mut c = vk.conn();
-        let both = both.clone();
-        thread::spawn(move || {
-            let mut asked = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                for item in &both {
-                    asked += 1;
-                    if exists(&mut c, "s", item) == Some(0) {
-                        wrong.lock().unwrap().push(item.clone());
-                    }
-                }
-            }
-            asked
-        })
-    };
+    let checker = NeverZero::start(vk.conn(), &both);
 
     pair.fail_over();
     let promoted = Instant::now();
@@ -223,18 +270,7 @@ fn a_failover_to_a_standby_that_was_behind_hides_no_member_and_forgets_lost_ones
     assert_eq!(int(&mut c, &["MEMBER.ADD", "s", "added-after"]), 1);
     assert_eq!(exists(&mut c, "s", "added-after"), Some(1));
 
-    stop.store(true, Ordering::Relaxed);
-    let asked = checker.join().unwrap();
-    let mut wrong = wrong.lock().unwrap().clone();
-    assert!(asked > 0, "the checker never asked");
-    let count = wrong.len();
-    wrong.sort();
-    wrong.dedup();
-    assert!(
-        wrong.is_empty(),
-        "{count} of {asked} lookups of members of both histories answered 0, of these items: \
-         {wrong:?}"
-    );
+    let asked = checker.finish();
     eprintln!(
         "failover: the node learned the new history {learned:?} after the promotion; the \
          checker asked {asked} times, none wrong"
@@ -254,33 +290,11 @@ fn in_a_cluster_every_node_sees_the_failover_on_its_own() {
     let mut c = cl.client();
     let mut p = pair.primary();
     let both: Vec<String> = (0..30).map(|i| format!("both-{i}")).collect();
-    for (i, item) in both.iter().enumerate() {
-        if i % 2 == 0 {
-            let added: i64 = redis::cmd("MEMBER.ADD")
-                .arg("s")
-                .arg(item)
-                .query(&mut c)
-                .unwrap();
-            assert_eq!(added, 1, "{item}");
-        } else {
-            insert(&mut p, "s", item);
-        }
-    }
+    add_or_insert(&mut c, &mut p, &both);
     pair.wait_caught_up();
     pair.stop_standby();
     let lost: Vec<String> = (0..30).map(|i| format!("lost-{i}")).collect();
-    for (i, item) in lost.iter().enumerate() {
-        if i % 2 == 0 {
-            let added: i64 = redis::cmd("MEMBER.ADD")
-                .arg("s")
-                .arg(item)
-                .query(&mut c)
-                .unwrap();
-            assert_eq!(added, 1, "{item}");
-        } else {
-            insert(&mut p, "s", item);
-        }
-    }
+    add_or_insert(&mut c, &mut p, &lost);
     for item in &lost {
         assert!(
             wait_until(Duration::from_secs(20), || exists(&mut c, "s", item)

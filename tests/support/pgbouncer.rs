@@ -5,7 +5,8 @@
 //! `* =`), the pooling mode, and a user list for `auth_type = trust` (the cluster trusts
 //! 127.0.0.1). `options` is not in `ignore_startup_parameters`: a client that sends startup
 //! options is refused, as by any stock pgbouncer. A test that fails its server over starts an
-//! [`OwnPgbouncer`] in front of its own pair and points it at the promoted standby.
+//! [`OwnPgbouncer`] in front of its own pair (with `postgres` as its admin user, for
+//! `PAUSE` and `RESUME`) and points it at the promoted standby.
 
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -96,7 +97,15 @@ impl OwnPgbouncer {
     /// A pgbouncer in `mode` in front of the server at `port`, which also knows the roles
     /// `users` (beside the superuser and the shared cluster's roles).
     pub fn start(mode: Mode, port: u16, users: &[&str]) -> OwnPgbouncer {
-        OwnPgbouncer(start(mode, "", port, users))
+        OwnPgbouncer(start(mode, "admin_users = postgres\n", port, users))
+    }
+
+    /// Runs `command` on pgbouncer's admin console (`PAUSE`, `RESUME`).
+    pub fn admin(&self, command: &str) {
+        let mut c = postgres::Client::connect(&self.url("pgbouncer"), postgres::NoTls)
+            .unwrap_or_else(|e| panic!("pgbouncer's admin console: {e}"));
+        c.simple_query(command)
+            .unwrap_or_else(|e| panic!("pgbouncer {command}: {e}\n{}", self.log()));
     }
 
     pub fn url(&self, dbname: &str) -> String {

@@ -41,6 +41,23 @@ pub(crate) fn info_stat(c: &mut redis::Connection, section: &str, field: &str) -
     })
 }
 
+/// A counter of `INFO member` (`member_…`), 0 when absent.
+pub(crate) fn member_counter(c: &mut redis::Connection, f: &str) -> f64 {
+    info_stat(c, "member", f)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A config's value (`CONFIG GET`), if the server has it.
+pub(crate) fn config_value(c: &mut redis::Connection, name: &str) -> Option<String> {
+    redis::cmd("CONFIG")
+        .arg("GET")
+        .arg(name)
+        .query::<Vec<String>>(c)
+        .ok()
+        .and_then(|v| v.get(1).cloned())
+}
+
 pub(crate) fn pg_connect(url: &str) -> postgres::Client {
     postgres::Client::connect(url, postgres::NoTls).expect("connect to postgres")
 }

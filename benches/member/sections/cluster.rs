@@ -133,13 +133,7 @@ impl Bench {
         let n = self.opts.members;
         let mut sc = self.vk.conn();
         // The same workers as the standalone node (the cluster harness defaults to 1).
-        let workers: String = redis::cmd("CONFIG")
-            .arg("GET")
-            .arg("member.workers")
-            .query::<Vec<String>>(&mut sc)
-            .ok()
-            .and_then(|v| v.get(1).cloned())
-            .expect("CONFIG GET member.workers");
+        let workers = config_value(&mut sc, "member.workers").expect("CONFIG GET member.workers");
         progress("cluster: starting 3 primaries (no replicas) on a fresh database");
         let cl = Cluster::start_primaries_only(&[("member.workers", &workers)]);
         let primaries: Vec<&Node> = cl.primaries().collect();

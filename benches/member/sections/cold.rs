@@ -74,13 +74,7 @@ impl Bench {
             100.0 * d("path_db_hit") / d("exists_calls").max(1.0),
             100.0 * d("path_cache_hit") / d("exists_calls").max(1.0),
             if used > n / 2 { " (the cold range wrapped: some items were warm)" } else { "" },
-            redis::cmd("CONFIG")
-                .arg("GET")
-                .arg("member.workers")
-                .query::<Vec<String>>(&mut c)
-                .ok()
-                .and_then(|v| v.get(1).cloned())
-                .unwrap_or_else(|| "?".into()),
+            config_value(&mut c, "member.workers").unwrap_or_else(|| "?".into()),
         ));
     }
 }

@@ -151,12 +151,8 @@ impl Bench {
             .iter()
             .map(|n| {
                 let mut c = n.vk.conn();
-                let mut stat = |f: &str| -> f64 {
-                    crate::info_stat(&mut c, "member", f)
-                        .and_then(|v| v.parse().ok())
-                        .unwrap_or(0.0)
-                };
-                let (b, p) = (stat("member_db_batches"), stat("member_db_batched_points"));
+                let b = member_counter(&mut c, "member_db_batches");
+                let p = member_counter(&mut c, "member_db_batched_points");
                 format!("{} {:.1}", n.name, if b > 0.0 { p / b } else { 0.0 })
             })
             .collect();
@@ -168,13 +164,7 @@ impl Bench {
         self.r.note(format!(
             "pooler: pgbouncer 1.18, stock configuration (default_pool_size 20), on this machine; \
              member.workers = {}",
-            redis::cmd("CONFIG")
-                .arg("GET")
-                .arg("member.workers")
-                .query::<Vec<String>>(&mut c)
-                .ok()
-                .and_then(|v| v.get(1).cloned())
-                .unwrap_or_else(|| "?".into()),
+            config_value(&mut c, "member.workers").unwrap_or_else(|| "?".into()),
         ));
     }
 }

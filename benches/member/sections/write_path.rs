@@ -66,12 +66,6 @@ fn server_cpu_ms(c: &mut redis::Connection) -> f64 {
         * 1000.0
 }
 
-fn member_counter(c: &mut redis::Connection, f: &str) -> f64 {
-    info_stat(c, "member", f)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// The next transaction id (draws one itself).
 fn xid(pg: &mut postgres::Client) -> f64 {
     pg.query_one("SELECT pg_current_xact_id()::text::int8", &[])

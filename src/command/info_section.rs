@@ -173,6 +173,9 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
     // Why PostgreSQL cannot be reached (TLS, password, network), never with the password.
     let link_error = db::link::last_error().unwrap_or_else(|| "none".into());
     fields.push(("db_link_error", link_error.replace(['\r', '\n'], " ")));
+    // How the workers' connections hold their statements: `direct`, or `pooled` behind a
+    // connection pooler (member.pg-pooler, docs/pooler.md).
+    fields.push(("db_session", db::session_shown().to_string()));
     // The history of the database this node follows, and its changes (docs/failover.md).
     fields.extend(db::identity::info_fields());
     // Where rebuilds read (member.pg-rebuild-url), and why it could not be used last time.

@@ -27,7 +27,7 @@ use postgres::Client;
 use crate::{config, model::error};
 
 pub(crate) use session::tune;
-pub use session::{begin_sql, open_link, Session, STATEMENT_POOLING};
+pub use session::{begin_sql, open_link, shown as session_shown, Session, STATEMENT_POOLING};
 use stmts::in_transaction;
 pub use stmts::{pinned, Param, Rows, Stmts};
 
@@ -166,6 +166,7 @@ impl Db {
             let timeouts = (Self::statement_timeout_ms(), 0);
             let (mut c, generation, session) = connect(timeouts.0, timeouts.1, true)?;
             self.stmts = Stmts::new(session, timeouts);
+            session::opened(session);
             let pooled = session == Session::Pooled;
             // Behind a pooler the identity's statement runs in a transaction of its own.
             if pooled {

@@ -39,6 +39,29 @@ pub fn begin_sql((statement_timeout_ms, lock_timeout_ms): (u64, u64)) -> String 
     s
 }
 
+/// How the last connection to `member.pg-url` was opened: 0 none yet, 1 direct, 2 pooled
+/// (`INFO member`'s `db_session`).
+static LAST: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// `INFO member`'s `db_session`: `direct` or `pooled`, as the last connection the workers
+/// opened to `member.pg-url` was, or `unknown` before the first.
+pub fn shown() -> &'static str {
+    match LAST.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => "direct",
+        2 => "pooled",
+        _ => "unknown",
+    }
+}
+
+/// Records how a worker's connection was opened, for [`shown`].
+pub fn opened(session: Session) {
+    let v = match session {
+        Session::Direct => 1,
+        Session::Pooled => 2,
+    };
+    LAST.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Links (by their masked text) found behind a pooler: later connections there go straight
 /// to the pooled way instead of being refused their startup options first.
 static POOLED_LINKS: Mutex<Vec<String>> = Mutex::new(Vec::new());

@@ -47,6 +47,11 @@ fn ints(c: &mut Connection, args: &[&str]) -> Vec<i64> {
 fn every_command(mode: Mode) {
     let e = env(mode, &[("member.attach-allow", "public.app_users")]);
     every_command_on(&e, || Pgbouncer::get(mode).log());
+    // Whatever the pooling mode, a stock pgbouncer refuses the startup options: the pooled way.
+    assert_eq!(
+        info_field(&mut e.conn(), "db_session").as_deref(),
+        Ok("pooled")
+    );
 }
 
 /// `every_command` on the node of `e`; `more` says more on a failure.
@@ -389,6 +394,20 @@ fn pooled_way_on_a_direct_connection() {
         ("member.attach-allow", "public.app_users"),
     ]);
     every_command_on(&e, String::new);
+    assert_eq!(
+        info_field(&mut e.conn(), "db_session").as_deref(),
+        Ok("pooled")
+    );
+}
+
+/// A direct connection says so, and a pooled one (above) says that.
+#[test]
+fn a_direct_connection_shows_as_direct() {
+    let e = Env::with(&[]);
+    let mut c = e.conn();
+    create_synced(&mut c, "s", &[]);
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "s", "x"]), 1);
+    assert_eq!(info_field(&mut c, "db_session").as_deref(), Ok("direct"));
 }
 
 /// `member.pg-pooler no` through a stock pgbouncer: the startup options are refused, and

@@ -3,7 +3,8 @@
 
 use std::process::Command;
 
-use super::{username, Normalize};
+use super::Normalize;
+use crate::model::canon_username::username;
 
 /// Prints, for every code point Python's `unicodedata` knows as assigned (general category
 /// not `Cn`, surrogates left out), its form alone and inside `Ab…Cd`: one line per code

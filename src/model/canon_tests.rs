@@ -1,6 +1,7 @@
 //! Unit and property tests of `canon.rs`: validation, each policy, idempotence, the hash.
 
 use super::*;
+use crate::model::canon_username::{fold, nfkc};
 
 fn canon(n: Normalize, item: &str) -> String {
     canonicalize(n, item.as_bytes(), b"")

@@ -4,6 +4,7 @@
 
 pub mod canon;
 pub mod canon_chars;
+mod canon_username;
 pub mod error;
 pub mod funnel;
 pub mod set_def;

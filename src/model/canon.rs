@@ -60,8 +60,8 @@ impl Normalize {
                 }
             }
             // On ASCII, NFKC is the identity and full case folding maps A-Z to a-z and nothing
-            // else, so the form is the trimmed, lowercased item, made without the four
-            // allocations of the general path (`canon_tests.rs` proves the two equal).
+            // else, so the form is the trimmed, lowercased item, made without looking up each
+            // character as the general path does (`canon_tests.rs` proves the two equal).
             Self::Username if s.is_ascii() => ascii_lower(s.trim()),
             Self::Username => username(s),
         }

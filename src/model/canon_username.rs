@@ -1,30 +1,147 @@
 //! `NORMALIZE username` on an item that is not all ASCII (`canon.rs` holds the policy and its
-//! ASCII path): NFKC, case folding, NFKC again, each step only where it changes something.
+//! ASCII path): the item piece by piece, and the steps NFKC → fold → NFKC a piece may need.
 
 use std::borrow::Cow;
 
 use unicode_normalization::UnicodeNormalization;
 
-use crate::model::canon_chars;
+use crate::model::{canon_chars, canon_forms};
 
-/// `Username`'s general path: trim → NFKC → full case fold → NFKC → trim. A step whose input
-/// is already in its form (NFKC's quick check says yes; folding changes no character) is
-/// skipped rather than copied (so is the second NFKC when folding changed nothing), a step
-/// copies the part before the first character it changes, and the result borrows the item
-/// when no step changed it.
+/// `Username` on an item that is not all ASCII: trim → NFKC → full case fold → NFKC → trim,
+/// piece by piece. The item is cut before every character that starts a piece
+/// (`canon_forms.rs` says which, and why the pieces normalize independently); a piece of one
+/// character takes its form from `canon_forms`' table, a longer one (a character and the
+/// combining marks after it, a character past the Basic Multilingual Plane) goes through the
+/// steps. Only the pieces that change are written, after a copy of the text before them; the
+/// item itself is returned, borrowed, when none does.
 pub(super) fn username(s: &str) -> Cow<'_, str> {
     let t = s.trim();
-    let n1 = nfkc(t);
-    let a = n1.as_deref().unwrap_or(t);
+    let bytes = t.as_bytes();
+    let mut w = Pieces {
+        text: t,
+        out: None,
+        copied: 0,
+    };
+    // The piece being read starts at `start`; `alone` is its first character's form while
+    // it is the piece's only character.
+    let (mut start, mut alone) = (0, None);
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i].is_ascii() {
+            // A run of ASCII: each character starts a piece, so all but the last make pieces
+            // of their own, whose forms are their lowercase.
+            let end = bytes[i..]
+                .iter()
+                .position(|b| !b.is_ascii())
+                .map_or(bytes.len(), |k| i + k);
+            w.piece(start, i, alone);
+            w.ascii(i, end - 1);
+            let last = char::from(bytes[end - 1]);
+            (start, alone, i) = (end - 1, canon_forms::form(last), end);
+            continue;
+        }
+        let c = t[i..].chars().next().expect("i < t.len()");
+        match canon_forms::form(c) {
+            Some(f) => {
+                w.piece(start, i, alone);
+                (start, alone) = (i, Some(f));
+            }
+            None => alone = None,
+        }
+        i += c.len_utf8();
+    }
+    w.piece(start, t.len(), alone);
+    match w.out {
+        None => Cow::Borrowed(t),
+        Some(mut out) => {
+            out.push_str(&t[w.copied..]);
+            Cow::Owned(trimmed(out))
+        }
+    }
+}
+
+/// The form being written: `text[..copied]`'s, in `out` once a piece changed.
+struct Pieces<'a> {
+    text: &'a str,
+    out: Option<String>,
+    copied: usize,
+}
+
+impl Pieces<'_> {
+    /// Writes the form of the piece `text[start..end]`; `alone` is its form when it is one
+    /// character.
+    #[inline]
+    fn piece(&mut self, start: usize, end: usize, alone: Option<canon_forms::Form>) {
+        use canon_forms::Form;
+        match alone {
+            _ if start == end => {}
+            Some(Form::Same) => {}
+            Some(Form::Char(c)) => self.changed(start, end).push(c),
+            Some(Form::Text(form)) => self.changed(start, end).push_str(form),
+            None => self.by_steps(start, end),
+        }
+    }
+
+    /// Writes the form of `text[start..end]`, pieces of one ASCII character each: lowercased.
+    #[inline]
+    fn ascii(&mut self, start: usize, end: usize) {
+        let text = self.text;
+        let Some(k) = text.as_bytes()[start..end]
+            .iter()
+            .position(u8::is_ascii_uppercase)
+        else {
+            return;
+        };
+        let out = self.changed(start + k, end);
+        let at = out.len();
+        out.push_str(&text[start + k..end]);
+        out[at..].make_ascii_lowercase();
+    }
+
+    /// Writes the form of the piece `text[start..end]` of several characters, by the steps.
+    #[inline(never)]
+    fn by_steps(&mut self, start: usize, end: usize) {
+        if let Cow::Owned(form) = steps(&self.text[start..end]) {
+            self.changed(start, end).push_str(&form);
+        }
+    }
+
+    /// `out`, with the text before `start` in it, for the form of `text[start..end]`.
+    #[inline]
+    fn changed(&mut self, start: usize, end: usize) -> &mut String {
+        let (text, copied) = (self.text, self.copied);
+        let out = self
+            .out
+            .get_or_insert_with(|| String::with_capacity(text.len() + 8));
+        out.push_str(&text[copied..start]);
+        self.copied = end;
+        out
+    }
+}
+
+/// NFKC → full case fold → NFKC of `s`, untrimmed. A step whose input is already in its form
+/// (NFKC's quick check says yes; folding changes no character) is skipped rather than copied
+/// (so is the second NFKC when folding changed nothing), a step copies the part before the
+/// first character it changes, and the result borrows `s` when no step changed it.
+fn steps(s: &str) -> Cow<'_, str> {
+    let n1 = nfkc(s);
+    let a = n1.as_deref().unwrap_or(s);
     // Unfolded, `a` is the last form, and in NFKC already.
     let Some(f) = fold(a) else {
-        return match n1 {
-            None => Cow::Borrowed(t),
-            Some(owned) => Cow::Owned(trimmed(owned)),
-        };
+        return n1.map_or(Cow::Borrowed(s), Cow::Owned);
     };
-    let n2 = nfkc(&f);
-    Cow::Owned(trimmed(n2.unwrap_or(f)))
+    Cow::Owned(nfkc(&f).unwrap_or(f))
+}
+
+/// `Username` by the steps on the whole item, not piece by piece: what the tests hold the
+/// pieces to.
+#[cfg(test)]
+pub(super) fn username_by_steps(s: &str) -> Cow<'_, str> {
+    let t = s.trim();
+    match steps(t) {
+        Cow::Borrowed(b) => Cow::Borrowed(b),
+        Cow::Owned(o) => Cow::Owned(trimmed(o)),
+    }
 }
 
 /// NFKC of `s`, or `None` when `s` is already in NFKC. Only the segments that need it are

@@ -4,6 +4,7 @@
 
 pub mod canon;
 pub mod canon_chars;
+pub mod canon_forms;
 mod canon_username;
 pub mod error;
 pub mod funnel;

@@ -28,43 +28,68 @@ use unicode_normalization::UnicodeNormalization;
 
 use crate::model::canon_chars;
 
-/// What a character that starts a piece becomes when the piece is that character alone.
+/// What the table says of a character: it joins the piece before it, or it starts a piece,
+/// with the form it has when the piece is that character alone: itself, one other character,
+/// or a longer text (`ﬁ` → `fi`, `ß` → `ss`, `㈱` → `(株)`). Held as one `u32`: the other
+/// character, `SAME`, `JOINS`, or `TEXT` with the text's length (bits 16..24) and place in
+/// `Forms::text` (bits 0..16).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Form {
-    /// Itself.
-    Same,
-    /// One other character.
-    Char(char),
-    /// Two characters or more (`ﬁ` → `fi`, `ß` → `ss`, `㈱` → `(株)`).
-    Text(&'static str),
+pub struct Form(u32);
+
+const TEXT: u32 = 1 << 31;
+
+impl Form {
+    /// It joins the piece before it.
+    pub const JOINS: Self = Self(u32::MAX);
+    /// It starts a piece, and is its own form.
+    pub const SAME: Self = Self(1 << 30);
+
+    /// An ASCII character's: its lowercase.
+    #[inline]
+    pub fn ascii(b: u8) -> Self {
+        if b.is_ascii_uppercase() {
+            Self(u32::from(b.to_ascii_lowercase()))
+        } else {
+            Self::SAME
+        }
+    }
 }
 
-/// `c`'s form when it starts a piece, or `None` when it joins the piece before it. Past the
-/// Basic Multilingual Plane every character answers `None` (the steps normalize it, with the
-/// character before it): rare in names, and a cut is never needed for a correct form, only
-/// for a fast one.
+/// Every character's form: the table of the plane, and the longer forms' text.
+pub struct Forms {
+    entries: Box<[Form]>,
+    text: String,
+}
+
+impl Forms {
+    /// `c`'s form. Past the Basic Multilingual Plane every character joins (the steps
+    /// normalize it, with the character before it): rare in names, and a cut is never needed
+    /// for a correct form, only for a fast one.
+    #[inline]
+    pub fn get(&self, c: char) -> Form {
+        if c.is_ascii() {
+            return Form::ascii(c as u8);
+        }
+        self.entries.get(c as usize).copied().unwrap_or(Form::JOINS)
+    }
+
+    /// Appends the form `f`, one that is neither `SAME` nor `JOINS`.
+    #[inline]
+    pub fn push(&self, f: Form, out: &mut String) {
+        debug_assert!(f != Form::SAME && f != Form::JOINS);
+        if f.0 & TEXT != 0 {
+            let (at, len) = ((f.0 & 0xFFFF) as usize, ((f.0 >> 16) & 0xFF) as usize);
+            out.push_str(&self.text[at..at + len]);
+        } else if let Some(c) = char::from_u32(f.0) {
+            out.push(c);
+        }
+    }
+}
+
+/// The table, built at the first call (`prepare` makes that one at module load).
 #[inline]
-pub fn form(c: char) -> Option<Form> {
-    if c.is_ascii() {
-        return Some(if c.is_ascii_uppercase() {
-            Form::Char(c.to_ascii_lowercase())
-        } else {
-            Form::Same
-        });
-    }
-    let table = TABLE.get_or_init(build);
-    let e = *table.entries.get(c as usize)?;
-    if e == JOINS {
-        None
-    } else if e & TEXT != 0 {
-        let (at, len) = ((e & 0xFFFF) as usize, ((e >> 16) & 0xFF) as usize);
-        Some(Form::Text(&table.text[at..at + len]))
-    } else if e == c as u32 {
-        Some(Form::Same)
-    } else {
-        // Stored from a `char` by `entry`.
-        char::from_u32(e).map(Form::Char)
-    }
+pub fn forms() -> &'static Forms {
+    TABLE.get_or_init(build)
 }
 
 /// Builds the table now rather than at the first non-ASCII item: at module load, off any
@@ -91,49 +116,40 @@ fn alone(c: char) -> String {
     caseless::default_case_fold_str(&n).nfkc().collect()
 }
 
-/// One entry per character of the plane: `JOINS`, a character (the form; `c` itself for
-/// `Same`), or `TEXT` with the form's length (bits 16..24) and place in `text` (bits 0..16).
-struct Table {
-    entries: Box<[u32]>,
-    text: String,
-}
+static TABLE: OnceLock<Forms> = OnceLock::new();
 
-const JOINS: u32 = u32::MAX;
-const TEXT: u32 = 1 << 31;
-
-static TABLE: OnceLock<Table> = OnceLock::new();
-
-fn build() -> Table {
+fn build() -> Forms {
     let mut text = String::new();
-    // Surrogates are no characters: never looked up, left `JOINS`.
+    // Surrogates are no characters: never looked up, left to join.
     let entries = (0..0x1_0000u32)
-        .map(|u| char::from_u32(u).map_or(JOINS, |c| entry(c, &mut text)))
+        .map(|u| char::from_u32(u).map_or(Form::JOINS, |c| entry(c, &mut text)))
         .collect();
-    Table { entries, text }
+    Forms { entries, text }
 }
 
-fn entry(c: char, text: &mut String) -> u32 {
+fn entry(c: char, text: &mut String) -> Form {
     if !starts_piece(c) {
-        return JOINS;
+        return Form::JOINS;
     }
     let f = canon_chars::facts(c);
     // In NFKC alone and its own fold: each step gives it back (no call to the crates for
     // most of the plane: CJK, most letters of most scripts, lowercase letters).
     if f.nfkc_yes() && f.folds_to_itself() {
-        return c as u32;
+        return Form::SAME;
     }
     let form = alone(c);
     let mut chars = form.chars();
     match (chars.next(), chars.next()) {
-        (Some(one), None) => one as u32,
+        (Some(one), None) if one == c => Form::SAME,
+        (Some(one), None) => Form(one as u32),
         // Longer forms (about 1 200 of them, 6 KB in all) go to `text`; one that would not fit
         // the entry's fields would join instead, always correct (none does: the tests check).
         _ if form.len() <= 0xFF && text.len() + form.len() <= 0xFFFF => {
             let at = text.len() as u32;
             text.push_str(&form);
-            TEXT | (form.len() as u32) << 16 | at
+            Form(TEXT | (form.len() as u32) << 16 | at)
         }
-        _ => JOINS,
+        _ => Form::JOINS,
     }
 }
 

@@ -5,7 +5,8 @@ use std::borrow::Cow;
 
 use unicode_normalization::UnicodeNormalization;
 
-use crate::model::{canon_chars, canon_forms};
+use crate::model::canon_chars;
+use crate::model::canon_forms::{self, Form, Forms};
 
 /// `Username` on an item that is not all ASCII: trim → NFKC → full case fold → NFKC → trim,
 /// piece by piece. The item is cut before every character that starts a piece
@@ -19,12 +20,13 @@ pub(super) fn username(s: &str) -> Cow<'_, str> {
     let bytes = t.as_bytes();
     let mut w = Pieces {
         text: t,
+        forms: canon_forms::forms(),
         out: None,
         copied: 0,
     };
-    // The piece being read starts at `start`; `alone` is its first character's form while
-    // it is the piece's only character.
-    let (mut start, mut alone) = (0, None);
+    // The piece being read starts at `start`; `form` is its first character's form while it
+    // is the piece's only character, `JOINS` once another joined it.
+    let (mut start, mut form) = (0, Form::SAME);
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i].is_ascii() {
@@ -34,23 +36,22 @@ pub(super) fn username(s: &str) -> Cow<'_, str> {
                 .iter()
                 .position(|b| !b.is_ascii())
                 .map_or(bytes.len(), |k| i + k);
-            w.piece(start, i, alone);
+            w.piece(start, i, form);
             w.ascii(i, end - 1);
-            let last = char::from(bytes[end - 1]);
-            (start, alone, i) = (end - 1, canon_forms::form(last), end);
+            (start, form, i) = (end - 1, Form::ascii(bytes[end - 1]), end);
             continue;
         }
         let c = t[i..].chars().next().expect("i < t.len()");
-        match canon_forms::form(c) {
-            Some(f) => {
-                w.piece(start, i, alone);
-                (start, alone) = (i, Some(f));
+        match w.forms.get(c) {
+            Form::JOINS => form = Form::JOINS,
+            f => {
+                w.piece(start, i, form);
+                (start, form) = (i, f);
             }
-            None => alone = None,
         }
         i += c.len_utf8();
     }
-    w.piece(start, t.len(), alone);
+    w.piece(start, t.len(), form);
     match w.out {
         None => Cow::Borrowed(t),
         Some(mut out) => {
@@ -63,23 +64,24 @@ pub(super) fn username(s: &str) -> Cow<'_, str> {
 /// The form being written: `text[..copied]`'s, in `out` once a piece changed.
 struct Pieces<'a> {
     text: &'a str,
+    forms: &'static Forms,
     out: Option<String>,
     copied: usize,
 }
 
 impl Pieces<'_> {
-    /// Writes the form of the piece `text[start..end]`; `alone` is its form when it is one
-    /// character.
+    /// Writes the form of the piece `text[start..end]` (none when it is empty): `form` when
+    /// it is one character, else by the steps.
     #[inline]
-    fn piece(&mut self, start: usize, end: usize, alone: Option<canon_forms::Form>) {
-        use canon_forms::Form;
-        match alone {
-            _ if start == end => {}
-            Some(Form::Same) => {}
-            Some(Form::Char(c)) => self.changed(start, end).push(c),
-            Some(Form::Text(form)) => self.changed(start, end).push_str(form),
-            None => self.by_steps(start, end),
+    fn piece(&mut self, start: usize, end: usize, form: Form) {
+        if form == Form::SAME || start == end {
+            return;
         }
+        if form == Form::JOINS {
+            return self.by_steps(start, end);
+        }
+        let forms = self.forms;
+        forms.push(form, self.changed(start, end));
     }
 
     /// Writes the form of `text[start..end]`, pieces of one ASCII character each: lowercased.

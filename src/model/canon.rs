@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use xxhash_rust::xxh3::xxh3_128;
 
 use crate::model::canon_username::username;
-use crate::model::error;
+use crate::model::{canon_ascii, error};
 
 /// Longest raw item accepted, in bytes (before normalization).
 pub const MAX_ITEM_BYTES: usize = 1024;
@@ -62,18 +62,26 @@ impl Normalize {
             // On ASCII, NFKC is the identity and full case folding maps A-Z to a-z and nothing
             // else, so the form is the trimmed, lowercased item, made without looking up each
             // character as the general path does (`canon_tests.rs` proves the two equal).
-            Self::Username if s.is_ascii() => ascii_lower(s.trim()),
+            Self::Username if s.is_ascii() => ascii_lower(s),
             Self::Username => username(s),
         }
     }
 }
 
-/// `t` with A-Z lowered, borrowed when it has none. `t` is ASCII (where `to_lowercase`, the
-/// standard library's, lowers eight bytes at a time).
+/// `s` trimmed and with A-Z lowered, borrowed when neither changes it. `s` is ASCII, where
+/// `str::trim` removes TAB, LF, VT, FF, CR and SPACE: when neither end is one of those, the
+/// trim is skipped, and the letters are looked for eight bytes at a time.
 #[inline]
-fn ascii_lower(t: &str) -> Cow<'_, str> {
-    if t.bytes().any(|b| b.is_ascii_uppercase()) {
-        Cow::Owned(t.to_lowercase())
+fn ascii_lower(s: &str) -> Cow<'_, str> {
+    let white = |c: &u8| matches!(c, b'\t'..=b'\r' | b' ');
+    let b = s.as_bytes();
+    let t = if b.first().is_some_and(white) || b.last().is_some_and(white) {
+        s.trim()
+    } else {
+        s
+    };
+    if canon_ascii::has_upper(t.as_bytes()) {
+        Cow::Owned(t.to_ascii_lowercase())
     } else {
         Cow::Borrowed(t)
     }

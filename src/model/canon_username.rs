@@ -5,8 +5,8 @@ use std::borrow::Cow;
 
 use unicode_normalization::UnicodeNormalization;
 
-use crate::model::canon_chars;
 use crate::model::canon_forms::{self, Form, Forms};
+use crate::model::{canon_ascii, canon_chars};
 
 /// `Username` on an item that is not all ASCII: trim → NFKC → full case fold → NFKC → trim,
 /// piece by piece. The item is cut before every character that starts a piece
@@ -32,10 +32,7 @@ pub(super) fn username(s: &str) -> Cow<'_, str> {
         if bytes[i].is_ascii() {
             // A run of ASCII: each character starts a piece, so all but the last make pieces
             // of their own, whose forms are their lowercase.
-            let end = bytes[i..]
-                .iter()
-                .position(|b| !b.is_ascii())
-                .map_or(bytes.len(), |k| i + k);
+            let end = i + canon_ascii::ascii_len(&bytes[i..]);
             w.piece(start, i, form);
             w.ascii(i, end - 1);
             (start, form, i) = (end - 1, Form::ascii(bytes[end - 1]), end);
@@ -87,13 +84,11 @@ impl Pieces<'_> {
     /// Writes the form of `text[start..end]`, pieces of one ASCII character each: lowercased.
     #[inline]
     fn ascii(&mut self, start: usize, end: usize) {
-        let text = self.text;
-        let Some(k) = text.as_bytes()[start..end]
-            .iter()
-            .position(u8::is_ascii_uppercase)
-        else {
+        let (text, run) = (self.text, &self.text.as_bytes()[start..end]);
+        if !canon_ascii::has_upper(run) {
             return;
-        };
+        }
+        let k = run.iter().position(u8::is_ascii_uppercase).unwrap_or(0);
         let out = self.changed(start + k, end);
         let at = out.len();
         out.push_str(&text[start + k..end]);

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 
 use xxhash_rust::xxh3::xxh3_128;
 
-use crate::model::canon_username::username;
+use crate::model::canon_username::{username, username_into};
 use crate::model::{canon_ascii, error};
 
 /// Longest raw item accepted, in bytes (before normalization).
@@ -176,6 +176,57 @@ pub fn canonicalize<'a>(
     })
 }
 
+/// [`canonicalize`] of every item of one call (MEXISTS, MADD) under one scope: the same forms
+/// and errors, the first item that fails named (0-based). A form that is not its item's own
+/// text is written into `buf` (one buffer for the call, cleared first, which the forms borrow)
+/// rather than into a string of its own: a non-ASCII `Username` item allocates nothing.
+pub fn canonicalize_all<'a>(
+    norm: Normalize,
+    items: &[&'a [u8]],
+    scope: &'a [u8],
+    buf: &'a mut String,
+) -> Result<Vec<Canon<'a>>, (usize, &'static str)> {
+    /// Where an item's form is: its own (the item's text, or a string), or in `buf`.
+    enum Held<'a> {
+        Own(Cow<'a, str>),
+        InBuf(std::ops::Range<usize>),
+    }
+    buf.clear();
+    let mut held = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let (item, scope) = checked(item, scope).map_err(|e| (i, e))?;
+        let start = buf.len();
+        let form = match norm {
+            Normalize::Username if !item.is_ascii() => match username_into(item, buf) {
+                Some(same) => Held::Own(Cow::Borrowed(same)),
+                None => Held::InBuf(start..buf.len()),
+            },
+            _ => Held::Own(norm.apply(item)),
+        };
+        let len = match &form {
+            Held::Own(own) => own.len(),
+            Held::InBuf(at) => at.len(),
+        };
+        check_form(len).map_err(|e| (i, e))?;
+        held.push((form, scope));
+    }
+    let buf: &'a str = buf;
+    Ok(held
+        .into_iter()
+        .map(|(form, scope)| {
+            let entity = match form {
+                Held::Own(own) => own,
+                Held::InBuf(at) => Cow::Borrowed(&buf[at]),
+            };
+            Canon {
+                hash: hash_parts(&entity, scope),
+                entity,
+                scope,
+            }
+        })
+        .collect())
+}
+
 /// [`canonicalize`] without the hash: the canonical entity and scope, for a tokenized set,
 /// which hashes the token made of them instead.
 pub fn canonical_text<'a>(
@@ -183,6 +234,14 @@ pub fn canonical_text<'a>(
     item: &'a [u8],
     scope: &'a [u8],
 ) -> Result<(Cow<'a, str>, &'a str), &'static str> {
+    let (item, scope) = checked(item, scope)?;
+    let entity = norm.apply(item);
+    check_form(entity.len())?;
+    Ok((entity, scope))
+}
+
+/// The item and the scope as text, once they pass the checks made before normalizing.
+fn checked<'a>(item: &'a [u8], scope: &'a [u8]) -> Result<(&'a str, &'a str), &'static str> {
     if item.is_empty() {
         return Err(error::EMPTY_ITEM);
     }
@@ -194,17 +253,21 @@ pub fn canonical_text<'a>(
     }
     let item = as_text(item).ok_or(error::ITEM_NOT_TEXT)?;
     let scope = as_text(scope).ok_or(error::SCOPE_NOT_TEXT)?;
-    let entity = norm.apply(item);
-    if entity.is_empty() {
+    Ok((item, scope))
+}
+
+/// The checks of a normalized form of `len` bytes.
+fn check_form(len: usize) -> Result<(), &'static str> {
+    if len == 0 {
         return Err(error::ITEM_EMPTY_AFTER_NORMALIZE);
     }
     // Case mapping and compatibility forms can lengthen an item (`İ` → `i̇`, `ŉ` → `ʼn`, `ﷺ`
     // → 33 bytes). The stored form is canonicalized again by every rebuild and sync pass, so it
     // must pass the same checks, or the member would lose its filter bits (a false "absent").
-    if entity.len() > MAX_ITEM_BYTES {
+    if len > MAX_ITEM_BYTES {
         return Err(error::ITEM_TOO_LONG_AFTER_NORMALIZE);
     }
-    Ok((entity, scope))
+    Ok(())
 }
 
 #[cfg(test)]
@@ -214,3 +277,7 @@ mod tests;
 #[cfg(test)]
 #[path = "canon_python_tests.rs"]
 mod python_tests;
+
+#[cfg(test)]
+#[path = "canon_batch_tests.rs"]
+mod batch_tests;

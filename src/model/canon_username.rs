@@ -16,12 +16,25 @@ use crate::model::{canon_ascii, canon_chars};
 /// steps. Only the pieces that change are written, after a copy of the text before them; the
 /// item itself is returned, borrowed, when none does.
 pub(super) fn username(s: &str) -> Cow<'_, str> {
+    let mut out = String::new();
+    match username_into(s, &mut out) {
+        Some(same) => Cow::Borrowed(same),
+        None => Cow::Owned(out),
+    }
+}
+
+/// [`username`], the form appended to `out` (`None`), or, when it is the trimmed item itself,
+/// that returned (`Some`) and `out` left as it was: a batch writes its items' forms one after
+/// another into one buffer.
+pub(super) fn username_into<'s>(s: &'s str, out: &mut String) -> Option<&'s str> {
     let t = s.trim();
     let bytes = t.as_bytes();
     let mut w = Pieces {
         text: t,
         forms: canon_forms::forms(),
-        out: None,
+        base: out.len(),
+        out,
+        changed: false,
         copied: 0,
     };
     // The piece being read starts at `start`; `form` is its first character's form while it
@@ -49,24 +62,30 @@ pub(super) fn username(s: &str) -> Cow<'_, str> {
         i += c.len_utf8();
     }
     w.piece(start, t.len(), form);
-    match w.out {
-        None => Cow::Borrowed(t),
-        Some(mut out) => {
-            out.push_str(&t[w.copied..]);
-            Cow::Owned(trimmed(out))
-        }
+    if !w.changed {
+        return Some(t);
     }
+    let (out, base) = (w.out, w.base);
+    out.push_str(&t[w.copied..]);
+    // The form's own ends trimmed, in place.
+    let end = base + out[base..].trim_end().len();
+    out.truncate(end);
+    let lead = out[base..].len() - out[base..].trim_start().len();
+    out.drain(base..base + lead);
+    None
 }
 
-/// The form being written: `text[..copied]`'s, in `out` once a piece changed.
-struct Pieces<'a> {
+/// The form being written, from `out[base..]` on: `text[..copied]`'s, once a piece changed.
+struct Pieces<'a, 'o> {
     text: &'a str,
     forms: &'static Forms,
-    out: Option<String>,
+    out: &'o mut String,
+    base: usize,
+    changed: bool,
     copied: usize,
 }
 
-impl Pieces<'_> {
+impl Pieces<'_, '_> {
     /// Writes the form of the piece `text[start..end]` (none when it is empty): `form` when
     /// it is one character, else by the steps.
     #[inline]
@@ -106,13 +125,13 @@ impl Pieces<'_> {
     /// `out`, with the text before `start` in it, for the form of `text[start..end]`.
     #[inline]
     fn changed(&mut self, start: usize, end: usize) -> &mut String {
-        let (text, copied) = (self.text, self.copied);
-        let out = self
-            .out
-            .get_or_insert_with(|| String::with_capacity(text.len() + 8));
-        out.push_str(&text[copied..start]);
+        if !self.changed {
+            self.changed = true;
+            self.out.reserve(self.text.len() + 8);
+        }
+        self.out.push_str(&self.text[self.copied..start]);
         self.copied = end;
-        out
+        self.out
     }
 }
 
@@ -137,7 +156,7 @@ pub(super) fn username_by_steps(s: &str) -> Cow<'_, str> {
     let t = s.trim();
     match steps(t) {
         Cow::Borrowed(b) => Cow::Borrowed(b),
-        Cow::Owned(o) => Cow::Owned(trimmed(o)),
+        Cow::Owned(o) => Cow::Owned(o.trim().to_owned()),
     }
 }
 
@@ -212,13 +231,4 @@ pub(super) fn fold(s: &str) -> Option<String> {
         }
     }
     Some(out)
-}
-
-/// `s.trim()`, reusing `s`'s buffer.
-fn trimmed(mut s: String) -> String {
-    let end = s.trim_end().len();
-    s.truncate(end);
-    let start = s.len() - s.trim_start().len();
-    s.drain(..start);
-    s
 }

@@ -49,6 +49,12 @@ impl Normalize {
     /// In ASCII those are TAB, LF, VT, FF, CR and SPACE; the other control characters (NUL,
     /// U+001C..U+001F, DEL) are kept.
     pub fn apply(self, s: &str) -> Cow<'_, str> {
+        self.form(s, s.is_ascii())
+    }
+
+    /// [`apply`](Self::apply) to `s`, known to be ASCII or not.
+    #[inline]
+    fn form(self, s: &str, ascii: bool) -> Cow<'_, str> {
         match self {
             Self::None => Cow::Borrowed(s),
             Self::Lower => {
@@ -62,7 +68,7 @@ impl Normalize {
             // On ASCII, NFKC is the identity and full case folding maps A-Z to a-z and nothing
             // else, so the form is the trimmed, lowercased item, made without looking up each
             // character as the general path does (`canon_tests.rs` proves the two equal).
-            Self::Username if s.is_ascii() => ascii_lower(s),
+            Self::Username if ascii => ascii_lower(s),
             Self::Username => username(s),
         }
     }
@@ -132,15 +138,17 @@ pub fn hash_parts(entity: &str, scope: &str) -> u128 {
     }
 }
 
-fn as_text(b: &[u8]) -> Option<&str> {
+/// `b` as text, and whether it is ASCII; `None` unless it is UTF-8 without NUL.
+fn as_text(b: &[u8]) -> Option<(&str, bool)> {
     if plain_ascii(b) {
         // SAFETY: ASCII is UTF-8.
-        return Some(unsafe { std::str::from_utf8_unchecked(b) });
+        return Some((unsafe { std::str::from_utf8_unchecked(b) }, true));
     }
+    // Not plain ASCII: a NUL, or a byte ≥ 0x80.
     if b.contains(&0) {
         return None;
     }
-    std::str::from_utf8(b).ok()
+    std::str::from_utf8(b).ok().map(|s| (s, false))
 }
 
 /// Whether `b` is ASCII without NUL, eight bytes at a time: the common item, accepted in one
@@ -194,14 +202,14 @@ pub fn canonicalize_all<'a>(
     buf.clear();
     let mut held = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
-        let (item, scope) = checked(item, scope).map_err(|e| (i, e))?;
+        let ((item, ascii), scope) = checked(item, scope).map_err(|e| (i, e))?;
         let start = buf.len();
         let form = match norm {
-            Normalize::Username if !item.is_ascii() => match username_into(item, buf) {
+            Normalize::Username if !ascii => match username_into(item, buf) {
                 Some(same) => Held::Own(Cow::Borrowed(same)),
                 None => Held::InBuf(start..buf.len()),
             },
-            _ => Held::Own(norm.apply(item)),
+            _ => Held::Own(norm.form(item, ascii)),
         };
         let len = match &form {
             Held::Own(own) => own.len(),
@@ -234,14 +242,18 @@ pub fn canonical_text<'a>(
     item: &'a [u8],
     scope: &'a [u8],
 ) -> Result<(Cow<'a, str>, &'a str), &'static str> {
-    let (item, scope) = checked(item, scope)?;
-    let entity = norm.apply(item);
+    let ((item, ascii), scope) = checked(item, scope)?;
+    let entity = norm.form(item, ascii);
     check_form(entity.len())?;
     Ok((entity, scope))
 }
 
-/// The item and the scope as text, once they pass the checks made before normalizing.
-fn checked<'a>(item: &'a [u8], scope: &'a [u8]) -> Result<(&'a str, &'a str), &'static str> {
+/// The item as text and whether it is ASCII, and the scope as text, once they pass the checks
+/// made before normalizing.
+fn checked<'a>(
+    item: &'a [u8],
+    scope: &'a [u8],
+) -> Result<((&'a str, bool), &'a str), &'static str> {
     if item.is_empty() {
         return Err(error::EMPTY_ITEM);
     }
@@ -252,7 +264,7 @@ fn checked<'a>(item: &'a [u8], scope: &'a [u8]) -> Result<(&'a str, &'a str), &'
         return Err(error::SCOPE_TOO_LONG);
     }
     let item = as_text(item).ok_or(error::ITEM_NOT_TEXT)?;
-    let scope = as_text(scope).ok_or(error::SCOPE_NOT_TEXT)?;
+    let (scope, _) = as_text(scope).ok_or(error::SCOPE_NOT_TEXT)?;
     Ok((item, scope))
 }
 

@@ -29,19 +29,27 @@ pub fn ascii_len(b: &[u8]) -> usize {
 #[inline]
 pub fn has_upper(b: &[u8]) -> bool {
     debug_assert!(b.is_ascii());
-    let mut words = b.chunks_exact(8);
-    for w in words.by_ref() {
-        let w = u64::from_ne_bytes(w.try_into().unwrap());
-        // A byte below 0x80 plus 0x80 - 'A' has its high bit set exactly when it is ≥ 'A',
-        // plus 0x80 - 'Z' - 1 exactly when it is > 'Z'; neither sum passes 0xFF, so no carry
-        // reaches the next byte.
-        let at_least_a = w + ONES * u64::from(0x80 - b'A');
-        let past_z = w + ONES * u64::from(0x80 - b'Z' - 1);
-        if at_least_a & !past_z & HIGH != 0 {
-            return true;
-        }
+    if b.len() < 8 {
+        return b.iter().any(u8::is_ascii_uppercase);
     }
-    words.remainder().iter().any(u8::is_ascii_uppercase)
+    let mut words = b.chunks_exact(8);
+    if words.by_ref().any(word_has_upper) {
+        return true;
+    }
+    // The last eight bytes, overlapping the words already read: no byte-by-byte tail.
+    word_has_upper(&b[b.len() - 8..])
+}
+
+/// Whether the eight ASCII bytes `w` hold a letter A-Z.
+#[inline]
+fn word_has_upper(w: &[u8]) -> bool {
+    let w = u64::from_ne_bytes(w.try_into().unwrap());
+    // A byte below 0x80 plus 0x80 - 'A' has its high bit set exactly when it is ≥ 'A', plus
+    // 0x80 - 'Z' - 1 exactly when it is > 'Z'; neither sum passes 0xFF, so no carry reaches
+    // the next byte.
+    let at_least_a = w + ONES * u64::from(0x80 - b'A');
+    let past_z = w + ONES * u64::from(0x80 - b'Z' - 1);
+    at_least_a & !past_z & HIGH != 0
 }
 
 #[cfg(test)]

@@ -37,8 +37,9 @@ pub fn init(ctx: &Context, args: &[RedisString]) -> Status {
             return Status::Err;
         }
     }
-    // The character table of NORMALIZE username, built before any client can wait on it.
+    // The character tables of NORMALIZE username, built before any client can wait on them.
     crate::model::canon_chars::prepare();
+    crate::model::canon_forms::prepare();
     // The configs are applied by now.
     token_key::started(ctx);
     config::started(ctx);

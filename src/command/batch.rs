@@ -180,8 +180,8 @@ fn plan(
             return Ok(None);
         };
         check_expiry(set, kind)?;
-        let mut tokens = Vec::new();
-        let canons = canonical_all(set, items, scope, &mut tokens)?;
+        let (mut tokens, mut forms) = (Vec::new(), String::new());
+        let canons = canonical_all(set, items, scope, &mut tokens, &mut forms)?;
         if crate::server::cluster_mode::enabled() {
             let wide = batch_wide::split(ctx, set, epoch, canons, kind)?;
             return Ok(Some(Planned::Wide(wide)));
@@ -200,8 +200,9 @@ fn canonical_all<'a>(
     items: &[&'a [u8]],
     scope: &'a [u8],
     tokens: &'a mut Vec<u8>,
+    forms: &'a mut String,
 ) -> Result<Vec<Canon<'a>>, RedisError> {
-    token_key::canonical_all(&set.def, items, scope, tokens).map_err(|(i, e)| {
+    token_key::canonical_all(&set.def, items, scope, tokens, forms).map_err(|(i, e)| {
         if !error::names_item(e) {
             RedisError::Str(e)
         } else {

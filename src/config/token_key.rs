@@ -131,23 +131,18 @@ pub fn canonical<'a>(
 
 /// [`canonical`] for every item of one call (MEXISTS, MADD), the key checked and held once
 /// rather than once an item, and the tokens written into `tokens` (one buffer for the call,
-/// which the forms borrow: no allocation a token). The error names the first item that fails
-/// (0-based) as [`canonical`] would, item by item: a key error is the first item's.
+/// which the forms borrow: no allocation a token); an untokenized set's normalized forms go
+/// to `forms` the same way (`canon::canonicalize_all`). The error names the first item that
+/// fails (0-based) as [`canonical`] would, item by item: a key error is the first item's.
 pub fn canonical_all<'a>(
     def: &SetDef,
     items: &[&'a [u8]],
     scope: &'a [u8],
     tokens: &'a mut Vec<u8>,
+    forms: &'a mut String,
 ) -> Result<Vec<Canon<'a>>, (usize, &'static str)> {
-    let plain = || -> Result<Vec<Canon<'a>>, (usize, &'static str)> {
-        items
-            .iter()
-            .enumerate()
-            .map(|(i, item)| canon::canonicalize(def.normalize, item, scope).map_err(|e| (i, e)))
-            .collect()
-    };
     let Some(fp) = def.tokenize.fingerprint() else {
-        return plain();
+        return canon::canonicalize_all(def.normalize, items, scope, forms);
     };
     crate::server::redaction::needed();
     let guard = KEY.read().unwrap_or_else(|e| e.into_inner());

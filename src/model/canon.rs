@@ -3,10 +3,10 @@
 
 use std::borrow::Cow;
 
-use unicode_normalization::UnicodeNormalization;
 use xxhash_rust::xxh3::xxh3_128;
 
-use crate::model::{canon_chars, error};
+use crate::model::canon_username::{username, username_into};
+use crate::model::{canon_ascii, error};
 
 /// Longest raw item accepted, in bytes (before normalization).
 pub const MAX_ITEM_BYTES: usize = 1024;
@@ -49,6 +49,12 @@ impl Normalize {
     /// In ASCII those are TAB, LF, VT, FF, CR and SPACE; the other control characters (NUL,
     /// U+001C..U+001F, DEL) are kept.
     pub fn apply(self, s: &str) -> Cow<'_, str> {
+        self.form(s, s.is_ascii())
+    }
+
+    /// [`apply`](Self::apply) to `s`, known to be ASCII or not.
+    #[inline]
+    fn form(self, s: &str, ascii: bool) -> Cow<'_, str> {
         match self {
             Self::None => Cow::Borrowed(s),
             Self::Lower => {
@@ -60,125 +66,31 @@ impl Normalize {
                 }
             }
             // On ASCII, NFKC is the identity and full case folding maps A-Z to a-z and nothing
-            // else, so the form is the trimmed, lowercased item, made without the four
-            // allocations of the general path (`canon_tests.rs` proves the two equal).
-            Self::Username if s.is_ascii() => ascii_lower(s.trim()),
+            // else, so the form is the trimmed, lowercased item, made without looking up each
+            // character as the general path does (`canon_tests.rs` proves the two equal).
+            Self::Username if ascii => ascii_lower(s),
             Self::Username => username(s),
         }
     }
 }
 
-/// `t` with A-Z lowered, borrowed when it has none. `t` is ASCII (where `to_lowercase`, the
-/// standard library's, lowers eight bytes at a time).
+/// `s` trimmed and with A-Z lowered, borrowed when neither changes it. `s` is ASCII, where
+/// `str::trim` removes TAB, LF, VT, FF, CR and SPACE: when neither end is one of those, the
+/// trim is skipped, and the letters are looked for eight bytes at a time.
 #[inline]
-fn ascii_lower(t: &str) -> Cow<'_, str> {
-    if t.bytes().any(|b| b.is_ascii_uppercase()) {
-        Cow::Owned(t.to_lowercase())
+fn ascii_lower(s: &str) -> Cow<'_, str> {
+    let white = |c: &u8| matches!(c, b'\t'..=b'\r' | b' ');
+    let b = s.as_bytes();
+    let t = if b.first().is_some_and(white) || b.last().is_some_and(white) {
+        s.trim()
+    } else {
+        s
+    };
+    if canon_ascii::has_upper(t.as_bytes()) {
+        Cow::Owned(t.to_ascii_lowercase())
     } else {
         Cow::Borrowed(t)
     }
-}
-
-/// `Username`'s general path: trim → NFKC → full case fold → NFKC → trim. A step whose input
-/// is already in its form (NFKC's quick check says yes; folding changes no character) is
-/// skipped rather than copied (so is the second NFKC when folding changed nothing), a step
-/// copies the part before the first character it changes, and the result borrows the item
-/// when no step changed it.
-fn username(s: &str) -> Cow<'_, str> {
-    let t = s.trim();
-    let n1 = nfkc(t);
-    let a = n1.as_deref().unwrap_or(t);
-    // Unfolded, `a` is the last form, and in NFKC already.
-    let Some(f) = fold(a) else {
-        return match n1 {
-            None => Cow::Borrowed(t),
-            Some(owned) => Cow::Owned(trimmed(owned)),
-        };
-    };
-    let n2 = nfkc(&f);
-    Cow::Owned(trimmed(n2.unwrap_or(f)))
-}
-
-/// NFKC of `s`, or `None` when `s` is already in NFKC. Only the segments that need it are
-/// normalized; the text between them is in NFKC and is copied. A segment runs from the last
-/// starter before a character that fails NFKC's quick check (or breaks the canonical order)
-/// to the next boundary: a character of combining class 0 that passes the quick check (ASCII
-/// among them). Both cuts are safe: such a character composes with nothing before it (a
-/// character that can is one the quick check answers "maybe" or "no"), and nothing reorders
-/// across a starter (UAX #15; `canon_python_tests.rs` checks every code point alone and
-/// after ASCII text, `canon_tests.rs` random text against the whole string normalized).
-fn nfkc(s: &str) -> Option<String> {
-    let boundary = |c: char| {
-        c.is_ascii() || {
-            let f = canon_chars::facts(c);
-            f.class() == 0 && f.nfkc_yes()
-        }
-    };
-    let mut out: Option<String> = None;
-    // `s[..copied]` is in `out`; `starter` the last boundary seen, `i` the next character.
-    let (mut copied, mut starter, mut last_class, mut i) = (0, 0, 0, 0);
-    while let Some(c) = s[i..].chars().next() {
-        let next = i + c.len_utf8();
-        if c.is_ascii() {
-            (starter, last_class, i) = (i, 0, next);
-            continue;
-        }
-        let facts = canon_chars::facts(c);
-        let class = facts.class();
-        let ordered = class == 0 || last_class <= class;
-        if !ordered || !facts.nfkc_yes() {
-            let end = s[next..]
-                .char_indices()
-                .find(|&(_, c)| boundary(c))
-                .map_or(s.len(), |(k, _)| next + k);
-            let o = out.get_or_insert_with(|| String::with_capacity(s.len() + 8));
-            o.push_str(&s[copied..starter]);
-            o.extend(s[starter..end].nfkc());
-            (copied, starter, last_class, i) = (end, end, 0, end);
-            continue;
-        }
-        if class == 0 {
-            starter = i;
-        }
-        last_class = class;
-        i = next;
-    }
-    out.map(|mut o| {
-        o.push_str(&s[copied..]);
-        o
-    })
-}
-
-/// The full case fold of `s`, or `None` when it changes no character. Folding maps each
-/// character on its own, so the part before the first character it changes is copied.
-fn fold(s: &str) -> Option<String> {
-    use caseless::Caseless;
-    let unchanged = |c: char| {
-        if c.is_ascii() {
-            return !c.is_ascii_uppercase();
-        }
-        canon_chars::facts(c).folds_to_itself()
-    };
-    let (at, _) = s.char_indices().find(|&(_, c)| !unchanged(c))?;
-    let mut out = String::with_capacity(s.len() + 8);
-    out.push_str(&s[..at]);
-    for c in s[at..].chars() {
-        if unchanged(c) {
-            out.push(c);
-        } else {
-            out.extend(std::iter::once(c).default_case_fold());
-        }
-    }
-    Some(out)
-}
-
-/// `s.trim()`, reusing `s`'s buffer.
-fn trimmed(mut s: String) -> String {
-    let end = s.trim_end().len();
-    s.truncate(end);
-    let start = s.len() - s.trim_start().len();
-    s.drain(..start);
-    s
 }
 
 /// A membership in canonical form: what the database stores (`entity`, `scope`), the bytes
@@ -226,15 +138,17 @@ pub fn hash_parts(entity: &str, scope: &str) -> u128 {
     }
 }
 
-fn as_text(b: &[u8]) -> Option<&str> {
+/// `b` as text, and whether it is ASCII; `None` unless it is UTF-8 without NUL.
+fn as_text(b: &[u8]) -> Option<(&str, bool)> {
     if plain_ascii(b) {
         // SAFETY: ASCII is UTF-8.
-        return Some(unsafe { std::str::from_utf8_unchecked(b) });
+        return Some((unsafe { std::str::from_utf8_unchecked(b) }, true));
     }
+    // Not plain ASCII: a NUL, or a byte ≥ 0x80.
     if b.contains(&0) {
         return None;
     }
-    std::str::from_utf8(b).ok()
+    std::str::from_utf8(b).ok().map(|s| (s, false))
 }
 
 /// Whether `b` is ASCII without NUL, eight bytes at a time: the common item, accepted in one
@@ -270,6 +184,57 @@ pub fn canonicalize<'a>(
     })
 }
 
+/// [`canonicalize`] of every item of one call (MEXISTS, MADD) under one scope: the same forms
+/// and errors, the first item that fails named (0-based). A form that is not its item's own
+/// text is written into `buf` (one buffer for the call, cleared first, which the forms borrow)
+/// rather than into a string of its own: a non-ASCII `Username` item allocates nothing.
+pub fn canonicalize_all<'a>(
+    norm: Normalize,
+    items: &[&'a [u8]],
+    scope: &'a [u8],
+    buf: &'a mut String,
+) -> Result<Vec<Canon<'a>>, (usize, &'static str)> {
+    /// Where an item's form is: its own (the item's text, or a string), or in `buf`.
+    enum Held<'a> {
+        Own(Cow<'a, str>),
+        InBuf(std::ops::Range<usize>),
+    }
+    buf.clear();
+    let mut held = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let ((item, ascii), scope) = checked(item, scope).map_err(|e| (i, e))?;
+        let start = buf.len();
+        let form = match norm {
+            Normalize::Username if !ascii => match username_into(item, buf) {
+                Some(same) => Held::Own(Cow::Borrowed(same)),
+                None => Held::InBuf(start..buf.len()),
+            },
+            _ => Held::Own(norm.form(item, ascii)),
+        };
+        let len = match &form {
+            Held::Own(own) => own.len(),
+            Held::InBuf(at) => at.len(),
+        };
+        check_form(len).map_err(|e| (i, e))?;
+        held.push((form, scope));
+    }
+    let buf: &'a str = buf;
+    Ok(held
+        .into_iter()
+        .map(|(form, scope)| {
+            let entity = match form {
+                Held::Own(own) => own,
+                Held::InBuf(at) => Cow::Borrowed(&buf[at]),
+            };
+            Canon {
+                hash: hash_parts(&entity, scope),
+                entity,
+                scope,
+            }
+        })
+        .collect())
+}
+
 /// [`canonicalize`] without the hash: the canonical entity and scope, for a tokenized set,
 /// which hashes the token made of them instead.
 pub fn canonical_text<'a>(
@@ -277,6 +242,18 @@ pub fn canonical_text<'a>(
     item: &'a [u8],
     scope: &'a [u8],
 ) -> Result<(Cow<'a, str>, &'a str), &'static str> {
+    let ((item, ascii), scope) = checked(item, scope)?;
+    let entity = norm.form(item, ascii);
+    check_form(entity.len())?;
+    Ok((entity, scope))
+}
+
+/// The item as text and whether it is ASCII, and the scope as text, once they pass the checks
+/// made before normalizing.
+fn checked<'a>(
+    item: &'a [u8],
+    scope: &'a [u8],
+) -> Result<((&'a str, bool), &'a str), &'static str> {
     if item.is_empty() {
         return Err(error::EMPTY_ITEM);
     }
@@ -287,18 +264,22 @@ pub fn canonical_text<'a>(
         return Err(error::SCOPE_TOO_LONG);
     }
     let item = as_text(item).ok_or(error::ITEM_NOT_TEXT)?;
-    let scope = as_text(scope).ok_or(error::SCOPE_NOT_TEXT)?;
-    let entity = norm.apply(item);
-    if entity.is_empty() {
+    let (scope, _) = as_text(scope).ok_or(error::SCOPE_NOT_TEXT)?;
+    Ok((item, scope))
+}
+
+/// The checks of a normalized form of `len` bytes.
+fn check_form(len: usize) -> Result<(), &'static str> {
+    if len == 0 {
         return Err(error::ITEM_EMPTY_AFTER_NORMALIZE);
     }
     // Case mapping and compatibility forms can lengthen an item (`İ` → `i̇`, `ŉ` → `ʼn`, `ﷺ`
     // → 33 bytes). The stored form is canonicalized again by every rebuild and sync pass, so it
     // must pass the same checks, or the member would lose its filter bits (a false "absent").
-    if entity.len() > MAX_ITEM_BYTES {
+    if len > MAX_ITEM_BYTES {
         return Err(error::ITEM_TOO_LONG_AFTER_NORMALIZE);
     }
-    Ok((entity, scope))
+    Ok(())
 }
 
 #[cfg(test)]
@@ -308,3 +289,7 @@ mod tests;
 #[cfg(test)]
 #[path = "canon_python_tests.rs"]
 mod python_tests;
+
+#[cfg(test)]
+#[path = "canon_batch_tests.rs"]
+mod batch_tests;

@@ -1,11 +1,11 @@
-//! What `Username`'s general path asks of each character (`canon.rs`): its canonical combining
-//! class, whether NFKC's quick check passes it, and whether full case folding leaves it as it
-//! is. The `unicode-normalization` and `caseless` crates answer each by a search of their
-//! tables, which made those questions a third of a non-ASCII item's canonicalization; here
-//! the answers for the Basic Multilingual Plane (every character of nearly every name) are
-//! asked of those same crates once, into one table of 128 KiB, and read back by index. Past
-//! the plane the crates are asked as before. The same answers by construction, and the tests
-//! compare every character's.
+//! What `Username`'s steps ask of each character (`canon_username.rs`, and `canon_forms.rs`
+//! as it builds its table): its canonical combining class, whether NFKC's quick check passes
+//! it, and whether full case folding leaves it as it is. The `unicode-normalization` and
+//! `caseless` crates answer each by a search of their tables, which made those questions a
+//! third of a non-ASCII item's canonicalization; here the answers for the Basic Multilingual
+//! Plane (every character of nearly every name) are asked of those same crates once, into one
+//! table of 128 KiB, and read back by index. Past the plane the crates are asked as before.
+//! The same answers by construction, and the tests compare every character's.
 
 use std::sync::OnceLock;
 

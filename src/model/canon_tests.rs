@@ -1,6 +1,7 @@
 //! Unit and property tests of `canon.rs`: validation, each policy, idempotence, the hash.
 
 use super::*;
+use crate::model::canon_username::{fold, nfkc, username_by_steps};
 
 fn canon(n: Normalize, item: &str) -> String {
     canonicalize(n, item.as_bytes(), b"")
@@ -180,6 +181,9 @@ fn same_as_reference(s: &str) {
         (Normalize::Lower, lower_reference(s)),
     ] {
         assert_eq!(n.apply(s), want, "{n:?} {s:?}");
+        if n == Normalize::Username {
+            assert_eq!(username_by_steps(s), want, "by the steps: {s:?}");
+        }
         match canonicalize(n, s.as_bytes(), b"") {
             Ok(c) => assert_eq!(c.entity, want, "{n:?} {s:?}"),
             Err(e) => assert!(
@@ -262,7 +266,7 @@ fn which_ascii_characters_are_trimmed() {
     assert_eq!(trimmed, b"\t\n\x0b\x0c\r ");
 }
 
-/// The general path's skips (a step whose input is already in its form) and its in-place
+/// The pieces, the steps' skips (a step whose input is already in its form) and the in-place
 /// trim give the reference's form on non-ASCII text, including forms every step changes.
 #[test]
 fn the_general_path_equals_the_reference() {

@@ -3,7 +3,10 @@
 //! decisions, the upkeep records' decisions and every error text.
 
 pub mod canon;
+mod canon_ascii;
 pub mod canon_chars;
+pub mod canon_forms;
+mod canon_username;
 pub mod error;
 pub mod funnel;
 pub mod set_def;

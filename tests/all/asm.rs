@@ -31,6 +31,18 @@ fn asm_cluster() -> MutexGuard<'static, Cluster> {
         .unwrap_or_else(|e| e.into_inner())
 }
 
+/// The cluster, healthy, when the server can migrate atomically (Valkey ≥ 9.0); `None` (the
+/// test is skipped, and says why) otherwise.
+fn ready() -> Option<MutexGuard<'static, Cluster>> {
+    let cl = asm_cluster();
+    if !asm::has_asm(&cl, "asm") {
+        return None;
+    }
+    cl.wait_healthy(Duration::from_secs(30), true)
+        .expect("cluster healthy");
+    Some(cl)
+}
+
 /// How long one job may take before the test gives up on it.
 const JOB_WAIT: Duration = Duration::from_secs(60);
 
@@ -70,6 +82,16 @@ fn after_checks(cl: &Cluster, problems: &mut Vec<String>) {
     }
 }
 
+/// A problem unless the node on `port` serves every slot of `slots` (`what`: how the
+/// problem says they should have ended, `moved`, `stayed home`).
+fn all_served_by(cl: &Cluster, slots: &[u16], port: u16, what: &str, problems: &mut Vec<String>) {
+    let table = cl.slot_table();
+    let there = slots.iter().filter(|s| table[**s as usize] == port).count();
+    if there != slots.len() {
+        problems.push(format!("{there} of {} slots {what}", slots.len()));
+    }
+}
+
 /// The scenario's set: named after `tag`, created on every node.
 fn scenario_set(cl: &Cluster, tag: &str) -> String {
     let set = format!("{tag}_{}", std::process::id());
@@ -103,12 +125,7 @@ fn two_primaries(cl: &Cluster) -> (&Node, &Node) {
 /// a job moves a slot holding the module's keys, and moving it back works too.
 #[test]
 fn the_server_may_migrate_atomically_with_the_module_loaded() {
-    let cl = asm_cluster();
-    if !asm::has_asm(&cl, "asm") {
-        return;
-    }
-    cl.wait_healthy(Duration::from_secs(30), true)
-        .expect("cluster healthy");
+    let Some(cl) = ready() else { return };
     let (from, to) = two_primaries(&cl);
     let set = scenario_set(&cl, "asm_plain");
     // An item of the slot, added and looked up, so the slot holds an exact-match entry.
@@ -159,12 +176,7 @@ fn the_server_may_migrate_atomically_with_the_module_loaded() {
 #[test]
 fn a_thousand_slots_migrated_atomically_under_load_keep_the_contract() {
     let began = Instant::now();
-    let cl = asm_cluster();
-    if !asm::has_asm(&cl, "asm") {
-        return;
-    }
-    cl.wait_healthy(Duration::from_secs(30), true)
-        .expect("cluster healthy");
+    let Some(cl) = ready() else { return };
     let (from, to) = two_primaries(&cl);
     let moving: Vec<u16> = cl.slots_of(from).into_iter().take(1000).collect();
     let ranges = ranges_of(&moving);
@@ -189,14 +201,7 @@ fn a_thousand_slots_migrated_atomically_under_load_keep_the_contract() {
         thread::sleep(Duration::from_secs(3));
         enough_operations(&rec);
     });
-    let table = cl.slot_table();
-    let moved = moving
-        .iter()
-        .filter(|s| table[**s as usize] == to.port())
-        .count();
-    if moved != moving.len() {
-        problems.push(format!("{moved} of {} slots moved", moving.len()));
-    }
+    all_served_by(&cl, &moving, to.port(), "moved", &mut problems);
     after_checks(&cl, &mut problems);
     finish("asm_thousand", &cl, &set, &cfg, &rec, began, problems);
 }
@@ -207,12 +212,7 @@ fn a_thousand_slots_migrated_atomically_under_load_keep_the_contract() {
 #[test]
 fn single_slots_sent_away_and_back_under_load_keep_the_contract() {
     let began = Instant::now();
-    let cl = asm_cluster();
-    if !asm::has_asm(&cl, "asm") {
-        return;
-    }
-    cl.wait_healthy(Duration::from_secs(30), true)
-        .expect("cluster healthy");
+    let Some(cl) = ready() else { return };
     let (home, away) = two_primaries(&cl);
     let hot: Vec<u16> = cl
         .slots_of(home)
@@ -264,12 +264,7 @@ fn single_slots_sent_away_and_back_under_load_keep_the_contract() {
 #[test]
 fn a_migration_cancelled_halfway_keeps_the_contract() {
     let began = Instant::now();
-    let cl = asm_cluster();
-    if !asm::has_asm(&cl, "asm") {
-        return;
-    }
-    cl.wait_healthy(Duration::from_secs(30), true)
-        .expect("cluster healthy");
+    let Some(cl) = ready() else { return };
     let (from, to) = two_primaries(&cl);
     let moving: Vec<u16> = cl.slots_of(from).into_iter().take(1000).collect();
     let ranges = ranges_of(&moving);
@@ -277,17 +272,9 @@ fn a_migration_cancelled_halfway_keeps_the_contract() {
     let cfg = load_config(moving.clone(), None);
     let rec = Recorder::new();
     let mut problems = Vec::new();
-    let hold = |on: &str| {
-        redis::cmd("DEBUG")
-            .arg("SLOTMIGRATION")
-            .arg("PREVENT-PAUSE")
-            .arg(on)
-            .query::<String>(&mut from.conn())
-            .expect("DEBUG SLOTMIGRATION PREVENT-PAUSE")
-    };
     cluster_load::run(&cfg, &set, &seeds(&cl), &rec, || {
         thread::sleep(Duration::from_secs(2));
-        hold("1");
+        asm::hold_before_last_step(from, true);
         let start = rec.now();
         match asm::start(from, to, &ranges) {
             Err(e) => problems.push(format!("MIGRATESLOTS: {e}")),
@@ -324,18 +311,11 @@ fn a_migration_cancelled_halfway_keeps_the_contract() {
                 }
             }
         }
-        hold("0");
+        asm::hold_before_last_step(from, false);
         thread::sleep(Duration::from_secs(3));
         enough_operations(&rec);
     });
-    let table = cl.slot_table();
-    let stayed = moving
-        .iter()
-        .filter(|s| table[**s as usize] == from.port())
-        .count();
-    if stayed != moving.len() {
-        problems.push(format!("{stayed} of {} slots stayed home", moving.len()));
-    }
+    all_served_by(&cl, &moving, from.port(), "stayed home", &mut problems);
     after_checks(&cl, &mut problems);
     finish("asm_cancel", &cl, &set, &cfg, &rec, began, problems);
 }
@@ -346,13 +326,8 @@ fn a_migration_cancelled_halfway_keeps_the_contract() {
 #[test]
 fn a_source_killed_during_an_export_keeps_the_contract() {
     let began = Instant::now();
-    let mut guard = asm_cluster();
+    let Some(mut guard) = ready() else { return };
     let cl: &mut Cluster = &mut guard;
-    if !asm::has_asm(cl, "asm") {
-        return;
-    }
-    cl.wait_healthy(Duration::from_secs(30), true)
-        .expect("cluster healthy");
     cl.refresh_roles();
     let (from, to) = two_primaries(cl);
     let (victim, target) = (from.port(), to.port());
@@ -367,12 +342,7 @@ fn a_source_killed_during_an_export_keeps_the_contract() {
     cluster_load::run(&cfg, &set, &seeds, &rec, || {
         thread::sleep(Duration::from_secs(2));
         let (from, to) = (cl.node_by_port(victim), cl.node_by_port(target));
-        redis::cmd("DEBUG")
-            .arg("SLOTMIGRATION")
-            .arg("PREVENT-PAUSE")
-            .arg("1")
-            .query::<String>(&mut from.conn())
-            .expect("DEBUG SLOTMIGRATION PREVENT-PAUSE");
+        asm::hold_before_last_step(from, true);
         let start = rec.now();
         match asm::start(from, to, &ranges) {
             Err(e) => problems.push(format!("MIGRATESLOTS: {e}")),
@@ -414,14 +384,7 @@ fn a_source_killed_during_an_export_keeps_the_contract() {
         problems.push(format!("the cluster did not heal: {e}"));
     }
     cl.refresh_roles();
-    let table = cl.slot_table();
-    let stayed = moving
-        .iter()
-        .filter(|s| table[**s as usize] == heir)
-        .count();
-    if stayed != moving.len() {
-        problems.push(format!("{stayed} of {} slots are the heir's", moving.len()));
-    }
+    all_served_by(cl, &moving, heir, "are the heir's", &mut problems);
     after_checks(cl, &mut problems);
     finish("asm_kill", cl, &set, &cfg, &rec, began, problems);
 }

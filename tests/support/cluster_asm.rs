@@ -54,6 +54,17 @@ pub fn has_asm(cl: &Cluster, test: &str) -> bool {
     yes
 }
 
+/// Holds `node`'s export jobs before their last step (`DEBUG SLOTMIGRATION PREVENT-PAUSE`), or
+/// lets them go on: the snapshot sent, changes streaming, the same halfway point every run.
+pub fn hold_before_last_step(node: &Node, on: bool) {
+    redis::cmd("DEBUG")
+        .arg("SLOTMIGRATION")
+        .arg("PREVENT-PAUSE")
+        .arg(if on { "1" } else { "0" })
+        .query::<String>(&mut node.conn())
+        .expect("DEBUG SLOTMIGRATION PREVENT-PAUSE");
+}
+
 /// `ranges` as `CLUSTER GETSLOTMIGRATIONS` writes them (`a-b a-b …`).
 fn ranges_text(ranges: &[(u16, u16)]) -> String {
     ranges

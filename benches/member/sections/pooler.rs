@@ -77,7 +77,20 @@ impl Bench {
             pipeline: 1,
             limit: Limit::Time(half),
         };
+        // Each measurement starts once the last one's aftermath has ended (`settle`).
+        let pg = std::sync::Mutex::new(self.db.client());
+        let settle = || settle(&mut pg.lock().unwrap(), &nodes);
+        let add_load = |node: &Node, load: &RawLoad| {
+            let gen = |_: &mut Rng, buf: &mut Vec<u8>| {
+                let k = node.next_add.fetch_add(1, Ordering::Relaxed);
+                let item = format!("pool:{}:{k}", node.name);
+                push_cmd(buf, &[b"MEMBER.ADD", SET.as_bytes(), item.as_bytes()]);
+                Expect::Yes
+            };
+            raw_load(node.vk.port(), load, &gen)
+        };
         let lookups = |node: &Node| {
+            settle();
             let gen = |_: &mut Rng, buf: &mut Vec<u8>| {
                 let k = node.next_lookup.fetch_add(1, Ordering::Relaxed);
                 // The members in a scattered order, each looked up once on a node (a prime
@@ -90,13 +103,8 @@ impl Bench {
             raw_load(node.vk.port(), &load, &gen)
         };
         let adds = |node: &Node| {
-            let gen = |_: &mut Rng, buf: &mut Vec<u8>| {
-                let k = node.next_add.fetch_add(1, Ordering::Relaxed);
-                let item = format!("pool:{}:{k}", node.name);
-                push_cmd(buf, &[b"MEMBER.ADD", SET.as_bytes(), item.as_bytes()]);
-                Expect::Yes
-            };
-            raw_load(node.vk.port(), &load, &gen)
+            settle();
+            add_load(node, &load)
         };
         // A short ADD load on every node first: the first ADDs into the loaded table (its new
         // pages, the change log's first rows) cost more than later ones, and the first pair
@@ -106,16 +114,8 @@ impl Bench {
             ..load
         };
         for node in &nodes {
-            let gen = |_: &mut Rng, buf: &mut Vec<u8>| {
-                let k = node.next_add.fetch_add(1, Ordering::Relaxed);
-                let item = format!("pool:{}:{k}", node.name);
-                push_cmd(buf, &[b"MEMBER.ADD", SET.as_bytes(), item.as_bytes()]);
-                Expect::Yes
-            };
-            raw_load(node.vk.port(), &warm, &gen);
+            add_load(node, &warm);
         }
-        let pg = std::sync::Mutex::new(self.db.client());
-        let settle = || settle(&mut pg.lock().unwrap(), &nodes);
         let direct = &nodes[0];
         for (node, target, title) in [
             (
@@ -134,16 +134,7 @@ impl Bench {
                 "The pooled way on a direct connection (member.pg-pooler yes), 64 clients",
             ),
         ] {
-            let (p, d) = abba(
-                || {
-                    settle();
-                    lookups(node)
-                },
-                || {
-                    settle();
-                    lookups(direct)
-                },
-            );
+            let (p, d) = abba(|| lookups(node), || lookups(direct));
             self.r.pair(
                 title,
                 "EXISTS of present, uncached items (each one a database lookup)",
@@ -153,16 +144,7 @@ impl Bench {
                 None,
                 "the same lookups over a direct connection",
             );
-            let (p, d) = abba(
-                || {
-                    settle();
-                    adds(node)
-                },
-                || {
-                    settle();
-                    adds(direct)
-                },
-            );
+            let (p, d) = abba(|| adds(node), || adds(direct));
             self.r.pair(
                 title,
                 "MEMBER.ADD of new items",

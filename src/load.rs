@@ -8,7 +8,7 @@ use crate::command::info_section;
 use crate::{
     cluster, command, config, config::token_key, db, hooks::config_filter, hooks::config_load,
     hooks::events, hooks::slot_migration, server::mainq, server::reply, sets::catalog, sets::learn,
-    sets::state, upkeep::housekeeping, upkeep::notify, upkeep::sync,
+    sets::standing, sets::state, upkeep::housekeeping, upkeep::notify, upkeep::sync,
 };
 
 /// The module's load function: fails the load (`Status::Err`) on a refused config value or a
@@ -43,6 +43,8 @@ pub fn init(ctx: &Context, args: &[RedisString]) -> Status {
     // The configs are applied by now.
     token_key::started(ctx);
     config::started(ctx);
+    // A node started with `replicaof` is a replica without a link yet (docs/replicas.md).
+    standing::at_load(ctx);
     config::PG_URL.default_if_empty(config::PG_URL_DEFAULT);
     config_filter::register(ctx);
     // A short read of a filter payload must fail the load cleanly (rdb_load checks for it),
@@ -100,13 +102,16 @@ pub fn info_member(ctx: &InfoContext, for_crash_report: bool) {
 }
 
 /// A promotion makes every filter untrusted for "absent" until it has caught up again, and
-/// makes the node re-read the set catalog.
+/// makes the node re-read the set catalog; so does becoming a replica, until its link is up
+/// (docs/replicas.md).
 #[redis_module_macros::role_changed_event_handler]
-fn on_role_changed(_ctx: &Context, role: redis_module::server_events::ServerRole) {
+fn on_role_changed(ctx: &Context, role: redis_module::server_events::ServerRole) {
     cluster::owner::role_changed();
     if role == redis_module::server_events::ServerRole::Primary {
-        state::on_promoted();
+        standing::on_promoted();
         catalog::promoted();
+    } else {
+        standing::on_demoted(ctx);
     }
 }
 

@@ -82,7 +82,7 @@ type Section = fn(&mut Bench);
 
 /// The sections of a run, in order, by the name `--only` takes (a comma-separated list).
 /// `cluster` comes last: it adds items to the standalone set.
-const SECTIONS: [(&str, Section); 18] = [
+const SECTIONS: [(&str, Section); 19] = [
     ("memory", Bench::memory),
     ("negative", Bench::negative_path),
     ("mixed", Bench::mixed),
@@ -95,6 +95,7 @@ const SECTIONS: [(&str, Section); 18] = [
     ("idle", Bench::idle_sync),
     ("batch", Bench::batch),
     ("tokenize", Bench::tokenize),
+    ("replica", Bench::replica),
     ("normalize", Bench::normalize),
     ("visibility", Bench::visibility),
     ("syncmem", Bench::sync_memory),

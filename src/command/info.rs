@@ -10,6 +10,51 @@ use crate::sets::state::{self, Rebuild};
 use crate::{config, filter::store, sets::keys};
 
 /// A rate or fraction as INFO prints it: six decimals.
+/// The node's standing, in MEMBER.INFO and `INFO member` (docs/replicas.md): whether its
+/// filters answer "absent" now (`serves_absent`) and why not (`serves_absent_withheld`:
+/// `link-down`, `grace`, `catching-up` or `none`), the replica's link (`replica_link`: `up`,
+/// `down`, or `none` on a primary), how long ago the role or the link last changed, how often a
+/// link was lost, and the staleness bound measured now (`filter_lag_ms`: since the start of the
+/// oldest set's last catch-up; empty before any).
+pub(super) fn standing_fields() -> Vec<(&'static str, String)> {
+    let s = crate::sets::standing::shown();
+    let lag = state::with(|r| {
+        let now = std::time::Instant::now();
+        r.sets
+            .values()
+            .map(|s| s.covered_since.map(|t| now.duration_since(t).as_millis()))
+            .max()
+            .flatten()
+    });
+    let link = match (s.replica, s.link_up) {
+        (false, _) => "none",
+        (true, true) => "up",
+        (true, false) => "down",
+    };
+    vec![
+        ("serves_absent", (s.withheld.is_none() as u8).to_string()),
+        (
+            "serves_absent_withheld",
+            s.withheld.unwrap_or("none").into(),
+        ),
+        ("replica_link", link.into()),
+        (
+            "standing_changed_ms_ago",
+            s.since_ms.map(|m| m.to_string()).unwrap_or_default(),
+        ),
+        ("replica_link_losses", s.link_losses.to_string()),
+        ("replica_lag_holds", s.lag_holds.to_string()),
+        (
+            "replica_lag_bound_ms",
+            crate::sets::standing::lag_bound().as_millis().to_string(),
+        ),
+        (
+            "filter_lag_ms",
+            lag.map(|m| m.to_string()).unwrap_or_default(),
+        ),
+    ]
+}
+
 pub(super) fn f(x: f64) -> String {
     format!("{x:.6}")
 }
@@ -112,6 +157,7 @@ pub(super) fn fields(ctx: &Context, name: &str) -> Result<Vec<(&'static str, Str
             Ok((s.filter_key.clone(), s.trusted, current, s.catalog_id))
         })?;
         let (key, trusted, current, set_id) = key;
+        out.extend(standing_fields());
         let node = crate::db::identity::node();
         let filter = store::with(ctx, &key, |v| {
             let b = &v.bloom;
@@ -289,6 +335,7 @@ pub(super) fn fields(ctx: &Context, name: &str) -> Result<Vec<(&'static str, Str
             out.push(("lapsed_lookups", c.lapsed.to_string()));
             out.push(("lapsed_fp_cache", c.lapsed_cached.to_string()));
             out.push(("filter_incomplete_lookups", c.filter_incomplete.to_string()));
+            out.push(("filter_withheld_lookups", c.withheld.to_string()));
             out.push(("db_errors", c.db_errors.to_string()));
             out.push(("adds", c.adds.to_string()));
             out.push(("adds_new", c.adds_new.to_string()));

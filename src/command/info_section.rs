@@ -104,6 +104,8 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
             ("false_positives", c.false_positives.to_string()),
             ("lapsed_lookups", c.lapsed.to_string()),
             ("lapsed_fp_cache", c.lapsed_cached.to_string()),
+            ("filter_incomplete_lookups", c.filter_incomplete.to_string()),
+            ("filter_withheld_lookups", c.withheld.to_string()),
             ("db_errors", c.db_errors.to_string()),
             ("db_timeouts", m.db_timeouts.to_string()),
             ("exists_p50_us", m.exists_latency.quantile(0.50).to_string()),
@@ -178,6 +180,8 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
     fields.push(("db_session", db::session_shown().to_string()));
     // The history of the database this node follows, and its changes (docs/failover.md).
     fields.extend(db::identity::info_fields());
+    // Whether this node's filters answer "absent" now, and why not (docs/replicas.md).
+    fields.extend(super::info::standing_fields());
     // Where rebuilds read (member.pg-rebuild-url), and why it could not be used last time.
     fields.push((
         "rebuild_source",

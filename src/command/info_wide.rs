@@ -63,6 +63,7 @@ const SUM_ALL: &[&str] = &[
     "false_positives",
     "lapsed_lookups",
     "filter_incomplete_lookups",
+    "filter_withheld_lookups",
     "db_errors",
     "adds",
     "adds_new",

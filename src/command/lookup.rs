@@ -248,7 +248,8 @@ pub(super) fn decide_item(
 ) -> Step {
     let cluster = crate::server::cluster_mode::enabled();
     let slot = cluster.then(|| keyslot(canon.entity.as_bytes()));
-    let (mut view, mut filter_id) = if set.synced_epoch == epoch {
+    let current = set.synced_epoch == epoch;
+    let (mut view, mut filter_id) = if current {
         match probe {
             Some(p) => p.view(canon.hash, set.trusted),
             None => store::view(
@@ -288,6 +289,9 @@ pub(super) fn decide_item(
         // pass over the set's counters and one borrow of the module's.
         let counts = |c: &mut metrics::PathCounters| {
             c.exists += 1;
+            if !current {
+                c.withheld += 1;
+            }
             if lapsed {
                 c.lapsed += 1;
                 c.lapsed_cached += 1;

@@ -87,7 +87,9 @@ pub fn subscribe(ctx: &Context) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// A replica's link to its primary went down or came up. While it was down, the primary ran
+/// A replica's link to its primary went down or came up: its filters stop answering "absent"
+/// until the link is up and they have caught up since (`sets/standing.rs`). While it was down,
+/// the primary ran
 /// any `CLUSTER SETSLOT` without replicating it (Valkey replicates it only to replicas online
 /// at that moment), so a slot may have left and come back unseen: in cluster mode every slot
 /// is accepted afresh (`cluster::owner`).
@@ -95,15 +97,18 @@ pub fn subscribe(ctx: &Context) -> Result<(), &'static str> {
 /// # Safety
 /// Called by the server on the main thread.
 unsafe extern "C" fn on_primary_link(
-    _ctx: *mut raw::RedisModuleCtx,
+    ctx: *mut raw::RedisModuleCtx,
     _eid: raw::RedisModuleEvent,
-    _sub: u64,
+    sub: u64,
     _data: *mut c_void,
 ) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         if crate::server::cluster_mode::enabled() {
             crate::cluster::owner::unaccept(None);
         }
+        let ctx = Context::new(ctx);
+        let up = sub == raw::REDISMODULE_SUBEVENT_MASTER_LINK_UP;
+        crate::sets::standing::on_link(&ctx, up);
     }));
 }
 

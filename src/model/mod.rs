@@ -16,4 +16,5 @@ pub mod slot;
 pub mod slot_change;
 pub mod slot_migration;
 pub mod slotset;
+pub mod standing;
 pub mod token;

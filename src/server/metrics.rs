@@ -13,6 +13,10 @@ pub struct PathCounters {
     pub bloom_negative: u64,
     pub bloom_positive: u64,
     pub filter_incomplete: u64,
+    /// Lookups whose filter was not asked because its set has not caught up in the node's
+    /// current epoch (a promotion, a replica's link down or just up: docs/replicas.md).
+    /// Counted in `filter_incomplete` too.
+    pub withheld: u64,
     pub recent: u64,
     pub cache_hit: u64,
     pub fp_cache: u64,

@@ -13,4 +13,5 @@ pub mod lapsed;
 pub mod learn;
 pub mod limits;
 pub mod marks;
+pub mod standing;
 pub mod state;

@@ -14,9 +14,9 @@ use redis_module::RedisString;
 use crate::model::slotset::SlotSet;
 use crate::server::metrics::PathCounters;
 use crate::sets::catalog_copy::Catalog;
+use crate::sets::keys;
 use crate::sets::lapsed::Lapsed;
 use crate::sets::marks::Marks;
-use crate::{config, sets::keys};
 
 pub use crate::model::set_def::{SetChange, SetDef, Source, SourceSync};
 
@@ -266,15 +266,17 @@ pub struct Registry {
     pub sets: HashMap<String, SetState, BuildHasherDefault<NameHasher>>,
     pub catalog: Catalog,
     pub(crate) last_sweep: Option<Instant>,
-    /// Bumped each time this node is promoted to primary. A filter answers "absent" only if
-    /// its set has been caught up (sync pass or rebuild) by work *started* in the current
-    /// epoch: the old primary may have acknowledged ADDs whose effects never arrived here.
+    /// Bumped each time this node is promoted to primary, becomes a replica or loses its link
+    /// to its primary. A filter answers "absent" only if its set has been caught up (sync pass
+    /// or rebuild) by work *started* in the current epoch, late enough (`standing`): the old
+    /// primary may have acknowledged ADDs whose effects never arrived here.
     pub epoch: u64,
     /// Set by a promotion or a dataset load; the next sweep starts sync passes for every set
     /// at once.
     pub(crate) promoted: bool,
-    /// When this node was last promoted.
-    promoted_at: Option<Instant>,
+    /// The node's role and replication link, which decide when work counts towards trusting
+    /// a filter in the current epoch (`sets/standing.rs`, docs/replicas.md).
+    pub standing: crate::model::standing::Standing,
     /// Times at which a handover grace ends (a promotion, slots taken in a cluster): a sync
     /// pass starts then, whatever the interval, so the filter serves "absent" again promptly.
     pub(crate) catch_ups: Vec<Instant>,
@@ -306,6 +308,9 @@ impl Registry {
     }
 }
 
+/// A `synced_epoch` no epoch equals: the set has not caught up in any.
+pub const NOT_CURRENT: u64 = u64::MAX;
+
 thread_local! {
     static REGISTRY: RefCell<Registry> = RefCell::new(Registry::default());
 }
@@ -313,17 +318,6 @@ thread_local! {
 /// Access to the registry. Main thread only; never call back into it from inside `f`.
 pub fn with<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
     REGISTRY.with(|r| f(&mut r.borrow_mut()))
-}
-
-/// This node just became a primary (called from the role-change event, before any command
-/// runs in the new role): no filter is trusted for "absent" until it has caught up again.
-pub fn on_promoted() {
-    with(|r| {
-        r.epoch += 1;
-        r.promoted = true;
-        r.promoted_at = Some(Instant::now());
-    });
-    catch_up_at(Instant::now() + config::handover_grace());
 }
 
 /// Starts a sync pass for every set at `at` (the end of a handover grace), not an interval
@@ -344,14 +338,12 @@ pub fn after_load() {
 }
 
 /// Records that `set`'s filter was caught up by work started at `started`, in `epoch`. Work
-/// counts for a new epoch only when it started a handover grace after the promotion: the old
-/// primary may still acknowledge an ADD it took before (within its `member.db-timeout-ms`),
-/// and only work started after that reads it.
+/// counts for the epoch only when the node's standing says so: after a promotion, work started
+/// a handover grace later (the old primary may still acknowledge an ADD it took before, within
+/// its `member.db-timeout-ms`, and only work started after that reads it); on a replica, work
+/// started while its link is up, and after it came up (docs/replicas.md).
 pub fn synced(r: &mut Registry, set: &str, epoch: u64, started: Instant) {
-    let late_enough = r
-        .promoted_at
-        .is_none_or(|p| started >= p + config::handover_grace());
-    if epoch == r.epoch && late_enough {
+    if epoch == r.epoch && r.standing.counts(started) {
         if let Some(s) = r.sets.get_mut(set) {
             s.synced_epoch = epoch;
         }
@@ -405,9 +397,15 @@ pub fn register(def: SetDef) -> bool {
         }
         None => {
             // A set first seen now has no filter older than this epoch to distrust (one
-            // loaded from disk is held back until a sync pass trusts it).
+            // loaded from disk is held back until a sync pass trusts it), unless the node's
+            // standing holds every filter back (a replica without its link, a grace): then it
+            // waits for work that counts, like the others.
             let mut s = SetState::new(def);
-            s.synced_epoch = r.epoch;
+            s.synced_epoch = if r.standing.counts(Instant::now()) {
+                r.epoch
+            } else {
+                NOT_CURRENT
+            };
             r.catalog.touch(&s.def.name);
             r.sets.insert(s.def.name.clone(), s);
             true

@@ -60,6 +60,7 @@ mod pooler;
 mod pooler_cluster;
 mod python_client;
 mod rebuild_memory;
+mod replica;
 mod signup_browser;
 mod standby;
 mod startup;

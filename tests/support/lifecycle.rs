@@ -218,7 +218,21 @@ pub fn start_quiet_replica(env: &Env) -> (Valkey, Connection) {
     let replica = start_loaded(&env.db.url(), &[SYNC_OFF, ("replicaof", primary.as_str())]);
     let mut r = replica.conn();
     wait_linked(&replica, &mut r, Duration::from_secs(20));
+    wait_serves_absent(&replica, &mut r);
     (replica, r)
+}
+
+/// Waits until `vk`'s filters may answer "absent" (a replica: its link up, the grace after a
+/// new primary passed, every set caught up since; docs/replicas.md).
+pub fn wait_serves_absent(vk: &Valkey, c: &mut Connection) {
+    assert!(
+        wait_until(Duration::from_secs(30), || info_field(c, "serves_absent")
+            .as_deref()
+            == Ok("1")),
+        "the node never served \"absent\" again: {:?}\n{}",
+        info_field(c, "serves_absent_withheld"),
+        log_tail(vk)
+    );
 }
 
 /// Waits up to `within` for `replica`'s link to its primary to be up (`r`: a connection to

@@ -15,6 +15,7 @@ mod normalize;
 mod pooler;
 mod rebuild;
 mod rebuild_memory;
+mod replica;
 mod seeds_app;
 pub(crate) mod sync_memory;
 mod tokenize;

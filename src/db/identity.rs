@@ -31,6 +31,12 @@ struct Node {
     history_refused: bool,
     changes: u64,
     changed_at: Option<SystemTime>,
+    /// How far the node has seen the history it follows go: it only moves forward within one
+    /// history, so a reading below it means the server was put back in time (docs/failover.md,
+    /// "A database that went back in time").
+    high: High,
+    /// Times the node saw the database go back in time without a new timeline.
+    pub rollbacks: u64,
 }
 
 static NODE: Mutex<Node> = Mutex::new(Node {
@@ -39,7 +45,44 @@ static NODE: Mutex<Node> = Mutex::new(Node {
     history_refused: false,
     changes: 0,
     changed_at: None,
+    high: High {
+        flushed: None,
+        horizon: None,
+    },
+    rollbacks: 0,
 });
+
+/// The furthest points of one history the node has read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct High {
+    /// The highest flushed WAL position read (`pg_current_wal_flush_lsn()`, bytes). Flushed
+    /// WAL survives a crash, so within one history it never goes back.
+    flushed: Option<i64>,
+    /// The highest sync horizon a pass adopted as watermark (a snapshot's xmin). Every
+    /// transaction below it had ended, so within one history the next transaction id never
+    /// falls below it again; if it did, new rows would get ids under the watermarks and no
+    /// pass would ever read them.
+    horizon: Option<i64>,
+}
+
+/// One reading of how far the server is: its flushed WAL position (`None`: the role may not
+/// read it) and its next transaction id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Reading {
+    flushed: Option<i64>,
+    next_xid: i64,
+}
+
+/// Whether `now` shows a server behind what the node already read of the same history. Pure.
+fn went_back(high: High, now: Reading) -> bool {
+    let wal = matches!((high.flushed, now.flushed), (Some(h), Some(n)) if n < h);
+    let xid = high.horizon.is_some_and(|h| now.next_xid < h);
+    wal || xid
+}
+
+/// The token a node writes for a history it saw go back in time: the `restored-` prefix makes
+/// it count on timeline 1 too ([`compose`]).
+const RESTORED: &str = "restored-";
 
 /// Moves every time the identity a worker reads differs from the one the node held.
 static GENERATION: AtomicU64 = AtomicU64::new(0);
@@ -85,11 +128,15 @@ pub fn generation() -> u64 {
 pub fn shown() -> (String, u64, Option<SystemTime>) {
     let n = lock();
     let h = match (&n.history, n.history_refused) {
-        (Some(h), _) => format!(
-            "timeline {} (token {})",
-            h.timeline,
-            h.token.get(..8).unwrap_or(&h.token)
-        ),
+        (Some(h), _) => {
+            // A restored history's token shows its prefix and the start of its own part.
+            let shown = RESTORED.len() * (h.token.starts_with(RESTORED) as usize) + 8;
+            format!(
+                "timeline {} (token {})",
+                h.timeline,
+                h.token.get(..shown).unwrap_or(&h.token)
+            )
+        }
         (None, true) => "unreadable".into(),
         (None, false) => "unknown".into(),
     };
@@ -97,9 +144,10 @@ pub fn shown() -> (String, u64, Option<SystemTime>) {
 }
 
 /// INFO's fields of the history followed (MEMBER.INFO and `INFO member`): `db_history`,
-/// `db_history_changes` (changes of database or history this node saw since it started) and
-/// `db_history_changed_at` (unix seconds of the last one, 0 for none).
-pub fn info_fields() -> [(&'static str, String); 3] {
+/// `db_history_changes` (changes of database or history this node saw since it started),
+/// `db_history_changed_at` (unix seconds of the last one, 0 for none) and
+/// `db_history_rollbacks` (those it saw as the database going back in time on one timeline).
+pub fn info_fields() -> [(&'static str, String); 4] {
     let (history, changes, at) = shown();
     let at = at
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
@@ -108,6 +156,7 @@ pub fn info_fields() -> [(&'static str, String); 3] {
         ("db_history", history),
         ("db_history_changes", changes.to_string()),
         ("db_history_changed_at", at.to_string()),
+        ("db_history_rollbacks", rollbacks().to_string()),
     ]
 }
 
@@ -128,13 +177,20 @@ struct Probe {
     in_recovery: bool,
     /// `member_catalog_history` exists.
     table: bool,
+    /// `pg_current_wal_flush_lsn()` may be called.
+    flushed: bool,
+    /// The role may UPDATE `member_catalog_history` (to write a new token after a restore).
+    rewrite: bool,
 }
 
 const PROBE: &str = "SELECT has_function_privilege('pg_control_system()', 'EXECUTE'),
         has_function_privilege('pg_walfile_name(pg_lsn)', 'EXECUTE')
           AND has_function_privilege('pg_current_wal_lsn()', 'EXECUTE'),
         pg_is_in_recovery(),
-        to_regclass('member_catalog_history') IS NOT NULL";
+        to_regclass('member_catalog_history') IS NOT NULL,
+        has_function_privilege('pg_current_wal_flush_lsn()', 'EXECUTE'),
+        CASE WHEN to_regclass('member_catalog_history') IS NULL THEN false
+             ELSE has_table_privilege('member_catalog_history', 'UPDATE') END";
 
 fn probe(c: &mut Client) -> Result<Probe, postgres::Error> {
     let r = c.query_typed_one(PROBE, &[])?;
@@ -143,12 +199,15 @@ fn probe(c: &mut Client) -> Result<Probe, postgres::Error> {
         timeline: r.get(1),
         in_recovery: r.get(2),
         table: r.get(3),
+        flushed: r.get(4),
+        rewrite: r.get(5),
     })
 }
 
 /// What one read of the identity found: the base identity (`None`: the role may not read
-/// the system identifier), the timeline (`None`: may not read it) and its token, if written.
-type Read = (Option<String>, Option<(i32, Option<String>)>);
+/// the system identifier), the timeline (`None`: may not read it) and its token, if written,
+/// and how far the server is.
+type Read = (Option<String>, Option<(i32, Option<String>)>, Reading);
 
 /// The identity's parts in one statement, only those `p` says the role may read. The
 /// database's oid distinguishes every database of the cluster.
@@ -164,9 +223,15 @@ fn read_parts(c: &mut Client, p: &Probe) -> Result<Read, postgres::Error> {
     } else {
         "NULL::text"
     };
+    let flushed = if p.flushed {
+        "(pg_current_wal_flush_lsn() - '0/0'::pg_lsn)::int8"
+    } else {
+        "NULL::int8"
+    };
     let sql = format!(
         "SELECT {sysid}, (SELECT oid FROM pg_database WHERE datname = current_database())::int8,
-                t.tl, {token}
+                t.tl, {token}, {flushed},
+                pg_snapshot_xmax(pg_current_snapshot())::text::int8
            FROM (SELECT {timeline} AS tl) t"
     );
     let r = c.query_typed_one(&sql, &[])?;
@@ -174,9 +239,14 @@ fn read_parts(c: &mut Client, p: &Probe) -> Result<Read, postgres::Error> {
     let oid: i64 = r.get(1);
     let tl: Option<i32> = r.get(2);
     let token: Option<String> = r.get(3);
+    let reading = Reading {
+        flushed: r.get(4),
+        next_xid: r.get(5),
+    };
     Ok((
         sysid.map(|s| format!("postgresql:{s}:{oid}")),
         tl.map(|t| (t, token)),
+        reading,
     ))
 }
 
@@ -208,13 +278,39 @@ fn write_token(c: &mut Client, timeline: i32, table: bool) -> Result<String, pos
     Ok(String::new())
 }
 
+/// Writes a new token for `timeline` in place of `seen`, the one the node followed when it
+/// saw the server go back in time, and returns the token there now: the new one, or the one
+/// another node that saw it too wrote first. Every node reads it at its next pass, so they all
+/// leave the old history, even one that was not connected when the server went back.
+fn rewrite_token(c: &mut Client, timeline: i32, seen: &str) -> Result<String, postgres::Error> {
+    c.execute_typed(
+        "UPDATE member_catalog_history SET token = $3 || gen_random_uuid()::text,
+                first_seen = now()
+          WHERE timeline = $1 AND token = $2",
+        &[
+            (&timeline, Type::INT4),
+            (&seen, Type::TEXT),
+            (&RESTORED, Type::TEXT),
+        ],
+    )?;
+    let token: Option<String> = c
+        .query_typed_one(
+            "SELECT (SELECT token FROM member_catalog_history WHERE timeline = $1)",
+            &[(&timeline, Type::INT4)],
+        )?
+        .get(0);
+    Ok(token.unwrap_or_default())
+}
+
 /// The identity a node holds for base identity `base` (or this process's stand-in for it)
 /// and `history`. On timeline 1 it is what versions before histories stamped, so their
-/// filters stay trusted where they were made; on any later timeline the timeline and its
-/// token are part of it.
+/// filters stay trusted where they were made, unless the history was seen to go back in time
+/// (a `restored-` token); on any later timeline the timeline and its token are part of it.
 fn compose(base: &str, history: Option<&History>) -> u128 {
     let text = match history {
-        Some(h) if h.timeline != 1 => format!("{base}:tl{}:{}", h.timeline, h.token),
+        Some(h) if h.timeline != 1 || h.token.starts_with(RESTORED) => {
+            format!("{base}:tl{}:{}", h.timeline, h.token)
+        }
         _ => base.to_string(),
     };
     xxhash_rust::xxh3::xxh3_128(text.as_bytes())
@@ -234,9 +330,32 @@ pub(super) fn learn(c: &mut Client) {
     if p.in_recovery {
         return;
     }
-    let Ok((base, tl)) = read_parts(c, &p) else {
+    let Ok((base, mut tl, reading)) = read_parts(c, &p) else {
         return;
     };
+    // The same history as the node follows, but behind what the node read of it: a restore
+    // from a storage snapshot, a cold copy or a VM image. It becomes a new history.
+    let back = {
+        let node = lock();
+        let same = matches!((&node.history, &tl), (Some(h), Some((t, Some(tok))))
+            if h.timeline == *t && h.token == *tok);
+        same && went_back(node.high, reading)
+    };
+    if back {
+        let Some((timeline, Some(seen))) = tl.clone() else {
+            return;
+        };
+        if !p.rewrite {
+            return;
+        }
+        match rewrite_token(c, timeline, &seen) {
+            Ok(token) if !token.is_empty() && token != seen => {
+                lock().rollbacks += 1;
+                tl = Some((timeline, Some(token)));
+            }
+            _ => return,
+        }
+    }
     let history = match tl {
         Some((timeline, Some(token))) => Some(History { timeline, token }),
         Some((timeline, None)) => match write_token(c, timeline, p.table) {
@@ -261,7 +380,13 @@ pub(super) fn learn(c: &mut Client) {
         node.changes += 1;
         node.changed_at = Some(SystemTime::now());
         GENERATION.fetch_add(1, Ordering::AcqRel);
+        node.high = High::default();
     }
+    // Another history (or the first): how far it is counts from this reading.
+    if node.history != history {
+        node.high = High::default();
+    }
+    node.high.flushed = node.high.flushed.max(reading.flushed);
     node.db = db;
     node.history = history;
     node.history_refused = history_refused;
@@ -279,6 +404,20 @@ pub fn local() -> u128 {
         let seed = format!("local:{t}:{}:{:p}", std::process::id(), &NODE);
         xxhash_rust::xxh3::xxh3_128(seed.as_bytes())
     })
+}
+
+/// A sync pass read in generation `generation` adopted `horizon` as its watermark: the next
+/// transaction id of this history must never fall below it again (see [`High`]).
+pub fn passed(generation: u64, horizon: i64) {
+    let mut node = lock();
+    if generation == GENERATION.load(Ordering::Acquire) {
+        node.high.horizon = node.high.horizon.max(Some(horizon));
+    }
+}
+
+/// Times this node saw the database go back in time without a new timeline (INFO).
+pub fn rollbacks() -> u64 {
+    lock().rollbacks
 }
 
 /// On a connection about to build a filter (a rebuild's, not the main thread): learns the
@@ -322,6 +461,35 @@ mod tests {
         assert_eq!(compose(base, None), before);
         assert_eq!(compose(base, Some(&h(1, "a"))), before);
         assert_eq!(compose(base, Some(&h(1, "b"))), before);
+    }
+
+    #[test]
+    fn a_history_seen_going_back_is_another_identity_on_timeline_one_too() {
+        let base = "postgresql:7312:16384";
+        let before = compose(base, Some(&h(1, "a")));
+        let restored = compose(base, Some(&h(1, "restored-b")));
+        assert_ne!(before, restored);
+        assert_ne!(restored, compose(base, Some(&h(1, "restored-c"))));
+    }
+
+    #[test]
+    fn only_a_server_behind_what_was_read_went_back() {
+        let r = |flushed, next_xid| Reading { flushed, next_xid };
+        let none = High::default();
+        assert!(!went_back(none, r(Some(1), 1)), "nothing read yet");
+        let high = High {
+            flushed: Some(1000),
+            horizon: Some(50),
+        };
+        assert!(!went_back(high, r(Some(1000), 50)), "where it was");
+        assert!(!went_back(high, r(Some(2000), 90)), "further on");
+        assert!(went_back(high, r(Some(999), 90)), "WAL behind");
+        assert!(went_back(high, r(Some(2000), 49)), "ids below a watermark");
+        assert!(
+            !went_back(high, r(None, 50)),
+            "a role refused the WAL position is judged by ids alone"
+        );
+        assert!(went_back(high, r(None, 10)));
     }
 
     #[test]

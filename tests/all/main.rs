@@ -61,6 +61,7 @@ mod pooler_cluster;
 mod python_client;
 mod rebuild_memory;
 mod replica;
+mod restore;
 mod signup_browser;
 mod standby;
 mod startup;

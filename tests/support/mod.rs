@@ -45,7 +45,7 @@ pub mod tls;
 
 // The harness's public names, reachable as `support::X`. Each test file uses some of them.
 #[allow(unused_imports)]
-pub use own_pg::OwnPg;
+pub use own_pg::{ColdCopy, OwnPg};
 #[allow(unused_imports)]
 pub use pg::{fresh_db, fresh_db_owned_by_module_role, Pg, TestDb, APP_ROLE, MODULE_ROLE};
 #[allow(unused_imports)]

@@ -70,3 +70,45 @@ impl OwnPg {
         self.cluster.try_client("postgres")
     }
 }
+
+/// A cold copy of an [`OwnPg`]'s data directory: what a storage snapshot, a VM image or a
+/// filesystem snapshot brings back (same system identifier, same timeline, an older state).
+pub struct ColdCopy {
+    dir: std::path::PathBuf,
+}
+
+impl OwnPg {
+    /// Stops the server, copies its data directory aside, and starts it again.
+    pub fn cold_copy(&mut self) -> ColdCopy {
+        self.stop();
+        let dir = self.cluster.base.join("cold-copy");
+        copy_tree(&self.cluster.base.join("data"), &dir);
+        self.start();
+        ColdCopy { dir }
+    }
+
+    /// Stops the server, puts `copy` in place of its data directory, and starts it again on the
+    /// same port: the database restored from a snapshot, with no new timeline.
+    pub fn restore(&mut self, copy: &ColdCopy) {
+        self.stop();
+        let data = self.cluster.base.join("data");
+        fs::remove_dir_all(&data).expect("remove the data directory");
+        copy_tree(&copy.dir, &data);
+        self.start();
+    }
+}
+
+/// `cp -a`: the files keep their owner (the `postgres` user) and modes.
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    let out = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .output()
+        .expect("run cp");
+    assert!(
+        out.status.success(),
+        "cp -a {from:?} {to:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -262,6 +262,9 @@ pub fn run(ctx: &Context, now_all: bool) {
             None => Ok(Changes::default()),
         };
         if let Ok(ch) = &res {
+            // How far this history has gone: its next transaction id never falls below this
+            // again unless the server went back in time (db/identity.rs).
+            crate::db::identity::passed(pass.generation, ch.horizon);
             if ch.timeline.is_some() && ch.timeline != timeline {
                 res = Err(DbErr::Unavailable(format!(
                     "the database's timeline moved during the sync pass ({} to {}): the pass \

@@ -47,7 +47,7 @@ cluster-stop:
 # cluster bus. Each name is a test-name filter: `<area>::`. Before the pass, every area must
 # select at least one test of its own (a filter that matches nothing would pass with 0 tests).
 REDIS_AREAS = commands bad_input batch funnel hostile acl \
-	catalog lifecycle lifecycle_rebuild foreign_filter foreign_writes moved_keys \
+	catalog lifecycle lifecycle_rebuild replica foreign_filter foreign_writes moved_keys \
 	tokenize latency big_filters config_values module_load startup \
 	cluster cluster_attach cluster_batch cluster_clients cluster_forward cluster_info cluster_rebuild cluster_slots keyslot command_docs
 
@@ -56,7 +56,7 @@ REDIS_AREAS = commands bad_input batch funnel hostile acl \
 # the cluster areas where slots move (the classic path, and atomic slot migration), whose
 # outcome depends on how the server hands a slot over. The server is the pinned binary
 # scripts/valkey9.sh unpacks (`make deps`).
-VALKEY9_AREAS = funnel lifecycle cluster cluster_slots cluster_reshard asm
+VALKEY9_AREAS = funnel lifecycle replica cluster cluster_slots cluster_reshard asm
 VALKEY9_SERVER = $(CURDIR)/target/servers/valkey-9.1.2/valkey-server
 
 # $(call check_areas,VAR,Name): every area of $(VAR) must select at least one test of its own

@@ -13,7 +13,7 @@ use redis::Connection;
 use support::lifecycle::{log_tail, wait_linked, SYNC_OFF};
 use support::member::*;
 use support::proxy::{Mode, Proxy};
-use support::{fresh_db, wait_until, Pg, Valkey};
+use support::{fresh_db, server_version, wait_until, Pg, Valkey};
 
 use super::failover::exists;
 
@@ -62,13 +62,37 @@ fn through(url: &str, port: u16) -> String {
 /// link is refused (the full sync of a Sentinel demotion, held open), and the second takes
 /// ADDs, MADDs and DELs, and a set created meanwhile. The demoted node, whose filters were
 /// trusted a moment before, never answers 0 for an acknowledged item while its link is down;
-/// once linked and caught up it serves "absent" again, and every item answers 1.
+/// once linked and caught up it serves "absent" again, and every item answers 1. Run with
+/// the full sync diskless (the default), through a file, and over two channels (Valkey 8 and
+/// later: the link comes up before the snapshot is loaded).
 #[test]
 fn a_demoted_primary_answers_no_zero_until_linked_and_caught_up() {
+    demotion(&[]);
+}
+
+#[test]
+fn a_demoted_primary_through_a_disk_sync_answers_no_zero() {
+    demotion(&[("repl-diskless-sync", "no")]);
+}
+
+#[test]
+fn a_demoted_primary_through_a_dual_channel_sync_answers_no_zero() {
+    let probe = Valkey::start_plain();
+    let version = server_version(&mut probe.conn());
+    if !version.valkey_at_least((8, 0, 0)) {
+        eprintln!("skipped on {version:?}: dual-channel replication is Valkey 8's");
+        return;
+    }
+    demotion(&[("dual-channel-replication-enabled", "yes")]);
+}
+
+fn demotion(sync: &[(&str, &str)]) {
     let db = fresh_db();
     // Their own sync loops off: only the link (or the database) can bring B's writes to A.
-    let a = start_loaded(&db.url(), &[SYNC_OFF, FULL_SYNC_NOW]);
-    let b = start_loaded(&db.url(), &[SYNC_OFF, FULL_SYNC_NOW]);
+    let mut configs = vec![SYNC_OFF, FULL_SYNC_NOW, ("enable-debug-command", "yes")];
+    configs.extend_from_slice(sync);
+    let a = start_loaded(&db.url(), &configs);
+    let b = start_loaded(&db.url(), &configs);
     let (mut ca, mut cb) = (a.conn(), b.conn());
     ok(&mut ca, &["MEMBER.CREATE", "s"]);
     assert_eq!(int(&mut ca, &["MEMBER.ADD", "s", "before"]), 1);
@@ -76,6 +100,8 @@ fn a_demoted_primary_answers_no_zero_until_linked_and_caught_up() {
     assert_eq!(node_field(&mut ca, "replica_link"), "none");
     assert_eq!(int(&mut cb, &["MEMBER.EXISTS", "s", "before"]), 1);
 
+    // A dataset on the new primary, so that its snapshot is more than the module's keys.
+    let _ = cmd(&mut cb, &["DEBUG", "POPULATE", "200000", "plain"]);
     let link = Proxy::start(b.port());
     link.set(Mode::Refuse);
     ok(
@@ -139,8 +165,36 @@ fn a_demoted_primary_answers_no_zero_until_linked_and_caught_up() {
     );
     assert_eq!(node_field(&mut ca, "serves_absent_withheld"), "link-down");
 
-    // The link comes up: after the grace and a pass the node serves "absent" again.
+    // The link comes up: through the handshake, the full sync (the node answers LOADING
+    // meanwhile) and the grace, acknowledged items still never answer 0; after the grace and
+    // a pass the node serves "absent" again.
     link.set(Mode::Pass);
+    let began = std::time::Instant::now();
+    let mut during = 0;
+    let mut zeros = Vec::new();
+    while info_field(&mut ca, "serves_absent").as_deref() != Ok("1") && began.elapsed() < WITHIN {
+        let item = format!("d{during}");
+        assert_eq!(int(&mut cb, &["MEMBER.ADD", "s", &item]), 1);
+        during += 1;
+        if let Ok(redis::Value::Int(0)) = cmd(&mut ca, &["MEMBER.EXISTS", "s", &item]) {
+            // Once the node serves "absent" again, an item asked before the primary's effect
+            // arrived is the read-your-writes window (docs/replicas.md), not a stale filter.
+            if info_field(&mut ca, "serves_absent").as_deref() == Ok("1") {
+                break;
+            }
+            zeros.push(item);
+        }
+    }
+    assert!(
+        zeros.is_empty(),
+        "{} of {during} acknowledged items answered 0 while the link came up: {zeros:?}\n{}",
+        zeros.len(),
+        log_tail(&a)
+    );
+    assert!(
+        during > 0,
+        "the node served \"absent\" at once after the link came up"
+    );
     wait_linked(&a, &mut ca, WITHIN);
     wait_field(&a, &mut ca, "serves_absent_withheld", "none");
     wait_serving(&a, &mut ca, "s");
@@ -157,6 +211,14 @@ fn a_demoted_primary_answers_no_zero_until_linked_and_caught_up() {
         explain(&mut ca, "s", "never-added"),
         (0, "bloom-negative".to_string())
     );
+    // The window closes with WAIT: once the replica has acknowledged the ADD's offset, the
+    // effect is applied there.
+    for i in 0..200 {
+        let item = format!("w{i}");
+        assert_eq!(int(&mut cb, &["MEMBER.ADD", "s", &item]), 1);
+        assert_eq!(int(&mut cb, &["WAIT", "1", "5000"]), 1, "WAIT after {item}");
+        assert_eq!(exists(&mut ca, "s", &item), Some(1), "{item} after WAIT");
+    }
     assert!(
         wait_until(WITHIN, || a
             .log()

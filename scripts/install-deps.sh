@@ -15,6 +15,7 @@ set -euo pipefail
 need=()
 command -v valkey-server >/dev/null 2>&1 || need+=(valkey-server valkey-tools)
 command -v valkey-cli >/dev/null 2>&1 || need+=(valkey-tools)
+command -v valkey-sentinel >/dev/null 2>&1 || need+=(valkey-sentinel)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 command -v psql >/dev/null 2>&1 || need+=(postgresql-client)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
@@ -58,14 +59,14 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 # shellcheck disable=SC2068
-$SUDO apt-get install -y -qq -t bookworm-backports valkey-server valkey-tools >/dev/null
+$SUDO apt-get install -y -qq -t bookworm-backports valkey-server valkey-tools valkey-sentinel >/dev/null
 $SUDO apt-get install -y -qq postgresql postgresql-client libclang-dev redis-server \
   openssl libssl-dev pkg-config python3 python3-redis python3-venv prometheus-redis-exporter \
   prometheus chromium chromium-driver pgbouncer >/dev/null
 [ ${#node[@]} -eq 0 ] || $SUDO apt-get install -y -qq "${node[@]}" >/dev/null
 # The Debian packages start system-wide servers; libmember runs its own (and the monitoring
 # test its own exporter).
-$SUDO systemctl disable --now valkey-server postgresql redis-server prometheus \
+$SUDO systemctl disable --now valkey-server valkey-sentinel postgresql redis-server prometheus \
   prometheus-redis-exporter pgbouncer >/dev/null 2>&1 || true
-for s in valkey-server redis-server postgresql prometheus prometheus-redis-exporter pgbouncer; do $SUDO service "$s" stop >/dev/null 2>&1 || true; done
+for s in valkey-server valkey-sentinel redis-server postgresql prometheus prometheus-redis-exporter pgbouncer; do $SUDO service "$s" stop >/dev/null 2>&1 || true; done
 valkey9

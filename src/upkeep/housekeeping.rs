@@ -96,24 +96,30 @@ pub fn run(ctx: &Context) {
 const STRANGERS_EVERY: Duration = Duration::from_secs(1);
 
 /// True (at most once per `STRANGERS_EVERY`) when a set's key holds a complete filter value
-/// that the set does not trust (moved or copied back, restored, loaded): the sync loop then
-/// catches it up now rather than after a whole `member.sync-interval-ms`, during which every
-/// lookup of the set would go to the database.
+/// that the set does not trust (moved or copied back, restored, loaded), or that has not
+/// caught up in the node's current epoch though its standing would let it (a set learned, or
+/// a filter installed, after the pass that ended a grace; docs/replicas.md): the sync loop
+/// then catches it up now rather than after a whole `member.sync-interval-ms`, during which
+/// every lookup of the set would go to the database.
 fn strangers_waiting(ctx: &Context, now: Instant) -> bool {
-    let sets: Vec<(RedisString, Option<u64>)> = with(|r| {
+    let sets: Vec<(RedisString, Option<u64>, bool)> = with(|r| {
         if r.strangers_seen
             .is_some_and(|t| now.duration_since(t) < STRANGERS_EVERY)
         {
             return Vec::new();
         }
+        let may_serve = r.standing.withheld(now).is_none();
         r.sets
             .values()
-            .map(|s| (s.filter_key.clone(), s.trusted))
+            .map(|s| {
+                let behind = may_serve && s.synced_epoch != r.epoch;
+                (s.filter_key.clone(), s.trusted, behind)
+            })
             .collect()
     });
-    let found = sets.iter().any(|(key, trusted)| {
+    let found = sets.iter().any(|(key, trusted, behind)| {
         store::with(ctx, key, |f| {
-            f.cov.complete && f.cov.watermark.is_some() && !f.trusted(*trusted)
+            f.cov.complete && f.cov.watermark.is_some() && (*behind || !f.trusted(*trusted))
         })
         .unwrap_or(false)
     });

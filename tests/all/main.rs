@@ -62,6 +62,7 @@ mod python_client;
 mod rebuild_memory;
 mod replica;
 mod restore;
+mod sentinel;
 mod signup_browser;
 mod standby;
 mod startup;

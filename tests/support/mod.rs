@@ -18,7 +18,7 @@
 //! shared cluster, one per pooling mode), `lifecycle.rs` (the filter-lifecycle
 //! tests' servers and assertions), `faults.rs` (the fault-injection tests' calls and
 //! probes), `cluster.rs` / `cluster_ops.rs` (a Valkey Cluster), `proxy.rs` (a TCP proxy that
-//! injects link faults), `tls.rs` (PostgreSQL over TLS), `python.rs` (the virtualenv, pytest,
+//! injects link faults), `sentinel.rs` (Debian's `valkey-sentinel` watching a primary), `tls.rs` (PostgreSQL over TLS), `python.rs` (the virtualenv, pytest,
 //! Python programs), `node.rs` (the Node dependencies, the example's scripts, `node --test`).
 
 mod own_pg;
@@ -39,6 +39,7 @@ pub mod node;
 pub mod pgbouncer;
 pub mod proxy;
 pub mod python;
+pub mod sentinel;
 pub mod source;
 pub mod standby;
 pub mod tls;

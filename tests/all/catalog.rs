@@ -412,8 +412,10 @@ fn drop_reaches_replicas_and_other_nodes_and_a_new_create_starts_clean() {
     assert!(
         wait_until(ONE_INTERVAL, || explain(&mut r, "d", "x")
             == (0, "bloom-negative".to_string())),
-        "the replica's filter for the new set: {:?}",
-        explain(&mut r, "d", "x")
+        "the replica's filter for the new set: {:?}\nMEMBER.NODEINFO d: {:?}\n{}",
+        explain(&mut r, "d", "x"),
+        support::lifecycle::info_all(&mut r, "d"),
+        log_tail(&replica)
     );
     // The polling node: dropped and created again between two checks or not, it never
     // answers from what it held before.

@@ -62,7 +62,7 @@ fn reshard_cluster() -> MutexGuard<'static, Cluster> {
 /// a failover, once a replica, sometimes kept a later reshard's `SETSLOT … MIGRATING` marks
 /// that its primary replicated to it (34 of 150 slots in one run), and `--cluster check` then
 /// reports open slots on it.
-fn failover_cluster() -> MutexGuard<'static, Cluster> {
+pub(crate) fn failover_cluster() -> MutexGuard<'static, Cluster> {
     static OWN: OnceLock<Mutex<Cluster>> = OnceLock::new();
     OWN.get_or_init(|| Mutex::new(Cluster::start(&CONFIGS)))
         .lock()

@@ -30,6 +30,7 @@ mod cluster_clients;
 mod cluster_forward;
 mod cluster_info;
 mod cluster_rebuild;
+mod cluster_replica;
 mod cluster_reshard;
 mod cluster_slots;
 mod command_docs;

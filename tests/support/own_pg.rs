@@ -82,6 +82,7 @@ impl OwnPg {
     pub fn cold_copy(&mut self) -> ColdCopy {
         self.stop();
         let dir = self.cluster.base.join("cold-copy");
+        let _ = fs::remove_dir_all(&dir);
         copy_tree(&self.cluster.base.join("data"), &dir);
         self.start();
         ColdCopy { dir }

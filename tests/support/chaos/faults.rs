@@ -33,8 +33,11 @@ pub const ALL: [&str; 12] = [
 
 /// The faults only `make chaos` runs: a base backup and a promotion take seconds, more than
 /// the short run of `make test` gives each fault. `pg-promote-behind`: PostgreSQL fails over
-/// to a standby that was behind (docs/failover.md).
-pub const LONG_ONLY: [&str; 1] = ["pg-promote-behind"];
+/// to a standby that was behind (docs/failover.md). `pg-restore-cold`: PostgreSQL is put back
+/// from a cold copy of its data directory taken moments before (a storage snapshot restored:
+/// same system identifier, same timeline, an older state). Both take back what was committed
+/// meanwhile ([`taken_back`]).
+pub const LONG_ONLY: [&str; 2] = ["pg-promote-behind", "pg-restore-cold"];
 
 /// PostgreSQL, the proxy, two servers (one primary, one replica) and the port clients use.
 pub struct World {
@@ -242,6 +245,17 @@ impl World {
             }
             "failover" => self.failover(rng)?,
             "pg-promote-behind" => self.promote_behind(rng),
+            "pg-restore-cold" => {
+                let copy = self.pg.cold_copy();
+                let lasts = 300 + rng.below(1500);
+                thread::sleep(Duration::from_millis(lasts));
+                self.pg.restore(&copy);
+                format!(
+                    "cold copy of :{} taken, {lasts} ms of commits after it, then the copy put \
+                     back in place",
+                    self.pg.port()
+                )
+            }
             other => panic!("unknown fault {other}"),
         };
         Ok(done)
@@ -368,14 +382,14 @@ fn short(r: &redis::RedisResult<redis::Value>) -> String {
     .collect()
 }
 
-/// What a `pg-promote-behind` takes back, for the checker: every write that may have taken
-/// effect while it ran (from the standby's stop to the promotion) may be gone from the new
-/// primary. Each gets a write of the other kind, as if failed: it may take effect at any time
+/// What a `pg-promote-behind` or a `pg-restore-cold` takes back, for the checker: every write
+/// that may have taken effect while it ran (from the standby's stop to the promotion, from the
+/// copy to its restore) may be gone from the database. Each gets a write of the other kind, as if failed: it may take effect at any time
 /// from the fault's start until the checker's settle time after its end (the node answers
 /// from the old history until it learns the new one; docs/failover.md).
 pub fn taken_back(ops: &[Op], faults: &[Fault], settle_us: u64) -> Vec<Op> {
     let mut out = Vec::new();
-    for f in faults.iter().filter(|f| f.kind == LONG_ONLY[0]) {
+    for f in faults.iter().filter(|f| LONG_ONLY.contains(&f.kind)) {
         for w in ops.iter().filter(|o| o.kind != Kind::Exists) {
             let effect_end = match w.outcome {
                 Outcome::Int(_) => w.end,

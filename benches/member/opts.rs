@@ -33,7 +33,7 @@ pub(crate) const USAGE: &str = "usage: cargo bench --bench member -- [--ten-mill
   --workers N     member.workers for the module (default: the module's default)
   --fpr-probes N  absent probes for the measured false-positive rate (default 1 000 000)
   --only SECTIONS run only these, comma-separated: memory,negative,mixed,cold,dbcpu,rebuild,writes,writepath,bigfilter,idle,batch,
-                  tokenize,normalize,visibility,syncmem,rebuildmem,pooler,cluster
+                  tokenize,replica,normalize,visibility,syncmem,rebuildmem,pooler,cluster
                   (prints the table; bench/results.md and the chart are kept as they are)";
 
 impl Opts {

@@ -246,7 +246,7 @@ fn a_stalled_replica_stops_answering_absent_after_the_lag_bound() {
         &through(&db.url(), pg.port()),
         &[
             ("member.sync-interval-ms", "200"),
-            ("member.db-timeout-ms", "500"),
+            ("member.db-timeout-ms", "1000"),
             ("replicaof", replicaof.as_str()),
         ],
     );
@@ -254,7 +254,7 @@ fn a_stalled_replica_stops_answering_absent_after_the_lag_bound() {
     wait_linked(&replica, &mut r, WITHIN);
     wait_serving(&replica, &mut r, "s");
     let bound: u64 = node_field(&mut r, "replica_lag_bound_ms").parse().unwrap();
-    assert_eq!(bound, 200 + 500 + 1000);
+    assert_eq!(bound, 200 + 1000 + 1000);
 
     link.set(Mode::StallExisting);
     pg.set(Mode::Refuse);

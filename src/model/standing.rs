@@ -115,11 +115,19 @@ impl Standing {
         if !self.replica {
             return None;
         }
+        // Told again without a loss in between (a dual-channel sync says so once per
+        // channel): the period that began first goes on, its grace included.
+        if self.link_up {
+            return self.counts_from;
+        }
         let same = replid.is_some() && replid == self.replid;
         self.link_up = true;
         self.since = Some(now);
         self.replid = replid;
+        // Never before a grace still running: a dual-channel sync says the link is up when
+        // the primary accepts it, down while the snapshot loads, and up again.
         let from = if same { now } else { now + grace };
+        let from = self.counts_from.map_or(from, |t| t.max(from));
         self.counts_from = Some(from);
         Some(from)
     }
@@ -210,6 +218,38 @@ mod tests {
             Some(up2 + GRACE)
         );
         assert_eq!(s.link_losses, 2);
+    }
+
+    #[test]
+    fn a_link_said_up_twice_keeps_its_first_grace() {
+        let t0 = Instant::now();
+        let mut s = Standing::starting_as_replica(t0);
+        assert_eq!(
+            s.link_came_up(t0, GRACE, Some("a".into())),
+            Some(t0 + GRACE)
+        );
+        let again = t0 + Duration::from_secs(1);
+        assert_eq!(
+            s.link_came_up(again, GRACE, Some("a".into())),
+            Some(t0 + GRACE)
+        );
+        assert!(!s.counts(again));
+    }
+
+    #[test]
+    fn a_link_back_from_the_same_primary_within_its_grace_waits_the_grace_out() {
+        let t0 = Instant::now();
+        let mut s = Standing::starting_as_replica(t0);
+        s.link_came_up(t0, GRACE, Some("a".into()));
+        let down = t0 + Duration::from_millis(200);
+        assert!(s.link_lost(down));
+        let up = down + Duration::from_millis(200);
+        assert_eq!(
+            s.link_came_up(up, GRACE, Some("a".into())),
+            Some(t0 + GRACE)
+        );
+        assert!(!s.counts(up));
+        assert_eq!(s.withheld(up), Some(Withheld::Grace));
     }
 
     #[test]

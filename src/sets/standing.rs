@@ -84,6 +84,7 @@ pub fn on_link(ctx: &Context, up: bool) {
         return;
     }
     let replid = crate::server::repl_info::replid(ctx);
+    let shown = replid.clone().unwrap_or_else(|| "unknown".into());
     let from = with(|r| {
         r.standing
             .link_came_up(now, config::handover_grace(), replid)
@@ -91,6 +92,16 @@ pub fn on_link(ctx: &Context, up: bool) {
     if let Some(from) = from {
         // The pass that may make the filters current again starts as soon as it would count.
         catch_up_at(from);
+        reply::log(
+            ctx,
+            reply::Level::Notice,
+            &format!(
+                "libmember: this replica's link to its primary is up (replication id {shown}): \
+                 its filters answer \"absent\" again once a sync pass started {} ms from now \
+                 has caught them up",
+                from.saturating_duration_since(now).as_millis()
+            ),
+        );
     }
 }
 

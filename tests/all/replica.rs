@@ -195,6 +195,17 @@ fn demotion(sync: &[(&str, &str)]) {
         during > 0,
         "the node served \"absent\" at once after the link came up"
     );
+    let withheld_after: i64 = node_field(&mut ca, "filter_withheld_lookups")
+        .parse()
+        .unwrap();
+    eprintln!(
+        "demotion {sync:?}: {asked} asks while the link was refused and {during} while it came \
+         up, none 0; {} lookups sent past the filter in all ({} while refused); from the link \
+         let through to serving \"absent\" again: {:.2} s",
+        withheld_after - withheld_before,
+        withheld - withheld_before,
+        began.elapsed().as_secs_f64()
+    );
     wait_linked(&a, &mut ca, WITHIN);
     wait_field(&a, &mut ca, "serves_absent_withheld", "none");
     wait_serving(&a, &mut ca, "s");

@@ -7,11 +7,12 @@ use crate::support;
 
 use std::time::Duration;
 
+use support::cluster::Cluster;
 use support::lifecycle::log_tail;
 use support::member::*;
 use support::{wait_until, OwnPg};
 
-use super::failover::{exists, insert};
+use super::failover::{add_or_insert, exists, insert};
 
 const WITHIN: Duration = Duration::from_secs(30);
 
@@ -127,4 +128,86 @@ fn a_database_restored_from_a_cold_copy_is_a_new_history() {
         explain(&mut c, "s", "never-added"),
         (0, "bloom-negative".to_string())
     );
+}
+
+/// The same restore under a cluster of three primaries (a cluster of the test's own, on a
+/// PostgreSQL of its own: the shared clusters' database is the shared PostgreSQL, which no test
+/// may put back in time). The first node to read the restored database behind what it read
+/// writes the new history token; every other node follows it at its next pass.
+#[test]
+fn in_a_cluster_every_node_leaves_a_restored_history() {
+    let mut pg = OwnPg::start_new();
+    let cl = Cluster::start_primaries_on(&pg.url(), &[("member.sync-interval-ms", "200")]);
+    cl.create_everywhere("s");
+    cl.wait_ready("s");
+    let mut c = cl.client();
+    let kept: Vec<String> = (0..30).map(|i| format!("kept{i}")).collect();
+    let mut db = pg.client();
+    add_or_insert(&mut c, &mut db, &kept);
+    drop(db);
+    let copy = pg.cold_copy();
+    let mut db = pg.client();
+    let at_copy = next_xid(&mut db);
+    assert!(
+        wait_until(WITHIN, || kept
+            .iter()
+            .all(|i| exists(&mut c, "s", i) == Some(1))),
+        "the cluster never came back after the copy"
+    );
+    let lost: Vec<String> = (0..30).map(|i| format!("lost{i}")).collect();
+    add_or_insert(&mut c, &mut db, &lost);
+    for _ in 0..300 {
+        db.batch_execute("SELECT pg_current_xact_id()").unwrap();
+    }
+    for n in cl.primaries() {
+        let mut nc = n.conn();
+        assert!(
+            wait_until(WITHIN, || set_info(&mut nc, "s", "sync_watermark_xid")
+                .ok()
+                .and_then(|w| w.parse::<i64>().ok())
+                .is_some_and(|w| w > at_copy + 250)),
+            "{}: the watermark never passed the copy's ids",
+            n.addr()
+        );
+    }
+    drop(db);
+
+    pg.restore(&copy);
+    let mut db = pg.client();
+    let fresh: Vec<String> = (0..30).map(|i| format!("fresh{i}")).collect();
+    for item in &fresh {
+        insert(&mut db, "s", item);
+    }
+    let mut rollbacks = 0;
+    for n in cl.primaries() {
+        let mut nc = n.conn();
+        assert!(
+            wait_until(WITHIN, || info_field(&mut nc, "db_history")
+                .is_ok_and(|h| h.contains("token restored-"))),
+            "{} never left the restored history: {:?}",
+            n.addr(),
+            info_field(&mut nc, "db_history")
+        );
+        assert_eq!(info_field(&mut nc, "db_history_changes").unwrap(), "1");
+        rollbacks += info_field(&mut nc, "db_history_rollbacks")
+            .unwrap()
+            .parse::<u64>()
+            .unwrap();
+    }
+    assert!(rollbacks >= 1, "no node says it saw the database go back");
+    for item in &fresh {
+        assert!(
+            wait_until(WITHIN, || exists(&mut c, "s", item) == Some(1)),
+            "{item}, written on the restored database, never answered 1"
+        );
+    }
+    for item in &lost {
+        assert!(
+            wait_until(WITHIN, || exists(&mut c, "s", item) == Some(0)),
+            "{item}, lost with the restore, still answers 1"
+        );
+    }
+    for item in &kept {
+        assert_eq!(exists(&mut c, "s", item), Some(1), "{item}");
+    }
 }

@@ -37,6 +37,9 @@ struct Node {
     high: High,
     /// Times the node saw the database go back in time without a new timeline.
     pub rollbacks: u64,
+    /// Tokens of histories this node left on the same timeline (a restore seen): a read
+    /// that still shows one began before the new token was written, and is stale.
+    retired: Vec<(i32, String)>,
 }
 
 static NODE: Mutex<Node> = Mutex::new(Node {
@@ -50,6 +53,7 @@ static NODE: Mutex<Node> = Mutex::new(Node {
         horizon: None,
     },
     rollbacks: 0,
+    retired: Vec::new(),
 });
 
 /// The furthest points of one history the node has read.
@@ -337,6 +341,12 @@ pub(super) fn learn(c: &mut Client) {
     // from a storage snapshot, a cold copy or a VM image. It becomes a new history.
     let back = {
         let node = lock();
+        if let Some((t, Some(tok))) = &tl {
+            if node.retired.iter().any(|(rt, rtok)| rt == t && rtok == tok) {
+                // Read before another worker of this node wrote the new token: stale.
+                return;
+            }
+        }
         let same = matches!((&node.history, &tl), (Some(h), Some((t, Some(tok))))
             if h.timeline == *t && h.token == *tok);
         same && went_back(node.high, reading)
@@ -350,7 +360,6 @@ pub(super) fn learn(c: &mut Client) {
         }
         match rewrite_token(c, timeline, &seen) {
             Ok(token) if !token.is_empty() && token != seen => {
-                lock().rollbacks += 1;
                 tl = Some((timeline, Some(token)));
             }
             _ => return,
@@ -381,6 +390,15 @@ pub(super) fn learn(c: &mut Client) {
         node.changed_at = Some(SystemTime::now());
         GENERATION.fetch_add(1, Ordering::AcqRel);
         node.high = High::default();
+        // The same timeline under a new token: the history went back in time (this node or
+        // another wrote the token). Counted once, and the old token is never followed again.
+        if let (Some(old), Some(new)) = (&node.history, &history) {
+            if old.timeline == new.timeline && old.token != new.token {
+                let retired = (old.timeline, old.token.clone());
+                node.retired.push(retired);
+                node.rollbacks += 1;
+            }
+        }
     }
     // Another history (or the first): how far it is counts from this reading.
     if node.history != history {

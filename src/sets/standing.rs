@@ -106,6 +106,12 @@ pub fn on_link(ctx: &Context, up: bool) {
 }
 
 fn hold_back_lagging(ctx: &Context, now: Instant) {
+    // Only a replica with its link up lags behind a primary; any other standing has its own
+    // reason shown (a promotion's sets catch up, they do not lag).
+    if !with(|r| r.standing.link_up()) {
+        LAGGED.with(|l| l.set((l.get().0, false)));
+        return;
+    }
     let bound = lag_bound();
     let held = with(|r| {
         if !r.standing.link_up() {

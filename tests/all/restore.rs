@@ -10,7 +10,7 @@ use std::time::Duration;
 use support::cluster::Cluster;
 use support::lifecycle::log_tail;
 use support::member::*;
-use support::{wait_until, OwnPg};
+use support::{wait_until, ColdCopy, OwnPg};
 
 use super::failover::{add_or_insert, exists, insert};
 
@@ -23,6 +23,26 @@ fn next_xid(pg: &mut postgres::Client) -> i64 {
     )
     .unwrap()
     .get(0)
+}
+
+/// Whether `c`'s filter of set `s` has caught up past transaction id `past`.
+fn watermark_past(c: &mut redis::Connection, past: i64) -> bool {
+    set_info(c, "s", "sync_watermark_xid")
+        .ok()
+        .and_then(|w| w.parse::<i64>().ok())
+        .is_some_and(|w| w > past)
+}
+
+/// Puts `copy` back in place of `pg`'s data directory and writes 30 rows (`fresh0` …) on the
+/// restored database, outside the module: their transaction ids start where the copy stopped.
+fn restore_and_write(pg: &mut OwnPg, copy: &ColdCopy) -> (postgres::Client, Vec<String>) {
+    pg.restore(copy);
+    let mut db = pg.client();
+    let fresh: Vec<String> = (0..30).map(|i| format!("fresh{i}")).collect();
+    for item in &fresh {
+        insert(&mut db, "s", item);
+    }
+    (db, fresh)
 }
 
 /// Rows written on the restored database answer 1, members lost with the rollback stop
@@ -59,10 +79,7 @@ fn a_database_restored_from_a_cold_copy_is_a_new_history() {
         db.batch_execute("SELECT pg_current_xact_id()").unwrap();
     }
     assert!(
-        wait_until(WITHIN, || set_info(&mut c, "s", "sync_watermark_xid")
-            .ok()
-            .and_then(|w| w.parse::<i64>().ok())
-            .is_some_and(|w| w > at_copy + 250)),
+        wait_until(WITHIN, || watermark_past(&mut c, at_copy + 250)),
         "the watermark never passed the copy's ids: {:?} (copy at {at_copy})\n{}",
         set_info(&mut c, "s", "sync_watermark_xid"),
         log_tail(&vk)
@@ -70,12 +87,7 @@ fn a_database_restored_from_a_cold_copy_is_a_new_history() {
     assert_eq!(set_info(&mut c, "s", "filter_serves_absent").unwrap(), "1");
     drop(db);
 
-    pg.restore(&copy);
-    let mut db = pg.client();
-    let fresh: Vec<String> = (0..30).map(|i| format!("fresh{i}")).collect();
-    for item in &fresh {
-        insert(&mut db, "s", item);
-    }
+    let (mut db, fresh) = restore_and_write(&mut pg, &copy);
     assert!(
         next_xid(&mut db) < at_copy + 250,
         "the restored database should hand out ids below the watermark"
@@ -162,22 +174,14 @@ fn in_a_cluster_every_node_leaves_a_restored_history() {
     for n in cl.primaries() {
         let mut nc = n.conn();
         assert!(
-            wait_until(WITHIN, || set_info(&mut nc, "s", "sync_watermark_xid")
-                .ok()
-                .and_then(|w| w.parse::<i64>().ok())
-                .is_some_and(|w| w > at_copy + 250)),
+            wait_until(WITHIN, || watermark_past(&mut nc, at_copy + 250)),
             "{}: the watermark never passed the copy's ids",
             n.addr()
         );
     }
     drop(db);
 
-    pg.restore(&copy);
-    let mut db = pg.client();
-    let fresh: Vec<String> = (0..30).map(|i| format!("fresh{i}")).collect();
-    for item in &fresh {
-        insert(&mut db, "s", item);
-    }
+    let (_db, fresh) = restore_and_write(&mut pg, &copy);
     let mut rollbacks = 0;
     for n in cl.primaries() {
         let mut nc = n.conn();

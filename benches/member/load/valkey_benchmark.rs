@@ -68,6 +68,19 @@ pub(crate) fn vb_timed(
     vb_run(port, 50, pipeline, n, keyspace, cmd)
 }
 
+/// MEMBER.EXISTS of never-repeating absent items of `set` on the server at `port`, sized to
+/// about `secs` (`vb_timed`, 50 connections): the negative path's load, which the negative,
+/// tokenize and replica sections each compare with a baseline.
+pub(crate) fn vb_absent_exists(port: u16, pipeline: usize, secs: f64, set: &str) -> Stats {
+    vb_timed(
+        port,
+        pipeline,
+        secs,
+        Some(ABSENT_KEYSPACE),
+        &["MEMBER.EXISTS", set, "absent:__rand_int__"],
+    )
+}
+
 /// `__rand_int__` range of the random absent probes: practically never repeated.
 pub(crate) const ABSENT_KEYSPACE: u64 = 1_000_000_000;
 /// A pool of absent items checked again and again (names re-typed at sign-up, cards seen on

@@ -15,15 +15,7 @@ impl Bench {
             ));
             let (get, ex) = abba(
                 || vb_timed(port, pipeline, half, None, &["GET", PRESENT_KEY]),
-                || {
-                    vb_timed(
-                        port,
-                        pipeline,
-                        half,
-                        Some(ABSENT_KEYSPACE),
-                        &["MEMBER.EXISTS", SET, "absent:__rand_int__"],
-                    )
-                },
+                || vb_absent_exists(port, pipeline, half, SET),
             );
             let what = if pipeline > 1 {
                 format!("absent items, pipeline {pipeline}, 50 conns")

@@ -36,17 +36,7 @@ impl Bench {
             progress(&format!(
                 "replica: EXISTS of absent items, replica vs primary, pipeline {pipeline}"
             ));
-            let exists = |port: u16| {
-                move || {
-                    vb_timed(
-                        port,
-                        pipeline,
-                        half,
-                        Some(ABSENT_KEYSPACE),
-                        &["MEMBER.EXISTS", SET, "absent:__rand_int__"],
-                    )
-                }
-            };
+            let exists = |port: u16| move || vb_absent_exists(port, pipeline, half, SET);
             let (on_primary, on_replica) = abba(exists(primary), exists(port));
             self.r.pair(
                 SECTION,

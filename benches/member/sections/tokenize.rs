@@ -7,7 +7,7 @@ use std::time::Instant;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
-use crate::{abba, progress, vb_timed, vk_conn, Bench, ABSENT_KEYSPACE};
+use crate::{abba, progress, vb_absent_exists, vk_conn, Bench};
 
 const PLAIN: &str = "tok_plain";
 const TOKENIZED: &str = "tok_hmac";
@@ -80,17 +80,7 @@ impl Bench {
             progress(&format!(
                 "tokenize: EXISTS of absent items, tokenized vs plain set, pipeline {pipeline}"
             ));
-            let exists = |set: &'static str| {
-                move || {
-                    vb_timed(
-                        port,
-                        pipeline,
-                        half,
-                        Some(ABSENT_KEYSPACE),
-                        &["MEMBER.EXISTS", set, "absent:__rand_int__"],
-                    )
-                }
-            };
+            let exists = |set: &'static str| move || vb_absent_exists(port, pipeline, half, set);
             let (plain, tok) = abba(exists(PLAIN), exists(TOKENIZED));
             // With the server saturated, the difference of the time per call is the server's
             // extra work per call.

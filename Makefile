@@ -109,7 +109,8 @@ bench: deps
 	$(CARGO_ENV) cargo bench --bench member -- $(ARGS)
 
 # The long chaos run (tests/all/chaos.rs, docs/testing.md): faults against a live workload, then the
-# history checker. MEMBER_CHAOS_SECS sets its length (default 300), MEMBER_CHAOS_SEED repeats a run.
+# history checker. MEMBER_CHAOS_SECS sets its length (default 300), MEMBER_CHAOS_SEED repeats a run,
+# MEMBER_CHAOS_FAULTS=demote,failover injects only the faults named.
 chaos: deps
 	$(CARGO_ENV) cargo build
 	$(CARGO_ENV) cargo test --test all -- --ignored --nocapture chaos::chaos_long

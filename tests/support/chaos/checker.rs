@@ -17,6 +17,12 @@
 //!   (DEL likewise);
 //! * **hang**: any operation that took longer than the bound (db-timeout plus slack).
 //!
+//! A read sent to a replica ([`Op::replica`]) answers from a state at most a stated bound old
+//! (docs/contract.md, Replicas): a 0 there may miss an ADD acknowledged up to
+//! [`Rules::replica_absent_us`] before it began, a 1 a DEL up to [`Rules::replica_present_us`]
+//! before. The checker judges such a read as if it had begun that much earlier; every rule
+//! above then applies to it unchanged.
+//!
 //! An INSERT made outside the module ([`Kind::Insert`], into an attached set's table) counts
 //! as an ADD acknowledged `outside_us` after its commit: the module learns such a row from the
 //! change log, within about one sync interval (docs/attach.md). Until then either answer is
@@ -44,6 +50,43 @@ pub struct Rules {
     pub settle_us: u64,
     /// How long after its commit an INSERT made outside the module may go unanswered, in µs.
     pub outside_us: u64,
+    /// How long before a replica's 0 an acknowledged ADD may be missing from it, in µs: the
+    /// staleness bound (`sync-interval-ms` + `db-timeout-ms` + 1 s).
+    pub replica_absent_us: u64,
+    /// How long before a replica's 1 an acknowledged DEL may be missing from it, in µs: the
+    /// set's CACHE-TTL, and the staleness bound.
+    pub replica_present_us: u64,
+}
+
+/// What a switchover of Valkey changes in the judging of reads, as periods in µs: a 1 asked
+/// inside one of `stale_ones` may come from a cache entry a DEL lost with the switchover never
+/// dropped (Valkey replicates asynchronously; the new primary's cached 1 stands until its
+/// CACHE-TTL, as after a DELETE made outside the module); a replica read begun inside one of
+/// `link_down` (a demoted node from its `REPLICAOF` until its link to the new primary is up)
+/// gets no window at all: with its link down a replica answers "absent" only from the
+/// database (docs/contract.md, Replicas).
+#[derive(Clone, Debug, Default)]
+pub struct Switchovers {
+    pub stale_ones: Vec<(u64, u64)>,
+    pub link_down: Vec<(u64, u64)>,
+}
+
+fn within(periods: &[(u64, u64)], t: u64) -> bool {
+    periods.iter().any(|(a, b)| (*a..*b).contains(&t))
+}
+
+/// `op` as the checker judges it: a replica's answer as if asked that much earlier, and so a
+/// 1 asked just after a switchover.
+fn as_judged(op: &Op, sw: &Switchovers, r: &Rules) -> Op {
+    let mut j = op.clone();
+    let linked = op.replica && !within(&sw.link_down, op.start);
+    let window = match op.outcome.answer() {
+        Some(0) if linked => r.replica_absent_us,
+        Some(1) if linked || within(&sw.stale_ones, op.start) => r.replica_present_us,
+        _ => 0,
+    };
+    j.start = j.start.saturating_sub(window);
+    j
 }
 
 /// When the module answers for `w` as done: its end, or for an outside INSERT `outside_us`
@@ -118,12 +161,18 @@ pub fn known_state_at<'a>(writes: &[&'a Op], t: u64, r: &Rules) -> (Option<bool>
 
 /// Checks the whole history; returns every violation found.
 pub fn check(ops: &[Op], r: &Rules) -> Vec<Violation> {
-    check_with(ops, &[], r)
+    check_with(ops, &[], &Switchovers::default(), r)
 }
 
 /// [`check`], with writes no client made that the per-item rules count too (what a failover
-/// of PostgreSQL took back: `faults::taken_back`); they are no client's, so no hang.
-pub fn check_with(ops: &[Op], taken_back: &[Op], r: &Rules) -> Vec<Violation> {
+/// of PostgreSQL took back: `faults::taken_back`; they are no client's, so no hang), and what
+/// each switchover of Valkey changes in judging reads (`faults::switchovers`).
+pub fn check_with(
+    ops: &[Op],
+    taken_back: &[Op],
+    switchovers: &Switchovers,
+    r: &Rules,
+) -> Vec<Violation> {
     let mut out = Vec::new();
     for op in ops {
         let took = op.end.saturating_sub(op.start);
@@ -139,8 +188,9 @@ pub fn check_with(ops: &[Op], taken_back: &[Op], r: &Rules) -> Vec<Violation> {
             });
         }
     }
+    let judged: Vec<Op> = ops.iter().map(|o| as_judged(o, switchovers, r)).collect();
     let mut by_item: BTreeMap<(&str, &str), Vec<&Op>> = BTreeMap::new();
-    for op in ops.iter().chain(taken_back) {
+    for op in judged.iter().chain(taken_back) {
         by_item.entry((&op.set, &op.item)).or_default().push(op);
     }
     for ops in by_item.values() {
@@ -260,6 +310,7 @@ mod tests {
             set: "s".into(),
             item: "x".into(),
             port: 0,
+            replica: false,
             start,
             end,
             outcome,
@@ -269,6 +320,8 @@ mod tests {
         hang_us: 1000,
         settle_us: 500,
         outside_us: 300,
+        replica_absent_us: 100,
+        replica_present_us: 200,
     };
     use Kind::*;
     use Outcome::*;
@@ -360,5 +413,86 @@ mod tests {
             rules(&[op(Add, 0, 10, Int(1)), op(Add, 20, 30, Int(1))]),
             ["wrong write reply"]
         );
+    }
+
+    fn on_replica(mut o: Op) -> Op {
+        o.replica = true;
+        o
+    }
+
+    #[test]
+    fn a_replica_answers_within_its_window_and_never_past_it() {
+        // A 0 on the replica within the staleness bound after the ADD, and a flip from the
+        // primary's 1 to the replica's 0 in it, are the stated window.
+        assert!(rules(&[
+            op(Add, 0, 10, Int(1)),
+            op(Exists, 20, 30, Int(1)),
+            on_replica(op(Exists, 50, 60, Int(0))),
+        ])
+        .is_empty());
+        // Past the bound the same 0 is a false absent (and a flip).
+        assert_eq!(
+            rules(&[
+                op(Add, 0, 10, Int(1)),
+                on_replica(op(Exists, 120, 130, Int(0)))
+            ]),
+            ["false absent"]
+        );
+        // A 1 after a DEL: within CACHE-TTL on the replica, never past it, never for an item
+        // nobody wrote.
+        let del = [op(Add, 0, 10, Int(1)), op(Del, 20, 30, Int(1))];
+        assert!(rules(&[
+            del[0].clone(),
+            del[1].clone(),
+            on_replica(op(Exists, 150, 160, Int(1)))
+        ])
+        .is_empty());
+        assert_eq!(
+            rules(&[
+                del[0].clone(),
+                del[1].clone(),
+                on_replica(op(Exists, 240, 250, Int(1)))
+            ]),
+            ["false present"]
+        );
+        assert_eq!(
+            rules(&[on_replica(op(Exists, 500, 510, Int(1)))]),
+            ["false present"]
+        );
+        // With its link down (a demoted node before its sync) a replica has no window.
+        let down = Switchovers {
+            link_down: vec![(40, 100)],
+            ..Switchovers::default()
+        };
+        let judged = |ops: &[Op]| -> Vec<&'static str> {
+            check_with(ops, &[], &down, &R)
+                .into_iter()
+                .map(|v| v.rule)
+                .collect()
+        };
+        assert_eq!(
+            judged(&[
+                op(Add, 0, 10, Int(1)),
+                on_replica(op(Exists, 50, 60, Int(0)))
+            ]),
+            ["false absent"]
+        );
+        assert!(judged(&[
+            op(Add, 0, 10, Int(1)),
+            on_replica(op(Exists, 30, 35, Int(0)))
+        ])
+        .is_empty());
+        // After a switchover a cached 1 may outlive a DEL lost with it, on any node.
+        let stale = Switchovers {
+            stale_ones: vec![(0, 300)],
+            ..Switchovers::default()
+        };
+        assert!(check_with(
+            &[del[0].clone(), del[1].clone(), op(Exists, 150, 160, Int(1))],
+            &[],
+            &stale,
+            &R
+        )
+        .is_empty());
     }
 }

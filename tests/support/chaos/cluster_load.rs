@@ -59,6 +59,9 @@ impl LoadConfig {
             hang_us: (self.db_timeout_ms + self.slack_ms) * 1000,
             settle_us: (8 * self.db_timeout_ms + 4000) * 1000,
             outside_us: self.source.as_ref().map_or(0, |s| s.outside_ms * 1000),
+            // This load reads primaries only.
+            replica_absent_us: 0,
+            replica_present_us: 0,
         }
     }
 
@@ -162,6 +165,7 @@ impl Shared<'_> {
             set: self.set.to_string(),
             item: item.to_string(),
             port,
+            replica: false,
             start,
             end,
             outcome: outcome.clone(),
@@ -218,6 +222,7 @@ impl Shared<'_> {
                 set: self.set.to_string(),
                 item: item.clone(),
                 port,
+                replica: false,
                 start,
                 end,
                 outcome: outcome.clone(),
@@ -251,6 +256,7 @@ impl Shared<'_> {
                         set: self.set.to_string(),
                         item: item.clone(),
                         port: 0,
+                        replica: false,
                         start,
                         end,
                         outcome: Outcome::Failed(e.clone()),
@@ -399,6 +405,7 @@ fn outside_writer(src: &Source, x: &Shared) {
             set: x.set.to_string(),
             item: it.clone(),
             port: 0,
+            replica: false,
             start,
             end,
             outcome: done

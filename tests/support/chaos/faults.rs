@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use redis::Connection;
 
+use super::checker::Switchovers;
 use super::history::{Fault, Kind, Op, Outcome};
 use super::Rng;
 use crate::support::failover::Standby;
@@ -15,8 +16,11 @@ use crate::support::member::{cmd, set_info, start_loaded};
 use crate::support::proxy::{Mode, Proxy};
 use crate::support::{wait_until, OwnPg, Valkey};
 
-/// Every fault the schedule knows.
-pub const ALL: [&str; 12] = [
+/// Every fault the schedule knows. `demote`: a switchover without a restart (what Sentinel
+/// does to an old primary that comes back, or an operator's `REPLICAOF`): the replica is
+/// promoted, clients move to it, and the old primary, filters and all in memory, becomes its
+/// replica while readers keep asking it.
+pub const ALL: [&str; 13] = [
     "pg-restart",
     "pg-terminate",
     "proxy-delay",
@@ -29,6 +33,7 @@ pub const ALL: [&str; 12] = [
     "lost-filter",
     "pg-url",
     "failover",
+    "demote",
 ];
 
 /// The faults only `make chaos` runs: a base backup and a promotion take seconds, more than
@@ -49,6 +54,19 @@ pub struct World {
     pub primary: usize,
     /// The port every client sends its next command to: the primary's.
     pub target: Arc<AtomicU16>,
+    /// The port replica readers send theirs to: the other node's.
+    pub replica_target: Arc<AtomicU16>,
+}
+
+/// Each chaos set's CACHE-TTL: how long a replica whose link is down or behind may still
+/// answer 1 from a cached confirmation of an item deleted since (docs/contract.md, Replicas).
+pub const CACHE_TTL_S: u64 = 2;
+
+/// The replica staleness bound for the chaos nodes' settings (docs/replicas.md):
+/// `sync-interval-ms` (the default, 1 s) + `db-timeout-ms` + 1 s, plus the 100 ms between two
+/// looks and a little for a busy main thread.
+pub fn replica_lag_bound_ms(db_timeout_ms: u64) -> u64 {
+    1000 + db_timeout_ms + 1000 + 300
 }
 
 /// Configs for both servers: AOF with fsync on every write, the module through the proxy.
@@ -85,13 +103,24 @@ impl World {
         let mut c = a.conn();
         for s in sets {
             // RECENT-TTL 1: the marks are a safety net that would hide other faults for 10 s.
+            let ttl = CACHE_TTL_S.to_string();
             let v = cmd(
                 &mut c,
-                &["MEMBER.CREATE", s, "CAPACITY", "20000", "RECENT-TTL", "1"],
+                &[
+                    "MEMBER.CREATE",
+                    s,
+                    "CAPACITY",
+                    "20000",
+                    "RECENT-TTL",
+                    "1",
+                    "CACHE-TTL",
+                    &ttl,
+                ],
             );
             assert!(v.is_ok(), "CREATE {s}: {v:?}\n{}", a.log());
         }
         let target = Arc::new(AtomicU16::new(a.port()));
+        let replica_target = Arc::new(AtomicU16::new(b.port()));
         let mut w = World {
             pg,
             standby: None,
@@ -99,6 +128,7 @@ impl World {
             nodes: vec![a, b],
             primary: 0,
             target,
+            replica_target,
         };
         w.make_replica(1);
         let mut rc = w.nodes[1].conn();
@@ -244,6 +274,7 @@ impl World {
                 ok_or(&r, text)?
             }
             "failover" => self.failover(rng)?,
+            "demote" => self.demote(rng)?,
             "pg-promote-behind" => self.promote_behind(rng),
             "pg-restore-cold" => {
                 let copy = self.pg.cold_copy();
@@ -314,15 +345,93 @@ impl World {
         let r = cmd(&mut c, &["REPLICAOF", "NO", "ONE"]);
         self.primary = new;
         self.target.store(self.nodes[new].port(), Ordering::SeqCst);
+        self.replica_target
+            .store(self.nodes[new].port(), Ordering::SeqCst);
         thread::sleep(Duration::from_millis(rng.below(300)));
         self.nodes[old].restart();
         self.make_replica(old);
+        self.replica_target
+            .store(self.nodes[old].port(), Ordering::SeqCst);
         let text = format!(
             ":{} killed, :{} promoted ({}), :{} back as its replica",
             self.nodes[old].port(),
             self.nodes[new].port(),
             short(&r),
             self.nodes[old].port()
+        );
+        ok_or(&r, text)
+    }
+
+    /// A switchover without a restart: the replica is promoted and clients move to it; after a
+    /// moment the old primary, still running with its filters in memory (and a moment of
+    /// writes it never sees), is made the new primary's replica. Replica readers ask it
+    /// throughout: the new primary while there are two, then the node that was just demoted.
+    fn demote(&mut self, rng: &mut Rng) -> Result<String, String> {
+        let old = self.primary;
+        let new = self.replica();
+        let mut c = self.nodes[new].conn();
+        let r = cmd(&mut c, &["REPLICAOF", "NO", "ONE"]);
+        if r.is_err() {
+            return Err(format!("REPLICAOF NO ONE -> {}", short(&r)));
+        }
+        self.primary = new;
+        self.target.store(self.nodes[new].port(), Ordering::SeqCst);
+        // Two primaries on one database meanwhile: replica readers ask the new one until the
+        // old one is a replica (the contract judges a replica's answers, not a stray primary's).
+        self.replica_target
+            .store(self.nodes[new].port(), Ordering::SeqCst);
+        // Half the time a client that still reaches the old primary writes to it meanwhile
+        // (a partition's stray write): its history then diverges, so it needs a full sync, and
+        // the new primary waits 2-6 s before sending it (diskless): longer than the replica
+        // staleness bound, a demoted node with its filters in memory and its link down. The
+        // fault lasts until the link is up.
+        let full = rng.below(2) == 0;
+        let mut oc = self.nodes[old].conn();
+        let delay = 2 + rng.below(5);
+        if full {
+            let d = delay.to_string();
+            let r = cmd(
+                &mut c,
+                &[
+                    "CONFIG",
+                    "SET",
+                    "repl-diskless-sync",
+                    "yes",
+                    "repl-diskless-sync-delay",
+                    &d,
+                ],
+            );
+            if r.is_err() {
+                return Err(format!(
+                    "CONFIG SET repl-diskless-sync-delay -> {}",
+                    short(&r)
+                ));
+            }
+            let _ = cmd(&mut oc, &["SET", "chaos:stray", &d]);
+        }
+        let apart = rng.below(800);
+        thread::sleep(Duration::from_millis(apart));
+        let p = self.nodes[new].port().to_string();
+        let r = cmd(&mut oc, &["REPLICAOF", "127.0.0.1", &p]);
+        self.replica_target
+            .store(self.nodes[old].port(), Ordering::SeqCst);
+        let linked = wait_until(Duration::from_secs(20), || {
+            redis::cmd("INFO")
+                .arg("replication")
+                .query::<String>(&mut oc)
+                .is_ok_and(|i| i.contains("master_link_status:up"))
+        });
+        let text = format!(
+            ":{} promoted, :{} made its replica {apart} ms later without a restart{}, link {} -> {}",
+            self.nodes[new].port(),
+            self.nodes[old].port(),
+            if full {
+                format!(" (a stray write first: a full sync sent after {delay} s)")
+            } else {
+                String::new()
+            },
+            if linked { "up" } else { "NOT up after 20 s" },
+            short(&r)
         );
         ok_or(&r, text)
     }
@@ -408,6 +517,7 @@ pub fn taken_back(ops: &[Op], faults: &[Fault], settle_us: u64) -> Vec<Op> {
                 set: w.set.clone(),
                 item: w.item.clone(),
                 port: 0,
+                replica: false,
                 start: f.start,
                 end: f.end,
                 outcome: Outcome::Failed("taken back by a failover of PostgreSQL".into()),
@@ -415,4 +525,23 @@ pub fn taken_back(ops: &[Op], faults: &[Fault], settle_us: u64) -> Vec<Op> {
         }
     }
     out
+}
+
+/// What each switchover of Valkey (`failover`, `demote`) changes in judging reads
+/// ([`Switchovers`]): for `window` µs after it (CACHE-TTL and the replica staleness bound) a 1
+/// may come from a cache entry that a DEL lost with it never dropped; and from a demotion's
+/// start until its end (its `REPLICAOF` until the demoted node's link was seen up; replica
+/// readers ask it only after that `REPLICAOF`) a replica read gets no window.
+pub fn switchovers(faults: &[Fault], window: u64) -> Switchovers {
+    let mut sw = Switchovers::default();
+    for f in faults
+        .iter()
+        .filter(|f| f.injected && matches!(f.kind, "failover" | "demote"))
+    {
+        sw.stale_ones.push((f.start, f.end.saturating_add(window)));
+        if f.kind == "demote" && f.detail.contains("link up") {
+            sw.link_down.push((f.start, f.end));
+        }
+    }
+    sw
 }

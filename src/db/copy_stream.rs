@@ -49,7 +49,9 @@ pub fn each_row(
             .batch_execute(&format!(
                 "START TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY; \
                  SET TRANSACTION SNAPSHOT '{id}'; \
-                 SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = {lock_timeout_ms}"
+                 SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = {lock_timeout_ms}; \
+                 {}",
+                super::UNBOUNDED_TRANSACTION
             ))
             .await?;
         let stream = client.copy_out(sql).await?;

@@ -27,7 +27,9 @@ use postgres::Client;
 use crate::{config, model::error};
 
 pub(crate) use session::tune;
-pub use session::{begin_sql, open_link, shown as session_shown, Session, STATEMENT_POOLING};
+pub use session::{
+    begin_sql, open_link, shown as session_shown, Session, STATEMENT_POOLING, UNBOUNDED_TRANSACTION,
+};
 use stmts::in_transaction;
 pub use stmts::{pinned, Param, Rows, Stmts};
 
@@ -62,8 +64,10 @@ pub fn classify(e: &postgres::Error) -> DbErr {
         Some(db) => {
             let code = db.code().code();
             // 57014 query_canceled (statement_timeout), 57P0x shutdown/crash, 53xxx resources,
-            // 08xxx connection exceptions, 40001/40P01 retryable conflicts.
+            // 08xxx connection exceptions, 40001/40P01 retryable conflicts, 25P03/25P04 a
+            // session the DBA's idle-in-transaction or transaction timeout (17+) ended.
             if code == "57014"
+                || ENDED_BY_TIMEOUT.contains(&code)
                 || code.starts_with("57P")
                 || code.starts_with("53")
                 || code.starts_with("08")
@@ -77,6 +81,11 @@ pub fn classify(e: &postgres::Error) -> DbErr {
     }
 }
 
+/// The sessions PostgreSQL ends for a timeout a DBA set: 25P03
+/// `idle_in_transaction_session_timeout`, 25P04 `transaction_timeout` (17 and later). The
+/// database did not answer in time, and the session is gone.
+const ENDED_BY_TIMEOUT: [&str; 2] = ["25P03", "25P04"];
+
 /// True when the error means the session is gone (closed socket, server shutdown or
 /// termination), as opposed to a statement that failed on a live session.
 fn connection_lost(e: &postgres::Error) -> bool {
@@ -86,7 +95,7 @@ fn connection_lost(e: &postgres::Error) -> bool {
     match e.as_db_error() {
         Some(db) => {
             let code = db.code().code();
-            code.starts_with("57P") || code.starts_with("08")
+            code.starts_with("57P") || code.starts_with("08") || ENDED_BY_TIMEOUT.contains(&code)
         }
         None => true,
     }

@@ -39,6 +39,16 @@ pub fn begin_sql((statement_timeout_ms, lock_timeout_ms): (u64, u64)) -> String 
     s
 }
 
+/// What a build's long transactions run after their statement and lock timeouts: no
+/// `transaction_timeout` (PostgreSQL 17 and later: a role's or a database's setting would end
+/// a rebuild's, a slot fill's or a standby rebuild's COPY) and no
+/// `idle_in_transaction_session_timeout` (the transaction that exported the snapshot waits
+/// while its COPY streams on another connection). Read from `pg_settings`, so one statement
+/// runs on every major, and only for this transaction: every other transaction of the module
+/// keeps the DBA's settings (docs/operations.md).
+pub const UNBOUNDED_TRANSACTION: &str = "SELECT set_config(name, '0', true) FROM pg_settings \
+     WHERE name IN ('transaction_timeout', 'idle_in_transaction_session_timeout')";
+
 /// How the last connection to `member.pg-url` was opened: 0 none yet, 1 direct, 2 pooled
 /// (`INFO member`'s `db_session`).
 static LAST: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);

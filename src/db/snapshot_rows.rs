@@ -30,14 +30,17 @@ pub fn snapshot<'a>(c: &'a mut Client, def: &SetDef) -> Result<(Transaction<'a>,
         .read_only(true)
         .start()
         .map_err(tx_error)?;
-    // The timeouts the build's connection was opened with, again for this transaction: a
-    // pooler may have dropped them (and this takes no snapshot yet).
+    // The timeouts the build's connection was opened with, again for this transaction (a
+    // pooler may have dropped them), and none of the DBA's transaction-wide ones
+    // (UNBOUNDED_TRANSACTION). Its SELECT takes the transaction's one snapshot: the one the
+    // watermark below reads and the COPY imports.
     tx.batch_execute(&format!(
-        "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = {}",
-        super::build_lock_timeout_ms()
+        "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = {}; {}",
+        super::build_lock_timeout_ms(),
+        super::UNBOUNDED_TRANSACTION
     ))
     .map_err(tx_error)?;
-    // The first statement takes the snapshot the COPY reads; its xmin is the watermark: every
+    // The snapshot's xmin is the watermark: every
     // transaction below it had ended (its rows are in the COPY), every later commit is at or
     // above it (and reaches the filter through the change log).
     let mark = match def.source.as_ref().map(|s| &s.sync) {

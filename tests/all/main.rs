@@ -57,6 +57,7 @@ mod moved_keys;
 mod node_client;
 mod notify;
 mod pg_tls;
+mod pg_versions;
 mod pooler;
 mod pooler_cluster;
 mod python_client;

@@ -57,6 +57,7 @@ pub(super) fn standby_of(port: u16) -> Cluster {
         "pg_basebackup failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    drop_sslnegotiation(&base.join("data").join("postgresql.auto.conf"));
     let mut standby = Cluster {
         base,
         port: 0,
@@ -76,6 +77,21 @@ pub(super) fn standby_of(port: u16) -> Cluster {
         }
     }
     standby
+}
+
+/// `pg_basebackup -R` of 18 writes `sslnegotiation=postgres` (the default) into
+/// `primary_conninfo`, which a 16 standby's libpq refuses: it starts, promotes, and never
+/// streams (docs/operations.md). The default is dropped, as an operator must do there.
+fn drop_sslnegotiation(auto_conf: &std::path::Path) {
+    let Ok(text) = fs::read_to_string(auto_conf) else {
+        return;
+    };
+    if text.contains("sslnegotiation=postgres") {
+        let fixed = text
+            .replace(" sslnegotiation=postgres", "")
+            .replace("sslnegotiation=postgres ", "");
+        fs::write(auto_conf, fixed).expect("rewrite postgresql.auto.conf");
+    }
 }
 
 impl PgPair {

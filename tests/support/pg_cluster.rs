@@ -28,8 +28,19 @@ pub(super) fn postgres_ids() -> (u32, u32) {
     })
 }
 
-/// Path of a PostgreSQL server binary: newest /usr/lib/postgresql/<v>/bin/<name>, else PATH.
+/// Path of a PostgreSQL binary: the first of `MEMBER_PG_BIN`'s dirs (colon-separated: `make
+/// test`'s passes on PostgreSQL 16-18 name a pinned server's bin dir, then the pinned client
+/// tools', scripts/postgres.sh) that has it, else the newest
+/// /usr/lib/postgresql/<v>/bin/<name>, else PATH.
 pub fn pg_bin(name: &str) -> PathBuf {
+    if let Some(dirs) = std::env::var_os("MEMBER_PG_BIN") {
+        for d in std::env::split_paths(&dirs) {
+            let p = d.join(name);
+            if p.exists() {
+                return p;
+            }
+        }
+    }
     let mut best: Option<(u32, PathBuf)> = None;
     if let Ok(rd) = fs::read_dir("/usr/lib/postgresql") {
         for e in rd.flatten() {

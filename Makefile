@@ -71,7 +71,7 @@ PG_TESTS = funnel::batched_database_work funnel::concurrent_adds funnel::create_
 	funnel::memberships_expire lifecycle::restart_from_rdb_and_kill9 \
 	sync:: change_log:: notify::an_outside_insert_is_answered notify::the_listener_reconnects \
 	catalog::another_node_learns_a_create catalog::drop_refusals \
-	timeouts::slow_postgres_times_out_and_late_add faults::postgres_down \
+	timeouts::slow_postgres_times_out_and_late_add timeouts_config:: faults::postgres_down \
 	failover::a_failover_to_a_standby_that_was_behind failover::a_rebuild_source_on_another_history \
 	failover_pooler:: restore::a_database_restored_from_a_cold_copy \
 	pooler::session_every_command pooler::transaction_every_command pooler::dropped_startup_options \

@@ -31,7 +31,7 @@ pub use session::{
     begin_sql, open_link, shown as session_shown, Session, STATEMENT_POOLING, UNBOUNDED_TRANSACTION,
 };
 use stmts::in_transaction;
-pub use stmts::{pinned, Param, Rows, Stmts};
+pub use stmts::{pinned, Bound, Bounds, Param, Rows, Stmts};
 
 /// Why a database call failed, with the reply text for the client.
 #[derive(Clone, Debug, PartialEq)]
@@ -148,12 +148,6 @@ pub struct Db {
 const IDLE_CHECK_AFTER: Duration = Duration::from_millis(100);
 
 impl Db {
-    /// Statements a client already gave up on still get this long to land (an ADD that
-    /// commits late still reaches the filter), then the server cancels them.
-    fn statement_timeout_ms() -> u64 {
-        config::db_timeout_ms().saturating_mul(4).max(1000)
-    }
-
     pub fn client(&mut self) -> Result<&mut Client, DbErr> {
         let generation = config::pg_link_gen();
         let stale = match &self.conn {
@@ -172,9 +166,11 @@ impl Db {
         if stale || dead {
             self.conn = None;
             self.stmts = Stmts::default();
-            let timeouts = (Self::statement_timeout_ms(), 0);
-            let (mut c, generation, session) = connect(timeouts.0, timeouts.1, true)?;
-            self.stmts = Stmts::new(session, timeouts);
+            // A direct session starts with the lookups' bound: they are most of its calls
+            // (`Stmts::start_call` moves it when a call needs another).
+            let lookup_ms = Bounds::now().lookup_ms;
+            let (mut c, generation, session) = connect(lookup_ms, 0, true)?;
+            self.stmts = Stmts::new(session, lookup_ms);
             session::opened(session);
             let pooled = session == Session::Pooled;
             // Behind a pooler the identity's statement runs in a transaction of its own.
@@ -205,7 +201,24 @@ impl Db {
         &mut self,
         f: impl FnMut(&mut Client, &mut Stmts) -> Result<T, postgres::Error>,
     ) -> Result<T, DbErr> {
-        self.retried(f, true)
+        self.retried(f, true, Bound::Other)
+    }
+
+    /// `run` for a lookup: its statements end in the database within `member.db-timeout-ms`
+    /// ([`Bounds::lookup_ms`]), when its client stops waiting.
+    pub fn run_lookup<T>(
+        &mut self,
+        f: impl FnMut(&mut Client, &mut Stmts) -> Result<T, postgres::Error>,
+    ) -> Result<T, DbErr> {
+        self.retried(f, true, Bound::Lookup)
+    }
+
+    /// `run_own` for a lookup (bounded as [`Db::run_lookup`]).
+    pub fn run_lookup_own<T>(
+        &mut self,
+        f: impl FnMut(&mut Client, &mut Stmts) -> Result<T, postgres::Error>,
+    ) -> Result<T, DbErr> {
+        self.retried(f, false, Bound::Lookup)
     }
 
     /// `run` for a call that opens its own transactions, with `Stmts::begin` or
@@ -215,19 +228,20 @@ impl Db {
         &mut self,
         f: impl FnMut(&mut Client, &mut Stmts) -> Result<T, postgres::Error>,
     ) -> Result<T, DbErr> {
-        self.retried(f, false)
+        self.retried(f, false, Bound::Other)
     }
 
     fn retried<T>(
         &mut self,
         mut f: impl FnMut(&mut Client, &mut Stmts) -> Result<T, postgres::Error>,
         wrap: bool,
+        bound: Bound,
     ) -> Result<T, DbErr> {
         let reused = self.conn.is_some();
-        match self.attempt(&mut f, wrap) {
+        match self.attempt(&mut f, wrap, bound) {
             Err((_, true)) if reused => {
                 self.reset();
-                self.attempt(&mut f, wrap).map_err(|(e, _)| e)
+                self.attempt(&mut f, wrap, bound).map_err(|(e, _)| e)
             }
             other => other.map_err(|(e, _)| e),
         }
@@ -241,7 +255,7 @@ impl Db {
         &mut self,
         mut f: impl FnMut(&mut Client, &mut Stmts) -> Result<T, postgres::Error>,
     ) -> Result<T, DbErr> {
-        self.attempt(&mut f, true).map_err(|(e, _)| e)
+        self.attempt(&mut f, true, Bound::Other).map_err(|(e, _)| e)
     }
 
     /// `run_once` for a write that opens its own transactions (as `run_own`).
@@ -249,25 +263,29 @@ impl Db {
         &mut self,
         mut f: impl FnMut(&mut Client, &mut Stmts) -> Result<T, postgres::Error>,
     ) -> Result<T, DbErr> {
-        self.attempt(&mut f, false).map_err(|(e, _)| e)
+        self.attempt(&mut f, false, Bound::Other)
+            .map_err(|(e, _)| e)
     }
 
-    /// One call, in a transaction of its own on a pooled connection when `wrap`; the error
-    /// says whether the connection itself failed.
+    /// One call under `bound`, in a transaction of its own on a pooled connection when
+    /// `wrap`; the error says whether the connection itself failed.
     fn attempt<T>(
         &mut self,
         f: &mut impl FnMut(&mut Client, &mut Stmts) -> Result<T, postgres::Error>,
         wrap: bool,
+        bound: Bound,
     ) -> Result<T, (DbErr, bool)> {
         self.client().map_err(|e| (e, false))?;
         let client = &mut self.conn.as_mut().expect("connected above").0;
         let stmts = &mut self.stmts;
-        let result = if wrap && stmts.pooled() {
-            let begin = stmts.opening();
-            in_transaction(client, &begin, |c| f(c, stmts))
-        } else {
-            f(client, stmts)
-        };
+        let result = stmts.start_call(client, bound).and_then(|()| {
+            if wrap && stmts.pooled() {
+                let begin = stmts.opening();
+                in_transaction(client, &begin, |c| f(c, stmts))
+            } else {
+                f(client, stmts)
+            }
+        });
         match result {
             Ok(v) => Ok(v),
             Err(e) => {

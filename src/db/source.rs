@@ -173,7 +173,7 @@ pub fn lookup_many(
 ) -> Result<Vec<Found>, DbErr> {
     let sql = point_sql(&src.0, src.1);
     let mut seen: HashMap<(&str, &str), bool> = HashMap::with_capacity(items.len());
-    db.run(|c, st| {
+    db.run_lookup(|c, st| {
         for &(e, s) in items {
             if let Entry::Vacant(v) = seen.entry((e, s)) {
                 let params: [(&(dyn postgres::types::ToSql + Sync), Type); 4] = [

@@ -3,38 +3,107 @@
 //! and the transactions that carry the timeouts there (docs/pooler.md).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::fmt::Write as _;
 
 use postgres::types::{ToSql, Type};
 use postgres::{Client, Row, SimpleQueryMessage, SimpleQueryRow, Statement, Transaction};
 
 use super::{begin_sql, Session};
 
+/// How long the database may run a worker's statements, in ms (`statement_timeout`), from
+/// the configuration when each call starts ([`Bounds::now`]), so that `CONFIG SET` reaches the
+/// next statement of every connection (docs/operations.md, "Timeouts").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bounds {
+    /// A lookup's: its client waits `member.db-timeout-ms`, and a lookup writes nothing that
+    /// must land after its client gave up.
+    pub lookup_ms: u64,
+    /// Every other statement's: a write its client gave up on still gets this long to land
+    /// (an ADD that commits late still reaches the filter), then the server cancels it.
+    pub other_ms: u64,
+}
+
+impl Bounds {
+    /// The bounds for `member.db-timeout-ms` = `timeout_ms`. Pure.
+    pub fn of(timeout_ms: u64) -> Bounds {
+        Bounds {
+            lookup_ms: timeout_ms.max(1),
+            other_ms: timeout_ms.saturating_mul(4).max(1000),
+        }
+    }
+
+    /// The bounds the configuration asks for now.
+    pub fn now() -> Bounds {
+        Bounds::of(crate::config::db_timeout_ms())
+    }
+}
+
+/// Which of the [`Bounds`] a call's statements run under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bound {
+    Lookup,
+    Other,
+}
+
 /// A worker's statements: how its connection holds them ([`Session`]) and, on a direct one,
 /// those prepared so far. Every statement of the hot path goes through here, so the pooled
-/// way is decided in one place.
+/// way is decided in one place; so are the statement timeouts.
 #[derive(Default)]
 pub struct Stmts {
     cache: HashMap<String, Statement>,
     pooled: bool,
-    /// `begin_sql` for this connection's timeouts.
-    begin: Arc<str>,
+    /// The bounds as the configuration gave them when the current call started.
+    bounds: Bounds,
+    /// The current call's `statement_timeout`.
+    call_ms: u64,
+    /// A direct session's `statement_timeout` now: its startup option, then the last `SET`.
+    session_ms: u64,
 }
 
 impl Stmts {
-    /// The statements of a new connection in `session`, whose transactions carry
-    /// `timeouts` `(statement, lock)` behind a pooler.
-    pub(super) fn new(session: Session, timeouts: (u64, u64)) -> Stmts {
+    /// The statements of a new connection in `session`, opened with `statement_timeout` =
+    /// `session_ms` (a direct one; a pooled one carries each call's in its transactions).
+    pub(super) fn new(session: Session, session_ms: u64) -> Stmts {
+        let bounds = Bounds::now();
         Stmts {
             cache: HashMap::new(),
             pooled: session == Session::Pooled,
-            begin: begin_sql(timeouts).into(),
+            bounds,
+            call_ms: bounds.other_ms,
+            session_ms,
         }
     }
 
-    /// What opens a transaction on this connection behind a pooler ([`begin_sql`]).
-    pub(super) fn opening(&self) -> Arc<str> {
-        self.begin.clone()
+    /// Starts a call under `bound`, with the bounds the configuration gives now: on a direct
+    /// session whose `statement_timeout` differs, one `SET` first (outside any transaction,
+    /// so no rollback undoes it); a pooled one carries it in each transaction it opens.
+    pub(super) fn start_call(
+        &mut self,
+        c: &mut Client,
+        bound: Bound,
+    ) -> Result<(), postgres::Error> {
+        self.bounds = Bounds::now();
+        self.call_ms = match bound {
+            Bound::Lookup => self.bounds.lookup_ms,
+            Bound::Other => self.bounds.other_ms,
+        };
+        if !self.pooled && self.session_ms != self.call_ms {
+            // Forgotten first: should the SET fail, the session's value is unknown.
+            self.session_ms = 0;
+            c.batch_execute(&format!("SET statement_timeout = {}", self.call_ms))?;
+            self.session_ms = self.call_ms;
+        }
+        Ok(())
+    }
+
+    /// What opens a transaction of the current call behind a pooler ([`begin_sql`]).
+    pub(super) fn opening(&self) -> String {
+        begin_sql((self.call_ms, 0))
+    }
+
+    /// The current call's `statement_timeout`, in ms.
+    pub fn call_ms(&self) -> u64 {
+        self.call_ms
     }
 
     /// Whether the connection is a pooler's ([`Session::Pooled`]).
@@ -92,8 +161,7 @@ impl Stmts {
         // A value holding a NUL (never: canonical items are text) makes the driver refuse
         // the message with an error, as PostgreSQL would refuse the value.
         let mut text = String::with_capacity(sql.len() + 64 + params.len() * 64);
-        text.push_str(self.begin.trim_start_matches("BEGIN; "));
-        text.push_str("; ");
+        let _ = write!(text, "SET LOCAL statement_timeout = {}; ", self.call_ms);
         inline(sql, params, &mut text);
         let rows = c
             .simple_query(&text)?
@@ -145,7 +213,7 @@ impl Stmts {
     fn timeouts(&self, tx: &mut Transaction) -> Result<(), postgres::Error> {
         if self.pooled {
             // `begin_sql` less its BEGIN: the driver's transaction has begun.
-            tx.batch_execute(self.begin.trim_start_matches("BEGIN; "))?;
+            tx.batch_execute(self.opening().trim_start_matches("BEGIN; "))?;
         }
         Ok(())
     }
@@ -353,6 +421,26 @@ pub fn pinned<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lookup_is_bounded_by_its_clients_timeout_and_every_other_statement_lands_later() {
+        assert_eq!(
+            Bounds::of(2000),
+            Bounds {
+                lookup_ms: 2000,
+                other_ms: 8000
+            }
+        );
+        // At least a second to land; a lookup never unbounded (0 would be "none").
+        assert_eq!(
+            Bounds::of(100),
+            Bounds {
+                lookup_ms: 100,
+                other_ms: 1000
+            }
+        );
+        assert_eq!(Bounds::of(0).lookup_ms, 1);
+    }
 
     fn inlined(sql: &str, params: &[Param]) -> String {
         let mut out = String::new();

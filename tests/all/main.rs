@@ -70,4 +70,5 @@ mod standby;
 mod startup;
 mod sync;
 mod timeouts;
+mod timeouts_config;
 mod tokenize;

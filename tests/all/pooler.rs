@@ -286,7 +286,7 @@ fn lookups_running(pg: &mut postgres::Client) -> i64 {
     pg.query_one(
         "SELECT count(*) FROM pg_stat_activity
           WHERE datname = current_database() AND pid <> pg_backend_pid()
-            AND state = 'active' AND query LIKE '%FROM member_s m%unnest%'",
+            AND state = 'active' AND query LIKE '%FROM member_s m%'",
         &[],
     )
     .unwrap()
@@ -298,7 +298,7 @@ fn stuck_lookup(mode: Mode) {
 }
 
 fn stuck_lookup_at(pb: &Pgbouncer) {
-    // Workers' statement timeout: 4 × 300 ms, at least a second: 1.2 s.
+    // A lookup's statement timeout: the client's, 300 ms.
     let e = env_at(pb, &[("member.db-timeout-ms", "300")]);
     let mut c = e.conn();
     create_synced(&mut c, "s", &[]);

@@ -172,8 +172,9 @@ pub fn lookup_many(db: &mut Db, set: &str, items: &[(&str, &str)]) -> Result<Vec
           WHERE m.scope = $2 AND m.entity_id = ANY($1::text[])",
         t = table(set)
     );
-    // One statement, its own transaction even behind a pooler (`Stmts::hot`).
-    let rows = db.run_own(|c, st| match ss.first() {
+    // One statement, its own transaction even behind a pooler (`Stmts::hot`), bounded as a
+    // lookup: it ends in the database when its client stops waiting.
+    let rows = db.run_lookup_own(|c, st| match ss.first() {
         Some(scope) if one_scope && st.pooled() => {
             st.hot(c, &one_scope_sql, &[Param::Texts(&es), Param::Text(scope)])
         }

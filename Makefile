@@ -142,6 +142,7 @@ lint:
 # target/release/deps/libmember.so (MEMBER_MODULE overrides).
 bench: deps
 	$(CARGO_ENV) cargo build --release
+	bash scripts/redisbloom.sh >/dev/null
 	$(CARGO_ENV) cargo bench --bench member -- $(ARGS)
 
 # The long chaos run (tests/all/chaos.rs, docs/testing.md): faults against a live workload, then the

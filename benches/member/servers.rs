@@ -59,6 +59,11 @@ impl Bench {
         if let Some(w) = opts.workers {
             v.push(("member.workers", w.to_string()));
         }
+        // The peer the negative path is compared with, on the same server (`make bench`
+        // unpacks it first: scripts/redisbloom.sh).
+        if let Some(rb) = redisbloom() {
+            v.push(("loadmodule", rb));
+        }
         v
     }
 
@@ -246,4 +251,11 @@ impl Bench {
     pub(crate) fn half(&self) -> Duration {
         Duration::from_secs_f64(self.opts.secs / 2.0)
     }
+}
+
+/// RedisBloom's module as scripts/redisbloom.sh unpacks it, when it is there.
+pub(crate) fn redisbloom() -> Option<String> {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target/servers/redisbloom-2.8.2/redisbloom.so");
+    p.exists().then(|| p.display().to_string())
 }

@@ -108,11 +108,87 @@ impl Bench {
             100.0 * d("path_db_miss") / d("exists_calls").max(1.0),
             after.get("fp_cache_entries").map_or("?", |v| v.as_str()),
         ));
+        self.against_redisbloom(&mut c);
         let errors_after = info_stat(&mut c, "stats", "total_error_replies");
         if errors_before != errors_after {
             self.r.note(format!(
                 "valkey-benchmark runs got error replies: total_error_replies {errors_before:?} → {errors_after:?}"
             ));
         }
+    }
+}
+
+/// RedisBloom's filter of the members, beside the set's.
+const BF_KEY: &str = "bf:members";
+
+impl Bench {
+    /// The peer users compare with (seed 000's tool): RedisBloom's `BF.EXISTS` on the same
+    /// server, under the same load, against a filter of the same members at the same error
+    /// rate. BF.EXISTS answers its false positives 1 (about 1 % of absent items here); the set
+    /// sends them to PostgreSQL and answers 0.
+    fn against_redisbloom(&mut self, c: &mut redis::Connection) {
+        if crate::servers::redisbloom().is_none() {
+            self.r.note(
+                "RedisBloom rows skipped: no target/servers/redisbloom-2.8.2/redisbloom.so \
+                 (scripts/redisbloom.sh; make bench unpacks it)",
+            );
+            return;
+        }
+        let n = self.opts.members;
+        progress(&format!(
+            "negative path vs RedisBloom: loading {} members into BF.RESERVE {BF_KEY}",
+            thousands(n)
+        ));
+        let _: redis::Value = redis::cmd("DEL").arg(BF_KEY).query(c).expect("DEL");
+        let _: String = redis::cmd("BF.RESERVE")
+            .arg(BF_KEY)
+            .arg(CONFIGURED_FPR)
+            .arg(n)
+            .query(c)
+            .expect("BF.RESERVE");
+        let mut next = 1u64;
+        while next <= n {
+            let end = (next + 10_000).min(n + 1);
+            let mut pipe = redis::pipe();
+            for chunk in (next..end).collect::<Vec<_>>().chunks(1000) {
+                let mut cmd = redis::cmd("BF.MADD");
+                cmd.arg(BF_KEY);
+                for i in chunk {
+                    cmd.arg(format!("m{i}"));
+                }
+                pipe.add_command(cmd).ignore();
+            }
+            let _: () = pipe.query(c).expect("BF.MADD");
+            next = end;
+        }
+        let port = self.port;
+        let half = self.opts.secs / 2.0;
+        for pipeline in [16usize, 1] {
+            progress(&format!(
+                "negative path: EXISTS of absent items vs RedisBloom's BF.EXISTS, pipeline {pipeline}"
+            ));
+            let (bf, ex) = abba(
+                || {
+                    vb_timed(
+                        port,
+                        pipeline,
+                        half,
+                        Some(ABSENT_KEYSPACE),
+                        &["BF.EXISTS", BF_KEY, "absent:__rand_int__"],
+                    )
+                },
+                || vb_absent_exists(port, pipeline, half, SET),
+            );
+            self.r.pair(
+                "Negative path (valkey-benchmark)",
+                &format!("absent items vs RedisBloom 2.8.2, pipeline {pipeline}, 50 conns"),
+                &ex,
+                &bf,
+                Some(0.95),
+                None,
+                "BF.EXISTS of the same absent items",
+            );
+        }
+        let _: redis::Value = redis::cmd("DEL").arg(BF_KEY).query(c).expect("DEL");
     }
 }

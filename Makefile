@@ -11,8 +11,9 @@ deps:
 build: deps
 	$(CARGO_ENV) cargo build --release
 
+# PG=16|17|18 runs the local database on that major (pinned binaries, scripts/postgres.sh).
 run: build
-	bash scripts/run-local.sh
+	PG=$(PG) bash scripts/run-local.sh
 
 # The sign-up example (examples/signup) on 127.0.0.1:8080 beside `make run`'s servers.
 demo: run
@@ -138,12 +139,15 @@ lint:
 # Benchmark against its own PostgreSQL and valkey-server. Prints one table and writes
 # bench/results.md and bench/latency.svg. `make bench ARGS=--ten-million` loads 10 M members;
 # `ARGS=--hundred-million` runs only the filter-level rows at 100 M members (no servers).
+# PG=16|17|18 runs its PostgreSQL on that major (pinned binaries, scripts/postgres.sh), for
+# example `make bench ARGS="--only cold" PG=18` beside the same on 15.
 # `cargo bench` does not build the cdylib (nothing links it), so build it first: the bench loads
 # target/release/deps/libmember.so (MEMBER_MODULE overrides).
 bench: deps
 	$(CARGO_ENV) cargo build --release
 	bash scripts/redisbloom.sh >/dev/null
-	$(CARGO_ENV) cargo bench --bench member -- $(ARGS)
+	$(CARGO_ENV) $(if $(filter-out 15,$(PG)),MEMBER_PG_BIN="$$(bash scripts/postgres.sh $(PG)):$$(bash scripts/postgres.sh client)") \
+		cargo bench --bench member -- $(ARGS)
 
 # The long chaos run (tests/all/chaos.rs, docs/testing.md): faults against a live workload, then the
 # history checker. MEMBER_CHAOS_SECS sets its length (default 300), MEMBER_CHAOS_SEED repeats a run,

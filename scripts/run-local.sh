@@ -4,7 +4,9 @@
 #   bash scripts/run-local.sh        start both (each only if not already running)
 #   bash scripts/run-local.sh stop   stop both
 #   bash scripts/run-local.sh pg     start PostgreSQL only (scripts/cluster-local.sh uses it)
-# `make run` builds the module first; `make stop` stops.
+# `make run` builds the module first; `make stop` stops. PG=16|17|18 (`make run PG=18`) runs
+# the local database on that major instead of Debian's 15, from the pinned binaries
+# scripts/postgres.sh unpacks under target/ (data in .data/pg<major>); one major at a time.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -14,9 +16,21 @@ PGDATA="$DATA/pg"
 PGLOG="$DATA/pg.log"
 PG_PORT=5433
 VK_PORT=6380
+PG_BIN_DIR=""
+case "${PG:-}" in
+  ""|15) ;;
+  16|17|18)
+    PG_BIN_DIR="$(bash "$ROOT/scripts/postgres.sh" "$PG")"
+    PGDATA="$DATA/pg$PG"
+    PGLOG="$DATA/pg$PG.log"
+    ;;
+  *) echo "PG=$PG: the local database runs 15 (Debian's, the default), 16, 17 or 18" >&2; exit 1 ;;
+esac
 
+# The binary `$1` of the major this run uses: a pinned one (PG=16-18), else Debian's newest.
 pg_bin() {
   local p
+  if [ -n "$PG_BIN_DIR" ]; then echo "$PG_BIN_DIR/$1"; return; fi
   p=$(ls -d /usr/lib/postgresql/*/bin/"$1" 2>/dev/null | sort -V | tail -n1 || true)
   if [ -n "$p" ]; then echo "$p"; else command -v "$1"; fi
 }
@@ -24,15 +38,32 @@ as_pg() {
   if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else sudo -u postgres -- "$@"; fi
 }
 pg_ctl() { as_pg "$(pg_bin pg_ctl)" "$@"; }
+# pg_ctl of the major that made data dir `$1` (any run's: `stop` stops whichever runs).
+pg_ctl_of() {
+  local major bin
+  major=$(cat "$1/PG_VERSION")
+  if [ -x "/usr/lib/postgresql/$major/bin/pg_ctl" ]; then bin="/usr/lib/postgresql/$major/bin"
+  else bin="$(bash "$ROOT/scripts/postgres.sh" "$major")"; fi
+  as_pg "$bin/pg_ctl" -D "$1" "${@:2}"
+}
 vk_up() { [ "$(valkey-cli -p "$VK_PORT" ping 2>/dev/null)" = "PONG" ]; }
+# The data dirs of every major `make run` has started here.
+pg_dirs() { for d in "$DATA"/pg "$DATA"/pg1[0-9]; do [ -f "$d/PG_VERSION" ] && echo "$d"; done; true; }
 
 if [ "${1:-}" = "stop" ]; then
   if vk_up; then valkey-cli -p "$VK_PORT" shutdown nosave >/dev/null 2>&1 || true; echo "valkey stopped"; fi
-  if [ -f "$PGDATA/PG_VERSION" ] && pg_ctl -D "$PGDATA" status >/dev/null 2>&1; then
-    pg_ctl -D "$PGDATA" -m fast -w stop
-  fi
+  for d in $(pg_dirs); do
+    if pg_ctl_of "$d" status >/dev/null 2>&1; then pg_ctl_of "$d" -m fast -w stop; fi
+  done
   exit 0
 fi
+# One local database at a time: they share port 5433.
+for d in $(pg_dirs); do
+  if [ "$d" != "$PGDATA" ] && pg_ctl_of "$d" status >/dev/null 2>&1; then
+    echo "PostgreSQL $(cat "$d/PG_VERSION") already runs on port $PG_PORT from $d: 'make stop' first" >&2
+    exit 1
+  fi
+done
 
 if [ "${1:-}" != "pg" ] && [ ! -f target/release/libmember.so ]; then
   echo "target/release/libmember.so is missing: run 'make run' (or cargo build --release)" >&2
@@ -77,7 +108,7 @@ cat <<MSG
 
 libmember is running.
   Valkey:      valkey-cli -p $VK_PORT          (log: .data/valkey.log)
-  PostgreSQL:  psql "host=127.0.0.1 port=$PG_PORT user=postgres"   (log: .data/pg.log)
+  PostgreSQL:  psql "host=127.0.0.1 port=$PG_PORT user=postgres"   (log: ${PGLOG#"$ROOT/"})
 
 Example session:
   \$ valkey-cli -p $VK_PORT

@@ -4,7 +4,7 @@
 
 use redis_module::{Context, InfoContext, RedisString, Status};
 
-use crate::command::info_section;
+use crate::command::info::section;
 use crate::{
     cluster, command, config, config::token_key, db, hooks::config_filter, hooks::config_load,
     hooks::events, hooks::slot_migration, server::mainq, server::reply, sets::catalog, sets::learn,
@@ -58,7 +58,7 @@ pub fn init(ctx: &Context, args: &[RedisString]) -> Status {
         asm,
     );
     // Every command of the table (command/table.rs), the hot path's raw one included.
-    if let Status::Err = command::register::create(ctx) {
+    if let Status::Err = command::table::register::create(ctx) {
         return Status::Err;
     }
     if let Err(e) = events::subscribe(ctx) {
@@ -79,14 +79,14 @@ pub fn init(ctx: &Context, args: &[RedisString]) -> Status {
             ctx,
             cluster::bus::Handlers {
                 serve: command::forwarded::serve,
-                rebuild: command::rebuild_wide::serve,
+                rebuild: command::admin::rebuild_wide::serve,
                 many: command::forwarded::serve_many,
-                info: command::info_wide::serve,
+                info: command::info::wide::serve,
                 catalog_changed: catalog::reread,
             },
         );
     }
-    command::register::declare(ctx);
+    command::table::register::declare(ctx);
     db::pool::start();
     if mainq::batch_per_iteration(ctx, db::pool::flush) {
         db::pool::flush_before_sleep();
@@ -98,7 +98,7 @@ pub fn init(ctx: &Context, args: &[RedisString]) -> Status {
 
 /// The module's INFO section (`# member`).
 pub fn info_member(ctx: &InfoContext, for_crash_report: bool) {
-    info_section::info_section(ctx, for_crash_report);
+    section::info_section(ctx, for_crash_report);
 }
 
 /// A promotion makes every filter untrusted for "absent" until it has caught up again, and

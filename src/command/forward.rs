@@ -7,17 +7,17 @@ use std::time::Duration;
 
 use redis_module::{Context, RedisResult, RedisValue};
 
-use super::{block_timeout, may_block};
 use crate::cluster::bus;
 use crate::cluster::owner;
 use crate::cluster::wire::{Op, Request};
+use crate::command::{block_timeout, may_block};
 use crate::model::canon::Canon;
 use crate::model::error;
 use crate::model::slot::keyslot;
 use crate::server::block::{Blocked, Fail};
 
 /// A request for the node that holds the item's canonical slot.
-pub(super) struct Elsewhere {
+pub(in crate::command) struct Elsewhere {
     slot: u16,
     req: Request,
 }
@@ -27,7 +27,7 @@ pub(super) struct Elsewhere {
 /// of the canonical slot answers: another node over the bus, or this one from a timer just
 /// after the command (`bus::forward`). Sets with `NORMALIZE none` never get here (the forms
 /// are equal).
-pub(super) fn elsewhere(
+pub(in crate::command) fn elsewhere(
     raw: &[u8],
     canon: &Canon,
     set: &str,
@@ -55,7 +55,7 @@ pub(super) fn elsewhere(
 }
 
 /// Blocks the calling client and forwards `e`; the client gets the holder's answer.
-pub(super) fn block_and_start(ctx: &Context, e: Elsewhere) -> RedisResult {
+pub(in crate::command) fn block_and_start(ctx: &Context, e: Elsewhere) -> RedisResult {
     may_block(ctx)?;
     // The bus times the request out itself (with its own error); the server's timeout, a
     // second later, is only a backstop.
@@ -68,7 +68,7 @@ pub(super) fn block_and_start(ctx: &Context, e: Elsewhere) -> RedisResult {
 /// Forwards `e` for a client already blocked (waiting for the catalog, say). A slot this node
 /// answers for itself (a primary's own, a replica's primary's) is served here, just after the
 /// command.
-pub(super) fn start(ctx: &Context, blocked: Blocked, e: Elsewhere) {
+pub(in crate::command) fn start(ctx: &Context, blocked: Blocked, e: Elsewhere) {
     if owner::owns(e.slot) {
         return bus::serve_here(ctx, blocked, e.req);
     }

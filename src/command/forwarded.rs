@@ -2,7 +2,7 @@
 //! mode, docs/cluster-placement.md, "Canonical forwarding over the cluster bus"), inbound: the
 //! holder runs the ordinary lookup or write for them and answers through the bus (`serve`), and
 //! its part of a MEXISTS or MADD another node split (`serve_many`, docs/cluster-commands.md).
-//! The sending sides are `forward.rs` and `batch_wide.rs`.
+//! The sending sides are `forward.rs` and `batch/wide.rs`.
 
 use std::borrow::Cow;
 use std::sync::atomic::Ordering;
@@ -11,15 +11,15 @@ use redis_module::{Context, RedisError};
 
 use crate::server::block::Completion;
 
-use super::batch_parts::{decide_lookups, send_lookups, send_writes, writes};
-use super::lookup::{self, Step};
-use super::outlet::Outlet;
-use super::write::{self, Op as WriteOp};
-use super::{point_for, point_remote, PointDone};
 use crate::cluster::bus;
 use crate::cluster::owner;
 use crate::cluster::responder::Responder;
 use crate::cluster::wire::{Many, Op, Request};
+use crate::command::batch::outlet::Outlet;
+use crate::command::batch::parts::{decide_lookups, send_lookups, send_writes, writes};
+use crate::command::lookup::{self, Step};
+use crate::command::write::{self, Op as WriteOp};
+use crate::command::{point_for, point_remote, PointDone};
 use crate::db::pool::{self, Job, Point};
 use crate::model::canon::{hash_parts, Canon};
 use crate::model::error;

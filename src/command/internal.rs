@@ -4,7 +4,7 @@
 
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
-use super::set_name;
+use crate::command::set_name;
 use crate::filter::value::FilterValue;
 use crate::model::canon::{self, Canon, Normalize};
 use crate::model::token::Tokenize;
@@ -133,7 +133,7 @@ pub fn load(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// The set whose filter key is `key` (`member:<set>:bloom`), if it is one.
 fn set_of_filter_key(key: &[u8]) -> Option<&str> {
     let set = key.strip_prefix(b"member:")?.strip_suffix(b":bloom")?;
-    if !super::valid_set_name(set) {
+    if !crate::command::valid_set_name(set) {
         return None;
     }
     std::str::from_utf8(set).ok()

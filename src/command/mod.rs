@@ -1,30 +1,34 @@
 //! The command layer: parse arguments into typed requests, hand them to the funnel or the
 //! database, reply. No SQL here.
+//!
+//! Grouped by family, so a command's code is found by its name:
+//! - `lookup/`: MEMBER.EXISTS and MEMBER.EXPLAIN (the funnel);
+//! - `write.rs`: MEMBER.ADD and MEMBER.DEL;
+//! - `batch/`: MEMBER.MEXISTS and MEMBER.MADD, their parts, where their answers go, and their
+//!   split across a cluster's owners (`batch/wide.rs`);
+//! - `admin/`: set administration: CREATE (and its attach options), ALTER, DROP, REBUILD (on
+//!   every primary of a cluster: `admin/rebuild_wide.rs`), and the set settings they parse;
+//! - `info/`: MEMBER.NODEINFO, MEMBER.INFO over a cluster (`info/wide.rs`) and the server's
+//!   `INFO member` section;
+//! - `forward.rs`, `forwarded.rs`: canonical forwarding over the cluster bus, outbound (whether
+//!   an item is served elsewhere, and sending it there) and inbound (serving what another node
+//!   sent);
+//! - `table/`: the command table, the raw entry points of the hot path, registration, COMMAND
+//!   INFO and COMMAND DOCS;
+//! - `internal.rs`: the internal commands that carry derived effects to replicas and the AOF;
+//! - `retry.rs`: asking the catalog for an unknown set, then running the call again.
+//!
+//! Each family's cluster-wide form sits beside its single-node form, so imports run one way:
+//! the table on top, the families below it, forwarding and this file at the bottom.
 
-pub mod alter;
-pub mod attach;
+pub mod admin;
 pub mod batch;
-pub mod batch_parts;
-pub mod batch_wide;
-pub mod create;
-pub mod declare;
-pub mod docs;
-pub mod drop;
-pub mod exists;
 pub mod forward;
 pub mod forwarded;
 pub mod info;
-pub mod info_section;
-pub mod info_wide;
 pub mod internal;
 pub mod lookup;
-pub mod outlet;
-pub mod rebuild;
-pub mod rebuild_wide;
-pub mod register;
 pub mod retry;
-pub mod row;
-pub mod settings;
 pub mod table;
 pub mod write;
 

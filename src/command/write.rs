@@ -3,9 +3,11 @@
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
-use super::forward;
-use super::retry::after_catalog;
-use super::{block_on_point, block_timeout, may_block, point_for, ItemArgs, Options, PointDone};
+use crate::command::forward;
+use crate::command::retry::after_catalog;
+use crate::command::{
+    block_on_point, block_timeout, may_block, point_for, ItemArgs, Options, PointDone,
+};
 use crate::db::pool::{self, Job, Point};
 use crate::db::{members, DbErr};
 use crate::model::canon::Canon;

@@ -1,7 +1,7 @@
 //! The checks MEMBER.CREATE runs on an attached set's source table (docs/attach.md), all
 //! against the database's catalog with bound parameters, inside CREATE's transaction: a
 //! refusal rolls it back, so nothing is created. (The operator's `member.attach-allow` is
-//! checked before, on the arguments: `command::attach::allowed`.)
+//! checked before, on the arguments: `command::admin::attach::allowed`.)
 
 use postgres::Transaction;
 

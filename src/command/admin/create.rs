@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
-use super::settings::Given;
-use super::Answer;
-use super::{block_timeout, may_block, set_name};
+use crate::command::admin::settings::Given;
+use crate::command::Answer;
+use crate::command::{block_timeout, may_block, set_name};
 use crate::config;
 use crate::config::token_key;
 use crate::db::sql::CatalogRow;
@@ -30,7 +30,7 @@ fn parse(args: Vec<RedisString>) -> Result<(SetDef, [bool; 6]), RedisError> {
     }
     let mut it = args.into_iter().skip(1);
     let name = set_name(&it.next().unwrap())?;
-    let (rest, source) = super::attach::split(it.collect())?;
+    let (rest, source) = crate::command::admin::attach::split(it.collect())?;
     let given = Given::parse(rest.into_iter())?;
     let explicit = given.explicit();
     let c = given.change;
@@ -54,8 +54,8 @@ fn parse(args: Vec<RedisString>) -> Result<(SetDef, [bool; 6]), RedisError> {
         source,
     };
     if let Some(src) = &def.source {
-        super::attach::check(def.normalize, &def.tokenize)?;
-        super::attach::allowed(src)?;
+        crate::command::admin::attach::check(def.normalize, &def.tokenize)?;
+        crate::command::admin::attach::allowed(src)?;
     }
     Ok((def, explicit))
 }
@@ -211,7 +211,7 @@ fn catalog_done(ctx: &Context, id: u64, res: Result<CatalogRow, DbErr>) {
 
 /// In a cluster, every other node reads the catalog again at once: a CREATE, ALTER or DROP
 /// takes effect there within milliseconds instead of at its next periodic check.
-pub(super) fn tell_the_cluster(ctx: &Context) {
+pub(in crate::command) fn tell_the_cluster(ctx: &Context) {
     if crate::server::cluster_mode::enabled() {
         crate::cluster::bus::catalog_changed(ctx);
     }

@@ -1,19 +1,22 @@
 //! MEMBER.MEXISTS and MEMBER.MADD: many items of one set in one call, each decided exactly as
 //! MEMBER.EXISTS / MEMBER.ADD would, with one blocked client and one database statement for all
-//! (in a cluster, for the items of this node's slots; `batch_wide.rs` asks the other owners).
+//! (in a cluster, for the items of this node's slots; `wide.rs` asks the other owners).
+
+pub mod outlet;
+pub mod parts;
+pub mod wide;
 
 use std::time::Duration;
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
-use super::batch_parts::{
+use crate::command::batch::outlet::Outlet;
+use crate::command::batch::parts::{
     decide_lookups, send_lookups, send_writes, writes, Kind, ManyLookups, ManyWrites,
 };
-use super::batch_wide;
-use super::outlet::Outlet;
-use super::retry::after_catalog;
-use super::write::expiry;
-use super::{block_timeout, may_block, Arg, ManyArgs};
+use crate::command::retry::after_catalog;
+use crate::command::write::expiry;
+use crate::command::{block_timeout, may_block, Arg, ManyArgs};
 use crate::model::canon::Canon;
 use crate::server::block::{Blocked, Completion, Fail};
 use crate::{config::token_key, model::error, sets::keys, sets::state};
@@ -23,7 +26,7 @@ use crate::{config::token_key, model::error, sets::keys, sets::state};
 pub const MAX_ITEMS: usize = 1000;
 
 /// MEMBER.MEXISTS <set> [SCOPE <scope>] ITEMS <item> [<item> …], its arguments read in place
-/// by its entry point (`exists::mexists_entry`).
+/// by its entry point (`table::entry::mexists_entry`).
 pub fn mexists(ctx: &Context, args: &[&[u8]]) -> RedisResult {
     let a = parse(args.to_vec(), &[])?;
     crate::sets::acl::check_set(ctx, &a.set, crate::sets::acl::Access::Read)?;
@@ -62,7 +65,7 @@ fn run<A: Arg>(ctx: &Context, a: ManyArgs<A>, kind: Kind) -> RedisResult {
         };
         may_block(ctx)?;
         let blocked = match &planned {
-            Planned::Wide(_) => batch_wide::block(ctx),
+            Planned::Wide(_) => wide::block(ctx),
             Planned::Lookups(done) => Blocked::block(ctx, block_timeout(), Box::new(done.clone())),
             Planned::Writes(done) => Blocked::block(ctx, block_timeout(), Box::new(done.clone())),
         };
@@ -96,7 +99,7 @@ fn defer<A: Arg>(ctx: &Context, a: ManyArgs<A>, kind: Kind) -> RedisResult {
         scope: a.scope().to_vec(),
         kind,
     };
-    ctx.create_timer(Duration::ZERO, run_deferred, (call, batch_wide::block(ctx)));
+    ctx.create_timer(Duration::ZERO, run_deferred, (call, wide::block(ctx)));
     Ok(RedisValue::NoReply)
 }
 
@@ -147,10 +150,10 @@ fn ask_catalog<A: Arg>(ctx: &Context, a: &ManyArgs<A>, kind: Kind) -> RedisResul
 
 /// A call planned once its set is known: all of it here, or (cluster mode) split among the
 /// owners of its items' slots.
-pub(super) enum Planned {
+pub(in crate::command) enum Planned {
     Lookups(ManyLookups),
     Writes(ManyWrites),
-    Wide(batch_wide::Wide),
+    Wide(wide::Wide),
 }
 
 /// Starts a planned call for its blocked client.
@@ -183,7 +186,7 @@ fn plan(
         let (mut tokens, mut forms) = (Vec::new(), String::new());
         let canons = canonical_all(set, items, scope, &mut tokens, &mut forms)?;
         if crate::server::cluster_mode::enabled() {
-            let wide = batch_wide::split(ctx, set, epoch, canons, kind)?;
+            let wide = wide::split(ctx, set, epoch, canons, kind)?;
             return Ok(Some(Planned::Wide(wide)));
         }
         Ok(Some(match kind {

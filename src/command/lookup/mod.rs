@@ -4,11 +4,11 @@ use std::time::Instant;
 
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
-use super::forward::{self, Elsewhere};
-use super::retry::after_catalog;
-use super::{block_on_point, block_timeout, may_block, point_for, ItemArgs, PointDone};
 use crate::cluster::owner;
 use crate::cluster::wire::Op;
+use crate::command::forward::{self, Elsewhere};
+use crate::command::retry::after_catalog;
+use crate::command::{block_on_point, block_timeout, may_block, point_for, ItemArgs, PointDone};
 use crate::db::pool::{self, Job};
 use crate::db::sql::Found;
 use crate::db::DbErr;
@@ -18,7 +18,7 @@ use crate::server::block::Completion;
 use crate::server::block::Fail;
 use crate::{filter::store, model::error, server::metrics, sets::keys, sets::state};
 
-pub(super) fn reply(explain: bool, present: bool, path: Path) -> RedisValue {
+pub(in crate::command) fn reply(explain: bool, present: bool, path: Path) -> RedisValue {
     if explain {
         RedisValue::Array(vec![
             RedisValue::Integer(present as i64),
@@ -135,7 +135,7 @@ pub fn fast_shape<'a>(argv: &[&'a [u8]]) -> Option<(&'a str, &'a [u8], &'a [u8])
         [_, set, item, opt, scope] if opt.eq_ignore_ascii_case(b"SCOPE") => (set, item, scope),
         _ => return None,
     };
-    if !super::valid_set_name(set) {
+    if !crate::command::valid_set_name(set) {
         return None;
     }
     // SAFETY: valid_set_name admits only ASCII lowercase letters, digits and '_'.
@@ -144,7 +144,7 @@ pub fn fast_shape<'a>(argv: &[&'a [u8]]) -> Option<(&'a str, &'a [u8], &'a [u8])
 }
 
 /// Where the funnel got without waiting for anything.
-pub(super) enum Step {
+pub(in crate::command) enum Step {
     /// Answered from memory: present or not, and the tier that decided.
     Done(bool, Path),
     /// Only the database can answer (boxed, as `Forward`: the answers from memory, by far the
@@ -218,7 +218,7 @@ fn decide(ctx: &Context, q: Lookup, confirmed: bool) -> Result<Step, RedisError>
 
 /// The funnel's decision for an item already canonical, forwarded by another node (this one
 /// holds its slot): `Step::Unknown` for a set this node does not serve yet.
-pub(super) fn decide_canonical(
+pub(in crate::command) fn decide_canonical(
     ctx: &Context,
     set_name: &str,
     canon: crate::model::canon::Canon,
@@ -237,7 +237,7 @@ pub(super) fn decide_canonical(
 /// epoch): filter → recent → cache, counted in the per-path counters (unless `explain`).
 /// Never `Step::Unknown` nor `Step::Forward`. The one decision single- and multi-item lookups share; `probe` is
 /// the set's filter already opened (many items), or `None` to open it for this one.
-pub(super) fn decide_item(
+pub(in crate::command) fn decide_item(
     ctx: &Context,
     set: &mut state::SetState,
     epoch: u64,
@@ -356,7 +356,7 @@ impl Completion for Answered {
 
 /// A database lookup's answer, applied and replied on the main thread.
 #[derive(Clone)]
-pub(super) struct LookupDone {
+pub(in crate::command) struct LookupDone {
     set: String,
     entity: String,
     scope: String,

@@ -7,12 +7,12 @@ use std::rc::Rc;
 
 use redis_module::{Context, RedisError, RedisResult, RedisValue};
 
-use super::block_timeout;
 use crate::cluster::bus::{self, Lost};
 use crate::cluster::owner;
 use crate::cluster::peers;
 use crate::cluster::responder::Responder;
 use crate::cluster::wire::{Answer, Rebuild};
+use crate::command::block_timeout;
 use crate::model::error;
 use crate::server::block::{Blocked, Completion};
 use crate::sets::{catalog_ask, state};
@@ -37,7 +37,7 @@ type Shared = Rc<RefCell<Gather>>;
 /// their rebuilds loaded (SYNC), else the first failure, naming the primary's address. Each
 /// primary runs a rebuild that starts after the call: one already running is let finish, and
 /// a new one follows it (see `rebuild_now`). Main thread.
-pub(super) fn start(ctx: &Context, blocked: Blocked, set: &str, sync: bool) {
+pub(in crate::command) fn start(ctx: &Context, blocked: Blocked, set: &str, sync: bool) {
     let me = peers::my_id();
     let mut others: Vec<String> = owner::primaries();
     others.retain(|id| *id != me);

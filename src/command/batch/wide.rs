@@ -1,6 +1,6 @@
 //! MEMBER.MEXISTS and MEMBER.MADD over a cluster, outbound (docs/cluster-commands.md): the
 //! receiving node splits a call's items by the primary serving each canonical slot, decides its
-//! own through the funnel (`batch.rs`), asks every other owner for its part with one cluster-bus
+//! own through the funnel (`batch/mod.rs`), asks every other owner for its part with one cluster-bus
 //! message, and answers its client once, with the whole array in the order given or one error,
 //! never a partial array. Runs outside the command (`batch::defer`). The owner's side is
 //! `forwarded::serve_many`.
@@ -11,16 +11,16 @@ use std::time::{Duration, Instant};
 
 use redis_module::{Context, RedisError, RedisResult, RedisValue};
 
-use super::batch_parts::{
-    decide_lookups, send_lookups, send_writes, writes, Kind, ManyLookups, ManyWrites,
-};
-use super::block_timeout;
-use super::outlet::Outlet;
-use super::retry::ask_while_learning;
 use crate::cluster::bus::{self, Lost};
 use crate::cluster::owner;
 use crate::cluster::peers;
 use crate::cluster::wire::{Answer, Many, Op};
+use crate::command::batch::outlet::Outlet;
+use crate::command::batch::parts::{
+    decide_lookups, send_lookups, send_writes, writes, Kind, ManyLookups, ManyWrites,
+};
+use crate::command::block_timeout;
+use crate::command::retry::ask_while_learning;
 use crate::model::canon::Canon;
 use crate::model::error;
 use crate::model::slot::keyslot;
@@ -29,7 +29,7 @@ use crate::sets::state;
 
 /// A call split among owners: this node's part (positions in the call, and the part) and one
 /// request per other owner (its node id, the positions it answers for, the request).
-pub(super) struct Wide {
+pub(in crate::command) struct Wide {
     len: usize,
     /// No part is acknowledged after this: `member.db-timeout-ms` from the split, when this
     /// node checked that it holds its own items' slots (the bound the handover grace counts
@@ -49,7 +49,7 @@ enum Local {
 /// (maybe all of them) and one request per other owner. A write refuses at once (nothing marked, nothing sent) if
 /// one of its own slots is moving or a slot has no owner; a lookup of an item whose slot has
 /// no known owner is decided here (the database answers it on any node).
-pub(super) fn split(
+pub(in crate::command) fn split(
     ctx: &Context,
     set: &mut state::SetState,
     epoch: u64,
@@ -130,7 +130,7 @@ pub(super) fn split(
 /// Blocks the calling client for a split call. Each owner's answer is bounded by
 /// `member.db-timeout-ms` (its own error); the server's timeout, a second later, is a
 /// backstop.
-pub(super) fn block(ctx: &Context) -> Blocked {
+pub(in crate::command) fn block(ctx: &Context) -> Blocked {
     let fallback = Box::new(Fail(error::WORKER_LOST.into()));
     Blocked::block(ctx, block_timeout() + Duration::from_secs(1), fallback)
 }
@@ -138,7 +138,7 @@ pub(super) fn block(ctx: &Context) -> Blocked {
 impl Wide {
     /// Sends every other owner its part and starts this node's; `blocked` gets the joined
     /// answer. Main thread.
-    pub(super) fn start(self, ctx: &Context, blocked: Blocked) {
+    pub(in crate::command) fn start(self, ctx: &Context, blocked: Blocked) {
         let parts = self.remote.len() + usize::from(self.local.is_some());
         let deadline = self.deadline;
         let join = Join::new(self.len, parts, blocked, deadline);

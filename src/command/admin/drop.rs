@@ -4,7 +4,7 @@
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
-use super::{block_timeout, may_block, set_name};
+use crate::command::{block_timeout, may_block, set_name};
 use crate::db::{pool, sql, DbErr};
 use crate::server::block::{Blocked, Completion};
 use crate::{model::error, server::replication, sets::learn};
@@ -19,7 +19,7 @@ pub fn drop(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let delete_data = match args.get(2) {
         None => false,
         Some(a) if a.as_slice().eq_ignore_ascii_case(b"DELETE-DATA") => true,
-        Some(a) => return Err(super::unknown_option(a.as_slice())),
+        Some(a) => return Err(crate::command::unknown_option(a.as_slice())),
     };
     may_block(ctx)?;
     let fallback = DropDone {
@@ -49,7 +49,7 @@ impl Completion for DropDone {
                 crate::server::reply::log(ctx, crate::server::reply::Level::Warning, note);
             }
             learn::forget(ctx, &self.name);
-            super::create::tell_the_cluster(ctx);
+            crate::command::admin::create::tell_the_cluster(ctx);
             replication::replicate(ctx, "MEMBER._DROP", &[self.name.as_bytes()]);
         }
     }

@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 
 use redis_module::{raw, Context, RedisError, RedisResult, RedisString, RedisValue};
 
-use super::{block_timeout, info, may_block};
 use crate::cluster::bus::{self, Lost};
 use crate::cluster::peers;
 use crate::cluster::responder::Responder;
 use crate::cluster::wire::{Answer, Info};
+use crate::command::{block_timeout, info, may_block};
 use crate::model::error;
 use crate::server::block::{Blocked, Completion, Fail};
 use crate::sets::{catalog_ask, keys, state};
@@ -81,7 +81,7 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if args.len() != 2 {
         return Err(RedisError::WrongArity);
     }
-    let name = super::set_name(&args[1])?;
+    let name = crate::command::set_name(&args[1])?;
     crate::sets::acl::check_set(ctx, &name, crate::sets::acl::Access::Read)?;
     cluster(ctx, name)
 }
@@ -91,7 +91,7 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 fn cluster(ctx: &Context, name: String) -> RedisResult {
     if state::with(|r| r.serving(&name, false).is_none()) {
         let (known, asked) = (name.clone(), name.clone());
-        return super::retry::after_catalog(
+        return crate::command::retry::after_catalog(
             ctx,
             &asked,
             block_timeout(),
@@ -217,7 +217,7 @@ fn ask(ctx: &Context, node: String, set: String, at: usize, gather: Gather, dead
         };
         bus::ask_info(ctx, &node, req, timeout, then)
     });
-    super::retry::ask_while_learning(ctx, deadline, send, then);
+    crate::command::retry::ask_while_learning(ctx, deadline, send, then);
 }
 
 impl Gather {

@@ -5,8 +5,8 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use std::time::Duration;
 
-use super::retry::after_catalog;
-use super::{block_timeout, may_block, set_name};
+use crate::command::retry::after_catalog;
+use crate::command::{block_timeout, may_block, set_name};
 use crate::server::block::Fail;
 use crate::server::block::{Blocked, Completion};
 use crate::upkeep::rebuild::{self, Reply};
@@ -27,7 +27,7 @@ pub fn rebuild(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         None => false,
         Some(a) if a.as_slice().eq_ignore_ascii_case(b"SYNC") => true,
         Some(a) if a.as_slice().eq_ignore_ascii_case(b"ASYNC") => false,
-        Some(a) => return Err(super::unknown_option(a.as_slice())),
+        Some(a) => return Err(crate::command::unknown_option(a.as_slice())),
     };
     if crate::server::cluster_mode::enabled() {
         return everywhere(ctx, name, sync);
@@ -86,13 +86,18 @@ fn everywhere(ctx: &Context, name: String, sync: bool) -> RedisResult {
             Duration::ZERO,
             |_| Ok(Some(())),
             move |ctx, blocked, ()| {
-                super::rebuild_wide::start(ctx, blocked.with_fallback(lost()), &asked, sync)
+                crate::command::admin::rebuild_wide::start(
+                    ctx,
+                    blocked.with_fallback(lost()),
+                    &asked,
+                    sync,
+                )
             },
         );
     }
     // No server timeout: each primary's part is timed by the cluster bus.
     let blocked = Blocked::block(ctx, Duration::ZERO, lost());
-    super::rebuild_wide::start(ctx, blocked, &name, sync);
+    crate::command::admin::rebuild_wide::start(ctx, blocked, &name, sync);
     Ok(RedisValue::NoReply)
 }
 

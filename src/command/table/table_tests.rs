@@ -1,7 +1,7 @@
 //! The command table's own rules, and docs/commands.md's Summary table held to it.
 
-use super::super::docs::syntax;
-use super::*;
+use crate::command::table::docs::syntax;
+use crate::command::table::*;
 
 #[test]
 fn names_are_unique_lower_case_and_found_in_any_case() {
@@ -56,7 +56,7 @@ fn every_row_is_documented_with_unique_argument_names() {
 /// The rows of the `## Summary` table of docs/commands.md: (command cell, summary cell),
 /// the cells unescaped (`\|` is a `|` inside a cell) and without their backticks.
 fn documented() -> Vec<(String, String)> {
-    let doc = include_str!("../../docs/commands.md");
+    let doc = include_str!("../../../docs/commands.md");
     let table = doc
         .split("\n## Summary\n")
         .nth(1)

@@ -1,5 +1,5 @@
 //! The hot path's entry points: MEMBER.EXISTS's and MEMBER.MEXISTS's raw command functions
-//! (their rows in `table.rs`), so their arguments are read in place (no retained strings)
+//! (their rows in `mod.rs`), so their arguments are read in place (no retained strings)
 //! before the funnel runs. Every other command goes through the generic entry point in
 //! `register.rs`; all of them, these too, run inside `reply::guard`. The items of a tokenized
 //! set are redacted (`redact`, where the row's `items` says) before the server logs the call.
@@ -8,13 +8,13 @@ use std::os::raw::c_int;
 
 use redis_module::{raw, Context};
 
-use super::{batch, lookup};
+use crate::command::{batch, lookup};
 use crate::hooks::redact::{self, Shape};
 
 /// Longest argument vector read in place: `MEMBER.EXISTS <set> <item> SCOPE <scope>`.
 const MAX_ARGS: usize = 5;
 
-/// Where MEMBER.EXISTS's item sits: its row in `table.rs` says the same (`items`), for the
+/// Where MEMBER.EXISTS's item sits: its row in `mod.rs` says the same (`items`), for the
 /// generic readers of the table.
 pub const ITEMS: Shape = Shape::Item;
 /// Its name as registered (its row's `name`).

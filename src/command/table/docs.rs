@@ -1,5 +1,5 @@
 //! What COMMAND DOCS shows of a command (and so what `valkey-cli` hints): its summary,
-//! complexity and arguments, as rows of the command table (`table.rs`) carry them. The types
+//! complexity and arguments, as rows of the command table (`mod.rs`) carry them. The types
 //! here are plain data; `declare.rs` hands them to the server, and `syntax` writes them the
 //! way docs/commands.md does, so a test holds the two together.
 

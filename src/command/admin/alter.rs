@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
-use super::settings::Given;
-use super::Answer;
-use super::{block_timeout, may_block, set_name};
+use crate::command::admin::settings::Given;
+use crate::command::Answer;
+use crate::command::{block_timeout, may_block, set_name};
 use crate::db::sql::{self, Altered};
 use crate::db::{pool, DbErr};
 use crate::server::block::Blocked;
@@ -187,7 +187,7 @@ fn apply(ctx: &Context, altered: &Altered, removals: u64) -> bool {
     }
     // Starts the rebuild when ERROR or CAPACITY changed (`learn::learn`).
     learn::learn(ctx, row.def.clone(), Some(row.id));
-    super::create::tell_the_cluster(ctx);
+    crate::command::admin::create::tell_the_cluster(ctx);
     crate::server::replication::replicate_set(ctx, &row.def, Some(row.id));
     state::with(|r| {
         if let Some(s) = r.sets.get_mut(&row.def.name) {

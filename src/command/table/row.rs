@@ -1,4 +1,4 @@
-//! One row of the command table (`table.rs`): how the server reaches the command, who may call
+//! One row of the command table (`mod.rs`): how the server reaches the command, who may call
 //! it, how a cluster routes it, where its items sit and what COMMAND DOCS shows. The types
 //! only; `declare.rs` turns a row into COMMAND INFO and COMMAND DOCS, `register.rs` registers it.
 
@@ -6,7 +6,7 @@ use std::os::raw::c_int;
 
 use redis_module::{raw, Context, RedisResult, RedisString};
 
-use super::docs::{Arg, Docs};
+use crate::command::table::docs::{Arg, Docs};
 use crate::hooks::redact::Shape;
 
 /// How the server reaches a command's code.

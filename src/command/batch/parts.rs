@@ -1,15 +1,15 @@
 //! The parts of a MEXISTS or MADD that every node runs the same way: the funnel for many items
 //! of a known set, their writes, and the one database statement that resolves them, answered
 //! to an `Outlet` (the waiting client, a part of a split call, another node). Used by
-//! `batch.rs` (the commands), `batch_wide.rs` (a call split over a cluster) and
+//! `batch/mod.rs` (the commands), `wide.rs` (a call split over a cluster) and
 //! `forwarded.rs` (another node's part).
 
 use redis_module::{Context, RedisError, RedisResult, RedisValue};
 
-use super::lookup::{decide_item, LookupDone, Step};
-use super::outlet::Outlet;
-use super::write::{begin, Op, WriteDone};
-use super::PointDone;
+use crate::command::batch::outlet::Outlet;
+use crate::command::lookup::{decide_item, LookupDone, Step};
+use crate::command::write::{begin, Op, WriteDone};
+use crate::command::PointDone;
 use crate::db::sql::Found;
 use crate::db::{members, pool, DbErr};
 use crate::model::canon::Canon;
@@ -18,7 +18,7 @@ use crate::{filter::store, model::error, sets::state};
 
 /// What a call does with its items.
 #[derive(Clone, Copy)]
-pub(super) enum Kind {
+pub(in crate::command) enum Kind {
     Lookups,
     Writes(Option<f64>),
 }
@@ -28,7 +28,7 @@ const PREFETCH_AHEAD: usize = 8;
 
 /// The funnel for every item of a known set (main thread, DB 0): answers from memory, and the
 /// lookups only the database can resolve.
-pub(super) fn decide_lookups(
+pub(in crate::command) fn decide_lookups(
     ctx: &Context,
     set: &mut state::SetState,
     epoch: u64,
@@ -74,7 +74,7 @@ pub(super) fn decide_lookups(
 }
 
 /// Every item's write to a known set, canonicalized (nothing is marked yet).
-pub(super) fn writes(
+pub(in crate::command) fn writes(
     set: &state::SetState,
     canons: Vec<Canon>,
     expires_at: Option<f64>,
@@ -91,7 +91,7 @@ pub(super) fn writes(
 
 /// One job, one statement: every lookup of the call in one `lookup_many`. However the job
 /// ends, the outlet gets exactly one answer (a dropped job answers with the preset error).
-pub(super) fn send_lookups(out: Outlet, done: ManyLookups) {
+pub(in crate::command) fn send_lookups(out: Outlet, done: ManyLookups) {
     let out = out.with_fallback(Box::new(done.clone()));
     pool::run(move |db| {
         let mut done = done;
@@ -113,7 +113,7 @@ pub(super) fn send_lookups(out: Outlet, done: ManyLookups) {
 
 /// Marks every item as a recent write, then one job inserts them all with one multi-row
 /// statement (the primary key decides each 1 or 0).
-pub(super) fn send_writes(out: Outlet, done: ManyWrites) {
+pub(in crate::command) fn send_writes(out: Outlet, done: ManyWrites) {
     let writes = done.writes.into_iter().map(begin).collect();
     let done = ManyWrites { writes, ..done };
     let out = out.with_fallback(Box::new(done.clone()));
@@ -142,11 +142,11 @@ pub(super) fn send_writes(out: Outlet, done: ManyWrites) {
 /// A MEXISTS call (or this node's part of one): the answers from memory, and the lookups the
 /// database resolves together.
 #[derive(Clone)]
-pub(super) struct ManyLookups {
+pub(in crate::command) struct ManyLookups {
     /// One per item, in call order; the places of `pending` are filled by `apply`.
-    pub(super) answers: Vec<bool>,
+    pub(in crate::command) answers: Vec<bool>,
     /// (position, lookup) of every item only the database can answer.
-    pub(super) pending: Vec<(usize, LookupDone)>,
+    pub(in crate::command) pending: Vec<(usize, LookupDone)>,
     /// The database's answer for each of `pending`, in order.
     result: Result<Vec<Found>, DbErr>,
 }
@@ -186,7 +186,7 @@ impl Completion for ManyLookups {
 /// A MADD call (or this node's part of one): every item's write, answered by one multi-row
 /// insert.
 #[derive(Clone)]
-pub(super) struct ManyWrites {
+pub(in crate::command) struct ManyWrites {
     set: String,
     writes: Vec<WriteDone>,
     expires_at: Option<f64>,

@@ -1,4 +1,4 @@
-//! What COMMAND INFO and COMMAND DOCS show of each row of the command table (`table.rs`)
+//! What COMMAND INFO and COMMAND DOCS show of each row of the command table (`mod.rs`)
 //! beyond its name and flags: its arity, its cluster routing key (the item, argv[2], for the
 //! per-item commands; the set name, argv[1], for the catalog commands) and its documentation
 //! (`docs.rs`). The only room that calls `RedisModule_SetCommandInfo`; docs/cluster.md says why
@@ -11,8 +11,8 @@ use std::ptr;
 
 use redis_module::{raw, Context};
 
-use super::docs::{Arg, Docs, Kind, SINCE};
-use super::row::{Command, Item, Route};
+use crate::command::table::docs::{Arg, Docs, Kind, SINCE};
+use crate::command::table::row::{Command, Item, Route};
 use crate::server::reply::{self, Level};
 
 /// argv position of the item in `MEMBER.ADD|EXISTS|DEL|EXPLAIN <set> <item> …`.

@@ -5,24 +5,30 @@
 //! MEMBER.EXISTS and MEMBER.MEXISTS).
 //! A new command is one row here (and its section in docs/commands.md, which a test checks).
 
+pub mod declare;
+pub mod docs;
+pub mod entry;
+pub mod register;
+pub mod row;
+
 use redis_module::{Context, RedisResult, RedisString};
 
-use super::docs::Arg;
-use super::row::{Audience, Command, Item, Route, Run, UNDOCUMENTED};
-use super::{
-    alter, batch, create, drop, exists, info, info_wide, internal, lookup, rebuild, write,
+use crate::command::table::docs::Arg;
+use crate::command::table::row::{Audience, Command, Item, Route, Run, UNDOCUMENTED};
+use crate::command::{
+    admin::alter, admin::create, admin::drop, admin::rebuild, batch, info, internal, lookup, write,
 };
 use crate::hooks::redact::Shape;
 
 /// MEMBER.EXISTS <set> <item> [SCOPE <scope>]: its raw entry point reads this row.
 pub const EXISTS: Command = Command {
-    name: exists::NAME,
-    run: Run::Raw(exists::entry),
+    name: entry::NAME,
+    run: Run::Raw(entry::entry),
     flags: "readonly fast",
     arity: -3,
     route: Route::ByItem(Item::Read),
     audience: Audience::Public,
-    items: Some(exists::ITEMS),
+    items: Some(entry::ITEMS),
     docs: UNDOCUMENTED,
 }
 .doc(
@@ -34,13 +40,13 @@ pub const EXISTS: Command = Command {
 /// MEMBER.MEXISTS <set> [SCOPE <scope>] ITEMS <item> [<item> …]: the batch hot path, whose
 /// raw entry point reads this row.
 pub const MEXISTS: Command = Command {
-    name: exists::MANY_NAME,
-    run: Run::Raw(exists::mexists_entry),
+    name: entry::MANY_NAME,
+    run: Run::Raw(entry::mexists_entry),
     flags: "readonly",
     arity: -4,
     route: Route::BySet(Item::Read),
     audience: Audience::Public,
-    items: Some(exists::MANY_ITEMS),
+    items: Some(entry::MANY_ITEMS),
     docs: UNDOCUMENTED,
 }
 .doc(
@@ -76,7 +82,7 @@ pub const COMMANDS: &[Command] = &[
     MEXISTS,
     public("member.madd", batch::madd, "write deny-oom", -4, Route::BySet(Item::Insert), Some(Shape::Many))
         .doc("Makes up to 1000 items members of a set", Some("O(N) where N is the number of items, plus one database statement"), &[SET, SCOPE, EXPIRY, ITEMS]),
-    public("member.info", info_wide::info, "readonly", 2, Route::BySet(Item::Read), None)
+    public("member.info", info::wide::info, "readonly", 2, Route::BySet(Item::Read), None)
         .doc("Shows a set's settings, filter, rebuild, sync and counters, in a cluster over every node", Some("O(1); in a cluster O(N) where N is the number of nodes"), &[SET]),
     public("member.nodeinfo", info::nodeinfo, "readonly", -1, Route::Anywhere, None)
         .doc("Shows a set as the node that receives the call serves it, or lists the sets it serves", Some("O(1); without a set O(N) where N is the number of sets"), &[Arg::string("set").optional()]),

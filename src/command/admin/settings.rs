@@ -3,7 +3,7 @@
 
 use redis_module::{RedisError, RedisString};
 
-use super::Options;
+use crate::command::Options;
 use crate::model::canon::Normalize;
 use crate::model::token::Tokenize;
 use crate::sets::state::SetChange;

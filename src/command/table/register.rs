@@ -1,4 +1,4 @@
-//! Puts the command table (`table.rs`) into the server at module load: creates every command
+//! Puts the command table (`mod.rs`) into the server at module load: creates every command
 //! with its entry point and flags, then declares its COMMAND INFO (`declare.rs`) and puts the
 //! public ones into the `@member` ACL category. Owns the generic entry point every command but
 //! the hot path runs through.
@@ -8,9 +8,9 @@ use std::os::raw::c_int;
 
 use redis_module::{raw, Context, Status};
 
-use super::declare;
-use super::row::{Audience, Run};
-use super::table::{self, COMMANDS};
+use crate::command::table::declare;
+use crate::command::table::row::{Audience, Run};
+use crate::command::table::{self, COMMANDS};
 use crate::{hooks::redact, server::reply, sets::acl};
 
 /// Creates every command of the table (firstkey 0: no key until `declare` says otherwise).

@@ -1,11 +1,11 @@
 //! The server's `INFO member` section: module-wide figures (MEMBER.NODEINFO gives one set's,
-//! `info.rs`).
+//! `info/mod.rs`).
 
 use std::sync::atomic::Ordering;
 
 use redis_module::InfoContext;
 
-use super::info::f;
+use crate::command::info::f;
 use crate::sets::state::{self, Rebuild};
 use crate::{config, db, server::metrics};
 
@@ -181,7 +181,7 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
     // The history of the database this node follows, and its changes (docs/failover.md).
     fields.extend(db::identity::info_fields());
     // Whether this node's filters answer "absent" now, and why not (docs/replicas.md).
-    fields.extend(super::info::standing_fields());
+    fields.extend(crate::command::info::standing_fields());
     // Where rebuilds read (member.pg-rebuild-url), and why it could not be used last time.
     fields.push((
         "rebuild_source",

@@ -1,11 +1,14 @@
-//! MEMBER.NODEINFO: this node's MEMBER.INFO of a set (MEMBER.INFO itself is `info_wide.rs`; the
-//! server's `INFO member` section is `info_section.rs`).
+//! MEMBER.NODEINFO: this node's MEMBER.INFO of a set (MEMBER.INFO itself is `wide.rs`; the
+//! server's `INFO member` section is `info/section.rs`).
+
+pub mod section;
+pub mod wide;
 
 use std::sync::atomic::Ordering;
 
 use redis_module::{raw, Context, RedisError, RedisResult, RedisString, RedisValue};
 
-use super::set_name;
+use crate::command::set_name;
 use crate::sets::state::{self, Rebuild};
 use crate::{config, filter::store, sets::keys};
 
@@ -16,7 +19,7 @@ use crate::{config, filter::store, sets::keys};
 /// `down`, or `none` on a primary), how long ago the role or the link last changed, how often a
 /// link was lost, and the staleness bound measured now (`filter_lag_ms`: since the start of the
 /// oldest set's last catch-up; empty before any).
-pub(super) fn standing_fields() -> Vec<(&'static str, String)> {
+pub(in crate::command) fn standing_fields() -> Vec<(&'static str, String)> {
     let s = crate::sets::standing::shown();
     let lag = state::with(|r| {
         let now = std::time::Instant::now();
@@ -55,12 +58,12 @@ pub(super) fn standing_fields() -> Vec<(&'static str, String)> {
     ]
 }
 
-pub(super) fn f(x: f64) -> String {
+pub(in crate::command) fn f(x: f64) -> String {
     format!("{x:.6}")
 }
 
 /// MEMBER.NODEINFO <set>: MEMBER.INFO's fields as this node holds them (MEMBER.INFO itself,
-/// standalone: `info_wide::info`): settings, filter geometry and fill, rebuild state, counters
+/// standalone: `wide::info`): settings, filter geometry and fill, rebuild state, counters
 /// per path. Without a set: the
 /// names of the sets this node holds that the caller may read, sorted.
 pub fn nodeinfo(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
@@ -81,10 +84,10 @@ pub fn nodeinfo(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     crate::sets::acl::check_set(ctx, &name, crate::sets::acl::Access::Read)?;
     if state::with(|r| r.serving(&name, false).is_none()) {
         let later = InfoLater(name.clone());
-        return super::retry::after_catalog(
+        return crate::command::retry::after_catalog(
             ctx,
             &name,
-            super::block_timeout(),
+            crate::command::block_timeout(),
             |_| Ok(Some(later)),
             |_, blocked, later| blocked.finish(Box::new(later)),
         );
@@ -108,7 +111,10 @@ fn set_info(ctx: &Context, name: &str) -> RedisResult {
 }
 
 /// This node's MEMBER.INFO fields of `name`, in their order.
-pub(super) fn fields(ctx: &Context, name: &str) -> Result<Vec<(&'static str, String)>, RedisError> {
+pub(in crate::command) fn fields(
+    ctx: &Context,
+    name: &str,
+) -> Result<Vec<(&'static str, String)>, RedisError> {
     keys::with_db0(ctx, |ctx| {
         let mut out: Vec<(&'static str, String)> = Vec::new();
         let key = state::with(|r| -> Result<_, RedisError> {
@@ -350,7 +356,7 @@ pub(super) fn fields(ctx: &Context, name: &str) -> Result<Vec<(&'static str, Str
 
 /// Replies with `fields` as a map, in their order: a map under RESP3, the same field, value,
 /// field, value … array under RESP2 (the server flattens it).
-pub(super) fn reply_map(ctx: &Context, fields: Vec<(&'static str, String)>) {
+pub(in crate::command) fn reply_map(ctx: &Context, fields: Vec<(&'static str, String)>) {
     raw::reply_with_map(ctx.ctx, fields.len() as std::os::raw::c_long);
     for (k, v) in fields {
         ctx.reply(Ok(RedisValue::SimpleStringStatic(k)));

@@ -96,7 +96,7 @@ fn item_in_slot(cl: &Cluster, prefix: &str, slot: u16) -> String {
 }
 
 /// Slot fills `node` has finished.
-fn fills_done(node: &Node) -> u64 {
+pub(crate) fn fills_done(node: &Node) -> u64 {
     info_field(&mut node.conn(), "slot_fills_done")
         .unwrap()
         .parse()
@@ -434,7 +434,7 @@ fn each_primary_holds_only_its_share_of_the_filter() {
 }
 
 /// Moves `slot` from `src` to `dst` the way `valkey-cli --cluster reshard` does.
-fn move_slot(cl: &Cluster, slot: u16, src: &Node, dst: &Node) {
+pub(crate) fn move_slot(cl: &Cluster, slot: u16, src: &Node, dst: &Node) {
     let s = slot.to_string();
     ok(
         &mut dst.conn(),

@@ -11,9 +11,12 @@ use std::time::Duration;
 
 use postgres::Client;
 use redis::Connection;
+use support::cluster::Cluster;
 use support::failover::PgPair;
 use support::member::*;
 use support::wait_until;
+
+use crate::cluster_slots::{fills_done, move_slot};
 
 /// The server's major version (15, 16, 17, 18).
 fn major(pg: &mut Client) -> i32 {
@@ -135,4 +138,59 @@ fn a_role_transaction_timeout_ends_no_standby_rebuild() {
     for item in ["i1", "i300000"] {
         assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s", item]), 1, "{item}");
     }
+}
+
+#[test]
+fn a_database_transaction_timeout_ends_no_slot_fill() {
+    let v = major(&mut support::Pg::get().client("postgres"));
+    if v < 17 {
+        eprintln!("PostgreSQL {v} has no transaction_timeout (17 and later): nothing to check");
+        return;
+    }
+    let held = Cluster::shared_exclusive();
+    let cl: &Cluster = &held;
+    let set = "pgv_fill";
+    ok(
+        &mut cl.set_owner(set).conn(),
+        &["MEMBER.CREATE", set, "NORMALIZE", "none"],
+    );
+    cl.wait_ready(set);
+    // 300 000 rows in one slot (one hash tag): its fill streams far longer than 100 ms.
+    let slot = cl.keyslot("{pgv}");
+    let mut pg = cl.db().client();
+    pg.execute(
+        &format!(
+            "INSERT INTO member_{set} (entity_id) \
+             SELECT '{{pgv}}' || g FROM generate_series(1, 300000) g"
+        ),
+        &[],
+    )
+    .unwrap();
+    let db = cl.db().name.clone();
+    pg.batch_execute(&format!(
+        "ALTER DATABASE {db} SET transaction_timeout = '100ms'"
+    ))
+    .unwrap();
+    reconnect_module(&mut pg);
+    let src = cl.owner(slot);
+    let dst = cl.primaries().find(|n| n.port() != src.port()).unwrap();
+    let before = fills_done(dst);
+    move_slot(cl, slot, src, dst);
+    let mut d = dst.conn();
+    let filled = wait_until(Duration::from_secs(60), || {
+        fills_done(dst) > before
+            && set_info(&mut d, set, "cluster_slots_covered")
+                == set_info(&mut d, set, "cluster_slots_owned")
+    });
+    // Put everything back for the next test of this cluster, whatever happened.
+    pg.batch_execute(&format!("ALTER DATABASE {db} RESET transaction_timeout"))
+        .unwrap();
+    reconnect_module(&mut pg);
+    let failed = info_field(&mut d, "slot_fills_failed");
+    let log = dst.vk.log();
+    move_slot(cl, slot, dst, src);
+    assert!(
+        filled,
+        "the slot's fill never completed (slot_fills_failed {failed:?})\n{log}"
+    );
 }

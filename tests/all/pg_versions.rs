@@ -27,12 +27,14 @@ fn major(pg: &mut Client) -> i32 {
     v.parse::<i32>().unwrap() / 10000
 }
 
-/// Ends every session of the module, so that its next ones start with the role's and the
-/// database's settings as they are now.
+/// Ends every session of the module in `pg`'s database (only there: other tests share the
+/// cluster), so that its next ones start with the role's and the database's settings as they
+/// are now.
 fn reconnect_module(pg: &mut Client) {
     pg.batch_execute(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-         WHERE application_name LIKE 'libmember%' AND pid <> pg_backend_pid()",
+         WHERE application_name LIKE 'libmember%' AND datname = current_database() \
+           AND pid <> pg_backend_pid()",
     )
     .unwrap();
 }

@@ -97,14 +97,34 @@ fn a_database_restored_from_a_cold_copy_is_a_new_history() {
             .iter()
             .all(|item| exists(&mut c, "s", item) == Some(1))),
         "rows written on the restored database do not all answer 1: {:?}\nINFO: \
-         db_history_changes {:?}, db_history_rollbacks {:?}\n{}",
+         db_history_changes {:?}, db_history_rollbacks {:?}; the set: {}\nthe database: {}\n{}",
         fresh
             .iter()
-            .map(|i| (i, exists(&mut c, "s", i)))
-            .filter(|(_, a)| *a != Some(1))
+            .map(|i| (i, explain(&mut c, "s", i)))
+            .filter(|(_, (a, _))| *a != 1)
             .collect::<Vec<_>>(),
         info_field(&mut c, "db_history_changes"),
         info_field(&mut c, "db_history_rollbacks"),
+        [
+            "filter_complete",
+            "filter_serves_absent",
+            "sync_watermark_xid",
+            "sync_last_error",
+            "last_rebuild"
+        ]
+        .map(|f| format!("{f} {:?}", set_info(&mut c, "s", f)))
+        .join(", "),
+        {
+            let rows: i64 = db
+                .query_one(
+                    "SELECT count(*) FROM member_s WHERE entity_id LIKE 'fresh%'",
+                    &[],
+                )
+                .map(|r| r.get(0))
+                .unwrap_or(-1);
+            let next = next_xid(&mut db);
+            format!("{rows} fresh rows, next xid {next}")
+        },
         log_tail(&vk)
     );
     assert!(

@@ -14,7 +14,7 @@ use redis::Connection;
 use support::cluster::Cluster;
 use support::failover::PgPair;
 use support::member::*;
-use support::wait_until;
+use support::{wait_until, OwnPg};
 
 use crate::cluster_slots::{fills_done, move_slot};
 
@@ -60,32 +60,32 @@ fn rebuilt(c: &mut Connection, set: &str, log: impl Fn() -> String) -> i64 {
 
 #[test]
 fn a_database_transaction_timeout_ends_no_rebuild_and_still_bounds_lookups() {
-    // The module's own timeout well above the DBA's, so that what ends a stuck lookup below is
-    // the database's transaction_timeout.
-    let env = Env::with(&[("member.db-timeout-ms", "10000")]);
-    let mut pg = env.pg();
+    // A PostgreSQL of its own: loading 1 M rows holds an xid for seconds, which would hold
+    // back the shared cluster's xmin that other tests wait on.
+    let own = OwnPg::start_new();
+    let mut pg = own.client();
     let v = major(&mut pg);
     if v < 17 {
         eprintln!("PostgreSQL {v} has no transaction_timeout (17 and later): nothing to check");
         return;
     }
-    let mut c = env.conn();
+    // The module's own timeout well above the DBA's, so that what ends a stuck lookup below is
+    // the database's transaction_timeout.
+    let vk = start_loaded(&own.url(), &[("member.db-timeout-ms", "10000")]);
+    let mut c = vk.conn();
     ok(&mut c, &["MEMBER.CREATE", "s", "RECENT-TTL", "1"]);
     fill(&mut pg, "s", 1_000_000);
-    pg.batch_execute(&format!(
-        "ALTER DATABASE {} SET transaction_timeout = '100ms'",
-        env.db.name
-    ))
-    .unwrap();
+    pg.batch_execute("ALTER DATABASE postgres SET transaction_timeout = '100ms'")
+        .unwrap();
     reconnect_module(&mut pg);
     // A COPY of 1 M rows in one snapshot takes far longer than 100 ms.
-    assert_eq!(rebuilt(&mut c, "s", || env.vk.log()), 1_000_000);
+    assert_eq!(rebuilt(&mut c, "s", || vk.log()), 1_000_000);
     for item in ["i1", "i500000", "i1000000"] {
         assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s", item]), 1, "{item}");
     }
     assert_eq!(set_info(&mut c, "s", "filter_complete").as_deref(), Ok("1"));
     // A lookup's transaction is short: the DBA's bound still ends it when it waits on a lock.
-    let mut locker = env.pg();
+    let mut locker = own.client();
     locker
         .batch_execute(
             "SET transaction_timeout = 0; BEGIN; LOCK TABLE member_s IN ACCESS EXCLUSIVE MODE",

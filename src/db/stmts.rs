@@ -52,8 +52,6 @@ pub enum Bound {
 pub struct Stmts {
     cache: HashMap<String, Statement>,
     pooled: bool,
-    /// The bounds as the configuration gave them when the current call started.
-    bounds: Bounds,
     /// The current call's `statement_timeout`.
     call_ms: u64,
     /// A direct session's `statement_timeout` now: its startup option, then the last `SET`.
@@ -64,12 +62,10 @@ impl Stmts {
     /// The statements of a new connection in `session`, opened with `statement_timeout` =
     /// `session_ms` (a direct one; a pooled one carries each call's in its transactions).
     pub(super) fn new(session: Session, session_ms: u64) -> Stmts {
-        let bounds = Bounds::now();
         Stmts {
             cache: HashMap::new(),
             pooled: session == Session::Pooled,
-            bounds,
-            call_ms: bounds.other_ms,
+            call_ms: Bounds::now().other_ms,
             session_ms,
         }
     }
@@ -82,10 +78,10 @@ impl Stmts {
         c: &mut Client,
         bound: Bound,
     ) -> Result<(), postgres::Error> {
-        self.bounds = Bounds::now();
+        let bounds = Bounds::now();
         self.call_ms = match bound {
-            Bound::Lookup => self.bounds.lookup_ms,
-            Bound::Other => self.bounds.other_ms,
+            Bound::Lookup => bounds.lookup_ms,
+            Bound::Other => bounds.other_ms,
         };
         if !self.pooled && self.session_ms != self.call_ms {
             // Forgotten first: should the SET fail, the session's value is unknown.
@@ -99,11 +95,6 @@ impl Stmts {
     /// What opens a transaction of the current call behind a pooler ([`begin_sql`]).
     pub(super) fn opening(&self) -> String {
         begin_sql((self.call_ms, 0))
-    }
-
-    /// The current call's `statement_timeout`, in ms.
-    pub fn call_ms(&self) -> u64 {
-        self.call_ms
     }
 
     /// Whether the connection is a pooler's ([`Session::Pooled`]).

@@ -18,13 +18,18 @@ use support::{wait_until, OwnPg};
 
 use crate::cluster_slots::{fills_done, move_slot};
 
-/// The server's major version (15, 16, 17, 18).
-fn major(pg: &mut Client) -> i32 {
+/// Whether the server behind `pg` lacks `transaction_timeout` (before 17); says so, for the
+/// test that then has nothing to check.
+fn lacks_transaction_timeout(pg: &mut Client) -> bool {
     let v: String = pg
         .query_one("SELECT current_setting('server_version_num')", &[])
         .unwrap()
         .get(0);
-    v.parse::<i32>().unwrap() / 10000
+    let major = v.parse::<i32>().unwrap() / 10000;
+    if major < 17 {
+        eprintln!("PostgreSQL {major} has no transaction_timeout (17 and later): nothing to check");
+    }
+    major < 17
 }
 
 /// Ends every session of the module in `pg`'s database (only there: other tests share the
@@ -64,9 +69,7 @@ fn a_database_transaction_timeout_ends_no_rebuild_and_still_bounds_lookups() {
     // back the shared cluster's xmin that other tests wait on.
     let own = OwnPg::start_new();
     let mut pg = own.client();
-    let v = major(&mut pg);
-    if v < 17 {
-        eprintln!("PostgreSQL {v} has no transaction_timeout (17 and later): nothing to check");
+    if lacks_transaction_timeout(&mut pg) {
         return;
     }
     // The module's own timeout well above the DBA's, so that what ends a stuck lookup below is
@@ -115,9 +118,7 @@ fn a_database_transaction_timeout_ends_no_rebuild_and_still_bounds_lookups() {
 fn a_role_transaction_timeout_ends_no_standby_rebuild() {
     let pair = PgPair::start();
     let mut primary = pair.primary();
-    let v = major(&mut primary);
-    if v < 17 {
-        eprintln!("PostgreSQL {v} has no transaction_timeout (17 and later): nothing to check");
+    if lacks_transaction_timeout(&mut primary) {
         return;
     }
     let (p, s) = pair.ports();
@@ -144,9 +145,7 @@ fn a_role_transaction_timeout_ends_no_standby_rebuild() {
 
 #[test]
 fn a_database_transaction_timeout_ends_no_slot_fill() {
-    let v = major(&mut support::Pg::get().client("postgres"));
-    if v < 17 {
-        eprintln!("PostgreSQL {v} has no transaction_timeout (17 and later): nothing to check");
+    if lacks_transaction_timeout(&mut support::Pg::get().client("postgres")) {
         return;
     }
     let held = Cluster::shared_exclusive();

@@ -30,17 +30,14 @@ pub fn snapshot<'a>(c: &'a mut Client, def: &SetDef) -> Result<(Transaction<'a>,
         .read_only(true)
         .start()
         .map_err(tx_error)?;
-    // The timeouts the build's connection was opened with, again for this transaction (a
-    // pooler may have dropped them), and none of the DBA's transaction-wide ones
-    // (UNBOUNDED_TRANSACTION). Its SELECT takes the transaction's one snapshot: the one the
-    // watermark below reads and the COPY imports.
+    // The timeouts the build's connection was opened with, again for this transaction: a
+    // pooler may have dropped them (and this takes no snapshot yet).
     tx.batch_execute(&format!(
-        "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = {}; {}",
-        super::build_lock_timeout_ms(),
-        super::UNBOUNDED_TRANSACTION
+        "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = {}",
+        super::build_lock_timeout_ms()
     ))
     .map_err(tx_error)?;
-    // The snapshot's xmin is the watermark: every
+    // The first statement takes the snapshot the COPY reads; its xmin is the watermark: every
     // transaction below it had ended (its rows are in the COPY), every later commit is at or
     // above it (and reaches the filter through the change log).
     let mark = match def.source.as_ref().map(|s| &s.sync) {
@@ -48,6 +45,9 @@ pub fn snapshot<'a>(c: &'a mut Client, def: &SetDef) -> Result<(Transaction<'a>,
         _ => XMIN,
     };
     let watermark: i64 = tx.query_one(mark, &[]).map_err(tx_error)?.get(0);
+    // Then none of the DBA's transaction-wide timeouts (a statement in the same snapshot).
+    tx.batch_execute(super::UNBOUNDED_TRANSACTION)
+        .map_err(tx_error)?;
     Ok((tx, watermark))
 }
 

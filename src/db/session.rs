@@ -123,7 +123,9 @@ pub fn open_link(
     if direct_first {
         match link::open(link, |cfg| tune(cfg, timeouts, generic_plans, app, true)) {
             Ok(mut c) => {
-                if want == Pooler::No || options_took(&mut c, timeouts) {
+                // A session that ends while it is asked (a DBA's transaction_timeout on a busy
+                // server) is an error to retry, not a pooler.
+                if want == Pooler::No || options_took(&mut c, timeouts).map_err(|e| classify(&e))? {
                     return Ok((c, Session::Direct));
                 }
                 remember_pooled(link);
@@ -145,12 +147,14 @@ pub fn open_link(
 
 /// Whether the session shows the timeouts its startup options set (a pooler that drops
 /// `options`, as pgbouncer's `ignore_startup_parameters` does, leaves the server's).
-fn options_took(c: &mut Client, (statement_timeout_ms, lock_timeout_ms): (u64, u64)) -> bool {
-    let shown = c.simple_query(
+fn options_took(
+    c: &mut Client,
+    (statement_timeout_ms, lock_timeout_ms): (u64, u64),
+) -> Result<bool, postgres::Error> {
+    let msgs = c.simple_query(
         "SELECT setting FROM pg_settings WHERE name IN ('lock_timeout', 'statement_timeout') \
          ORDER BY name",
-    );
-    let Ok(msgs) = shown else { return false };
+    )?;
     let values: Vec<String> = msgs
         .iter()
         .filter_map(|m| match m {
@@ -158,11 +162,11 @@ fn options_took(c: &mut Client, (statement_timeout_ms, lock_timeout_ms): (u64, u
             _ => None,
         })
         .collect();
-    values
+    Ok(values
         == [
             lock_timeout_ms.to_string(),
             statement_timeout_ms.to_string(),
-        ]
+        ])
 }
 
 /// A transaction of two messages, which a pooler in statement pooling mode refuses: pgbouncer
@@ -173,10 +177,11 @@ fn transactions_allowed(link: &crate::config::pg_link::Link, c: &mut Client) -> 
         .and_then(|()| c.batch_execute("COMMIT"))
     {
         Ok(()) => Ok(()),
+        // A server's own reason (a transaction timeout that ended the session) is that
+        // reason; pgbouncer's, or a close before any reason could be read, is the refusal.
         Err(e)
-            if e.is_closed()
-                || e.as_db_error()
-                    .is_some_and(|d| d.message().contains("statement pooling")) =>
+            if e.as_db_error()
+                .map_or(e.is_closed(), |d| d.message().contains("statement pooling")) =>
         {
             link::refused(link, STATEMENT_POOLING);
             Err(DbErr::Unavailable(STATEMENT_POOLING.to_string()))

@@ -22,8 +22,9 @@ use crate::model::slotset::SlotSet;
 pub struct Built {
     pub bloom: Bloom,
     pub rows: u64,
-    /// Sync watermark of the build: the xmin of the COPY's snapshot (docs/sync.md), or of
-    /// the catch-up on the primary after a COPY from a standby.
+    /// Sync watermark of the build: the xmin of the catch-up on the primary that follows the
+    /// construction (or the standby's COPY), or the COPY's snapshot's when none could be made
+    /// (docs/sync.md).
     pub watermark: i64,
     /// The COPY was read from the standby `member.pg-rebuild-url`.
     pub from_standby: bool,
@@ -89,8 +90,14 @@ pub fn build_filter(
     let standby = standby.filter(|_| def.source.is_none());
     let from_standby = standby.is_some();
     let copy_started = std::time::Instant::now();
+    // The snapshot a COPY from the primary read (`pg_current_snapshot()`), for its catch-up.
+    let mut copied = None;
     let (rows, watermark) = match standby {
-        None => read_hashes(c, def, slots, progress, Some(estimate))?,
+        None => {
+            let (rows, xmin, seen) = read_hashes(c, def, slots, progress, Some(estimate))?;
+            copied = seen;
+            (rows, xmin)
+        }
         Some((s, link)) => {
             install_triggers(c, def)?;
             let (mut rows, xmin) = super::standby::read_hashes(
@@ -101,7 +108,7 @@ pub fn build_filter(
                 (progress, Some(estimate)),
                 |xmin| super::standby::check_floor(c, xmin),
             )?;
-            let (late, horizon) = super::standby::catch_up(c, def, slots, xmin)?;
+            let (late, horizon) = super::standby::catch_up(c, def, slots, xmin, None)?;
             add_late(&mut rows, late).map_err(spill_error)?;
             progress.store(rows.len(), Ordering::Relaxed);
             (rows, xmin.max(horizon))
@@ -122,13 +129,17 @@ pub fn build_filter(
         &def.name,
         rows.held_bytes() + budget.peak_scratch(rows.len()),
     );
-    let bloom = Bloom::build_rows(members, def.error_rate, max_bytes, &rows, budget)
+    let mut bloom = Bloom::build_rows(members, def.error_rate, max_bytes, &rows, budget)
         .map_err(|e| DbErr::Invalid(e.to_string()))?;
+    let (late, watermark) = match copied {
+        Some(seen) => catch_up_own(c, def, slots, &mut bloom, (watermark, &seen)),
+        None => (0, watermark),
+    };
     let held = crate::server::transient::hold_for(&def.name, bloom.bytes() as u64);
     Ok(Built {
         held,
         bloom,
-        rows: rows.len(),
+        rows: rows.len() + late,
         spilled: rows.spilled_bytes(),
         watermark,
         from_standby,
@@ -153,6 +164,38 @@ fn add_late(rows: &mut Rows, late: Vec<u128>) -> std::io::Result<()> {
         rows.push(h, spill_dir())?;
     }
     Ok(())
+}
+
+/// After a filter was built from the primary's snapshot `seen` (`pg_current_snapshot()`),
+/// whose xmin was `xmin`: adds the keys the change log holds for the set from transactions
+/// that snapshot did not see (those that committed while the COPY and the construction ran),
+/// and returns how many were new to the filter and the watermark it then has, the catch-up's
+/// own xmin. What the snapshot saw is the COPY's business: an older incarnation's log rows (a
+/// set dropped and created again under its name) are not read again.
+///
+/// Rows committed after the snapshot reach a new filter through the passes that ran during
+/// the build, journaled (docs/sync.md, "A rebuild's window"); but those passes read from the
+/// watermark of the value the build replaces, which covers nothing of the build's window when
+/// there was none (a CREATE, a lost filter) or when it counts another history's ids (after a
+/// failover or a restore). The catch-up covers the window itself, so a row that answered 1
+/// while the set fell through to the database does not answer 0 once the new filter serves.
+/// Only for a set of the module's own table (`read_hashes` gives no snapshot for an attached
+/// set, which keeps the passes' rule). A catch-up that cannot be made (the log pruned past `xmin`, the triggers gone, an error)
+/// leaves `xmin`, and the next pass judges the filter as before.
+fn catch_up_own(
+    c: &mut Client,
+    def: &SetDef,
+    slots: Option<&SlotSet>,
+    bloom: &mut Bloom,
+    (xmin, seen): (i64, &str),
+) -> (u64, i64) {
+    match super::standby::catch_up(c, def, slots, xmin, Some(seen)) {
+        Ok((late, horizon)) => {
+            let new = late.into_iter().filter(|&h| bloom.add(h)).count() as u64;
+            (new, xmin.max(horizon))
+        }
+        Err(_) => (0, xmin),
+    }
 }
 
 /// Rows written from now on must reach the change log, or a filter built now could never be
@@ -184,22 +227,32 @@ pub fn install_triggers(c: &mut Client, def: &SetDef) -> Result<(), DbErr> {
 }
 
 /// The canonical hashes of the set's active rows of `slots` (all rows for `None`), read in one
-/// snapshot of the primary (held in bounded memory: `Rows`), and that snapshot's xmin.
+/// snapshot of the primary (held in bounded memory: `Rows`), that snapshot's xmin and, for a
+/// set of the module's own table, the snapshot itself (`pg_current_snapshot()` as text: what
+/// the catch-up after the COPY need not read again).
 pub fn read_hashes(
     c: &mut Client,
     def: &SetDef,
     slots: Option<&SlotSet>,
     progress: &AtomicU64,
     estimate: Option<&AtomicU64>,
-) -> Result<(Rows, i64), DbErr> {
+) -> Result<(Rows, i64, Option<String>), DbErr> {
     install_triggers(c, def)?;
     let (mut tx, watermark) = snapshot(c, def)?;
+    let seen = match def.source {
+        Some(_) => None,
+        None => Some(
+            tx.query_one("SELECT pg_current_snapshot()::text", &[])
+                .map_err(tx_error)?
+                .get(0),
+        ),
+    };
     // `c` was opened with the primary's link; were `member.pg-url` changed since, the
     // snapshot would not be found on the new one and the build fails (and is retried).
     let link = crate::config::pg_link().0;
     let rows = copy_rows(&mut tx, &link, def, slots, progress, estimate)?;
     tx.commit().map_err(tx_error)?;
-    Ok((rows, watermark))
+    Ok((rows, watermark, seen))
 }
 
 #[cfg(test)]

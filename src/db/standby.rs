@@ -192,7 +192,9 @@ pub fn check_floor(c: &mut Client, from: i64) -> Result<(), DbErr> {
 }
 
 /// On the primary `c`: every key of the set (of `slots`) whose latest change logged by a
-/// transaction with xid ≥ `from` (the standby snapshot's xmin) left it active, and the xmin
+/// transaction with xid ≥ `from` (the xmin of the standby's snapshot, or of the primary's after
+/// its COPY: `build::catch_up_own`, which reads only the changes its snapshot `seen` did not
+/// see) left it active, and the xmin
 /// of this statement's snapshot, which the new filter then covers. One statement, like a sync
 /// pass limited to one set. Refused when the log was pruned past `from` (the standby lags by
 /// more than `member.change-retention-s`) or the table does not feed the log.
@@ -201,6 +203,7 @@ pub fn catch_up(
     def: &SetDef,
     slots: Option<&SlotSet>,
     from: i64,
+    seen: Option<&str>,
 ) -> Result<(Vec<u128>, i64), DbErr> {
     // `from` is an integer written into the text (an xid8 cannot be bound from here).
     let sql = format!(
@@ -213,6 +216,8 @@ pub fn catch_up(
                              AND g.tgname IN ('{ins}', '{upd}', '{del}')) AS triggers) h
             LEFT JOIN (SELECT DISTINCT ON (entity_id, scope) entity_id, scope, alive
                          FROM member_changes WHERE set_name = $2 AND xid >= '{from}'::xid8
+                          AND ($3::text IS NULL
+                               OR NOT pg_visible_in_snapshot(xid, $3::text::pg_snapshot))
                         ORDER BY entity_id, scope, seq DESC) c ON c.alive",
         ins = LOG_TRIGGERS[0],
         upd = LOG_TRIGGERS[1],
@@ -225,6 +230,7 @@ pub fn catch_up(
             &[
                 (&table(&def.name), postgres::types::Type::TEXT),
                 (&def.name, postgres::types::Type::TEXT),
+                (&seen, postgres::types::Type::TEXT),
             ],
         )
         .map_err(|e| classify(&e))?;

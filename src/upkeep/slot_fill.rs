@@ -135,7 +135,7 @@ fn read(def: &SetDef, slots: &SlotSet) -> Result<Vec<u128>, DbErr> {
     db::keyslot::ensure_slot_column(&mut c, &def.name, config::db_timeout_ms())
         .map_err(|e| db::classify(&e))?;
     let progress = AtomicU64::new(0);
-    let (rows, _) = db::build::read_hashes(&mut c, def, Some(slots), &progress, None)?;
+    let (rows, _, _) = db::build::read_hashes(&mut c, def, Some(slots), &progress, None)?;
     // A fill's rows are those of a few slots: added to the filter in one step on the main
     // thread.
     rows.to_vec()

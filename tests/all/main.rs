@@ -62,6 +62,7 @@ mod pooler;
 mod pooler_cluster;
 mod python_client;
 mod rebuild_memory;
+mod rebuild_window;
 mod replica;
 mod restore;
 mod sentinel;

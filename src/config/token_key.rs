@@ -1,35 +1,76 @@
-//! The tokenization key this node holds (read from the file `member.token-key-file` names,
-//! never shown anywhere) and the gate every client item passes: canonicalize, then tokenize.
+//! The ring of tokenization keys this node holds (read from the file `member.token-key-file`
+//! names, never shown anywhere; docs/security.md, "Key rings") and the gate every client item
+//! passes: canonicalize, then tokenize under the key the set was created with.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Mutex, OnceLock, RwLock};
 
 use crate::model::canon::{self, Canon};
 use crate::model::error;
 use crate::model::set_def::SetDef;
-use crate::model::token::{Key, Tokenize, MAX_KEY_BYTES};
+use crate::model::token::{Key, Tokenize};
+use crate::model::token_ring::{Ring, MAX_FILE_BYTES};
 
-/// The loaded key, if any. Written by the config (main thread), read by commands.
-static KEY: RwLock<Option<Key>> = RwLock::new(None);
+/// The loaded ring, if any. Written by the config and `MEMBER.KEYS RELOAD` (main thread),
+/// read by commands.
+static RING: RwLock<Option<Ring>> = RwLock::new(None);
 
 /// Set once the module's configs are loaded (`started`): from then on a bad file is refused.
 static STARTED: AtomicBool = AtomicBool::new(false);
 /// Why the key file named at start-up was not loaded, logged by `started`.
 static START_ERROR: Mutex<Option<String>> = Mutex::new(None);
+/// The path the loaded ring came from (what `reload` reads again).
+static PATH: Mutex<String> = Mutex::new(String::new());
 
-/// Largest key file read: the longest key in hex with room for white space around it.
-const MAX_FILE_BYTES: usize = MAX_KEY_BYTES * 2 + 64;
+/// The tokenized sets this node serves, as `(set, key fingerprint)`: a ring that would drop
+/// one of their keys is refused. Told once, at module load (`uses_keys`), by the layer that
+/// knows the sets.
+static IN_USE: OnceLock<KeysInUse> = OnceLock::new();
 
-/// Reads and installs the key from `path` (an empty path unloads it). On any error the key
-/// held before stays, and the error is the text CONFIG SET reports; it never quotes the file.
+/// What tells the tokenized sets and their keys' fingerprints.
+pub type KeysInUse = fn() -> Vec<(String, String)>;
+
+/// Makes every ring loaded from now on keep the keys `sets` says are in use. Call once, from
+/// module load.
+pub fn uses_keys(sets: KeysInUse) {
+    let _ = IN_USE.set(sets);
+}
+
+fn ring() -> std::sync::RwLockReadGuard<'static, Option<Ring>> {
+    RING.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Reads the ring at `path` (an empty path unloads every key) and installs it whole. On any
+/// error the ring held before stays, and the error is the reply's text; it never quotes the
+/// file. A ring that lacks a key of the old ring that some set uses is refused, the set named.
 fn load_file(path: &str) -> Result<(), String> {
-    let key = if path.is_empty() {
+    let new = if path.is_empty() {
         None
     } else {
         Some(read(path).map_err(|why| format!("member.token-key-file {path}: {why}"))?)
     };
-    *KEY.write().unwrap_or_else(|e| e.into_inner()) = key;
+    let mut held = RING.write().unwrap_or_else(|e| e.into_inner());
+    if STARTED.load(Ordering::Acquire) {
+        dropped_in_use(held.as_ref(), new.as_ref()).map_or(Ok(()), |(set, fp)| {
+            Err(format!(
+                "member.token-key-file {path}: the key set '{set}' uses (fingerprint {fp}) is \
+                 not in it; a key a set uses cannot be dropped (drop the set, or keep the key \
+                 in the ring: docs/security.md)"
+            ))
+        })?;
+    }
+    *held = new;
+    *PATH.lock().unwrap_or_else(|e| e.into_inner()) = path.to_string();
     Ok(())
+}
+
+/// The first set whose key `old` holds and `new` does not, with its fingerprint.
+fn dropped_in_use(old: Option<&Ring>, new: Option<&Ring>) -> Option<(String, String)> {
+    let sets = IN_USE.get()?;
+    let old = old?;
+    sets().into_iter().find(|(_, fp)| {
+        old.by_fingerprint(fp).is_some() && new.and_then(|n| n.by_fingerprint(fp)).is_none()
+    })
 }
 
 /// `load_file` for the config: refused at CONFIG SET; at start-up the path is kept without a
@@ -39,12 +80,25 @@ fn load_file(path: &str) -> Result<(), String> {
 pub fn set_file(path: &str) -> Result<(), String> {
     match load_file(path) {
         Err(e) if !STARTED.load(Ordering::Acquire) => {
-            *KEY.write().unwrap_or_else(|e| e.into_inner()) = None;
+            *RING.write().unwrap_or_else(|e| e.into_inner()) = None;
+            *PATH.lock().unwrap_or_else(|e| e.into_inner()) = path.to_string();
             *START_ERROR.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
             Ok(())
         }
         res => res,
     }
+}
+
+/// `MEMBER.KEYS RELOAD`: reads the file the config names again, the same path (the server
+/// calls no setter for a value that does not change), under `load_file`'s rules. Returns the
+/// number of keys now held.
+pub fn reload() -> Result<usize, String> {
+    let path = PATH.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if path.is_empty() {
+        return Err("ERR no key file to reload: member.token-key-file is not set".into());
+    }
+    load_file(&path).map_err(|e| format!("ERR {e}"))?;
+    Ok(ring().as_ref().map_or(0, |r| r.entries().len()))
 }
 
 /// Called from module load once the configs are applied: logs a key file that could not be
@@ -60,40 +114,84 @@ pub fn started(ctx: &redis_module::Context) {
     }
 }
 
-fn read(path: &str) -> Result<Key, String> {
+fn read(path: &str) -> Result<Ring, String> {
     // A FIFO, a device or a directory is refused before it is read (`secret_file`).
     let mut text = crate::config::secret_file::read(path, MAX_FILE_BYTES).map_err(|e| {
         if e.starts_with("the file is larger") {
-            format!("{e}: it must hold only the key in hex")
+            format!("{e}: it must hold only the key, or key ids and keys, in hex")
         } else {
             e
         }
     })?;
-    let key = Key::from_file_text(&text).map_err(|e| e.text().to_string());
-    // The key's text is not kept beyond this call.
+    let ring = Ring::parse(&text).map_err(|e| e.text());
+    // The keys' text is not kept beyond this call.
     text.fill(0);
-    key
+    ring
 }
 
-/// The loaded key's fingerprint, if a key is loaded (what MEMBER.CREATE stores).
+/// The key of fingerprint `fp` in `ring`, or the error every command on its set answers.
+#[inline]
+fn key_of<'r>(ring: &'r Option<Ring>, fp: &str) -> Result<&'r Key, &'static str> {
+    match ring.as_ref() {
+        None => Err(error::TOKEN_NO_KEY),
+        Some(r) => r.by_fingerprint(fp).ok_or(error::TOKEN_KEY_CHANGED),
+    }
+}
+
+/// The fingerprint of the ring's current key (its first), if a key is loaded: what
+/// MEMBER.CREATE stores.
 pub fn fingerprint() -> Option<String> {
-    KEY.read()
-        .unwrap_or_else(|e| e.into_inner())
+    ring()
         .as_ref()
-        .map(|k| k.fingerprint().to_string())
+        .map(|r| r.current().key.fingerprint().to_string())
 }
 
-/// Whether a set tokenized as `t` can serve with the key loaded now: `Ok` when it is not
-/// tokenized or the fingerprints match, else the error every command on it answers.
+/// Whether a set tokenized as `t` can serve with the ring loaded now: `Ok` when it is not
+/// tokenized or the ring holds its key, else the error every command on it answers.
 pub fn check(t: &Tokenize) -> Result<(), &'static str> {
     match t.fingerprint() {
         None => Ok(()),
-        Some(fp) => match KEY.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
-            None => Err(error::TOKEN_NO_KEY),
-            Some(k) if k.fingerprint() != fp => Err(error::TOKEN_KEY_CHANGED),
-            Some(_) => Ok(()),
-        },
+        Some(fp) => key_of(&ring(), fp).map(|_| ()),
     }
+}
+
+/// The ring's id of the key a set tokenized as `t` uses (MEMBER.INFO's `token_key_id`):
+/// empty when the set is not tokenized or the ring lacks its key.
+pub fn id_of(t: &Tokenize) -> String {
+    let held = ring();
+    let (Some(fp), Some(r)) = (t.fingerprint(), held.as_ref()) else {
+        return String::new();
+    };
+    r.entries()
+        .iter()
+        .find(|e| e.key.fingerprint() == fp)
+        .map(|e| e.id.clone())
+        .unwrap_or_default()
+}
+
+/// The ring's keys as `(id, fingerprint)`, in the file's order (the current one first).
+pub fn entries() -> Vec<(String, String)> {
+    ring().as_ref().map_or_else(Vec::new, |r| {
+        r.entries()
+            .iter()
+            .map(|e| (e.id.clone(), e.key.fingerprint().to_string()))
+            .collect()
+    })
+}
+
+/// The ring as `INFO member` shows it: how many keys, and each key's id and fingerprint in
+/// the file's order, the current one first (`k2:1a2b…,k1:3c4d…`; never a key).
+pub fn ring_fields() -> [(&'static str, String); 2] {
+    let held = ring();
+    let entries = held.as_ref().map_or(&[][..], |r| r.entries());
+    let shown: Vec<String> = entries
+        .iter()
+        .map(|e| format!("{}:{}", e.id, e.key.fingerprint()))
+        .collect();
+    [
+        ("token_ring_keys", entries.len().to_string()),
+        ("token_ring", shown.join(",")),
+    ]
 }
 
 /// MEMBER.INFO's `token_key` field for a set tokenized as `t`.
@@ -119,12 +217,8 @@ pub fn canonical<'a>(
         return canon::canonicalize(def.normalize, item, scope);
     };
     crate::server::redaction::needed();
-    let guard = KEY.read().unwrap_or_else(|e| e.into_inner());
-    let key = match guard.as_ref() {
-        None => return Err(error::TOKEN_NO_KEY),
-        Some(k) if k.fingerprint() != fp => return Err(error::TOKEN_KEY_CHANGED),
-        Some(k) => k,
-    };
+    let guard = ring();
+    let key = key_of(&guard, fp)?;
     let (entity, scope) = canon::canonical_text(def.normalize, item, scope)?;
     Ok(key.tokenize(&entity, scope))
 }
@@ -145,12 +239,8 @@ pub fn canonical_all<'a>(
         return canon::canonicalize_all(def.normalize, items, scope, forms);
     };
     crate::server::redaction::needed();
-    let guard = KEY.read().unwrap_or_else(|e| e.into_inner());
-    let key = match guard.as_ref() {
-        None => return Err((0, error::TOKEN_NO_KEY)),
-        Some(k) if k.fingerprint() != fp => return Err((0, error::TOKEN_KEY_CHANGED)),
-        Some(k) => k,
-    };
+    let guard = ring();
+    let key = key_of(&guard, fp).map_err(|e| (0, e))?;
     // The canonical texts only: their hashes would be thrown away for the tokens'.
     let texts = items
         .iter()

@@ -18,3 +18,4 @@ pub mod slot_migration;
 pub mod slotset;
 pub mod standing;
 pub mod token;
+pub mod token_ring;

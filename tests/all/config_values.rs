@@ -310,7 +310,7 @@ fn a_device_directory_or_huge_password_file_is_refused_without_reading_it() {
         (
             "member.token-key-file",
             huge_s.as_str(),
-            "larger than 192 bytes",
+            "larger than 16384 bytes",
         ),
     ] {
         let e = set_raw(&mut c, name, path.as_bytes())

@@ -12,17 +12,17 @@ use redis::Value;
 use support::member::*;
 use support::wait_until;
 
-const KEY1: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
-const KEY2: &str = "f0e0d0c0b0a090807060504030201000ffeeddccbbaa99887766554433221100";
+pub(crate) const KEY1: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+pub(crate) const KEY2: &str = "f0e0d0c0b0a090807060504030201000ffeeddccbbaa99887766554433221100";
 
 /// A key file in a directory of its own, removed on drop.
-struct KeyFile {
+pub(crate) struct KeyFile {
     dir: PathBuf,
     path: PathBuf,
 }
 
 impl KeyFile {
-    fn new(text: &str) -> KeyFile {
+    pub(crate) fn new(text: &str) -> KeyFile {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("member-token-{}-{n}", std::process::id()));
@@ -32,8 +32,13 @@ impl KeyFile {
         KeyFile { dir, path }
     }
 
-    fn path(&self) -> &str {
+    pub(crate) fn path(&self) -> &str {
         self.path.to_str().unwrap()
+    }
+
+    /// Writes `text` over the file in place, at the same path (as a secrets manager does).
+    pub(crate) fn rewrite(&self, text: &str) {
+        std::fs::write(&self.path, text).unwrap();
     }
 }
 
@@ -43,7 +48,7 @@ impl Drop for KeyFile {
     }
 }
 
-fn env_with_key(key: &KeyFile) -> Env {
+pub(crate) fn env_with_key(key: &KeyFile) -> Env {
     Env::with(&[("member.token-key-file", key.path())])
 }
 
@@ -256,8 +261,15 @@ fn no_key_is_an_error_not_an_answer() {
     );
     ok(&mut c, &["MEMBER.CREATE", "t", "TOKENIZE", "hmac-sha256"]);
     assert_eq!(int(&mut c, &["MEMBER.ADD", "t", "alice"]), 1);
-    // Unloaded: every item command on the set is refused, none answers 0 or 1.
-    ok(&mut c, &["CONFIG", "SET", "member.token-key-file", ""]);
+    // Unloading the key a set uses is refused, and changes nothing.
+    let refused = err(&mut c, &["CONFIG", "SET", "member.token-key-file", ""]);
+    assert!(refused.contains("the key set 't' uses"), "{refused}");
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "t", "alice"]), 1);
+    // A node without the key (started without one) learns the set: every item command on it
+    // is refused there, none answers 0 or 1.
+    let keyless = support::start_with(&env.db.url(), &[]);
+    let mut c = keyless.conn();
+    assert!(wait_catalog_loaded(&mut c, Duration::from_secs(20)));
     let no_key = "ERR set is tokenized and no key is loaded: point member.token-key-file at the \
                   file holding the set's key";
     for call in [
@@ -282,11 +294,13 @@ fn no_key_is_an_error_not_an_answer() {
         .unwrap()
         .get(0);
     assert_eq!(n, 1);
+    // Given the key, that node answers.
     ok(
         &mut c,
         &["CONFIG", "SET", "member.token-key-file", key.path()],
     );
     assert_eq!(int(&mut c, &["MEMBER.EXISTS", "t", "alice"]), 1);
+    assert_eq!(set_info(&mut c, "t", "token_key").as_deref(), Ok("loaded"));
 }
 
 /// A misplaced item lands where an option name goes: the error names its position, never its
@@ -362,36 +376,48 @@ fn a_changed_key_is_an_error_not_absent() {
     let mut c = env.conn();
     ok(&mut c, &["MEMBER.CREATE", "t", "TOKENIZE", "hmac-sha256"]);
     assert_eq!(int(&mut c, &["MEMBER.ADD", "t", "alice"]), 1);
-    ok(
+    // Another key in place of the one the set uses is refused here, and changes nothing.
+    let refused = err(
         &mut c,
         &["CONFIG", "SET", "member.token-key-file", key2.path()],
     );
-    let changed = "ERR set is tokenized under another key than the one loaded (key \
-                   fingerprints differ, see MEMBER.INFO): load the set's own key with \
-                   member.token-key-file";
-    assert_eq!(err(&mut c, &["MEMBER.EXISTS", "t", "alice"]), changed);
-    assert_eq!(err(&mut c, &["MEMBER.ADD", "t", "alice"]), changed);
-    assert_eq!(set_info(&mut c, "t", "token_key").as_deref(), Ok("changed"));
-    // CREATE of the existing set under the new key says so too.
-    assert_eq!(
-        err(&mut c, &["MEMBER.CREATE", "t", "TOKENIZE", "hmac-sha256"]),
-        changed
-    );
+    assert!(refused.contains("the key set 't' uses"), "{refused}");
+    assert!(!refused.contains(&KEY1[..16]) && !refused.contains(&KEY2[..16]));
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "t", "alice"]), 1);
+    assert_eq!(set_info(&mut c, "t", "token_key").as_deref(), Ok("loaded"));
 
     // Another node started with the other key learns the set from the catalog, and refuses.
     let vk2 = support::start_with(&env.db.url(), &[("member.token-key-file", key2.path())]);
     let mut c2 = vk2.conn();
     assert!(wait_catalog_loaded(&mut c2, Duration::from_secs(20)));
+    let changed = "ERR set is tokenized under another key than the one loaded (key \
+                   fingerprints differ, see MEMBER.INFO): load the set's own key with \
+                   member.token-key-file";
     assert_eq!(err(&mut c2, &["MEMBER.EXISTS", "t", "alice"]), changed);
+    assert_eq!(err(&mut c2, &["MEMBER.ADD", "t", "alice"]), changed);
+    assert_eq!(
+        set_info(&mut c2, "t", "token_key").as_deref(),
+        Ok("changed")
+    );
+    assert_eq!(set_info(&mut c2, "t", "token_key_id").as_deref(), Ok(""));
+    // CREATE of the existing set under the new key says so too.
+    assert_eq!(
+        err(&mut c2, &["MEMBER.CREATE", "t", "TOKENIZE", "hmac-sha256"]),
+        changed
+    );
 
-    // Back to the set's own key: it answers again (the servers skip a CONFIG SET that does
-    // not change the path, so a key is changed by naming another file).
+    // Given the set's own key (no set there uses the other), it answers (the servers skip a
+    // CONFIG SET that does not change the path: another file, or MEMBER.KEYS RELOAD).
     ok(
-        &mut c,
+        &mut c2,
         &["CONFIG", "SET", "member.token-key-file", key1.path()],
     );
-    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "t", "alice"]), 1);
-    assert_eq!(set_info(&mut c, "t", "token_key").as_deref(), Ok("loaded"));
+    assert_eq!(int(&mut c2, &["MEMBER.EXISTS", "t", "alice"]), 1);
+    assert_eq!(set_info(&mut c2, "t", "token_key").as_deref(), Ok("loaded"));
+    assert_eq!(
+        set_info(&mut c2, "t", "token_key_id").as_deref(),
+        Ok("default")
+    );
 }
 
 #[test]

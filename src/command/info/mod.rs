@@ -153,6 +153,8 @@ pub(in crate::command) fn fields(
                     "token_key",
                     crate::config::token_key::status(&d.tokenize).into(),
                 ));
+                // Its id in this node's key ring (empty when the ring lacks it).
+                out.push(("token_key_id", crate::config::token_key::id_of(&d.tokenize)));
             }
             out.push(("error_rate", d.error_rate.to_string()));
             out.push(("capacity", d.capacity.to_string()));

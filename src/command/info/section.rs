@@ -182,6 +182,8 @@ pub fn info_section(ctx: &InfoContext, for_crash_report: bool) {
     fields.extend(db::identity::info_fields());
     // Whether this node's filters answer "absent" now, and why not (docs/replicas.md).
     fields.extend(crate::command::info::standing_fields());
+    // The ring of tokenization keys: ids and fingerprints, never a key (docs/security.md).
+    fields.extend(crate::config::token_key::ring_fields());
     // Where rebuilds read (member.pg-rebuild-url), and why it could not be used last time.
     fields.push((
         "rebuild_source",

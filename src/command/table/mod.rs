@@ -16,7 +16,8 @@ use redis_module::{Context, RedisResult, RedisString};
 use crate::command::table::docs::Arg;
 use crate::command::table::row::{Audience, Command, Item, Route, Run, UNDOCUMENTED};
 use crate::command::{
-    admin::alter, admin::create, admin::drop, admin::rebuild, batch, info, internal, lookup, write,
+    admin::alter, admin::create, admin::drop, admin::keys, admin::rebuild, batch, info, internal,
+    lookup, write,
 };
 use crate::hooks::redact::Shape;
 
@@ -88,6 +89,8 @@ pub const COMMANDS: &[Command] = &[
         .doc("Shows a set as the node that receives the call serves it, or lists the sets it serves", Some("O(1); without a set O(N) where N is the number of sets"), &[Arg::string("set").optional()]),
     public("member.rebuild", rebuild::rebuild, "write", -2, Route::BySet(Item::Update), None)
         .doc("Rebuilds a set's filter from its table, in a cluster on every primary", Some("O(N) where N is the number of members, read off the main thread"), &[SET, REBUILD_MODE]),
+    public("member.keys", keys::keys, "admin", 2, Route::Anywhere, None)
+        .doc("Reloads this node's ring of tokenization keys from its file, or lists it", Some("O(N) where N is the number of keys"), &[Arg::one_of("action", &[Arg::pure("reload", "RELOAD"), Arg::pure("list", "LIST")])]),
     internal("member._add", internal::add, "write deny-oom", 4, Route::ByItem(Item::Insert))
         .doc("Internal (replication and AOF only): a committed ADD's filter and cache effects", None, &[SET, ENTITY, Arg::string("scope")]),
     internal("member._del", internal::del, "write", 4, Route::ByItem(Item::Delete))

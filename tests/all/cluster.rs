@@ -66,7 +66,7 @@ fn command_info_declares_arity_and_the_item_or_the_set_as_routing_key() {
     const READ: &[&str] = &["RO", "not_key"];
     /// The routing argument's position and its key spec's flags.
     type Route = Option<(i64, &'static [&'static str])>;
-    let want: [(&str, i64, Route); 18] = [
+    let want: [(&str, i64, Route); 19] = [
         ("member.create", -2, Some((1, ADD))),
         ("member.alter", -3, Some((1, UPDATE))),
         ("member.add", -3, Some((2, ADD))),
@@ -75,6 +75,7 @@ fn command_info_declares_arity_and_the_item_or_the_set_as_routing_key() {
         ("member.explain", -3, Some((2, READ))),
         ("member.info", 2, Some((1, READ))),
         ("member.nodeinfo", -1, None),
+        ("member.keys", 2, None),
         ("member.rebuild", -2, Some((1, UPDATE))),
         ("member._add", 4, Some((2, ADD))),
         ("member._del", 4, Some((2, DEL))),

@@ -18,4 +18,5 @@ pub mod slot_migration;
 pub mod slotset;
 pub mod standing;
 pub mod token;
+pub mod token_chain;
 pub mod token_ring;

@@ -254,6 +254,12 @@ impl Key {
         hex_into(&self.mac(&[entity.as_bytes(), &[0], scope.as_bytes()]), out);
     }
 
+    /// `hex(HMAC-SHA-256(key, previous))`: one link of a rotated set's chain over the text of
+    /// the token before it (`token_chain.rs`).
+    pub fn link_hex(&self, previous: &str) -> String {
+        to_hex(&self.mac(&[previous.as_bytes()]))
+    }
+
     /// The canonical `entity` and `scope` as the token in place of the entity, the scope
     /// folded into it (stored `''`), and the hash of the token: what every tier after
     /// canonicalization sees.

@@ -169,3 +169,50 @@ fn keys_rejects_bad_input_and_needs_a_file() {
         .unwrap();
     assert_eq!(int(&mut r, &["MEMBER.KEYS", "RELOAD"]), 2);
 }
+
+/// The SQL a DBA or an outside writer runs to move a stored token one link forward
+/// (docs/security.md, "Rotating a tokenized set's key") gives, from the token the module
+/// stored, the known answers the module's own chain is tested against
+/// (`src/model/token_chain.rs`, computed by another HMAC implementation).
+#[test]
+fn a_chain_link_in_sql_is_the_modules() {
+    const CHAIN_K2: &str = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
+    const T1: &str = "52a55be7ff7ec35ff3475e1d00a03ab40332ca5fc890ee8478d78f357b35e595";
+    const T2: &str = "2:1db6914acb82d7bf15cdf7ba78432d2bf07dec222203256874ea628e7f038a65";
+    const T3: &str = "3:ea7ba49cbedd32fb44f0c7f03b896d95a18779212c4f46caaef85734b31110da";
+    let file = KeyFile::new(KEY1);
+    let env = env_with_key(&file);
+    let mut c = env.conn();
+    ok(
+        &mut c,
+        &["MEMBER.CREATE", "cards", "TOKENIZE", "hmac-sha256"],
+    );
+    let add = [
+        "MEMBER.ADD",
+        "cards",
+        "4111111111111111",
+        "SCOPE",
+        "merchant-7",
+    ];
+    assert_eq!(int(&mut c, &add), 1);
+    let mut pg = env.pg();
+    pg.batch_execute("CREATE EXTENSION IF NOT EXISTS pgcrypto")
+        .unwrap();
+    let t1: String = pg
+        .query_one("SELECT entity_id FROM member_cards", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(t1, T1);
+    let link = |pg: &mut postgres::Client, n: i32, previous: &str, key: &str| -> String {
+        pg.query_one(
+            "SELECT $1::int::text || ':' ||
+                    encode(hmac(convert_to($2, 'UTF8'), decode($3, 'hex'), 'sha256'), 'hex')",
+            &[&n, &previous, &key],
+        )
+        .unwrap()
+        .get(0)
+    };
+    let t2 = link(&mut pg, 2, &t1, CHAIN_K2);
+    assert_eq!(t2, T2);
+    assert_eq!(link(&mut pg, 3, &t2, &"0f".repeat(48)), T3);
+}

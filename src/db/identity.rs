@@ -51,6 +51,8 @@ static NODE: Mutex<Node> = Mutex::new(Node {
     high: High {
         flushed: None,
         horizon: None,
+        flushed_at: 0,
+        horizon_at: 0,
     },
     rollbacks: 0,
     retired: Vec::new(),
@@ -62,6 +64,10 @@ struct High {
     /// The highest flushed WAL position read (`pg_current_wal_flush_lsn()`, bytes). Flushed
     /// WAL survives a crash, so within one history it never goes back.
     flushed: Option<i64>,
+    /// When (in [`SEQ`]'s order) each of the two was last raised: a reading that began before
+    /// then ran beside the one that raised it, and proves nothing against it ([`High::before`]).
+    flushed_at: u64,
+    horizon_at: u64,
     /// The highest sync horizon a pass adopted as watermark (a snapshot's xmin). Every
     /// transaction below it had ended, so within one history the next transaction id never
     /// falls below it again; if it did, new rows would get ids under the watermarks and no
@@ -77,7 +83,30 @@ struct Reading {
     next_xid: i64,
 }
 
-/// Whether `now` shows a server behind what the node already read of the same history. Pure.
+/// Orders readings against the highs they are compared with: taken when a reading begins, and
+/// when a reading or a pass raises a high. Workers read the server side by side, so a reading
+/// that began earlier may be folded in after a later one raised a high; only a high raised
+/// before a reading began must be below it on the same history.
+static SEQ: AtomicU64 = AtomicU64::new(1);
+
+fn next_seq() -> u64 {
+    SEQ.fetch_add(1, Ordering::AcqRel)
+}
+
+impl High {
+    /// What was read before `began` (a reading's [`SEQ`]): the highs raised since are left
+    /// out. Pure.
+    fn before(self, began: u64) -> High {
+        High {
+            flushed: self.flushed.filter(|_| self.flushed_at < began),
+            horizon: self.horizon.filter(|_| self.horizon_at < began),
+            ..self
+        }
+    }
+}
+
+/// Whether `now` shows a server behind what the node already read of the same history (`high`
+/// as it stood when the reading began: [`High::before`]). Pure.
 fn went_back(high: High, now: Reading) -> bool {
     let wal = matches!((high.flushed, now.flushed), (Some(h), Some(n)) if n < h);
     let xid = high.horizon.is_some_and(|h| now.next_xid < h);
@@ -330,6 +359,7 @@ fn compose(base: &str, history: Option<&History>) -> u128 {
 /// the next connection or pass tries again. Safe inside a caller's transaction: no statement
 /// of it fails on a refusal. Two round trips; a third and fourth only on a new timeline.
 pub(super) fn learn(c: &mut Client) {
+    let began = next_seq();
     let Ok(p) = probe(c) else { return };
     if p.in_recovery {
         return;
@@ -349,7 +379,7 @@ pub(super) fn learn(c: &mut Client) {
         }
         let same = matches!((&node.history, &tl), (Some(h), Some((t, Some(tok))))
             if h.timeline == *t && h.token == *tok);
-        same && went_back(node.high, reading)
+        same && went_back(node.high.before(began), reading)
     };
     if back {
         let Some((timeline, Some(seen))) = tl.clone() else {
@@ -404,7 +434,10 @@ pub(super) fn learn(c: &mut Client) {
     if node.history != history {
         node.high = High::default();
     }
-    node.high.flushed = node.high.flushed.max(reading.flushed);
+    if reading.flushed > node.high.flushed {
+        node.high.flushed = reading.flushed;
+        node.high.flushed_at = next_seq();
+    }
     node.db = db;
     node.history = history;
     node.history_refused = history_refused;
@@ -428,8 +461,9 @@ pub fn local() -> u128 {
 /// transaction id of this history must never fall below it again (see [`High`]).
 pub fn passed(generation: u64, horizon: i64) {
     let mut node = lock();
-    if generation == GENERATION.load(Ordering::Acquire) {
-        node.high.horizon = node.high.horizon.max(Some(horizon));
+    if generation == GENERATION.load(Ordering::Acquire) && Some(horizon) > node.high.horizon {
+        node.high.horizon = Some(horizon);
+        node.high.horizon_at = next_seq();
     }
 }
 
@@ -498,6 +532,7 @@ mod tests {
         let high = High {
             flushed: Some(1000),
             horizon: Some(50),
+            ..High::default()
         };
         assert!(!went_back(high, r(Some(1000), 50)), "where it was");
         assert!(!went_back(high, r(Some(2000), 90)), "further on");
@@ -508,6 +543,26 @@ mod tests {
             "a role refused the WAL position is judged by ids alone"
         );
         assert!(went_back(high, r(None, 10)));
+    }
+
+    #[test]
+    fn a_reading_that_began_before_a_high_was_raised_proves_nothing() {
+        let r = |flushed, next_xid| Reading { flushed, next_xid };
+        // Raised at 10 (WAL) and 20 (a pass's horizon).
+        let high = High {
+            flushed: Some(1000),
+            horizon: Some(50),
+            flushed_at: 10,
+            horizon_at: 20,
+        };
+        // Begun before both: a slower worker's older reading, not a server gone back.
+        assert!(!went_back(high.before(5), r(Some(900), 40)));
+        // Begun between: judged by the WAL position only.
+        assert!(!went_back(high.before(15), r(Some(1000), 40)));
+        assert!(went_back(high.before(15), r(Some(900), 90)));
+        // Begun after both: judged by both.
+        assert!(went_back(high.before(25), r(Some(1000), 40)));
+        assert!(!went_back(high.before(25), r(Some(1000), 50)));
     }
 
     #[test]

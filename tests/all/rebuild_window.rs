@@ -57,7 +57,8 @@ fn rows_committed_while_a_lost_filter_is_rebuilt_answer_1_from_the_swap_on() {
             let waiting: i64 = pg
                 .query_one(
                     "SELECT count(*) FROM pg_stat_activity
-                      WHERE query LIKE 'COPY (SELECT entity_id, scope FROM member_s %'
+                      WHERE datname = current_database()
+                        AND query LIKE 'COPY (SELECT entity_id, scope FROM member_s %'
                         AND wait_event_type = 'Lock'",
                     &[],
                 )

@@ -42,17 +42,7 @@ pub fn init(ctx: &Context, args: &[RedisString]) -> Status {
     crate::model::canon_forms::prepare();
     // The configs are applied by now. From here on a key ring that drops a key some set
     // uses is refused (CONFIG SET, MEMBER.KEYS RELOAD).
-    token_key::uses_keys(|| {
-        state::with(|r| {
-            r.sets
-                .values()
-                .filter_map(|s| {
-                    let fp = s.def.tokenize.fingerprint()?;
-                    Some((s.def.name.clone(), fp.to_string()))
-                })
-                .collect()
-        })
-    });
+    token_key::uses_keys(state::tokenized_keys);
     token_key::started(ctx);
     config::started(ctx);
     // A node started with `replicaof` is a replica without a link yet (docs/replicas.md).

@@ -162,11 +162,7 @@ pub fn id_of(t: &Tokenize) -> String {
     let (Some(fp), Some(r)) = (t.fingerprint(), held.as_ref()) else {
         return String::new();
     };
-    r.entries()
-        .iter()
-        .find(|e| e.key.fingerprint() == fp)
-        .map(|e| e.id.clone())
-        .unwrap_or_default()
+    r.entry_of(fp).map(|e| e.id.clone()).unwrap_or_default()
 }
 
 /// The ring's keys as `(id, fingerprint)`, in the file's order (the current one first).
@@ -182,11 +178,10 @@ pub fn entries() -> Vec<(String, String)> {
 /// The ring as `INFO member` shows it: how many keys, and each key's id and fingerprint in
 /// the file's order, the current one first (`k2:1a2b…,k1:3c4d…`; never a key).
 pub fn ring_fields() -> [(&'static str, String); 2] {
-    let held = ring();
-    let entries = held.as_ref().map_or(&[][..], |r| r.entries());
+    let entries = entries();
     let shown: Vec<String> = entries
         .iter()
-        .map(|e| format!("{}:{}", e.id, e.key.fingerprint()))
+        .map(|(id, fp)| format!("{id}:{fp}"))
         .collect();
     [
         ("token_ring_keys", entries.len().to_string()),

@@ -180,8 +180,9 @@ fn add_late(rows: &mut Rows, late: Vec<u128>) -> std::io::Result<()> {
 /// failover or a restore). The catch-up covers the window itself, so a row that answered 1
 /// while the set fell through to the database does not answer 0 once the new filter serves.
 /// Only for a set of the module's own table (`read_hashes` gives no snapshot for an attached
-/// set, which keeps the passes' rule). A catch-up that cannot be made (the log pruned past `xmin`, the triggers gone, an error)
-/// leaves `xmin`, and the next pass judges the filter as before.
+/// set, which keeps the passes' rule). A catch-up that cannot be made (the log pruned past
+/// `xmin`, the triggers gone, an error) leaves `xmin`, and the next pass judges the filter as
+/// before.
 fn catch_up_own(
     c: &mut Client,
     def: &SetDef,

@@ -145,13 +145,16 @@ impl Ring {
         &self.entries[0]
     }
 
+    /// The entry whose key's fingerprint is `fp`, if the ring holds it.
+    #[inline]
+    pub fn entry_of(&self, fp: &str) -> Option<&Entry> {
+        self.entries.iter().find(|e| e.key.fingerprint() == fp)
+    }
+
     /// The key whose fingerprint is `fp`, if the ring holds it.
     #[inline]
     pub fn by_fingerprint(&self, fp: &str) -> Option<&Key> {
-        self.entries
-            .iter()
-            .find(|e| e.key.fingerprint() == fp)
-            .map(|e| &e.key)
+        self.entry_of(fp).map(|e| &e.key)
     }
 
     pub fn entries(&self) -> &[Entry] {

@@ -384,6 +384,20 @@ pub fn built_since(r: &mut Registry, set: &str, started: Instant) {
     }
 }
 
+/// The tokenized sets this node serves, each with its key's fingerprint (`config::token_key`
+/// refuses a ring that drops one; MEMBER.KEYS LIST counts them per key).
+pub fn tokenized_keys() -> Vec<(String, String)> {
+    with(|r| {
+        r.sets
+            .values()
+            .filter_map(|s| {
+                let fp = s.def.tokenize.fingerprint()?;
+                Some((s.def.name.clone(), fp.to_string()))
+            })
+            .collect()
+    })
+}
+
 /// Registers (or updates) a set definition. True when the set is new to this node.
 pub fn register(def: SetDef) -> bool {
     with(|r| match r.sets.get_mut(&def.name) {

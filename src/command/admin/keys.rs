@@ -34,17 +34,12 @@ pub fn keys(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// One entry a key, in the ring's order: its id, its fingerprint, `current` (new sets are
 /// created under it) or `kept`, and how many sets this node serves under it.
 fn list() -> Vec<RedisValue> {
-    let used: Vec<String> = state::with(|r| {
-        r.sets
-            .values()
-            .filter_map(|s| s.def.tokenize.fingerprint().map(str::to_string))
-            .collect()
-    });
+    let used = state::tokenized_keys();
     token_key::entries()
         .into_iter()
         .enumerate()
         .map(|(i, (id, fp))| {
-            let sets = used.iter().filter(|u| **u == fp).count();
+            let sets = used.iter().filter(|(_, u)| *u == fp).count();
             RedisValue::Array(vec![
                 RedisValue::BulkString(id),
                 RedisValue::BulkString(fp),

@@ -9,6 +9,7 @@ use crate::model::canon::{self, Canon};
 use crate::model::error;
 use crate::model::set_def::SetDef;
 use crate::model::token::{Key, Tokenize};
+use crate::model::token_chain;
 use crate::model::token_ring::{Ring, MAX_FILE_BYTES};
 
 /// The loaded ring, if any. Written by the config and `MEMBER.KEYS RELOAD` (main thread),
@@ -138,6 +139,15 @@ fn key_of<'r>(ring: &'r Option<Ring>, fp: &str) -> Result<&'r Key, &'static str>
     }
 }
 
+/// The keys of a set's chain (its first key, then each key it was rotated to) from `ring`,
+/// or the error every command on the set answers when the ring lacks any of them.
+fn chain_of<'r>(ring: &'r Option<Ring>, chain: &str) -> Result<Vec<&'r Key>, &'static str> {
+    chain
+        .split(crate::model::token::CHAIN_SEPARATOR)
+        .map(|fp| key_of(ring, fp))
+        .collect()
+}
+
 /// The fingerprint of the ring's current key (its first), if a key is loaded: what
 /// MEMBER.CREATE stores.
 pub fn fingerprint() -> Option<String> {
@@ -151,18 +161,27 @@ pub fn fingerprint() -> Option<String> {
 pub fn check(t: &Tokenize) -> Result<(), &'static str> {
     match t.fingerprint() {
         None => Ok(()),
-        Some(fp) => key_of(&ring(), fp).map(|_| ()),
+        Some(chain) => chain_of(&ring(), chain).map(|_| ()),
     }
 }
 
-/// The ring's id of the key a set tokenized as `t` uses (MEMBER.INFO's `token_key_id`):
-/// empty when the set is not tokenized or the ring lacks its key.
+/// The ring's ids of the keys a set tokenized as `t` uses (MEMBER.INFO's `token_key_id`),
+/// first to last, joined by `>` as the chain is: empty when the set is not tokenized or the
+/// ring holds none of them, `?` for one key the ring lacks.
 pub fn id_of(t: &Tokenize) -> String {
     let held = ring();
-    let (Some(fp), Some(r)) = (t.fingerprint(), held.as_ref()) else {
+    let Some(r) = held.as_ref().filter(|_| t.is_on()) else {
         return String::new();
     };
-    r.entry_of(fp).map(|e| e.id.clone()).unwrap_or_default()
+    let ids: Vec<&str> = t
+        .chain()
+        .into_iter()
+        .map(|fp| r.entry_of(fp).map_or("?", |e| e.id.as_str()))
+        .collect();
+    if ids.iter().all(|id| *id == "?") {
+        return String::new();
+    }
+    ids.join(">")
 }
 
 /// The ring's keys as `(id, fingerprint)`, in the file's order (the current one first).
@@ -208,14 +227,23 @@ pub fn canonical<'a>(
     item: &'a [u8],
     scope: &'a [u8],
 ) -> Result<Canon<'a>, &'static str> {
-    let Some(fp) = def.tokenize.fingerprint() else {
+    let Some(chain) = def.tokenize.fingerprint() else {
         return canon::canonicalize(def.normalize, item, scope);
     };
     crate::server::redaction::needed();
     let guard = ring();
-    let key = key_of(&guard, fp)?;
+    let keys = chain_of(&guard, chain)?;
     let (entity, scope) = canon::canonical_text(def.normalize, item, scope)?;
-    Ok(key.tokenize(&entity, scope))
+    if let [key] = keys[..] {
+        return Ok(key.tokenize(&entity, scope));
+    }
+    let token = token_chain::chain_token(&keys, &entity, scope);
+    let hash = canon::hash_parts(&token, "");
+    Ok(Canon {
+        entity: std::borrow::Cow::Owned(token),
+        scope: "",
+        hash,
+    })
 }
 
 /// [`canonical`] for every item of one call (MEXISTS, MADD), the key checked and held once
@@ -230,12 +258,12 @@ pub fn canonical_all<'a>(
     tokens: &'a mut Vec<u8>,
     forms: &'a mut String,
 ) -> Result<Vec<Canon<'a>>, (usize, &'static str)> {
-    let Some(fp) = def.tokenize.fingerprint() else {
+    let Some(chain) = def.tokenize.fingerprint() else {
         return canon::canonicalize_all(def.normalize, items, scope, forms);
     };
     crate::server::redaction::needed();
     let guard = ring();
-    let key = key_of(&guard, fp).map_err(|e| (0, e))?;
+    let keys = chain_of(&guard, chain).map_err(|e| (0, e))?;
     // The canonical texts only: their hashes would be thrown away for the tokens'.
     let texts = items
         .iter()
@@ -245,13 +273,29 @@ pub fn canonical_all<'a>(
     tokens.clear();
     tokens.resize(TOKEN_LEN * texts.len(), 0);
     let pairs: Vec<(&str, &str)> = texts.iter().map(|(e, s)| (&**e, *s)).collect();
-    key.tokens_into(&pairs, tokens);
+    keys[0].tokens_into(&pairs, tokens);
+    // A rotated set's tokens are wrapped under each later key; every token of one chain has
+    // the same length (`<n>:` and 64 digits), so the buffer keeps one stride.
+    let mut stride = TOKEN_LEN;
+    if keys.len() > 1 {
+        let wrapped: Vec<String> = tokens
+            .chunks_exact(TOKEN_LEN)
+            .map(|t| {
+                let first = std::str::from_utf8(t).expect("hex digits are ASCII");
+                keys[1..].iter().fold(first.to_string(), |t, k| {
+                    token_chain::wrap(k, &t).expect("a token's own form, below the longest chain")
+                })
+            })
+            .collect();
+        stride = wrapped.first().map_or(TOKEN_LEN, String::len);
+        *tokens = wrapped.concat().into_bytes();
+    }
     drop(guard);
     let tokens: &'a [u8] = tokens;
     Ok(tokens
-        .chunks_exact(TOKEN_LEN)
+        .chunks_exact(stride)
         .map(|t| {
-            // SAFETY: `token_into` writes lowercase hex digits only, which are ASCII.
+            // SAFETY: `token_into` and `wrap` write ASCII digits, `:` and lowercase hex only.
             let token = unsafe { std::str::from_utf8_unchecked(t) };
             Canon {
                 entity: std::borrow::Cow::Borrowed(token),

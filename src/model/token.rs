@@ -25,7 +25,10 @@ const FINGERPRINT_HEX: usize = 16;
 pub enum Tokenize {
     /// The canonical item itself.
     None,
-    /// `hex(HMAC-SHA-256(key, entity NUL scope))`, under the key whose fingerprint is kept.
+    /// `hex(HMAC-SHA-256(key, entity NUL scope))` under the first key of its chain, wrapped
+    /// under each later one (`token_chain.rs`). `fingerprint` is the chain as the catalog's
+    /// `token_key_fp` keeps it: the keys' fingerprints, first to last, joined by `>` (a single
+    /// fingerprint for a set whose key was never rotated).
     HmacSha256 { fingerprint: String },
 }
 
@@ -42,7 +45,7 @@ impl Tokenize {
     pub fn from_stored(mode: &str, fingerprint: Option<&str>) -> Option<Self> {
         match (mode, fingerprint) {
             ("none", _) => Some(Self::None),
-            ("hmac-sha256", Some(fp)) if valid_fingerprint(fp) => Some(Self::HmacSha256 {
+            ("hmac-sha256", Some(fp)) if valid_chain(fp) => Some(Self::HmacSha256 {
                 fingerprint: fp.to_string(),
             }),
             _ => None,
@@ -53,18 +56,39 @@ impl Tokenize {
         !matches!(self, Self::None)
     }
 
-    /// The stored fingerprint, if tokenized.
+    /// The stored chain of fingerprints (`fp₁>fp₂…`), if tokenized.
     pub fn fingerprint(&self) -> Option<&str> {
         match self {
             Self::None => None,
             Self::HmacSha256 { fingerprint } => Some(fingerprint),
         }
     }
+
+    /// The fingerprints of the chain's keys, first to last: empty when not tokenized, one for
+    /// a set never rotated.
+    pub fn chain(&self) -> Vec<&str> {
+        self.fingerprint()
+            .map_or_else(Vec::new, |c| c.split(CHAIN_SEPARATOR).collect())
+    }
 }
+
+/// Between the fingerprints of a chain in `token_key_fp`: no fingerprint holds it.
+pub const CHAIN_SEPARATOR: char = '>';
+/// Most keys in a set's chain: as many as a ring holds, each key once.
+pub const MAX_CHAIN_KEYS: usize = 64;
 
 /// True for a fingerprint as `Key::fingerprint` writes it.
 pub fn valid_fingerprint(fp: &str) -> bool {
     fp.len() == FINGERPRINT_HEX && fp.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// True for a chain as `token_key_fp` keeps it: 1 to [`MAX_CHAIN_KEYS`] valid fingerprints
+/// joined by [`CHAIN_SEPARATOR`], none twice (a key wrapped over itself protects nothing).
+pub fn valid_chain(chain: &str) -> bool {
+    let fps: Vec<&str> = chain.split(CHAIN_SEPARATOR).collect();
+    fps.len() <= MAX_CHAIN_KEYS
+        && fps.iter().all(|fp| valid_fingerprint(fp))
+        && fps.iter().enumerate().all(|(i, fp)| !fps[..i].contains(fp))
 }
 
 /// Why a key file's text is not a key. The text is the reply after `member.token-key-file: `.

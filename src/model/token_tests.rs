@@ -160,3 +160,30 @@ fn stored_modes_round_trip() {
     assert_eq!(Tokenize::from_stored("hmac-sha256", Some("xyz")), None);
     assert_eq!(Tokenize::from_stored("md5", None), None);
 }
+
+#[test]
+fn stored_chains_are_checked() {
+    let (a, b) = ("0123456789abcdef", "fedcba9876543210");
+    let t = Tokenize::from_stored("hmac-sha256", Some(&format!("{a}>{b}"))).unwrap();
+    assert_eq!(t.chain(), [a, b]);
+    assert_eq!(Tokenize::None.chain(), Vec::<&str>::new());
+    // A key twice, an empty link, a bad fingerprint, another separator: not a chain.
+    for bad in [
+        format!("{a}>{a}"),
+        format!("{a}>"),
+        format!(">{a}"),
+        format!("{a}>{}", &b[1..]),
+        format!("{a},{b}"),
+        format!("{a}>{}", b.to_uppercase()),
+    ] {
+        assert_eq!(
+            Tokenize::from_stored("hmac-sha256", Some(&bad)),
+            None,
+            "{bad}"
+        );
+    }
+    let longest: Vec<String> = (0..MAX_CHAIN_KEYS).map(|i| format!("{i:016x}")).collect();
+    assert!(valid_chain(&longest.join(">")));
+    let over: Vec<String> = (0..=MAX_CHAIN_KEYS).map(|i| format!("{i:016x}")).collect();
+    assert!(!valid_chain(&over.join(">")));
+}

@@ -384,15 +384,19 @@ pub fn built_since(r: &mut Registry, set: &str, started: Instant) {
     }
 }
 
-/// The tokenized sets this node serves, each with its key's fingerprint (`config::token_key`
-/// refuses a ring that drops one; MEMBER.KEYS LIST counts them per key).
+/// The tokenized sets this node serves, once for each key of its chain, with that key's
+/// fingerprint (`config::token_key` refuses a ring that drops one; MEMBER.KEYS LIST counts
+/// them per key).
 pub fn tokenized_keys() -> Vec<(String, String)> {
     with(|r| {
         r.sets
             .values()
-            .filter_map(|s| {
-                let fp = s.def.tokenize.fingerprint()?;
-                Some((s.def.name.clone(), fp.to_string()))
+            .flat_map(|s| {
+                let chain = s.def.tokenize.chain();
+                chain
+                    .into_iter()
+                    .map(|fp| (s.def.name.clone(), fp.to_string()))
+                    .collect::<Vec<_>>()
             })
             .collect()
     })

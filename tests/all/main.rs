@@ -47,6 +47,7 @@ mod foreign_writes;
 mod funnel;
 mod harness;
 mod hostile;
+mod key_chain;
 mod key_ring;
 mod keyslot;
 mod latency;

@@ -80,7 +80,10 @@ fn set_ddl(set: &str) -> String {
 
 /// A set's catalog row: its definition and the identity of this row (its creation time in
 /// microseconds), which tells a set dropped and created again under the same name from the
-/// one a node knew.
+/// one a node knew. A rotated set's identity is moved one microsecond forward for each key
+/// its chain gained: filters, marks and exact-match keys made under the shorter chain are
+/// then another set's, distrusted and rebuilt as after a DROP and CREATE (docs/security.md,
+/// "Rotating a set's key offline").
 #[derive(Clone, Debug)]
 pub struct CatalogRow {
     pub def: SetDef,
@@ -111,9 +114,10 @@ fn row_at(row: &postgres::Row, at: usize) -> Option<CatalogRow> {
         tokenize: Tokenize::from_stored(row.get(at + 7), row.get(at + 8))?,
         source: source_at(row, at + 9)?,
     };
+    let rotations = def.tokenize.chain().len().saturating_sub(1) as i64;
     Some(CatalogRow {
         def,
-        id: row.get(at + 6),
+        id: row.get::<_, i64>(at + 6) + rotations,
     })
 }
 

@@ -1,0 +1,153 @@
+//! A tokenized set rotated to a new key offline (docs/security.md, "Rotating a set's key
+//! offline"): every node stopped, the stored tokens wrapped under the new key in SQL and the
+//! key's fingerprint appended to the set's chain, then the nodes started with a ring holding
+//! both keys. The set then answers under the chain: every item stored before is found, a new
+//! one is stored in the chain's form, the filter saved under the old form is never believed,
+//! and neither key may leave the ring.
+use crate::support;
+
+use redis::Connection;
+use support::member::*;
+use support::wait_until;
+
+use super::tokenize::{KeyFile, KEY1, KEY2};
+
+/// `MEMBER.KEYS LIST` as `(id, fingerprint, role, sets)` rows.
+fn list(c: &mut Connection) -> Vec<(String, String, String, i64)> {
+    redis::cmd("MEMBER.KEYS").arg("LIST").query(c).unwrap()
+}
+
+/// The SQL of docs/security.md, "Rotating a set's key offline", for `set` and the new key.
+const ROTATE: &str = "
+    WITH c AS (SELECT array_length(string_to_array(token_key_fp, '>'), 1) + 1 AS n
+                 FROM member_catalog WHERE name = $1)
+    UPDATE member_cards t
+       SET entity_id = c.n::text || ':' ||
+           encode(hmac(convert_to(t.entity_id, 'UTF8'), decode($2, 'hex'), 'sha256'), 'hex')
+      FROM c";
+const APPEND: &str = "UPDATE member_catalog SET token_key_fp = token_key_fp || '>' || $2
+                       WHERE name = $1";
+
+/// `item`'s token under KEY1 and then KEY2, computed in SQL (pgcrypto) apart from the module.
+fn chained(pg: &mut postgres::Client, item: &str) -> String {
+    pg.query_one(
+        "SELECT '2:' || encode(hmac(convert_to(
+                    encode(hmac(convert_to($1, 'UTF8') || '\\x00'::bytea, decode($2, 'hex'),
+                                'sha256'), 'hex'), 'UTF8'), decode($3, 'hex'), 'sha256'), 'hex')",
+        &[&item, &KEY1, &KEY2],
+    )
+    .unwrap()
+    .get(0)
+}
+
+#[test]
+fn a_set_rotated_offline_answers_under_its_chain() {
+    let file = KeyFile::new(KEY1);
+    let mut env = super::tokenize::env_with_key(&file);
+    let mut c = env.conn();
+    create_synced(&mut c, "cards", &["TOKENIZE", "hmac-sha256"]);
+    let items: Vec<String> = (0..40).map(|i| format!("4111-{i:04}")).collect();
+    for i in &items {
+        assert_eq!(int(&mut c, &["MEMBER.ADD", "cards", i]), 1);
+    }
+    let mut pg = env.pg();
+    pg.batch_execute("CREATE EXTENSION IF NOT EXISTS pgcrypto")
+        .unwrap();
+    // An outside writer's row, in the form of the day.
+    pg.execute(
+        "INSERT INTO member_cards (entity_id) VALUES (encode(hmac(convert_to('outside-1', 'UTF8')
+                 || '\\x00'::bytea, decode($1, 'hex'), 'sha256'), 'hex'))",
+        &[&KEY1],
+    )
+    .unwrap();
+    assert!(wait_until(std::time::Duration::from_secs(20), || {
+        explain(&mut c, "cards", "outside-1").0 == 1
+    }));
+    let fp1 = set_info(&mut c, "cards", "token_key_fp").unwrap();
+
+    // The new key joins every node's ring first; the set keeps its key.
+    file.rewrite(&format!("k2 {KEY2}\ndefault {KEY1}\n"));
+    assert_eq!(int(&mut c, &["MEMBER.KEYS", "RELOAD"]), 2);
+    let fp2 = list(&mut c)[0].1.clone();
+    assert_eq!(
+        set_info(&mut c, "cards", "token_key_id").unwrap(),
+        "default"
+    );
+
+    // Offline: the node stopped with its filter saved in the old form, the rows wrapped.
+    env.vk.shutdown(&["SAVE"]);
+    let mut tx = pg.transaction().unwrap();
+    tx.batch_execute("ALTER TABLE member_cards DISABLE TRIGGER USER")
+        .unwrap();
+    let moved = tx.execute(ROTATE, &[&"cards", &KEY2]).unwrap();
+    tx.batch_execute("ALTER TABLE member_cards ENABLE TRIGGER USER")
+        .unwrap();
+    tx.execute(APPEND, &[&"cards", &fp2]).unwrap();
+    tx.commit().unwrap();
+    assert_eq!(moved, items.len() as u64 + 1);
+    env.vk.restart();
+    let mut c = env.conn();
+    assert!(wait_catalog_loaded(
+        &mut c,
+        std::time::Duration::from_secs(20)
+    ));
+
+    // At once, before any rebuild could end: the saved filter holds the old form only, and
+    // must not answer "absent" for the items it holds in that form.
+    for i in items.iter().take(10) {
+        let (n, how) = explain(&mut c, "cards", i);
+        assert_eq!(n, 1, "{i} right after the restart: {how}");
+    }
+    wait_trusted(&mut c, "cards", "the rotated set's filter never caught up");
+    assert_eq!(set_info(&mut c, "cards", "filter_origin").unwrap(), "here");
+    for i in items.iter().chain([&"outside-1".to_string()]) {
+        assert_eq!(int(&mut c, &["MEMBER.EXISTS", "cards", i]), 1, "{i}");
+    }
+    let mut batch = vec!["MEMBER.MEXISTS", "cards", "ITEMS"];
+    batch.extend(items.iter().map(String::as_str));
+    batch.push("never-added");
+    let answers: Vec<i64> = {
+        let mut k = redis::cmd(batch[0]);
+        k.arg(&batch[1..]);
+        k.query(&mut c).unwrap()
+    };
+    let mut want = vec![1; items.len()];
+    want.push(0);
+    assert_eq!(answers, want);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "cards", "never-added"]), 0);
+
+    // What it shows: the chain of fingerprints and of ids, never a key.
+    assert_eq!(
+        set_info(&mut c, "cards", "token_key_fp").unwrap(),
+        format!("{fp1}>{fp2}")
+    );
+    assert_eq!(
+        set_info(&mut c, "cards", "token_key_id").unwrap(),
+        "default>k2"
+    );
+    assert_eq!(set_info(&mut c, "cards", "token_key").unwrap(), "loaded");
+
+    // A new item is stored in the chain's form, as outside writers compute it.
+    assert_eq!(int(&mut c, &["MEMBER.ADD", "cards", "new-1"]), 1);
+    let token = chained(&mut pg, "new-1");
+    let rows: i64 = pg
+        .query_one(
+            "SELECT count(*) FROM member_cards WHERE entity_id = $1",
+            &[&token],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 1, "new-1 is not stored as {token}");
+    assert_eq!(int(&mut c, &["MEMBER.DEL", "cards", "4111-0000"]), 1);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "cards", "4111-0000"]), 0);
+
+    // Both keys of the chain are in use: neither may leave the ring.
+    let used: Vec<i64> = list(&mut c).iter().map(|r| r.3).collect();
+    assert_eq!(used, [1, 1]);
+    for ring in [format!("k2 {KEY2}\n"), format!("default {KEY1}\n")] {
+        file.rewrite(&ring);
+        let e = err(&mut c, &["MEMBER.KEYS", "RELOAD"]);
+        assert!(e.contains("the key set 'cards' uses"), "{e}");
+    }
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "cards", "4111-0001"]), 1);
+}

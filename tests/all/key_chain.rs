@@ -138,6 +138,7 @@ fn a_set_rotated_offline_answers_under_its_chain() {
         .unwrap()
         .get(0);
     assert_eq!(rows, 1, "new-1 is not stored as {token}");
+    outside_writers_ask_the_catalog(&mut pg, &token);
     assert_eq!(int(&mut c, &["MEMBER.DEL", "cards", "4111-0000"]), 1);
     assert_eq!(int(&mut c, &["MEMBER.EXISTS", "cards", "4111-0000"]), 0);
 
@@ -150,4 +151,54 @@ fn a_set_rotated_offline_answers_under_its_chain() {
         assert!(e.contains("the key set 'cards' uses"), "{e}");
     }
     assert_eq!(int(&mut c, &["MEMBER.EXISTS", "cards", "4111-0001"]), 1);
+}
+
+/// `member_catalog_token` gives outside writers the form to store now: the token the module
+/// stored for `new-1` under the chain (KEY1, KEY2), each key checked against the chain's
+/// fingerprint first; a wrong key or a wrong number of keys is an error that shows no key.
+fn outside_writers_ask_the_catalog(pg: &mut postgres::Client, stored: &str) {
+    let token: String = pg
+        .query_one(
+            "SELECT member_catalog_token('cards', 'new-1', '', $1, $2)",
+            &[&KEY1, &KEY2],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(token, stored);
+    for (args, why) in [
+        (vec![KEY1], "under 2 key(s), 1 given"),
+        (
+            vec![KEY2, KEY1],
+            "key 1 of 2 given is not the key of set 'cards'",
+        ),
+        (
+            vec![KEY1, KEY1],
+            "key 2 of 2 given is not the key of set 'cards'",
+        ),
+    ] {
+        let params: Vec<&(dyn postgres::types::ToSql + Sync)> = args
+            .iter()
+            .map(|k| k as &(dyn postgres::types::ToSql + Sync))
+            .collect();
+        let marks: Vec<String> = (1..=args.len()).map(|i| format!("${i}")).collect();
+        let sql = format!(
+            "SELECT member_catalog_token('cards', 'new-1', '', {})",
+            marks.join(", ")
+        );
+        let e = pg.query_one(&sql, &params).unwrap_err();
+        let text = e.as_db_error().map(|d| d.message().to_string()).unwrap();
+        assert!(text.contains(why), "{text}");
+        for k in [KEY1, KEY2] {
+            assert!(!text.contains(&k[..16]), "a key was shown: {text}");
+        }
+    }
+    let e = pg
+        .query_one("SELECT member_catalog_token('nope', 'x', '', $1)", &[&KEY1])
+        .unwrap_err();
+    let text = e.as_db_error().map(|d| d.message().to_string());
+    assert!(
+        text.as_deref()
+            .is_some_and(|t| t.contains("no tokenized set named 'nope'")),
+        "{text:?}"
+    );
 }

@@ -203,6 +203,15 @@ fn a_chain_link_in_sql_is_the_modules() {
         .unwrap()
         .get(0);
     assert_eq!(t1, T1);
+    // The catalog's function gives outside writers the same token for a set never rotated.
+    let asked: String = pg
+        .query_one(
+            "SELECT member_catalog_token('cards', '4111111111111111', 'merchant-7', $1)",
+            &[&KEY1],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(asked, T1);
     let link = |pg: &mut postgres::Client, n: i32, previous: &str, key: &str| -> String {
         pg.query_one(
             "SELECT $1::int::text || ':' ||

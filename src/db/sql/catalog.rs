@@ -157,6 +157,7 @@ fn schema_transaction<'c>(
     tx.batch_execute(CHANGE_LOG_DDL)?;
     tx.batch_execute(&NOTIFY_FN_DDL)?;
     crate::db::keyslot::install_function(&mut tx)?;
+    crate::db::token_sql::install_function(&mut tx)?;
     Ok(tx)
 }
 

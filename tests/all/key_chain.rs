@@ -82,6 +82,11 @@ fn a_set_rotated_offline_answers_under_its_chain() {
     let moved = tx.execute(ROTATE, &[&"cards", &KEY2]).unwrap();
     tx.batch_execute("ALTER TABLE member_cards ENABLE TRIGGER USER")
         .unwrap();
+    // As a table made before the form check: the node's start puts its triggers back.
+    tx.batch_execute(
+        "DROP TRIGGER member_form_ins ON member_cards; DROP TRIGGER member_form_upd ON member_cards",
+    )
+    .unwrap();
     tx.execute(APPEND, &[&"cards", &fp2]).unwrap();
     tx.commit().unwrap();
     assert_eq!(moved, items.len() as u64 + 1);
@@ -142,6 +147,11 @@ fn a_set_rotated_offline_answers_under_its_chain() {
     assert_eq!(int(&mut c, &["MEMBER.DEL", "cards", "4111-0000"]), 1);
     assert_eq!(int(&mut c, &["MEMBER.EXISTS", "cards", "4111-0000"]), 0);
 
+    late_writers_are_refused(&mut pg);
+    assert!(wait_until(std::time::Duration::from_secs(20), || {
+        int(&mut c, &["MEMBER.EXISTS", "cards", "late-1"]) == 1
+    }));
+
     // Both keys of the chain are in use: neither may leave the ring.
     let used: Vec<i64> = list(&mut c).iter().map(|r| r.3).collect();
     assert_eq!(used, [1, 1]);
@@ -201,4 +211,58 @@ fn outside_writers_ask_the_catalog(pg: &mut postgres::Client, stored: &str) {
             .is_some_and(|t| t.contains("no tokenized set named 'nope'")),
         "{text:?}"
     );
+}
+
+/// A row no lookup would find is refused by the table: a late writer's token under the first
+/// key alone (the form of the day before the rotation), a raw item, a scoped row, or an
+/// UPDATE to any of them. The error names the set and the function, never the row.
+fn late_writers_are_refused(pg: &mut postgres::Client) {
+    let old_form = "encode(hmac(convert_to('late-1', 'UTF8') || '\\x00'::bytea, \
+                    decode($1, 'hex'), 'sha256'), 'hex')";
+    let refused =
+        |pg: &mut postgres::Client, sql: &str, params: &[&(dyn postgres::types::ToSql + Sync)]| {
+            let e = pg.execute(sql, params).unwrap_err();
+            let db = e.as_db_error().expect("a database error");
+            assert_eq!(
+                db.code(),
+                &postgres::error::SqlState::CHECK_VIOLATION,
+                "{sql}"
+            );
+            assert!(db
+                .message()
+                .contains("set 'cards' stores tokens of a chain of 2 key(s)"));
+            assert!(db
+                .hint()
+                .is_some_and(|h| h.contains("member_catalog_token('cards'")));
+            assert!(!db.message().contains("late-1") && !db.message().contains("4111"));
+        };
+    refused(
+        pg,
+        &format!("INSERT INTO member_cards (entity_id) VALUES ({old_form})"),
+        &[&KEY1],
+    );
+    refused(
+        pg,
+        "INSERT INTO member_cards (entity_id) VALUES ('late-1')",
+        &[],
+    );
+    refused(
+        pg,
+        "INSERT INTO member_cards (entity_id, scope) \
+         VALUES (member_catalog_token('cards', 'late-1', '', $1, $2), 'm-7')",
+        &[&KEY1, &KEY2],
+    );
+    refused(
+        pg,
+        "UPDATE member_cards SET entity_id = 'late-1' \
+         WHERE entity_id = (SELECT min(entity_id) FROM member_cards)",
+        &[],
+    );
+    // The form the catalog gives is taken, and found.
+    pg.execute(
+        "INSERT INTO member_cards (entity_id) \
+         VALUES (member_catalog_token('cards', 'late-1', '', $1, $2))",
+        &[&KEY1, &KEY2],
+    )
+    .unwrap();
 }

@@ -283,7 +283,12 @@ pub fn create_set(
             }
         };
         match &row.def.source {
-            None => tx.batch_execute(&set_ddl(&row.def.name))?,
+            None => {
+                tx.batch_execute(&set_ddl(&row.def.name))?;
+                if row.def.tokenize.is_on() {
+                    tx.batch_execute(&crate::db::token_sql::form_triggers_ddl(&row.def.name))?;
+                }
+            }
             Some(src) if src.sync == SourceSync::Log => {
                 tx.batch_execute(crate::db::source::LOG_FN_DDL)?;
                 if let Err(e) = crate::db::source::install_log_triggers(&mut tx, &row.def) {

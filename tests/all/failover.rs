@@ -392,6 +392,9 @@ fn a_rebuild_source_on_another_history_is_refused() {
     assert_eq!(int(&mut c, &["MEMBER.REBUILD", "s", "SYNC"]), 1);
     assert_eq!(set_info(&mut c, "s", "last_rebuild").unwrap(), "ok");
 
+    // `a` must survive the failover for the answer below to be 1: the clusters commit
+    // asynchronously, so the standby promoted may not have it yet.
+    pair.wait_caught_up();
     pair.fail_over();
     assert!(
         wait_until(Duration::from_secs(30), || {

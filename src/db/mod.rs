@@ -19,6 +19,7 @@ pub mod source_triggers;
 pub mod sql;
 pub mod standby;
 mod stmts;
+pub mod token_form;
 pub mod token_sql;
 
 use std::time::{Duration, Instant};

@@ -27,11 +27,11 @@ const MODULE_RELATIONS: &[&str] = &[
     "member_changes_floor_pkey",
 ];
 
-/// The triggers the module puts on a set's own table (sql/change_log.rs, token_sql.rs).
+/// The triggers the module puts on a set's own table (sql/change_log.rs, token_form.rs).
 fn set_table_triggers() -> Vec<String> {
     let mut t: Vec<String> = LOG_TRIGGERS.iter().map(|s| s.to_string()).collect();
     t.push("member_notify".into());
-    t.extend(crate::db::token_sql::FORM_TRIGGERS.map(String::from));
+    t.extend(crate::db::token_form::FORM_TRIGGERS.map(String::from));
     t
 }
 

@@ -1,0 +1,140 @@
+//! The check that keeps a tokenized set's own table in its token form (docs/security.md, "A
+//! row in another form is refused"): two triggers refuse a row whose `entity_id` is not a
+//! token of the set's chain, or whose scope is not `''` (a raw item, a late writer's token
+//! under a key the set was rotated away from), which no lookup would ever find. They carry
+//! the chain's length as an argument, so a write pays no catalog read; `member_catalog_form`
+//! (re)makes them from the catalog: in CREATE, at a node's start for a table whose triggers
+//! are missing or name another length, and in the offline rotation's transaction.
+
+use postgres::Transaction;
+
+/// Marker in the functions' bodies: bodies without it (absent, or older) are replaced.
+const MARK: &str = "member_check_token_form v2";
+
+/// The triggers a tokenized set's own table carries: one per INSERT statement (over its
+/// transition table), one per row whose `entity_id` or `scope` an UPDATE changes.
+pub const FORM_TRIGGERS: [&str; 2] = ["member_form_ins", "member_form_upd"];
+
+/// The regular expression of the token form of a chain of `n` keys.
+const PATTERN: &str = "CASE WHEN n = 1 THEN '^[0-9a-f]{64}$' ELSE '^' || n || ':[0-9a-f]{64}$' END";
+
+/// How the check refuses: never quoting the row, whose text may be a raw item.
+const REFUSE: &str = "RAISE EXCEPTION 'set % stores tokens of a chain of % key(s): a row in \
+another form would never be found', quote_literal(TG_ARGV[0]), n
+      USING ERRCODE = 'check_violation',
+            HINT = format('store entity_id member_catalog_token(%L, <normalized item>, \
+<scope>, <the keys of MEMBER.INFO''s token_key_id>) and scope ''''', TG_ARGV[0]);";
+
+/// The three functions: the statement check, the row check, and `member_catalog_form(set)`.
+fn functions_ddl() -> String {
+    let [ins, upd] = FORM_TRIGGERS;
+    format!(
+        r"CREATE OR REPLACE FUNCTION member_check_token_form() RETURNS trigger
+LANGUAGE plpgsql AS $body$
+DECLARE
+  -- {MARK}: every row an INSERT wrote is a token of a chain of TG_ARGV[1] keys.
+  n CONSTANT int := TG_ARGV[1]::int;
+BEGIN
+  IF EXISTS (SELECT FROM member_form_rows WHERE entity_id !~ ({PATTERN}) OR scope <> '') THEN
+    {REFUSE}
+  END IF;
+  RETURN NULL;
+END
+$body$;
+CREATE OR REPLACE FUNCTION member_check_token_row() RETURNS trigger
+LANGUAGE plpgsql AS $body$
+DECLARE
+  -- {MARK}: a row an UPDATE gave another entity_id or scope is a token of the chain.
+  n CONSTANT int := TG_ARGV[1]::int;
+BEGIN
+  IF NEW.entity_id !~ ({PATTERN}) OR NEW.scope <> '' THEN
+    {REFUSE}
+  END IF;
+  RETURN NULL;
+END
+$body$;
+CREATE OR REPLACE FUNCTION member_catalog_form(set_name text) RETURNS int
+LANGUAGE plpgsql AS $body$
+DECLARE
+  -- {MARK}: (re)makes the form triggers of a tokenized set for its chain's length now.
+  n int;
+  t text := 'member_' || set_name;
+BEGIN
+  SELECT array_length(string_to_array(token_key_fp, '>'), 1) INTO n
+    FROM member_catalog
+   WHERE name = set_name AND tokenize = 'hmac-sha256' AND source_table IS NULL;
+  IF n IS NULL THEN
+    RAISE EXCEPTION 'member_catalog_form: no tokenized set named %', quote_literal(set_name)
+      USING ERRCODE = 'undefined_object';
+  END IF;
+  EXECUTE format('DROP TRIGGER IF EXISTS {ins} ON %I', t);
+  EXECUTE format('DROP TRIGGER IF EXISTS {upd} ON %I', t);
+  EXECUTE format('CREATE TRIGGER {ins} AFTER INSERT ON %I
+                    REFERENCING NEW TABLE AS member_form_rows FOR EACH STATEMENT
+                    EXECUTE FUNCTION member_check_token_form(%L, %s)', t, set_name, n);
+  EXECUTE format('CREATE TRIGGER {upd} AFTER UPDATE ON %I FOR EACH ROW
+                    WHEN (OLD.entity_id IS DISTINCT FROM NEW.entity_id
+                          OR OLD.scope IS DISTINCT FROM NEW.scope)
+                    EXECUTE FUNCTION member_check_token_row(%L, %s)', t, set_name, n);
+  RETURN n;
+END
+$body$"
+    )
+}
+
+/// The tokenized own sets whose table lacks a form trigger, or has one made for another
+/// chain length (sets created before them; a rotation done without `member_catalog_form`).
+const STALE: &str = "SELECT c.name FROM member_catalog c
+     WHERE c.tokenize = 'hmac-sha256' AND c.source_table IS NULL
+       AND to_regclass('member_' || c.name) IS NOT NULL
+       AND (SELECT count(*) FROM pg_trigger
+             WHERE tgrelid = to_regclass('member_' || c.name)
+               AND tgname IN ('member_form_ins', 'member_form_upd')
+               AND tgargs = convert_to(c.name, 'UTF8') || '\\x00'::bytea
+                  || convert_to(array_length(string_to_array(c.token_key_fp, '>'), 1)::text,
+                                'UTF8') || '\\x00'::bytea) < 2";
+
+/// Makes `set`'s form triggers, in the transaction that creates a tokenized set.
+pub fn make(tx: &mut Transaction, set: &str) -> Result<(), postgres::Error> {
+    tx.execute("SELECT member_catalog_form($1)", &[&set])?;
+    Ok(())
+}
+
+/// Installs the functions unless this version is there, and remakes the triggers of every
+/// tokenized set whose own are missing or stale. Run under the catalog's advisory lock, with
+/// the catalog DDL.
+pub fn install(tx: &mut Transaction) -> Result<(), postgres::Error> {
+    let current: bool = tx
+        .query_one(
+            "SELECT count(*) = 3 FROM pg_proc
+              WHERE proname IN ('member_check_token_form', 'member_check_token_row',
+                                'member_catalog_form')
+                AND pronamespace = current_schema()::regnamespace
+                AND prosrc LIKE '%' || $1 || '%'",
+            &[&MARK],
+        )?
+        .get(0);
+    if !current {
+        tx.batch_execute(&functions_ddl())?;
+    }
+    for row in tx.query(STALE, &[])? {
+        let set: String = row.get(0);
+        make(tx, &set)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_functions_carry_their_version_and_the_triggers_names() {
+        let ddl = functions_ddl();
+        assert_eq!(ddl.matches(MARK).count(), 3);
+        assert_eq!(ddl.matches("quote_literal(TG_ARGV[0])").count(), 2);
+        assert!(FORM_TRIGGERS
+            .iter()
+            .all(|t| ddl.contains(t) && STALE.contains(t)));
+    }
+}

@@ -282,9 +282,7 @@ pub fn canonical_all<'a>(
             .chunks_exact(TOKEN_LEN)
             .map(|t| {
                 let first = std::str::from_utf8(t).expect("hex digits are ASCII");
-                keys[1..].iter().fold(first.to_string(), |t, k| {
-                    token_chain::wrap(k, &t).expect("a token's own form, below the longest chain")
-                })
+                token_chain::wrap_all(&keys[1..], first.to_string())
             })
             .collect();
         stride = wrapped.first().map_or(TOKEN_LEN, String::len);

@@ -284,6 +284,11 @@ impl Key {
         to_hex(&self.mac(&[previous.as_bytes()]))
     }
 
+    /// [`Key::link_hex`] written into `out`, nothing allocated.
+    pub fn link_into(&self, previous: &str, out: &mut [u8; 64]) {
+        hex_into(&self.mac(&[previous.as_bytes()]), out);
+    }
+
     /// The canonical `entity` and `scope` as the token in place of the entity, the scope
     /// folded into it (stored `''`), and the hash of the token: what every tier after
     /// canonicalization sees.

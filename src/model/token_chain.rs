@@ -38,12 +38,27 @@ pub fn wrap(key: &Key, previous: &str) -> Option<String> {
 }
 
 /// The token of canonical `entity` and `scope` under the chain `keys`, first to last: the
-/// form a lookup computes for a set rotated `keys.len() − 1` times. Panics on an empty chain.
+/// form a lookup computes for a set rotated `keys.len() − 1` times. Panics on an empty chain
+/// or one longer than [`MAX_CHAIN`].
 pub fn chain_token(keys: &[&Key], entity: &str, scope: &str) -> String {
     let (first, rest) = keys.split_first().expect("a chain has a first key");
-    let mut token = first.token(entity, scope);
-    for k in rest {
-        token = wrap(k, &token).expect("a token's own form, below the longest chain");
+    wrap_all(rest, first.token(entity, scope))
+}
+
+/// `token` (of chain length 1) wrapped under each key of `rest` in turn, each link written
+/// over the one before in one buffer: the same text as [`wrap`] link by link.
+pub fn wrap_all(rest: &[&Key], mut token: String) -> String {
+    use std::fmt::Write;
+    assert!(
+        rest.len() < MAX_CHAIN as usize,
+        "a chain of at most {MAX_CHAIN} keys"
+    );
+    let mut digits = [0u8; HEX];
+    for (i, k) in rest.iter().enumerate() {
+        k.link_into(&token, &mut digits);
+        token.clear();
+        let _ = write!(token, "{}:", i + 2);
+        token.push_str(std::str::from_utf8(&digits).expect("hex digits are ASCII"));
     }
     token
 }

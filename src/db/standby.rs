@@ -224,7 +224,13 @@ pub fn catch_up(
         del = LOG_TRIGGERS[2],
         from = from.max(0)
     );
-    let rows = c
+    // A build's statement: none of the DBA's transaction-wide timeouts (a role's 100 ms
+    // `transaction_timeout` ended it on a busy server, and with it the rebuild); the
+    // connection's statement timeout still bounds it.
+    let mut tx = c.transaction().map_err(|e| classify(&e))?;
+    tx.batch_execute(super::UNBOUNDED_TRANSACTION)
+        .map_err(|e| classify(&e))?;
+    let rows = tx
         .query_typed(
             sql.as_str(),
             &[
@@ -234,6 +240,7 @@ pub fn catch_up(
             ],
         )
         .map_err(|e| classify(&e))?;
+    tx.commit().map_err(|e| classify(&e))?;
     let first = rows
         .first()
         .ok_or_else(|| DbErr::Failed("catch-up read no row".into()))?;

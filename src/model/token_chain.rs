@@ -128,4 +128,16 @@ mod tests {
         assert_ne!(a, chain_token(&[&k1, &k2], "bob", ""));
         assert_eq!(chain_length(&a), Some(2));
     }
+
+    /// Rebuilds and sync passes canonicalize every stored row under the set's normalization:
+    /// a chained token must come out of each as it went in, or its row would be skipped.
+    #[test]
+    fn every_normalization_keeps_a_chained_token() {
+        use crate::model::canon::{canonicalize, Normalize};
+        let t = wrap(&key(K2), &key(K1).token("4111111111111111", "")).unwrap();
+        for n in [Normalize::None, Normalize::Lower, Normalize::Username] {
+            let c = canonicalize(n, t.as_bytes(), b"").unwrap();
+            assert_eq!(c.entity, t, "{n:?}");
+        }
+    }
 }

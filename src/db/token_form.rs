@@ -82,10 +82,12 @@ $body$"
     )
 }
 
-/// The tokenized own sets whose table lacks a form trigger, or has one made for another
-/// chain length (sets created before them; a rotation done without `member_catalog_form`).
+/// The tokenized own sets (all, or the one named by `$1`) whose table lacks a form trigger,
+/// or has one made for another chain length (sets created before them; a rotation done
+/// without `member_catalog_form`).
 const STALE: &str = "SELECT c.name FROM member_catalog c
      WHERE c.tokenize = 'hmac-sha256' AND c.source_table IS NULL
+       AND ($1::text IS NULL OR c.name = $1)
        AND to_regclass('member_' || c.name) IS NOT NULL
        AND (SELECT count(*) FROM pg_trigger
              WHERE tgrelid = to_regclass('member_' || c.name)
@@ -94,9 +96,14 @@ const STALE: &str = "SELECT c.name FROM member_catalog c
                   || convert_to(array_length(string_to_array(c.token_key_fp, '>'), 1)::text,
                                 'UTF8') || '\\x00'::bytea) < 2";
 
-/// Makes `set`'s form triggers, in the transaction that creates a tokenized set.
-pub fn make(tx: &mut Transaction, set: &str) -> Result<(), postgres::Error> {
-    tx.execute("SELECT member_catalog_form($1)", &[&set])?;
+/// Makes the form triggers of `set` (of every tokenized set when `None`) whose own are
+/// missing or stale. Triggers already right are left alone: remaking them would lock the
+/// table against its readers at every repeated CREATE.
+pub fn make(tx: &mut Transaction, set: Option<&str>) -> Result<(), postgres::Error> {
+    for row in tx.query(STALE, &[&set])? {
+        let stale: String = row.get(0);
+        tx.execute("SELECT member_catalog_form($1)", &[&stale])?;
+    }
     Ok(())
 }
 
@@ -117,11 +124,7 @@ pub fn install(tx: &mut Transaction) -> Result<(), postgres::Error> {
     if !current {
         tx.batch_execute(&functions_ddl())?;
     }
-    for row in tx.query(STALE, &[])? {
-        let set: String = row.get(0);
-        make(tx, &set)?;
-    }
-    Ok(())
+    make(tx, None)
 }
 
 #[cfg(test)]

@@ -64,6 +64,26 @@ fn a_set_rotated_offline_answers_under_its_chain() {
         explain(&mut c, "cards", "outside-1").0 == 1
     }));
     let fp1 = set_info(&mut c, "cards", "token_key_fp").unwrap();
+    // A repeated CREATE leaves the form triggers as they are (remaking them would lock the
+    // table against its readers).
+    let triggers = |pg: &mut postgres::Client| -> Vec<u32> {
+        pg.query(
+            "SELECT oid FROM pg_trigger WHERE tgrelid = 'member_cards'::regclass
+               AND tgname LIKE 'member_form%' ORDER BY tgname",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    };
+    let made = triggers(&mut pg);
+    assert_eq!(made.len(), 2);
+    ok(
+        &mut c,
+        &["MEMBER.CREATE", "cards", "TOKENIZE", "hmac-sha256"],
+    );
+    assert_eq!(triggers(&mut pg), made);
 
     // The new key joins every node's ring first; the set keeps its key.
     file.rewrite(&format!("k2 {KEY2}\ndefault {KEY1}\n"));

@@ -286,7 +286,7 @@ pub fn create_set(
             None => {
                 tx.batch_execute(&set_ddl(&row.def.name))?;
                 if row.def.tokenize.is_on() {
-                    crate::db::token_form::make(&mut tx, &row.def.name)?;
+                    crate::db::token_form::make(&mut tx, Some(&row.def.name))?;
                 }
             }
             Some(src) if src.sync == SourceSync::Log => {

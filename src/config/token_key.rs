@@ -232,11 +232,14 @@ pub fn canonical<'a>(
     };
     crate::server::redaction::needed();
     let guard = ring();
-    let keys = chain_of(&guard, chain)?;
-    let (entity, scope) = canon::canonical_text(def.normalize, item, scope)?;
-    if let [key] = keys[..] {
+    // A set never rotated (nearly every one): its key alone, nothing allocated for a chain.
+    if !chain.contains(crate::model::token::CHAIN_SEPARATOR) {
+        let key = key_of(&guard, chain)?;
+        let (entity, scope) = canon::canonical_text(def.normalize, item, scope)?;
         return Ok(key.tokenize(&entity, scope));
     }
+    let keys = chain_of(&guard, chain)?;
+    let (entity, scope) = canon::canonical_text(def.normalize, item, scope)?;
     let token = token_chain::chain_token(&keys, &entity, scope);
     let hash = canon::hash_parts(&token, "");
     Ok(Canon {

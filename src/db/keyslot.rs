@@ -47,21 +47,9 @@ $body$",
 }
 
 /// Installs `member_keyslot()` in the current schema unless this version is already there
-/// (replacing an identical function would still rewrite its catalog row, on every start of
-/// every node). Run under the catalog's advisory lock, with the catalog DDL.
+/// (`sql::install_functions`).
 pub fn install_function(tx: &mut Transaction) -> Result<(), postgres::Error> {
-    let current: bool = tx
-        .query_one(
-            "SELECT EXISTS (SELECT FROM pg_proc WHERE proname = 'member_keyslot'
-                              AND pronamespace = current_schema()::regnamespace
-                              AND prosrc LIKE '%' || $1 || '%')",
-            &[&VERSION_MARK],
-        )?
-        .get(0);
-    if !current {
-        tx.batch_execute(&function_ddl())?;
-    }
-    Ok(())
+    super::sql::install_functions(tx, &["member_keyslot"], VERSION_MARK, function_ddl)
 }
 
 /// The `slot` column as a set table declares it: computed by PostgreSQL on every write, so

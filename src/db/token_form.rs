@@ -111,19 +111,12 @@ pub fn make(tx: &mut Transaction, set: Option<&str>) -> Result<(), postgres::Err
 /// tokenized set whose own are missing or stale. Run under the catalog's advisory lock, with
 /// the catalog DDL.
 pub fn install(tx: &mut Transaction) -> Result<(), postgres::Error> {
-    let current: bool = tx
-        .query_one(
-            "SELECT count(*) = 3 FROM pg_proc
-              WHERE proname IN ('member_check_token_form', 'member_check_token_row',
-                                'member_catalog_form')
-                AND pronamespace = current_schema()::regnamespace
-                AND prosrc LIKE '%' || $1 || '%'",
-            &[&MARK],
-        )?
-        .get(0);
-    if !current {
-        tx.batch_execute(&functions_ddl())?;
-    }
+    let names = [
+        "member_check_token_form",
+        "member_check_token_row",
+        "member_catalog_form",
+    ];
+    crate::db::sql::install_functions(tx, &names, MARK, functions_ddl)?;
     make(tx, None)
 }
 

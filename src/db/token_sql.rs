@@ -67,17 +67,7 @@ $body$"
 /// there, then the form check (`token_form`). Run under the catalog's advisory lock, with the
 /// catalog DDL. pgcrypto need not be installed: the function says so when called without it.
 pub fn install_function(tx: &mut Transaction) -> Result<(), postgres::Error> {
-    let current: bool = tx
-        .query_one(
-            "SELECT EXISTS (SELECT FROM pg_proc WHERE proname = 'member_catalog_token'
-                              AND pronamespace = current_schema()::regnamespace
-                              AND prosrc LIKE '%' || $1 || '%')",
-            &[&VERSION_MARK],
-        )?
-        .get(0);
-    if !current {
-        tx.batch_execute(&function_ddl())?;
-    }
+    super::sql::install_functions(tx, &["member_catalog_token"], VERSION_MARK, function_ddl)?;
     crate::db::token_form::install(tx)
 }
 

@@ -34,6 +34,31 @@ pub fn lock_schema(tx: &mut postgres::Transaction) -> Result<(), postgres::Error
         .map(drop)
 }
 
+/// Runs `ddl` (`CREATE OR REPLACE FUNCTION …`) unless every function of `names` is already
+/// in the current schema with `mark` (its version) in its body: replacing an identical
+/// function would still rewrite its catalog row, on every start of every node. Run under the
+/// catalog's advisory lock, with the catalog DDL.
+pub fn install_functions(
+    tx: &mut postgres::Transaction,
+    names: &[&str],
+    mark: &str,
+    ddl: impl FnOnce() -> String,
+) -> Result<(), postgres::Error> {
+    let current: bool = tx
+        .query_one(
+            "SELECT count(DISTINCT proname) = cardinality($1::text[]) FROM pg_proc
+              WHERE proname = ANY($1::text[])
+                AND pronamespace = current_schema()::regnamespace
+                AND prosrc LIKE '%' || $2 || '%'",
+            &[&names, &mark],
+        )?
+        .get(0);
+    if !current {
+        tx.batch_execute(&ddl())?;
+    }
+    Ok(())
+}
+
 /// Name of a set's table. Set names are validated to `[a-z0-9_]{1,40}`, so this is safe SQL.
 pub fn table(set: &str) -> String {
     format!("member_{set}")

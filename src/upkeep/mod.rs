@@ -5,6 +5,7 @@
 pub mod grow;
 pub mod history;
 pub mod housekeeping;
+pub mod node_report;
 pub mod notify;
 pub mod rebuild;
 pub mod rebuild_wait;

@@ -225,3 +225,98 @@ fn a_chain_link_in_sql_is_the_modules() {
     assert_eq!(t2, T2);
     assert_eq!(link(&mut pg, 3, &t2, &"0f".repeat(48)), T3);
 }
+
+/// `MEMBER.KEYS NODES` as `(run id, port, role, ring as [(id, fingerprint)])`, leaving out
+/// how long ago each node reported.
+type NodeRow = (String, i64, String, Ring);
+type Ring = Vec<(String, String)>;
+
+fn nodes(c: &mut Connection) -> Vec<NodeRow> {
+    let rows: Vec<(String, i64, String, i64, Ring)> = redis::cmd("MEMBER.KEYS")
+        .arg("NODES")
+        .query(c)
+        .unwrap_or_else(|e| panic!("MEMBER.KEYS NODES: {e}"));
+    rows.into_iter()
+        .map(|(node, port, role, ago, ring)| {
+            assert!(
+                (0..30_000).contains(&ago),
+                "a stale report was shown: {ago} ms"
+            );
+            (node, port, role, ring)
+        })
+        .collect()
+}
+
+fn run_id(c: &mut Connection) -> String {
+    let info: String = redis::cmd("INFO").arg("server").query(c).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("run_id:"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// Waits (the reports are written every few seconds) until `MEMBER.KEYS NODES` on `c` shows
+/// exactly `want`, in any order; panics with what it last showed.
+fn nodes_become(c: &mut Connection, mut want: Vec<NodeRow>) {
+    want.sort();
+    let mut seen = Vec::new();
+    let shown = support::wait_until(std::time::Duration::from_secs(30), || {
+        seen = nodes(c);
+        seen.sort();
+        seen == want
+    });
+    assert!(shown, "MEMBER.KEYS NODES showed {seen:?}, not {want:?}");
+}
+
+/// Every node that shares the database reports its run id, port, role and ring there, and
+/// any node shows them all: what an operator checks before a rotation needs a key on every
+/// node. A ring reloaded, and a node made a replica, are shown as they now are.
+#[test]
+fn every_node_shows_which_keys_every_node_holds() {
+    let file = KeyFile::new(KEY1);
+    let env = env_with_key(&file);
+    let mut c = env.conn();
+    ok(&mut c, &["MEMBER.CREATE", "t", "TOKENIZE", "hmac-sha256"]);
+    let fp1 = fingerprint(&mut c, "t");
+    let ring2 = KeyFile::new(&format!("a {KEY1}\nb {KEY2}\n"));
+    let other = start_loaded(&env.db.url(), &[("member.token-key-file", ring2.path())]);
+    let mut o = other.conn();
+    let fp2 = list(&mut o)[1].1.clone();
+    let (id_c, id_o) = (run_id(&mut c), run_id(&mut o));
+    let (port_c, port_o) = (env.vk.port() as i64, other.port() as i64);
+    let one = vec![("default".to_string(), fp1.clone())];
+    let two = vec![
+        ("a".to_string(), fp1.clone()),
+        ("b".to_string(), fp2.clone()),
+    ];
+    nodes_become(
+        &mut c,
+        vec![
+            (id_c.clone(), port_c, "primary".into(), one),
+            (id_o.clone(), port_o, "primary".into(), two.clone()),
+        ],
+    );
+    // The first node's file gains the new key, and the other becomes its replica: both are
+    // shown from either node, the reload right after it, the role within a report or two.
+    file.rewrite(&format!("default {KEY1}\nk2 {KEY2}\n"));
+    assert_eq!(int(&mut c, &["MEMBER.KEYS", "RELOAD"]), 2);
+    let _: Value = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(env.vk.port())
+        .query(&mut o)
+        .unwrap();
+    let both = vec![("default".to_string(), fp1), ("k2".to_string(), fp2)];
+    nodes_become(
+        &mut o,
+        vec![
+            (id_c, port_c, "primary".into(), both),
+            (id_o, port_o, "replica".into(), two),
+        ],
+    );
+    shows_no_key(&format!("{:?}", nodes(&mut c)));
+    assert_eq!(
+        err(&mut c, &["MEMBER.KEYS", "NODES", "now"]),
+        "ERR wrong number of arguments for 'member.keys' command"
+    );
+}

@@ -90,7 +90,7 @@ pub const COMMANDS: &[Command] = &[
     public("member.rebuild", rebuild::rebuild, "write", -2, Route::BySet(Item::Update), None)
         .doc("Rebuilds a set's filter from its table, in a cluster on every primary", Some("O(N) where N is the number of members, read off the main thread"), &[SET, REBUILD_MODE]),
     public("member.keys", keys::keys, "admin", 2, Route::Anywhere, None)
-        .doc("Reloads this node's ring of tokenization keys from its file, or lists it", Some("O(N) where N is the number of keys"), &[Arg::one_of("action", &[Arg::pure("reload", "RELOAD"), Arg::pure("list", "LIST")])]),
+        .doc("Reloads this node's ring of tokenization keys from its file, lists it, or lists every node's ring as reported to the database", Some("O(N) where N is the number of keys, or of nodes for NODES"), &[Arg::one_of("action", &[Arg::pure("reload", "RELOAD"), Arg::pure("list", "LIST"), Arg::pure("nodes", "NODES")])]),
     internal("member._add", internal::add, "write deny-oom", 4, Route::ByItem(Item::Insert))
         .doc("Internal (replication and AOF only): a committed ADD's filter and cache effects", None, &[SET, ENTITY, Arg::string("scope")]),
     internal("member._del", internal::del, "write", 4, Route::ByItem(Item::Delete))

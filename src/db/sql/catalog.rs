@@ -154,6 +154,7 @@ fn schema_transaction<'c>(
     let mut tx = st.begin(c)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
     tx.batch_execute(CATALOG_DDL)?;
+    tx.batch_execute(super::nodes::NODES_DDL)?;
     tx.batch_execute(CHANGE_LOG_DDL)?;
     tx.batch_execute(&NOTIFY_FN_DDL)?;
     crate::db::keyslot::install_function(&mut tx)?;

@@ -11,6 +11,7 @@ use super::{Db, DbErr, Param};
 mod catalog;
 mod change_log;
 mod changes;
+mod nodes;
 mod pages;
 
 pub use catalog::{
@@ -22,6 +23,7 @@ pub(super) use change_log::{
 };
 pub(super) use changes::XMIN;
 pub use changes::{changes_since, prune, Changes};
+pub use nodes::{nodes, report, NodeReport, NodeSeen};
 pub(crate) use pages::read_pages;
 pub use pages::{Page, Sink, PAGE_ROWS};
 

@@ -1,0 +1,129 @@
+//! `member_nodes`: what each node says of itself to the database every node of a deployment
+//! shares (its run id, port, role and ring of keys by `id:fingerprint`), so that any node can
+//! tell which nodes hold a key before a rotation needs it everywhere (docs/security.md, "Key
+//! rings"). A node not heard from for a while is not counted.
+
+use std::time::Duration;
+
+use postgres::types::Type;
+
+use crate::db::{Db, DbErr};
+
+/// The table, made with the catalog (under its advisory lock).
+pub(super) const NODES_DDL: &str = "CREATE TABLE IF NOT EXISTS member_nodes (
+    node text PRIMARY KEY,
+    port integer NOT NULL,
+    role text NOT NULL,
+    ring text NOT NULL,
+    seen_at timestamptz NOT NULL DEFAULT now()
+)";
+
+/// Reports older than this are deleted by the next report of any node.
+const FORGOTTEN_AFTER_S: f64 = 86_400.0;
+
+/// What a node says of itself.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeReport {
+    /// The server's run id (`INFO server`): new at every start.
+    pub node: String,
+    pub port: i32,
+    /// `primary` or `replica`.
+    pub role: &'static str,
+    /// The ring's keys in its order, as `(id, fingerprint)`.
+    pub ring: Vec<(String, String)>,
+}
+
+/// A report as read back, with how long ago the database took it.
+#[derive(Clone, Debug)]
+pub struct NodeSeen {
+    pub node: String,
+    pub port: i32,
+    pub role: String,
+    pub ring: Vec<(String, String)>,
+    pub seen_ms_ago: i64,
+}
+
+/// Writes this node's report (the database's clock stamps it) and forgets reports a day old.
+pub fn report(db: &mut Db, r: &NodeReport) -> Result<(), DbErr> {
+    let ring = ring_text(&r.ring);
+    db.run(|c, st| {
+        st.query(
+            c,
+            "WITH gone AS (DELETE FROM member_nodes
+                            WHERE seen_at < now() - make_interval(secs => $5))
+             INSERT INTO member_nodes (node, port, role, ring, seen_at)
+             VALUES ($1, $2, $3, $4, now())
+             ON CONFLICT (node) DO UPDATE
+                SET port = EXCLUDED.port, role = EXCLUDED.role, ring = EXCLUDED.ring,
+                    seen_at = EXCLUDED.seen_at",
+            &[
+                (&r.node, Type::TEXT),
+                (&r.port, Type::INT4),
+                (&r.role, Type::TEXT),
+                (&ring, Type::TEXT),
+                (&FORGOTTEN_AFTER_S, Type::FLOAT8),
+            ],
+        )
+    })
+    .map(drop)
+}
+
+/// The nodes heard from within `fresh`, by run id.
+pub fn nodes(db: &mut Db, fresh: Duration) -> Result<Vec<NodeSeen>, DbErr> {
+    let secs = fresh.as_secs_f64();
+    let rows = db.run(|c, st| {
+        st.query(
+            c,
+            "SELECT node, port, role, ring,
+                    (EXTRACT(EPOCH FROM (now() - seen_at)) * 1000)::int8
+               FROM member_nodes
+              WHERE seen_at >= now() - make_interval(secs => $1)
+              ORDER BY node",
+            &[(&secs, Type::FLOAT8)],
+        )
+    })?;
+    Ok(rows
+        .iter()
+        .map(|r| NodeSeen {
+            node: r.get(0),
+            port: r.get(1),
+            role: r.get(2),
+            ring: parse_ring(r.get(3)),
+            seen_ms_ago: r.get::<_, i64>(4).max(0),
+        })
+        .collect())
+}
+
+/// `id:fp,id:fp` (ids and fingerprints hold neither `:` nor `,`: token_ring.rs).
+fn ring_text(ring: &[(String, String)]) -> String {
+    ring.iter()
+        .map(|(id, fp)| format!("{id}:{fp}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn parse_ring(text: &str) -> Vec<(String, String)> {
+    text.split(',')
+        .filter_map(|e| e.split_once(':'))
+        .map(|(id, fp)| (id.to_string(), fp.to_string()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ring_reads_back_as_written() {
+        let ring = vec![
+            ("k2".to_string(), "9f1c0a0b0c0d0e0f".to_string()),
+            ("default".to_string(), "65f7a7b40fd60798".to_string()),
+        ];
+        assert_eq!(
+            ring_text(&ring),
+            "k2:9f1c0a0b0c0d0e0f,default:65f7a7b40fd60798"
+        );
+        assert_eq!(parse_ring(&ring_text(&ring)), ring);
+        assert!(parse_ring(&ring_text(&[])).is_empty());
+    }
+}

@@ -1,0 +1,79 @@
+//! This node's report to the database (`member_nodes`: run id, port, role, ring of keys),
+//! written from the housekeeping sweep every `REPORT_EVERY` and soon after the ring changes,
+//! so that `MEMBER.KEYS NODES` on any node shows which nodes hold which key
+//! (docs/security.md, "Key rings").
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use redis_module::{Context, ContextFlags};
+
+use crate::db::{pool, sql};
+use crate::server::repl_info;
+use crate::sets::state;
+
+/// How often a node reports itself.
+pub const REPORT_EVERY: Duration = Duration::from_secs(5);
+
+/// A node not heard from for this long is not shown (it stopped, or cannot reach the
+/// database, and so answers nothing from it either).
+pub const FRESH: Duration = Duration::from_secs(30);
+
+/// A report is being written.
+static IN_FLIGHT: AtomicBool = AtomicBool::new(false);
+/// The ring changed: report at the next sweep.
+static SOON: AtomicBool = AtomicBool::new(false);
+/// When the last report was started.
+static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+
+/// The ring was loaded again: report it at the next sweep rather than within `REPORT_EVERY`.
+pub fn soon() {
+    SOON.store(true, Ordering::Release);
+}
+
+/// From the housekeeping sweep: starts a report when one is due, once the catalog (which
+/// makes the table) has been read.
+pub fn tick(ctx: &Context, now: Instant) {
+    if IN_FLIGHT.load(Ordering::Acquire) || !state::with(|r| r.catalog.loaded) {
+        return;
+    }
+    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+    let due = SOON.load(Ordering::Acquire) || last.is_none_or(|t| now >= t + REPORT_EVERY);
+    if !due {
+        return;
+    }
+    let Some(node) = repl_info::run_id(ctx) else {
+        return;
+    };
+    SOON.store(false, Ordering::Release);
+    *last = Some(now);
+    let report = sql::NodeReport {
+        node,
+        port: repl_info::tcp_port(ctx).unwrap_or(0),
+        role: if ctx.get_flags().contains(ContextFlags::SLAVE) {
+            "replica"
+        } else {
+            "primary"
+        },
+        ring: crate::config::token_key::entries(),
+    };
+    IN_FLIGHT.store(true, Ordering::Release);
+    let flight = Flight;
+    pool::run(move |db| {
+        // A failed report is tried again at the next due sweep; until then the node's last
+        // report stands, and after `FRESH` the node is no longer shown.
+        let _ = sql::report(db, &report);
+        drop(flight);
+    });
+}
+
+/// Ends the report in flight when dropped: after the job ran, or with the job if a full
+/// queue dropped it.
+struct Flight;
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        IN_FLIGHT.store(false, Ordering::Release);
+    }
+}

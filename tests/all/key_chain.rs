@@ -25,7 +25,8 @@ const ROTATE: &str = "
        SET entity_id = c.n::text || ':' ||
            encode(hmac(convert_to(t.entity_id, 'UTF8'), decode($2, 'hex'), 'sha256'), 'hex')
       FROM c";
-const APPEND: &str = "UPDATE member_catalog SET token_key_fp = token_key_fp || '>' || $2
+const APPEND: &str = "UPDATE member_catalog SET token_key_fp = token_key_fp || '>' || $2,
+                                          form_epoch = form_epoch + 1
                        WHERE name = $1";
 
 /// `item`'s token under KEY1 and then KEY2, computed in SQL (pgcrypto) apart from the module.
@@ -286,4 +287,47 @@ fn late_writers_are_refused(pg: &mut postgres::Client) {
         &[&KEY1, &KEY2],
     )
     .unwrap();
+}
+
+/// A catalog from before the form counter gets it at a node's start, with the value that
+/// keeps each row's identity as it was (it used to move one microsecond per key of the
+/// chain): a set rotated offline before the upgrade is not distrusted a second time, and a
+/// set never rotated keeps 0.
+#[test]
+fn a_catalog_from_before_the_form_counter_keeps_its_identities() {
+    let file = KeyFile::new(&format!("default {KEY1}\nk2 {KEY2}\n"));
+    let mut env = super::tokenize::env_with_key(&file);
+    let mut c = env.conn();
+    create_synced(&mut c, "cards", &["TOKENIZE", "hmac-sha256"]);
+    create_synced(&mut c, "plain", &[]);
+    let fp2 = list(&mut c)[1].1.clone();
+    let mut pg = env.pg();
+    env.vk.shutdown(&[]);
+    pg.batch_execute("ALTER TABLE member_catalog DROP COLUMN form_epoch")
+        .unwrap();
+    pg.execute(
+        "UPDATE member_catalog SET token_key_fp = token_key_fp || '>' || $1 WHERE name = 'cards'",
+        &[&fp2],
+    )
+    .unwrap();
+    env.vk.restart();
+    let mut c = env.conn();
+    assert!(wait_catalog_loaded(
+        &mut c,
+        std::time::Duration::from_secs(20)
+    ));
+    let epochs: Vec<(String, i64)> = pg
+        .query(
+            "SELECT name, form_epoch FROM member_catalog ORDER BY name",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(epochs, [("cards".into(), 1), ("plain".into(), 0)]);
+    assert_eq!(
+        set_info(&mut c, "cards", "token_key_id").unwrap(),
+        "default>k2"
+    );
 }

@@ -43,6 +43,18 @@ DO $cat$ BEGIN
                                ADD COLUMN IF NOT EXISTS source_sync text;
   END IF;
 END $cat$;
+-- Catalogs made before the form counter get it (docs/security.md, offline rotation):
+-- a set rotated offline before keeps the identity it had, which moved one
+-- microsecond per key of its chain.
+DO $cat$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'member_catalog'::regclass
+                   AND attname = 'form_epoch' AND NOT attisdropped) THEN
+    ALTER TABLE member_catalog ADD COLUMN IF NOT EXISTS form_epoch bigint NOT NULL DEFAULT 0;
+    UPDATE member_catalog
+       SET form_epoch = array_length(string_to_array(token_key_fp, '>'), 1) - 1
+     WHERE token_key_fp LIKE '%>%';
+  END IF;
+END $cat$;
 CREATE TABLE IF NOT EXISTS member_catalog_version (
     id smallint PRIMARY KEY CHECK (id = 1),
     version bigint NOT NULL
@@ -80,10 +92,11 @@ fn set_ddl(set: &str) -> String {
 
 /// A set's catalog row: its definition and the identity of this row (its creation time in
 /// microseconds), which tells a set dropped and created again under the same name from the
-/// one a node knew. A rotated set's identity is moved one microsecond forward for each key
-/// its chain gained: filters, marks and exact-match keys made under the shorter chain are
-/// then another set's, distrusted and rebuilt as after a DROP and CREATE (docs/security.md,
-/// "Rotating a set's key offline").
+/// one a node knew. The identity moves one microsecond forward each time `form_epoch` is
+/// raised, which a change of the stored rows' form that bypassed the change log does (an
+/// offline rotation): filters, marks and exact-match keys made before are then another
+/// set's, distrusted and rebuilt as after a DROP and CREATE (docs/security.md, "Rotating a
+/// set's key offline").
 #[derive(Clone, Debug)]
 pub struct CatalogRow {
     pub def: SetDef,
@@ -96,7 +109,7 @@ fn catalog_columns(a: &str) -> String {
         "{a}.name, {a}.error_rate, {a}.capacity, {a}.cache_ttl, {a}.recent_ttl, {a}.normalize,
          (EXTRACT(EPOCH FROM {a}.created_at) * 1000000)::int8, {a}.tokenize, {a}.token_key_fp,
          {a}.source_schema, {a}.source_table, {a}.source_column, {a}.source_scope_column,
-         {a}.source_updated_column, {a}.source_sync"
+         {a}.source_updated_column, {a}.source_sync, {a}.form_epoch"
     )
 }
 
@@ -114,10 +127,9 @@ fn row_at(row: &postgres::Row, at: usize) -> Option<CatalogRow> {
         tokenize: Tokenize::from_stored(row.get(at + 7), row.get(at + 8))?,
         source: source_at(row, at + 9)?,
     };
-    let rotations = def.tokenize.chain().len().saturating_sub(1) as i64;
     Some(CatalogRow {
         def,
-        id: row.get::<_, i64>(at + 6) + rotations,
+        id: row.get::<_, i64>(at + 6) + row.get::<_, i64>(at + 15),
     })
 }
 

@@ -63,7 +63,8 @@ VALKEY9_SERVER = $(CURDIR)/target/servers/valkey-9.1.2/valkey-server
 # The tests run once more on each PostgreSQL major beyond Debian's 15 (docs/testing.md, "Against
 # PostgreSQL 16, 17 and 18"): those whose outcome depends on the database's behaviour, a few of
 # each area (funnel, lifecycle, sync and the change log, notify, catalog, late commits, timeouts,
-# failover and restore, pooler, standby rebuild, TLS, tokenize with pgcrypto, attach), and
+# failover and restore, pooler, standby rebuild, TLS, tokenize with pgcrypto, attach, the online
+# key rotation), and
 # pg_versions, which checks what differs between majors. Each name is a test-name filter; each
 # must select at least one test. The servers are the pinned binaries scripts/postgres.sh
 # unpacks (`make deps`), and pg_basebackup its pinned client tools of 18.
@@ -79,7 +80,8 @@ PG_TESTS = funnel::batched_database_work funnel::concurrent_adds funnel::create_
 	pooler::session_stuck_lookup pooler::transaction_stuck_lookup \
 	standby::a_rebuild_from_a_lagging_standby pg_tls::require_encrypts pg_tls::verify_full_with_the_right \
 	tokenize::tokens_everywhere attach::signup_flow_with_the_change_log \
-	attach::signup_flow_with_an_updated_column attach_boundary::triggers_left pg_versions::
+	attach::signup_flow_with_an_updated_column attach_boundary::triggers_left pg_versions:: \
+	key_rotation::
 # $(call check_areas,VAR,Name): every area of $(VAR) must select at least one test of its own
 # (a filter that matches nothing would pass with 0 tests); prints how many the pass runs.
 define check_areas

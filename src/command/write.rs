@@ -196,7 +196,9 @@ fn prepare(
         if s.def.source.is_some() && expires_at.is_some() {
             return Err(RedisError::Str(error::SOURCE_NO_EXPIRY));
         }
-        let canon = token_key::canonical(&s.def, item, scope).map_err(RedisError::Str)?;
+        // While the set's key rotates, the old form (its twin is stored with it).
+        let def = crate::sets::rotation::write_def(s);
+        let canon = token_key::canonical(&def, item, scope).map_err(RedisError::Str)?;
         if let Some(e) = forward::elsewhere(item, &canon, set, op.wire(), expires_at) {
             return Ok(Some(Plan::Elsewhere(e)));
         }

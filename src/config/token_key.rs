@@ -309,3 +309,19 @@ pub fn canonical_all<'a>(
 
 /// Hex digits in a token.
 const TOKEN_LEN: usize = 64;
+
+/// `previous` (a stored token) wrapped under the ring's key of fingerprint `fp`: its next
+/// link, the form a rotation to that key stores (`token_chain::wrap`).
+pub fn wrap(fp: &str, previous: &str) -> Result<String, String> {
+    let guard = ring();
+    let key = key_of(&guard, fp).map_err(str::to_string)?;
+    token_chain::wrap(key, previous).ok_or_else(|| "a stored row is not a token".to_string())
+}
+
+/// The fingerprint of the ring's key of id `id`, if the ring holds one.
+pub fn fingerprint_of_id(id: &str) -> Option<String> {
+    entries()
+        .into_iter()
+        .find(|(i, _)| i == id)
+        .map(|(_, fp)| fp)
+}

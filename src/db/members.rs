@@ -3,7 +3,7 @@
 //! workers' point reads and writes all come through here.
 
 use super::sql::{self, Found};
-use super::{source, Db, DbErr};
+use super::{source, twins, Db, DbErr};
 
 /// Debug builds only: an ADD of this item panics on its worker, so that the tests can show a
 /// panicking job still answers its client once and the worker goes on (README "The
@@ -23,10 +23,28 @@ pub fn add_many(
     if items.iter().any(|(e, _, _)| *e == PANIC_ITEM) {
         panic!("libmember test failpoint: an ADD of {PANIC_ITEM}");
     }
-    match source::of(set) {
-        Some(src) => source::confirm_many(db, &src, items),
-        None => sql::add_many(db, set, items),
+    if let Some(src) = source::of(set) {
+        return source::confirm_many(db, &src, items);
     }
+    let Some(t) = twins::of(set) else {
+        return sql::add_many(db, set, items, &[]);
+    };
+    // The set's key rotates: each old-form row with its twin in the same statement.
+    let mut made: Vec<(String, &str, &str, Option<f64>)> = Vec::new();
+    for (e, s, x) in items {
+        if let Some(w) = twins::twin_of(&t, e).map_err(DbErr::Failed)? {
+            made.push((w, e, s, *x));
+        }
+    }
+    let mut rows: Vec<(&str, &str, Option<f64>)> = items.to_vec();
+    let mut of: Vec<&str> = vec![""; items.len()];
+    for (w, e, s, x) in &made {
+        rows.push((w, s, *x));
+        of.push(e);
+    }
+    let mut out = sql::add_many(db, set, &rows, &of)?;
+    out.truncate(items.len());
+    Ok(out)
 }
 
 /// What the database holds of each item (`Found`); repeated items are asked once.
@@ -44,5 +62,9 @@ pub fn del(db: &mut Db, set: &str, entity: &str, scope: &str) -> Result<bool, Db
     if source::of(set).is_some() {
         return Ok(false);
     }
-    sql::del(db, set, entity, scope)
+    let twin = match twins::of(set) {
+        Some(t) => twins::twin_of(&t, entity).map_err(DbErr::Failed)?,
+        None => None,
+    };
+    sql::del(db, set, entity, scope, twin.as_deref())
 }

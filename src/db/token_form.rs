@@ -9,14 +9,25 @@
 use postgres::Transaction;
 
 /// Marker in the functions' bodies: bodies without it (absent, or older) are replaced.
-const MARK: &str = "member_check_token_form v2";
+const MARK: &str = "member_check_token_form v3";
 
 /// The triggers a tokenized set's own table carries: one per INSERT statement (over its
 /// transition table), one per row whose `entity_id` or `scope` an UPDATE changes.
 pub const FORM_TRIGGERS: [&str; 2] = ["member_form_ins", "member_form_upd"];
 
-/// The regular expression of the token form of a chain of `n` keys.
-const PATTERN: &str = "CASE WHEN n = 1 THEN '^[0-9a-f]{64}$' ELSE '^' || n || ':[0-9a-f]{64}$' END";
+/// The regular expression of the token form of a chain of `n` keys, or while the set rotates
+/// (a third trigger argument, `m` = n + 1) of either `n` or `m` keys.
+const PATTERN: &str = "CASE WHEN m = 1 THEN '^[0-9a-f]{64}$' \
+WHEN n = 1 THEN '^([0-9a-f]{64}|' || m || ':[0-9a-f]{64})$' \
+ELSE '^(' || n || '|' || m || '):[0-9a-f]{64}$' END";
+
+/// The chain lengths a set's rows may have now, `lo` and `hi`, from its catalog row aliased
+/// `c`: the chain's length, and while it rotates the one after it (copying) or before it
+/// (switching, draining: the chain already names the new key).
+const LENGTHS: &str = "array_length(string_to_array(c.token_key_fp, '>'), 1)
+      - CASE WHEN c.rotate_phase IN ('switching', 'draining') THEN 1 ELSE 0 END AS lo,
+    array_length(string_to_array(c.token_key_fp, '>'), 1)
+      + CASE WHEN c.rotate_phase = 'copying' THEN 1 ELSE 0 END AS hi";
 
 /// How the check refuses: never quoting the row, whose text may be a raw item.
 const REFUSE: &str = "RAISE EXCEPTION 'set % stores tokens of a chain of % key(s): a row in \
@@ -32,8 +43,10 @@ fn functions_ddl() -> String {
         r"CREATE OR REPLACE FUNCTION member_check_token_form() RETURNS trigger
 LANGUAGE plpgsql AS $body$
 DECLARE
-  -- {MARK}: every row an INSERT wrote is a token of a chain of TG_ARGV[1] keys.
+  -- {MARK}: every row an INSERT wrote is a token of a chain of TG_ARGV[1] keys (or,
+  -- while the set rotates, of TG_ARGV[2]).
   n CONSTANT int := TG_ARGV[1]::int;
+  m CONSTANT int := CASE WHEN TG_NARGS > 2 THEN TG_ARGV[2]::int ELSE n END;
 BEGIN
   IF EXISTS (SELECT FROM member_form_rows WHERE entity_id !~ ({PATTERN}) OR scope <> '') THEN
     {REFUSE}
@@ -46,6 +59,7 @@ LANGUAGE plpgsql AS $body$
 DECLARE
   -- {MARK}: a row an UPDATE gave another entity_id or scope is a token of the chain.
   n CONSTANT int := TG_ARGV[1]::int;
+  m CONSTANT int := CASE WHEN TG_NARGS > 2 THEN TG_ARGV[2]::int ELSE n END;
 BEGIN
   IF NEW.entity_id !~ ({PATTERN}) OR NEW.scope <> '' THEN
     {REFUSE}
@@ -56,26 +70,30 @@ $body$;
 CREATE OR REPLACE FUNCTION member_catalog_form(set_name text) RETURNS int
 LANGUAGE plpgsql AS $body$
 DECLARE
-  -- {MARK}: (re)makes the form triggers of a tokenized set for its chain's length now.
+  -- {MARK}: (re)makes the form triggers of a tokenized set for its chain's length now
+  -- (both lengths while it rotates).
   n int;
+  m int;
+  args text;
   t text := 'member_' || set_name;
 BEGIN
-  SELECT array_length(string_to_array(token_key_fp, '>'), 1) INTO n
-    FROM member_catalog
-   WHERE name = set_name AND tokenize = 'hmac-sha256' AND source_table IS NULL;
+  SELECT {LENGTHS} INTO n, m
+    FROM member_catalog c
+   WHERE c.name = set_name AND c.tokenize = 'hmac-sha256' AND c.source_table IS NULL;
   IF n IS NULL THEN
     RAISE EXCEPTION 'member_catalog_form: no tokenized set named %', quote_literal(set_name)
       USING ERRCODE = 'undefined_object';
   END IF;
+  args := format('%L, %s', set_name, n) || CASE WHEN m <> n THEN ', ' || m ELSE '' END;
   EXECUTE format('DROP TRIGGER IF EXISTS {ins} ON %I', t);
   EXECUTE format('DROP TRIGGER IF EXISTS {upd} ON %I', t);
   EXECUTE format('CREATE TRIGGER {ins} AFTER INSERT ON %I
                     REFERENCING NEW TABLE AS member_form_rows FOR EACH STATEMENT
-                    EXECUTE FUNCTION member_check_token_form(%L, %s)', t, set_name, n);
+                    EXECUTE FUNCTION member_check_token_form(%s)', t, args);
   EXECUTE format('CREATE TRIGGER {upd} AFTER UPDATE ON %I FOR EACH ROW
                     WHEN (OLD.entity_id IS DISTINCT FROM NEW.entity_id
                           OR OLD.scope IS DISTINCT FROM NEW.scope)
-                    EXECUTE FUNCTION member_check_token_row(%L, %s)', t, set_name, n);
+                    EXECUTE FUNCTION member_check_token_row(%s)', t, args);
   RETURN n;
 END
 $body$"
@@ -83,24 +101,30 @@ $body$"
 }
 
 /// The tokenized own sets (all, or the one named by `$1`) whose table lacks a form trigger,
-/// or has one made for another chain length (sets created before them; a rotation done
+/// or has one made for other chain lengths (sets created before them; a rotation done
 /// without `member_catalog_form`).
-const STALE: &str = "SELECT c.name FROM member_catalog c
-     WHERE c.tokenize = 'hmac-sha256' AND c.source_table IS NULL
-       AND ($1::text IS NULL OR c.name = $1)
-       AND to_regclass('member_' || c.name) IS NOT NULL
-       AND (SELECT count(*) FROM pg_trigger
-             WHERE tgrelid = to_regclass('member_' || c.name)
-               AND tgname IN ('member_form_ins', 'member_form_upd')
-               AND tgargs = convert_to(c.name, 'UTF8') || '\\x00'::bytea
-                  || convert_to(array_length(string_to_array(c.token_key_fp, '>'), 1)::text,
-                                'UTF8') || '\\x00'::bytea) < 2";
+fn stale_sql() -> String {
+    format!(
+        "SELECT c.name FROM (SELECT c.*, {LENGTHS} FROM member_catalog c) c
+          WHERE c.tokenize = 'hmac-sha256' AND c.source_table IS NULL
+            AND ($1::text IS NULL OR c.name = $1)
+            AND to_regclass('member_' || c.name) IS NOT NULL
+            AND (SELECT count(*) FROM pg_trigger
+                  WHERE tgrelid = to_regclass('member_' || c.name)
+                    AND tgname IN ('member_form_ins', 'member_form_upd')
+                    AND tgargs = convert_to(c.name, 'UTF8') || '\\x00'::bytea
+                       || convert_to(c.lo::text, 'UTF8') || '\\x00'::bytea
+                       || CASE WHEN c.hi <> c.lo
+                               THEN convert_to(c.hi::text, 'UTF8') || '\\x00'::bytea
+                               ELSE ''::bytea END) < 2"
+    )
+}
 
 /// Makes the form triggers of `set` (of every tokenized set when `None`) whose own are
 /// missing or stale. Triggers already right are left alone: remaking them would lock the
 /// table against its readers at every repeated CREATE.
 pub fn make(tx: &mut Transaction, set: Option<&str>) -> Result<(), postgres::Error> {
-    for row in tx.query(STALE, &[&set])? {
+    for row in tx.query(&stale_sql(), &[&set])? {
         let stale: String = row.get(0);
         tx.execute("SELECT member_catalog_form($1)", &[&stale])?;
     }
@@ -131,6 +155,6 @@ mod tests {
         assert_eq!(ddl.matches("quote_literal(TG_ARGV[0])").count(), 2);
         assert!(FORM_TRIGGERS
             .iter()
-            .all(|t| ddl.contains(t) && STALE.contains(t)));
+            .all(|t| ddl.contains(t) && stale_sql().contains(t)));
     }
 }

@@ -11,7 +11,7 @@ use redis_module::Context;
 
 use crate::db::sql::{self, CatalogRow};
 use crate::db::{pool, DbErr};
-use crate::sets::learn::{forget, learn};
+use crate::sets::learn::{forget, learn_row};
 use crate::sets::{catalog_ask, state};
 use crate::{config, server::mainq};
 
@@ -127,7 +127,7 @@ fn applied(ctx: &Context, full: bool, changes: u64, res: ReadResult) {
             }
             let mut added = 0;
             for row in rows.into_iter().filter(|r| !touched.contains(&r.def.name)) {
-                added += learn(ctx, row.def, Some(row.id)) as usize;
+                added += learn_row(ctx, row) as usize;
             }
             state::with(|r| r.catalog.read_applied(version, full, raced));
             // Names remembered as unknown may exist now.

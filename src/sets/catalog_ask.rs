@@ -13,7 +13,7 @@ use crate::db::sql::{self, CatalogRow};
 use crate::db::{pool, DbErr};
 use crate::server::block::{Blocked, Fail};
 use crate::sets::catalog_copy::AskedAt;
-use crate::sets::learn::{forget, learn};
+use crate::sets::learn::{forget, learn_row};
 use crate::sets::limits::may_block;
 use crate::sets::state;
 use crate::{model::error, server::mainq};
@@ -179,7 +179,7 @@ fn answered(
             // it is not learned: a set that is not held is asked about again (the commands
             // keep waiting), so a dropped set is never brought back.
             if state::with(|r| r.catalog.answer_is_current(version, sent)) {
-                learn(ctx, row.def, Some(row.id));
+                learn_row(ctx, row);
             } else if !known(&name) {
                 query(name);
                 return;

@@ -14,6 +14,8 @@ use crate::{model::error, sets::keys};
 /// was dropped and created again meanwhile: it is forgotten first, so nothing of it survives.
 /// True when the set is new here.
 pub fn learn(ctx: &Context, def: SetDef, id: Option<i64>) -> bool {
+    // A set mid-rotation keeps the form this node computes (`rotation.rs`).
+    let def = crate::sets::rotation::as_served(def);
     let replaced = id.is_some_and(|id| {
         state::with(|r| {
             r.sets
@@ -40,6 +42,14 @@ pub fn learn(ctx: &Context, def: SetDef, id: Option<i64>) -> bool {
     if let Some(b) = resize {
         resized(ctx, &b, &def);
     }
+    new
+}
+
+/// [`learn`] for a row read from the catalog, with the key rotation it names (or none).
+pub fn learn_row(ctx: &Context, row: crate::db::sql::CatalogRow) -> bool {
+    let (name, chain) = (row.def.name.clone(), row.def.tokenize.clone());
+    let new = learn(ctx, row.def, Some(row.id));
+    crate::sets::rotation::learned(ctx, &name, &chain, row.rotation);
     new
 }
 
@@ -79,6 +89,7 @@ pub fn on_resized(f: fn(&str)) {
 /// incarnation and tag; the old entries expire by their TTL, nothing scans for them).
 pub fn forget(ctx: &Context, name: &str) {
     crate::db::source::forget(name);
+    crate::db::twins::set(name, None);
     if let Some(s) = state::remove(name) {
         if let state::Rebuild::Running { waiters, .. } = s.rebuild {
             for (w, _) in waiters {

@@ -13,5 +13,6 @@ pub mod lapsed;
 pub mod learn;
 pub mod limits;
 pub mod marks;
+pub mod rotation;
 pub mod standing;
 pub mod state;

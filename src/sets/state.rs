@@ -138,6 +138,8 @@ pub struct SetState {
     /// the filter's false positives.
     pub lapsed: Lapsed,
     pub stats: PathCounters,
+    /// The online key rotation the set is in, as this node follows it (`rotation.rs`).
+    pub rotation: Option<crate::sets::rotation::Rotating>,
 }
 
 /// A replicated filter in flight on a replica (see `replica_load.rs`).
@@ -178,6 +180,7 @@ impl SetState {
             pending_load: None,
             lapsed: Lapsed::default(),
             stats: PathCounters::default(),
+            rotation: None,
         }
     }
 
@@ -393,10 +396,15 @@ pub fn tokenized_keys() -> Vec<(String, String)> {
             .values()
             .flat_map(|s| {
                 let chain = s.def.tokenize.chain();
-                chain
+                // A rotation's target key is in use from its start: twins are made under it.
+                let target = s.rotation.as_ref().map(|r| r.row.to.as_str());
+                let mut used: Vec<(String, String)> = chain
                     .into_iter()
+                    .chain(target)
                     .map(|fp| (s.def.name.clone(), fp.to_string()))
-                    .collect::<Vec<_>>()
+                    .collect();
+                used.dedup();
+                used
             })
             .collect()
     })

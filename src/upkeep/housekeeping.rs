@@ -79,6 +79,8 @@ pub fn run(ctx: &Context) {
     crate::upkeep::grow::check(ctx, now);
     crate::sets::standing::tick(ctx);
     crate::upkeep::node_report::tick(ctx, now);
+    crate::sets::rotation::tick(ctx);
+    crate::upkeep::rotation::tick(ctx, now);
     if crate::server::cluster_mode::enabled() {
         if let Some(at) = crate::cluster::owner::poll(ctx) {
             catch_up_at(at);

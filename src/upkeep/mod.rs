@@ -10,5 +10,6 @@ pub mod notify;
 pub mod rebuild;
 pub mod rebuild_wait;
 pub mod replica_load;
+pub mod rotation;
 pub mod slot_fill;
 pub mod sync;

@@ -26,6 +26,21 @@ static IN_FLIGHT: AtomicBool = AtomicBool::new(false);
 static SOON: AtomicBool = AtomicBool::new(false);
 /// When the last report was started.
 static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+/// The rotating sets' chain lengths the last report gave (a change is reported at once).
+static SAID: Mutex<Vec<(String, usize)>> = Mutex::new(Vec::new());
+
+/// Each set whose key rotates, with the length of the chain this node computes for it.
+fn serving() -> Vec<(String, usize)> {
+    state::with(|r| {
+        r.sets
+            .values()
+            .filter(|s| s.rotation.is_some())
+            .map(|s| (s.def.name.clone(), s.def.tokenize.chain().len()))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect()
+    })
+}
 
 /// The ring was loaded again: report it at the next sweep rather than within `REPORT_EVERY`.
 pub fn soon() {
@@ -38,8 +53,12 @@ pub fn tick(ctx: &Context, now: Instant) {
     if IN_FLIGHT.load(Ordering::Acquire) || !state::with(|r| r.catalog.loaded) {
         return;
     }
+    let serving = serving();
     let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
-    let due = SOON.load(Ordering::Acquire) || last.is_none_or(|t| now >= t + REPORT_EVERY);
+    let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
+    let due = SOON.load(Ordering::Acquire)
+        || *said != serving
+        || last.is_none_or(|t| now >= t + REPORT_EVERY);
     if !due {
         return;
     }
@@ -48,6 +67,7 @@ pub fn tick(ctx: &Context, now: Instant) {
     };
     SOON.store(false, Ordering::Release);
     *last = Some(now);
+    said.clone_from(&serving);
     let report = sql::NodeReport {
         node,
         port: repl_info::tcp_port(ctx).unwrap_or(0),
@@ -57,6 +77,7 @@ pub fn tick(ctx: &Context, now: Instant) {
             "primary"
         },
         ring: crate::config::token_key::entries(),
+        serving,
     };
     IN_FLIGHT.store(true, Ordering::Release);
     let flight = Flight;

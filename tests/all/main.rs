@@ -49,6 +49,7 @@ mod harness;
 mod hostile;
 mod key_chain;
 mod key_ring;
+mod key_rotation;
 mod keyslot;
 mod latency;
 mod lifecycle;

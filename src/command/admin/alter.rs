@@ -63,6 +63,9 @@ fn parse(mut args: Vec<RedisString>) -> Result<Request, RedisError> {
 /// with them; the old filter serves until the new one is swapped in. With `SYNC` the client
 /// (not the server) waits for that swap.
 pub fn alter(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    if crate::command::admin::rotate::asks(&args) {
+        return crate::command::admin::rotate::rotate_key(ctx, args);
+    }
     let Request { name, change, sync } = parse(args)?;
     crate::sets::acl::check_set(ctx, &name, crate::sets::acl::Access::Write)?;
     may_block(ctx)?;
@@ -186,7 +189,7 @@ fn apply(ctx: &Context, altered: &Altered, removals: u64) -> bool {
         return true;
     }
     // Starts the rebuild when ERROR or CAPACITY changed (`learn::learn`).
-    learn::learn(ctx, row.def.clone(), Some(row.id));
+    learn::learn_row(ctx, row.clone());
     crate::command::admin::create::tell_the_cluster(ctx);
     crate::server::replication::replicate_set(ctx, &row.def, Some(row.id));
     state::with(|r| {

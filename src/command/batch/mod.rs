@@ -184,7 +184,12 @@ fn plan(
         };
         check_expiry(set, kind)?;
         let (mut tokens, mut forms) = (Vec::new(), String::new());
-        let canons = canonical_all(set, items, scope, &mut tokens, &mut forms)?;
+        // Writes of a set whose key rotates: the old form (its twin is stored with it).
+        let def = match kind {
+            Kind::Writes(_) => crate::sets::rotation::write_def(set),
+            Kind::Lookups => std::borrow::Cow::Borrowed(&set.def),
+        };
+        let canons = canonical_all(&def, items, scope, &mut tokens, &mut forms)?;
         if crate::server::cluster_mode::enabled() {
             let wide = wide::split(ctx, set, epoch, canons, kind)?;
             return Ok(Some(Planned::Wide(wide)));
@@ -199,13 +204,13 @@ fn plan(
 /// Canonicalizes every item under the set's policy; the first that fails fails the call,
 /// naming its position (a bad scope is named as such).
 fn canonical_all<'a>(
-    set: &state::SetState,
+    def: &state::SetDef,
     items: &[&'a [u8]],
     scope: &'a [u8],
     tokens: &'a mut Vec<u8>,
     forms: &'a mut String,
 ) -> Result<Vec<Canon<'a>>, RedisError> {
-    token_key::canonical_all(&set.def, items, scope, tokens, forms).map_err(|(i, e)| {
+    token_key::canonical_all(def, items, scope, tokens, forms).map_err(|(i, e)| {
         if !error::names_item(e) {
             RedisError::Str(e)
         } else {

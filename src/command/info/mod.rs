@@ -155,6 +155,7 @@ pub(in crate::command) fn fields(
                 ));
                 // Its id in this node's key ring (empty when the ring lacks it).
                 out.push(("token_key_id", crate::config::token_key::id_of(&d.tokenize)));
+                out.extend(rotation_fields(&d.name, s.rotation.as_ref()));
             }
             out.push(("error_rate", d.error_rate.to_string()));
             out.push(("capacity", d.capacity.to_string()));
@@ -364,4 +365,44 @@ pub(in crate::command) fn reply_map(ctx: &Context, fields: Vec<(&'static str, St
         ctx.reply(Ok(RedisValue::SimpleStringStatic(k)));
         ctx.reply(Ok(RedisValue::BulkString(v)));
     }
+}
+
+/// A tokenized set's online key rotation (docs/security.md): its phase (`none` when none
+/// runs), the id of the key it moves to, the form this node computes, and, on the primary
+/// driving it, the rows its steps moved, their rate, the nodes it waits for and its last error.
+fn rotation_fields(
+    set: &str,
+    rot: Option<&crate::sets::rotation::Rotating>,
+) -> Vec<(&'static str, String)> {
+    let Some(rot) = rot else {
+        return vec![("token_rotation", "none".into())];
+    };
+    let to = crate::config::token_key::entries()
+        .into_iter()
+        .find(|(_, fp)| *fp == rot.row.to)
+        .map_or_else(|| "?".to_string(), |(id, _)| id);
+    let mut out = vec![
+        ("token_rotation", rot.row.phase.name().to_string()),
+        ("token_rotation_to", to),
+        (
+            "token_rotation_form",
+            if rot.switched { "new" } else { "old" }.to_string(),
+        ),
+    ];
+    if let Some(p) = crate::upkeep::rotation::status(set) {
+        let secs = p.since.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let rate = if secs > 0.0 {
+            p.rows as f64 / secs
+        } else {
+            0.0
+        };
+        out.push(("token_rotation_rows", p.rows.to_string()));
+        out.push(("token_rotation_rows_per_s", format!("{rate:.0}")));
+        out.push(("token_rotation_waiting_for", p.waiting_for.join(",")));
+        out.push((
+            "token_rotation_last_error",
+            p.last_error.unwrap_or_default(),
+        ));
+    }
+    out
 }

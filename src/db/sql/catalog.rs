@@ -55,6 +55,19 @@ DO $cat$ BEGIN
      WHERE token_key_fp LIKE '%>%';
   END IF;
 END $cat$;
+-- Catalogs made before online rotations get their columns (docs/security.md).
+DO $rot$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'member_catalog'::regclass
+                   AND attname = 'rotate_to' AND NOT attisdropped) THEN
+    ALTER TABLE member_catalog ADD COLUMN IF NOT EXISTS rotate_to text,
+                               ADD COLUMN IF NOT EXISTS rotate_phase text,
+                               ADD COLUMN IF NOT EXISTS rotate_cursor text,
+                               ADD COLUMN IF NOT EXISTS rotate_swept bigint,
+                               ADD COLUMN IF NOT EXISTS rotate_end_xid bigint,
+                               ADD COLUMN IF NOT EXISTS rotate_copied bigint,
+                               ADD COLUMN IF NOT EXISTS rotate_started timestamptz;
+  END IF;
+END $rot$;
 CREATE TABLE IF NOT EXISTS member_catalog_version (
     id smallint PRIMARY KEY CHECK (id = 1),
     version bigint NOT NULL
@@ -64,7 +77,7 @@ INSERT INTO member_catalog_version VALUES (1, 0) ON CONFLICT DO NOTHING";
 /// Bumps the catalog version inside a transaction that changed the set list (CREATE of a new
 /// set, DROP): every node's periodic check sees the change and re-reads the catalog. The row
 /// lock orders the changes; the version is read in the same snapshot as the rows.
-const BUMP_VERSION: &str =
+pub(super) const BUMP_VERSION: &str =
     "UPDATE member_catalog_version SET version = version + 1 WHERE id = 1 RETURNING version";
 
 fn set_ddl(set: &str) -> String {
@@ -101,6 +114,8 @@ fn set_ddl(set: &str) -> String {
 pub struct CatalogRow {
     pub def: SetDef,
     pub id: i64,
+    /// The online key rotation the set is in, if any.
+    pub rotation: Option<super::rotation::RotationRow>,
 }
 
 /// The catalog columns `row_at` reads, for a table aliased `a`.
@@ -109,7 +124,8 @@ fn catalog_columns(a: &str) -> String {
         "{a}.name, {a}.error_rate, {a}.capacity, {a}.cache_ttl, {a}.recent_ttl, {a}.normalize,
          (EXTRACT(EPOCH FROM {a}.created_at) * 1000000)::int8, {a}.tokenize, {a}.token_key_fp,
          {a}.source_schema, {a}.source_table, {a}.source_column, {a}.source_scope_column,
-         {a}.source_updated_column, {a}.source_sync, {a}.form_epoch"
+         {a}.source_updated_column, {a}.source_sync, {a}.form_epoch, {rot}",
+        rot = super::rotation::rotation_columns(a)
     )
 }
 
@@ -130,6 +146,7 @@ fn row_at(row: &postgres::Row, at: usize) -> Option<CatalogRow> {
     Some(CatalogRow {
         def,
         id: row.get::<_, i64>(at + 6) + row.get::<_, i64>(at + 15),
+        rotation: super::rotation::rotation_at(row, at + 16),
     })
 }
 
@@ -292,7 +309,7 @@ pub fn create_set(
                     ],
                 )?.get(0);
                 tx.execute(BUMP_VERSION, &[])?;
-                CatalogRow { def: wanted.clone(), id }
+                CatalogRow { def: wanted.clone(), id, rotation: None }
             }
         };
         match &row.def.source {
@@ -415,7 +432,11 @@ pub fn alter_set(
             tx.commit()?;
         }
         Ok(Ok(Some(Altered {
-            row: CatalogRow { def, id: before.id },
+            row: CatalogRow {
+                def,
+                id: before.id,
+                rotation: before.rotation.clone(),
+            },
             before: before.def,
             version,
         })))

@@ -13,6 +13,8 @@ mod change_log;
 mod changes;
 mod nodes;
 mod pages;
+pub mod rotation;
+pub mod rotation_steps;
 
 pub use catalog::{
     alter_set, create_set, drop_set, find_set, load_catalog, poll_catalog, Altered, CatalogRow,
@@ -23,7 +25,7 @@ pub(super) use change_log::{
 };
 pub(super) use changes::XMIN;
 pub use changes::{changes_since, prune, Changes};
-pub use nodes::{nodes, report, NodeReport, NodeSeen};
+pub use nodes::{nodes, nodes_lacking, report, Needed, NodeReport, NodeSeen};
 pub(crate) use pages::read_pages;
 pub use pages::{Page, Sink, PAGE_ROWS};
 
@@ -83,57 +85,84 @@ pub(super) const ACTIVE: &str = "status = 1 AND (expires_at IS NULL OR expires_a
 /// `ACTIVE` for a table aliased `m` (prefix the first column with `m.`).
 const ACTIVE_M: &str = "status = 1 AND (m.expires_at IS NULL OR m.expires_at > now())";
 
-/// Inserts memberships into a set's own table with one multi-row statement. For each item, true when the call made
-/// it a member (a new row, or a deleted or expired one revived); false when it already was an
-/// active member. PostgreSQL's primary key decides between concurrent callers: exactly one
-/// gets true. An item given twice in one batch is inserted once; its later copies get false,
-/// as if they had come just after.
+/// Inserts memberships into a set's own table with one multi-row statement. For each item,
+/// true when the call made it a member (a new row, or a deleted or expired one revived); false
+/// when it already was an active member. PostgreSQL's primary key decides between concurrent
+/// callers: exactly one gets true. An item given twice in one batch is inserted once; its
+/// later copies get false, as if they had come just after.
+///
+/// While the set's key rotates, `twins` names for each row the old-form row it is the twin of
+/// (`""` for none; empty when the set does not rotate): stored in the `twin` column, which
+/// only then exists.
 pub fn add_many(
     db: &mut Db,
     set: &str,
     items: &[(&str, &str, Option<f64>)],
+    twins: &[&str],
 ) -> Result<Vec<bool>, DbErr> {
-    let sql = format!(
-        "INSERT INTO {t} AS m (entity_id, scope, status, expires_at)
-         SELECT e, s, 1, to_timestamp(x) FROM unnest($1::text[], $2::text[], $3::float8[]) AS u(e, s, x)
-         ON CONFLICT (entity_id, scope) DO UPDATE
+    const ON_CONFLICT: &str = "ON CONFLICT (entity_id, scope) DO UPDATE
             SET status = 1, expires_at = EXCLUDED.expires_at, created_at = now(), updated_at = now()
             WHERE NOT (m.status = 1 AND (m.expires_at IS NULL OR m.expires_at > now()))
-         RETURNING entity_id, scope",
-        t = table(set)
-    );
+         RETURNING entity_id, scope";
+    let t = table(set);
+    let sql = if twins.is_empty() {
+        format!(
+            "INSERT INTO {t} AS m (entity_id, scope, status, expires_at)
+             SELECT e, s, 1, to_timestamp(x)
+               FROM unnest($1::text[], $2::text[], $3::float8[]) AS u(e, s, x)
+             {ON_CONFLICT}"
+        )
+    } else {
+        format!(
+            "INSERT INTO {t} AS m (entity_id, scope, status, expires_at, twin)
+             SELECT e, s, 1, to_timestamp(x), NULLIF(w, '')
+               FROM unnest($1::text[], $2::text[], $3::float8[], $4::text[]) AS u(e, s, x, w)
+             {}",
+            ON_CONFLICT.replace(
+                "updated_at = now()",
+                "updated_at = now(), twin = coalesce(m.twin, EXCLUDED.twin)"
+            )
+        )
+    };
     let mut first: HashMap<(&str, &str), usize> = HashMap::with_capacity(items.len());
-    let mut rows: Vec<(&str, &str, Option<f64>)> = Vec::with_capacity(items.len());
+    let mut rows: Vec<(&str, &str, Option<f64>, &str)> = Vec::with_capacity(items.len());
     for (i, (e, s, x)) in items.iter().enumerate() {
         if let Entry::Vacant(v) = first.entry((e, s)) {
             v.insert(i);
-            rows.push((e, s, *x));
+            rows.push((e, s, *x, twins.get(i).copied().unwrap_or("")));
         }
     }
     // Every multi-row insert takes its rows' key locks in one global order, so two that
     // overlap (MADDs, batched ADDs on other workers) wait for each other instead of
     // deadlocking, which would fail one of them.
     rows.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
-    let (mut es, mut ss, mut xs) = (Vec::new(), Vec::new(), Vec::new());
-    for &(e, s, x) in &rows {
+    let (mut es, mut ss, mut xs, mut ws) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for &(e, s, x, w) in &rows {
         es.push(e);
         ss.push(s);
         xs.push(x);
+        ws.push(w);
     }
     // Behind a pooler the statement is planned at every call: there the rows are a VALUES
     // list, which plans quicker than three arrays taken apart.
     let values_sql = format!(
-        "INSERT INTO {t} AS m (entity_id, scope, status, expires_at) VALUES $1
-         ON CONFLICT (entity_id, scope) DO UPDATE
-            SET status = 1, expires_at = EXCLUDED.expires_at, created_at = now(), updated_at = now()
-            WHERE NOT (m.status = 1 AND (m.expires_at IS NULL OR m.expires_at > now()))
-         RETURNING entity_id, scope",
-        t = table(set)
+        "INSERT INTO {t} AS m (entity_id, scope, status, expires_at) VALUES $1 {ON_CONFLICT}"
     );
     // One statement, its own transaction even behind a pooler (`Stmts::hot`).
     let inserted = db.run_once_own(|c, st| {
+        if !twins.is_empty() {
+            let arrays = [
+                Param::Texts(&es),
+                Param::Texts(&ss),
+                Param::Floats(&xs),
+                Param::Texts(&ws),
+            ];
+            return st.hot(c, &sql, &arrays);
+        }
         if st.pooled() {
-            return st.hot(c, &values_sql, &[Param::Members(&rows)]);
+            let members: Vec<(&str, &str, Option<f64>)> =
+                rows.iter().map(|r| (r.0, r.1, r.2)).collect();
+            return st.hot(c, &values_sql, &[Param::Members(&members)]);
         }
         st.hot(
             c,
@@ -223,15 +252,35 @@ pub fn lookup_many(db: &mut Db, set: &str, items: &[(&str, &str)]) -> Result<Vec
     Ok(items.iter().map(|k| uniq[k]).collect())
 }
 
-/// Deletes a membership row from a set's own table. True when an active member was removed.
-pub fn del(db: &mut Db, set: &str, entity: &str, scope: &str) -> Result<bool, DbErr> {
-    let sql = format!(
-        "DELETE FROM {t} WHERE entity_id = $1 AND scope = $2 RETURNING ({ACTIVE})",
-        t = table(set)
-    );
+/// Deletes a membership row from a set's own table, and its `twin` while the set's key
+/// rotates. True when an active member was removed.
+pub fn del(
+    db: &mut Db,
+    set: &str,
+    entity: &str,
+    scope: &str,
+    twin: Option<&str>,
+) -> Result<bool, DbErr> {
+    let sql = match twin {
+        None => format!(
+            "DELETE FROM {t} WHERE entity_id = $1 AND scope = $2 RETURNING ({ACTIVE})",
+            t = table(set)
+        ),
+        Some(_) => format!(
+            "DELETE FROM {t} WHERE entity_id IN ($1, $3) AND scope = $2 RETURNING ({ACTIVE})",
+            t = table(set)
+        ),
+    };
     db.run_once_own(|c, st| {
-        let rows = st.hot(c, &sql, &[Param::Text(entity), Param::Text(scope)])?;
-        Ok(!rows.is_empty() && rows.flag(0, 0))
+        let rows = match twin {
+            None => st.hot(c, &sql, &[Param::Text(entity), Param::Text(scope)])?,
+            Some(w) => st.hot(
+                c,
+                &sql,
+                &[Param::Text(entity), Param::Text(scope), Param::Text(w)],
+            )?,
+        };
+        Ok((0..rows.len()).any(|r| rows.flag(r, 0)))
     })
 }
 

@@ -15,6 +15,7 @@ pub(super) const NODES_DDL: &str = "CREATE TABLE IF NOT EXISTS member_nodes (
     port integer NOT NULL,
     role text NOT NULL,
     ring text NOT NULL,
+    serving text NOT NULL DEFAULT '',
     seen_at timestamptz NOT NULL DEFAULT now()
 )";
 
@@ -31,6 +32,9 @@ pub struct NodeReport {
     pub role: &'static str,
     /// The ring's keys in its order, as `(id, fingerprint)`.
     pub ring: Vec<(String, String)>,
+    /// The sets whose key rotates, with the length of the chain this node computes for each:
+    /// a rotation drains the old forms once every node computes the new one.
+    pub serving: Vec<(String, usize)>,
 }
 
 /// A report as read back, with how long ago the database took it.
@@ -46,22 +50,29 @@ pub struct NodeSeen {
 /// Writes this node's report (the database's clock stamps it) and forgets reports a day old.
 pub fn report(db: &mut Db, r: &NodeReport) -> Result<(), DbErr> {
     let ring = ring_text(&r.ring);
+    let serving = r
+        .serving
+        .iter()
+        .map(|(set, n)| format!("{set}:{n}"))
+        .collect::<Vec<_>>()
+        .join(",");
     db.run(|c, st| {
         st.query(
             c,
             "WITH gone AS (DELETE FROM member_nodes
                             WHERE seen_at < now() - make_interval(secs => $5))
-             INSERT INTO member_nodes (node, port, role, ring, seen_at)
-             VALUES ($1, $2, $3, $4, now())
+             INSERT INTO member_nodes (node, port, role, ring, serving, seen_at)
+             VALUES ($1, $2, $3, $4, $6, now())
              ON CONFLICT (node) DO UPDATE
                 SET port = EXCLUDED.port, role = EXCLUDED.role, ring = EXCLUDED.ring,
-                    seen_at = EXCLUDED.seen_at",
+                    serving = EXCLUDED.serving, seen_at = EXCLUDED.seen_at",
             &[
                 (&r.node, Type::TEXT),
                 (&r.port, Type::INT4),
                 (&r.role, Type::TEXT),
                 (&ring, Type::TEXT),
                 (&FORGOTTEN_AFTER_S, Type::FLOAT8),
+                (&serving, Type::TEXT),
             ],
         )
     })
@@ -92,6 +103,32 @@ pub fn nodes(db: &mut Db, fresh: Duration) -> Result<Vec<NodeSeen>, DbErr> {
             seen_ms_ago: r.get::<_, i64>(4).max(0),
         })
         .collect())
+}
+
+/// What a node's report must name for [`nodes_lacking`].
+pub enum Needed<'a> {
+    /// The key of this fingerprint in its ring.
+    Key(&'a str),
+    /// This chain length for this set (a rotating set's form it computes).
+    Form(&'a str, usize),
+}
+
+/// The nodes heard from within `fresh` whose report does not name `needed`, by run id.
+pub fn nodes_lacking(db: &mut Db, needed: Needed, fresh: Duration) -> Result<Vec<String>, DbErr> {
+    let secs = fresh.as_secs_f64();
+    let (column, pattern) = match needed {
+        Needed::Key(fp) => ("ring", format!("%:{fp},%")),
+        Needed::Form(set, n) => ("serving", format!("%,{set}:{n},%")),
+    };
+    let sql = format!(
+        "SELECT node FROM member_nodes
+          WHERE seen_at >= now() - make_interval(secs => $1)
+            AND NOT (',' || {column} || ',') LIKE $2
+          ORDER BY node"
+    );
+    let rows =
+        db.run(|c, st| st.query(c, &sql, &[(&secs, Type::FLOAT8), (&pattern, Type::TEXT)]))?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
 /// `id:fp,id:fp` (ids and fingerprints hold neither `:` nor `,`: token_ring.rs).

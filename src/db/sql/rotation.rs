@@ -1,0 +1,251 @@
+//! An online key rotation's state in the catalog and its start (docs/security.md, "Rotating
+//! a tokenized set's key online"): the catalog's rotation columns as a node reads them, the
+//! `twin` column and the triggers that keep a row and its twin alike, the form of a chain.
+//! The steps that carry a rotation to its end are `rotation_steps.rs`.
+
+use super::{table, ADVISORY_KEY};
+use crate::db::{Db, DbErr};
+
+/// The functions that keep a row and its twin alike while a set rotates: deleting either
+/// deletes the other, and a change of `status` or `expires_at` on one is made on the other,
+/// whoever writes (a node that has not read the rotation yet, an outside writer). The
+/// partner's own statement runs them again one level down, where they stop.
+const TWIN_FUNCTIONS: &str = r"
+CREATE OR REPLACE FUNCTION member_twin_del() RETURNS trigger LANGUAGE plpgsql AS $b$
+BEGIN -- member_twin v2: two statements, each by an index (the partial one on twin, the key)
+  IF pg_trigger_depth() > 1 OR NOT EXISTS (SELECT FROM member_twin_old) THEN
+    RETURN NULL;
+  END IF;
+  EXECUTE format('DELETE FROM %I.%I t USING member_twin_old o
+                   WHERE t.twin = o.entity_id AND o.scope = '''' AND t.twin IS NOT NULL',
+                 TG_TABLE_SCHEMA, TG_TABLE_NAME);
+  EXECUTE format('DELETE FROM %I.%I t USING member_twin_old o
+                   WHERE t.entity_id = o.twin AND t.scope = ''''',
+                 TG_TABLE_SCHEMA, TG_TABLE_NAME);
+  RETURN NULL;
+END $b$;
+CREATE OR REPLACE FUNCTION member_twin_upd() RETURNS trigger LANGUAGE plpgsql AS $b$
+BEGIN -- member_twin v2
+  IF pg_trigger_depth() > 1 OR NOT EXISTS (SELECT FROM member_twin_new) THEN
+    RETURN NULL;
+  END IF;
+  EXECUTE format('UPDATE %I.%I t SET status = n.status, expires_at = n.expires_at,
+                                     updated_at = n.updated_at
+                    FROM member_twin_new n
+                   WHERE t.twin = n.entity_id AND n.scope = '''' AND t.twin IS NOT NULL
+                     AND (t.status, t.expires_at) IS DISTINCT FROM (n.status, n.expires_at)',
+                 TG_TABLE_SCHEMA, TG_TABLE_NAME);
+  EXECUTE format('UPDATE %I.%I t SET status = n.status, expires_at = n.expires_at,
+                                     updated_at = n.updated_at
+                    FROM member_twin_new n
+                   WHERE t.entity_id = n.twin AND t.scope = ''''
+                     AND (t.status, t.expires_at) IS DISTINCT FROM (n.status, n.expires_at)',
+                 TG_TABLE_SCHEMA, TG_TABLE_NAME);
+  RETURN NULL;
+END $b$";
+
+/// What the catalog says of a set's rotation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RotationRow {
+    /// The fingerprint of the key the set is moving to.
+    pub to: String,
+    pub phase: Phase,
+    /// The end's transaction id (from `Switching` on): a node switches to the new form once
+    /// its filter covers every transaction below it and this one.
+    pub end_xid: Option<i64>,
+    /// Rows copied so far.
+    pub copied: i64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Twins are made for every old-form row; the chain is still the old one.
+    Copying,
+    /// The chain holds the new key; nodes switch as their filters pass the end.
+    Switching,
+    /// Every node switched: the old forms are deleted.
+    Draining,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Copying => "copying",
+            Phase::Switching => "switching",
+            Phase::Draining => "draining",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Phase> {
+        [Phase::Copying, Phase::Switching, Phase::Draining]
+            .into_iter()
+            .find(|p| p.name() == s)
+    }
+}
+
+/// The catalog columns `rotation_at` reads, for a table aliased `a`.
+pub(super) fn rotation_columns(a: &str) -> String {
+    format!("{a}.rotate_to, {a}.rotate_phase, {a}.rotate_end_xid, {a}.rotate_copied")
+}
+
+/// The rotation from the `rotation_columns` starting at `at`; `None` when none runs (or a
+/// phase this version does not know: such a node serves the chain the catalog gives).
+pub(super) fn rotation_at(row: &postgres::Row, at: usize) -> Option<RotationRow> {
+    Some(RotationRow {
+        to: row.get::<_, Option<String>>(at)?,
+        phase: Phase::parse(row.get::<_, Option<&str>>(at + 1)?)?,
+        end_xid: row.get(at + 2),
+        copied: row.get::<_, Option<i64>>(at + 3).unwrap_or(0),
+    })
+}
+
+/// The regular-expression test of the form of a chain of `n` keys, for column `c`.
+pub fn form_test(c: &str, n: usize) -> String {
+    if n == 1 {
+        format!("{c} ~ '^[0-9a-f]{{64}}$'")
+    } else {
+        format!("{c} ~ '^{n}:[0-9a-f]{{64}}$'")
+    }
+}
+
+pub(super) fn twin_index(set: &str) -> String {
+    // `$` never appears in a set's table name, so no set's relation can take this name.
+    format!("\"member_{set}$twin\"")
+}
+
+/// Why a rotation cannot start, as the reply says it.
+pub enum StartRefused {
+    UnknownSet,
+    NotTokenized,
+    Running(&'static str),
+    InChain,
+}
+
+/// How long a rotation's statement waits for a table lock before it gives up (and its step is
+/// tried again): a DDL statement waiting for its lock makes every later reader of the table
+/// wait behind it, and a lookup waits at most `member.db-timeout-ms`.
+pub(super) const LOCK_WAIT: &str = "SET LOCAL lock_timeout = '200ms'";
+
+/// Tries of the start's transactions that found the table locked, 100 ms apart.
+const START_TRIES: u32 = 20;
+
+/// Starts the rotation of `set` to the key of fingerprint `to`, under the catalog's lock: the
+/// `twin` column (its own short transaction: it locks the table against readers), then its
+/// index, the triggers, the form check taking both lengths, the catalog's rotation columns
+/// and version (every node re-reads it). Each transaction waits at most [`LOCK_WAIT`] for
+/// the table and is tried again. Returns the chain's length before the rotation.
+pub fn start(db: &mut Db, set: &str, to: &str) -> Result<Result<usize, StartRefused>, DbErr> {
+    db.run_own(|c, st| {
+        let mut tries = 0;
+        loop {
+            match start_once(c, st, set, to) {
+                Err(e)
+                    if e.code() == Some(&postgres::error::SqlState::LOCK_NOT_AVAILABLE)
+                        && tries < START_TRIES =>
+                {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                done => return done,
+            }
+        }
+    })
+}
+
+fn start_once(
+    c: &mut postgres::Client,
+    st: &mut crate::db::Stmts,
+    set: &str,
+    to: &str,
+) -> Result<Result<usize, StartRefused>, postgres::Error> {
+    let t = table(set);
+    let index = twin_index(set);
+    let n = {
+        let mut tx = st.begin(c)?;
+        tx.batch_execute(LOCK_WAIT)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
+        let n = match check(&mut tx, set, to)? {
+            Ok(n) => n,
+            Err(refused) => return Ok(Err(refused)),
+        };
+        tx.batch_execute(&format!(
+            "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS twin text"
+        ))?;
+        tx.commit()?;
+        n
+    };
+    let mut tx = st.begin(c)?;
+    tx.batch_execute(LOCK_WAIT)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
+    if let Err(refused) = check(&mut tx, set, to)? {
+        return Ok(Err(refused));
+    }
+    tx.batch_execute(TWIN_FUNCTIONS)?;
+    tx.batch_execute(&format!(
+        "CREATE INDEX IF NOT EXISTS {index} ON {t} (twin) WHERE twin IS NOT NULL;
+         DROP TRIGGER IF EXISTS member_twin_del ON {t};
+         DROP TRIGGER IF EXISTS member_twin_upd ON {t};
+         CREATE TRIGGER member_twin_del AFTER DELETE ON {t}
+           REFERENCING OLD TABLE AS member_twin_old FOR EACH STATEMENT
+           EXECUTE FUNCTION member_twin_del();
+         CREATE TRIGGER member_twin_upd AFTER UPDATE ON {t}
+           REFERENCING NEW TABLE AS member_twin_new FOR EACH STATEMENT
+           EXECUTE FUNCTION member_twin_upd();"
+    ))?;
+    tx.execute(
+        "UPDATE member_catalog
+            SET rotate_to = $2, rotate_phase = 'copying', rotate_cursor = NULL,
+                rotate_swept = pg_snapshot_xmin(pg_current_snapshot())::text::int8,
+                rotate_end_xid = NULL, rotate_copied = 0, rotate_started = now()
+          WHERE name = $1",
+        &[&set, &to],
+    )?;
+    tx.execute("SELECT member_catalog_form($1)", &[&set])?;
+    tx.execute(super::catalog::BUMP_VERSION, &[])?;
+    tx.commit()?;
+    Ok(Ok(n))
+}
+
+/// Whether `set` may start rotating to `to`: the old chain's length, or why not.
+fn check(
+    tx: &mut postgres::Transaction,
+    set: &str,
+    to: &str,
+) -> Result<Result<usize, StartRefused>, postgres::Error> {
+    let Some(row) = tx.query_opt(
+        "SELECT tokenize, token_key_fp, rotate_phase, source_table FROM member_catalog
+          WHERE name = $1 FOR UPDATE",
+        &[&set],
+    )?
+    else {
+        return Ok(Err(StartRefused::UnknownSet));
+    };
+    let (mode, chain): (String, Option<String>) = (row.get(0), row.get(1));
+    let source: Option<String> = row.get(3);
+    if mode != "hmac-sha256" || source.is_some() {
+        return Ok(Err(StartRefused::NotTokenized));
+    }
+    if let Some(p) = row.get::<_, Option<&str>>(2).and_then(Phase::parse) {
+        return Ok(Err(StartRefused::Running(p.name())));
+    }
+    let chain = chain.unwrap_or_default();
+    if chain.split('>').any(|fp| fp == to) {
+        return Ok(Err(StartRefused::InChain));
+    }
+    Ok(Ok(chain.split('>').count()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_form_test_names_its_chain() {
+        assert_eq!(form_test("e", 1), "e ~ '^[0-9a-f]{64}$'");
+        assert_eq!(form_test("m.e", 3), "m.e ~ '^3:[0-9a-f]{64}$'");
+        for p in [Phase::Copying, Phase::Switching, Phase::Draining] {
+            assert_eq!(Phase::parse(p.name()), Some(p));
+        }
+        assert_eq!(Phase::parse("moving"), None);
+    }
+}

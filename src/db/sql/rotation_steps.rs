@@ -1,0 +1,332 @@
+//! The steps of an online key rotation (docs/security.md, "Rotating a tokenized set's key
+//! online"), each one transaction that takes the set's rotation lock without waiting (two
+//! primaries never run one step at once) and keeps its progress in the catalog row (a step
+//! after a crash, a restart or a failover goes on from the last one committed): the copy of
+//! old-form rows to their twins by the cursor, the sweep of rows written behind it (read from
+//! the change log), the end that lengthens the chain, and the drain. The module computes each
+//! twin (`wrap`: it holds the keys); the statements only read and write rows.
+
+use postgres::Transaction;
+
+use super::rotation::{form_test, twin_index, LOCK_WAIT};
+use super::{table, ADVISORY_KEY};
+use crate::db::{Db, DbErr};
+
+/// The set's rotation lock, taken without waiting: `false` when another node runs a step.
+fn try_lock(tx: &mut Transaction, set: &str) -> Result<bool, postgres::Error> {
+    Ok(tx
+        .query_one(
+            "SELECT pg_try_advisory_xact_lock(hashtextextended('member rotation ' || $1, 0))",
+            &[&set],
+        )?
+        .get(0))
+}
+
+/// What one step of a rotation found and did.
+#[derive(Debug, Default)]
+pub struct Step {
+    /// Another node holds the rotation's lock: nothing was done.
+    pub busy: bool,
+    /// Old-form rows given twins.
+    pub copied: usize,
+    /// The copy reached the end of the table.
+    pub copy_done: bool,
+}
+
+impl Step {
+    const BUSY: Step = Step {
+        busy: true,
+        copied: 0,
+        copy_done: false,
+    };
+}
+
+/// Old-form rows (chain `n`) without twins, after the cursor, in key order, at most `limit`.
+fn next_batch(
+    tx: &mut Transaction,
+    set: &str,
+    n: usize,
+    limit: i64,
+) -> Result<Vec<String>, postgres::Error> {
+    let t = table(set);
+    let cursor: Option<String> = tx
+        .query_one(
+            "SELECT rotate_cursor FROM member_catalog WHERE name = $1",
+            &[&set],
+        )?
+        .get(0);
+    let sql = format!(
+        "SELECT m.entity_id FROM {t} m
+          WHERE m.scope = '' AND m.twin IS NULL AND m.entity_id > $1 AND {form}
+            AND NOT EXISTS (SELECT FROM {t} w WHERE w.twin = m.entity_id AND w.scope = '')
+          ORDER BY m.entity_id LIMIT $2",
+        form = form_test("m.entity_id", n)
+    );
+    let rows = tx.query(&sql, &[&cursor.unwrap_or_default(), &limit])?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Old-form rows written since the sweep's watermark (the change log's keys left alive) that
+/// have no twin yet, and the new watermark: rows a writer put behind the copy's cursor.
+fn swept(tx: &mut Transaction, set: &str, n: usize) -> Result<(Vec<String>, i64), postgres::Error> {
+    let t = table(set);
+    let from: i64 = tx
+        .query_one(
+            "SELECT coalesce(rotate_swept, 0) FROM member_catalog WHERE name = $1",
+            &[&set],
+        )?
+        .get(0);
+    let (horizon, floor): (i64, Option<i64>) = {
+        let r = tx.query_one(
+            "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8,
+                    (SELECT floor::text::int8 FROM member_changes_floor)",
+            &[],
+        )?;
+        (r.get(0), r.get(1))
+    };
+    // The log was pruned past the watermark (a rotation paused for longer than the log's
+    // retention): every old-form row without a twin is read instead, whatever its age.
+    if floor.is_some_and(|f| f > from) {
+        let sql = format!(
+            "SELECT m.entity_id FROM {t} m
+              WHERE m.scope = '' AND m.twin IS NULL AND {form}
+                AND NOT EXISTS (SELECT FROM {t} w WHERE w.twin = m.entity_id AND w.scope = '')",
+            form = form_test("m.entity_id", n)
+        );
+        let rows = tx.query(&sql, &[])?;
+        return Ok((rows.iter().map(|r| r.get(0)).collect(), horizon));
+    }
+    let sql = format!(
+        "SELECT DISTINCT l.entity_id FROM member_changes l
+           JOIN {t} m ON m.entity_id = l.entity_id AND m.scope = ''
+          WHERE l.set_name = $1 AND l.xid >= $2::text::xid8 AND l.alive AND l.scope = ''
+            AND m.twin IS NULL AND {form}
+            AND NOT EXISTS (SELECT FROM {t} w WHERE w.twin = m.entity_id AND w.scope = '')",
+        form = form_test("m.entity_id", n)
+    );
+    let rows = tx.query(&sql, &[&set, &from.to_string()])?;
+    Ok((rows.iter().map(|r| r.get(0)).collect(), horizon))
+}
+
+/// Gives each of `olds` (old-form rows) its twin, `wrap` computing it (or saying why it
+/// cannot), copying each old row's status and times: the twins made.
+fn make_twins(
+    tx: &mut Transaction,
+    set: &str,
+    olds: &[String],
+    wrap: &dyn Fn(&str) -> Result<String, String>,
+) -> Result<Result<u64, String>, postgres::Error> {
+    if olds.is_empty() {
+        return Ok(Ok(0));
+    }
+    let news = match olds.iter().map(|o| wrap(o)).collect::<Result<Vec<_>, _>>() {
+        Ok(news) => news,
+        Err(e) => return Ok(Err(e)),
+    };
+    let t = table(set);
+    // The old rows stay until this commits: a DELETE of one waits, and then its twin trigger,
+    // a statement of its own, sees the twin made here and deletes it too. (Without the lock,
+    // a DELETE that ran between this statement's snapshot and its commit would miss the
+    // twin, which would then outlive its row.)
+    tx.execute(
+        &format!(
+            "SELECT FROM {t} WHERE scope = '' AND entity_id = ANY($1::text[])
+              ORDER BY entity_id FOR KEY SHARE"
+        ),
+        &[&olds],
+    )?;
+    let made = tx.execute(
+        &format!(
+            "INSERT INTO {t} (entity_id, scope, status, created_at, updated_at, expires_at, twin)
+             SELECT u.w, '', m.status, m.created_at, m.updated_at, m.expires_at, m.entity_id
+               FROM unnest($1::text[], $2::text[]) AS u(w, o)
+               JOIN {t} m ON m.entity_id = u.o AND m.scope = ''
+             ON CONFLICT (entity_id, scope) DO NOTHING"
+        ),
+        &[&news, &olds],
+    )?;
+    Ok(Ok(made))
+}
+
+/// One step of the copy: the next `limit` old-form rows after the cursor and the rows the
+/// sweep finds get their twins (`wrap` computes a twin, or says why it cannot), the cursor
+/// and the watermark move, in one transaction.
+pub fn copy_step(
+    db: &mut Db,
+    set: &str,
+    n: usize,
+    limit: i64,
+    wrap: &dyn Fn(&str) -> Result<String, String>,
+) -> Result<Result<Step, String>, DbErr> {
+    db.run_own(|c, st| {
+        let mut tx = st.begin(c)?;
+        if !try_lock(&mut tx, set)? {
+            return Ok(Ok(Step::BUSY));
+        }
+        let batch = match limit {
+            0 => Vec::new(),
+            _ => next_batch(&mut tx, set, n, limit)?,
+        };
+        let (behind, horizon) = swept(&mut tx, set, n)?;
+        let olds: Vec<String> = batch.iter().chain(&behind).cloned().collect();
+        let copied = match make_twins(&mut tx, set, &olds, wrap)? {
+            Ok(made) => made,
+            Err(e) => return Ok(Err(e)),
+        };
+        tx.execute(
+            "UPDATE member_catalog
+                SET rotate_cursor = coalesce($2, rotate_cursor), rotate_swept = $3,
+                    rotate_copied = rotate_copied + $4
+              WHERE name = $1",
+            &[&set, &batch.last(), &horizon, &(copied as i64)],
+        )?;
+        tx.commit()?;
+        Ok(Ok(Step {
+            busy: false,
+            copied: copied as usize,
+            copy_done: (batch.len() as i64) < limit,
+        }))
+    })
+}
+
+/// The end: under the table's `SHARE ROW EXCLUSIVE` lock (writers wait; readers do not),
+/// the last rows the sweep finds get twins, the new key joins the chain, the form check takes
+/// both lengths still, and the transaction's id is recorded: a node switches to the new form
+/// once its filter covers it. Bumps the catalog version.
+pub fn end(
+    db: &mut Db,
+    set: &str,
+    n: usize,
+    wrap: &dyn Fn(&str) -> Result<String, String>,
+) -> Result<Result<Step, String>, DbErr> {
+    let t = table(set);
+    db.run_own(|c, st| {
+        let mut tx = st.begin(c)?;
+        if !try_lock(&mut tx, set)? {
+            return Ok(Ok(Step::BUSY));
+        }
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
+        tx.batch_execute(LOCK_WAIT)?;
+        tx.batch_execute(&format!("LOCK TABLE {t} IN SHARE ROW EXCLUSIVE MODE"))?;
+        let (behind, _) = swept(&mut tx, set, n)?;
+        let copied = match make_twins(&mut tx, set, &behind, wrap)? {
+            Ok(made) => made,
+            Err(e) => return Ok(Err(e)),
+        };
+        tx.execute(
+            "UPDATE member_catalog
+                SET token_key_fp = token_key_fp || '>' || rotate_to, rotate_phase = 'switching',
+                    rotate_end_xid = pg_current_xact_id()::text::int8,
+                    rotate_copied = rotate_copied + $2
+              WHERE name = $1 AND rotate_phase = 'copying'",
+            &[&set, &(copied as i64)],
+        )?;
+        tx.execute(super::catalog::BUMP_VERSION, &[])?;
+        tx.commit()?;
+        Ok(Ok(Step {
+            busy: false,
+            copied: copied as usize,
+            copy_done: true,
+        }))
+    })
+}
+
+/// While nodes switch: the rows written behind since the last sweep get their twins (outside
+/// writers of the old form, nodes that had not read the rotation): a copy step without a
+/// batch.
+pub fn sweep_step(
+    db: &mut Db,
+    set: &str,
+    n: usize,
+    wrap: &dyn Fn(&str) -> Result<String, String>,
+) -> Result<Result<Step, String>, DbErr> {
+    copy_step(db, set, n, 0, wrap)
+}
+
+/// Every node switched: the twin triggers go (deleting an old row must not delete its twin
+/// now) and the phase becomes `draining`. Bumps the catalog version.
+pub fn drain_start(db: &mut Db, set: &str) -> Result<Step, DbErr> {
+    let t = table(set);
+    db.run_own(|c, st| {
+        let mut tx = st.begin(c)?;
+        if !try_lock(&mut tx, set)? {
+            return Ok(Step::BUSY);
+        }
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
+        tx.batch_execute(LOCK_WAIT)?;
+        tx.batch_execute(&format!(
+            "DROP TRIGGER IF EXISTS member_twin_del ON {t};
+             DROP TRIGGER IF EXISTS member_twin_upd ON {t};"
+        ))?;
+        tx.execute(
+            "UPDATE member_catalog SET rotate_phase = 'draining' WHERE name = $1",
+            &[&set],
+        )?;
+        tx.execute(super::catalog::BUMP_VERSION, &[])?;
+        tx.commit()?;
+        Ok(Step::default())
+    })
+}
+
+/// One step of the drain: at most `limit` old-form rows deleted. When fewer were left, the
+/// end of the drain, under the table's lock: the last old-form rows deleted, the form check
+/// taking the new length alone (a late writer's old-form row is refused from here on), the
+/// twin column and its index dropped, the rotation's columns cleared, the catalog version
+/// bumped. Returns the rows deleted and whether the rotation is over.
+pub fn drain_step(db: &mut Db, set: &str, n: usize, limit: i64) -> Result<(u64, bool), DbErr> {
+    let t = table(set);
+    let index = twin_index(set);
+    let delete = format!(
+        "DELETE FROM {t} WHERE (entity_id, scope) IN (
+           SELECT entity_id, scope FROM {t} WHERE scope = '' AND {form} LIMIT $1)",
+        form = form_test("entity_id", n)
+    );
+    db.run_own(|c, st| {
+        let mut tx = st.begin(c)?;
+        if !try_lock(&mut tx, set)? {
+            return Ok((0, false));
+        }
+        let gone = tx.execute(&delete, &[&limit])?;
+        tx.commit()?;
+        if gone as i64 >= limit {
+            return Ok((gone, false));
+        }
+        // The end of the drain, its own transaction: the table's locks are waited for at most
+        // `LOCK_WAIT` (a reader queues behind a DDL statement that waits), and a step that
+        // could not take them ends the drain at a later one.
+        let mut tx = st.begin(c)?;
+        tx.batch_execute(LOCK_WAIT)?;
+        let last = (|| {
+            if !try_lock(&mut tx, set)? {
+                return Ok(None);
+            }
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
+            tx.batch_execute(&format!("LOCK TABLE {t} IN SHARE ROW EXCLUSIVE MODE"))?;
+            let last = tx.execute(&delete, &[&i64::MAX])?;
+            tx.batch_execute(&format!(
+                "DROP INDEX IF EXISTS {index}; ALTER TABLE {t} DROP COLUMN IF EXISTS twin;"
+            ))?;
+            tx.execute(
+                "UPDATE member_catalog
+                    SET rotate_to = NULL, rotate_phase = NULL, rotate_cursor = NULL,
+                        rotate_swept = NULL, rotate_end_xid = NULL, rotate_started = NULL
+                  WHERE name = $1",
+                &[&set],
+            )?;
+            tx.execute("SELECT member_catalog_form($1)", &[&set])?;
+            tx.execute(super::catalog::BUMP_VERSION, &[])?;
+            Ok::<_, postgres::Error>(Some(last))
+        })();
+        match last {
+            Ok(Some(last)) => {
+                tx.commit()?;
+                Ok((gone + last, true))
+            }
+            Ok(None) => Ok((gone, false)),
+            Err(e) if e.code() == Some(&postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
+                Ok((gone, false))
+            }
+            Err(e) => Err(e),
+        }
+    })
+}

@@ -1,0 +1,179 @@
+//! Which form of a rotating set's tokens this node computes (docs/security.md, "Rotating a
+//! tokenized set's key online"). While a set's rows are copied, every node computes the old
+//! form. Once the rotation's end has lengthened the chain in the catalog, a node goes on
+//! computing the old form until its filter covers the end's transaction (every twin is in it
+//! then), and switches to the new form at that moment; until the drain every row is in the
+//! database under both forms, so either form a node asks is there. A node that learns the
+//! drain switches whatever its filter holds, and trusts its filter again only once a sync pass
+//! has caught it up past the end.
+
+use std::borrow::Cow;
+
+use redis_module::Context;
+
+use crate::db::sql::rotation::{Phase, RotationRow};
+use crate::db::twins::{self, Twin};
+use crate::filter::store;
+use crate::model::token::{Tokenize, CHAIN_SEPARATOR};
+use crate::sets::state::{self, SetDef, SetState};
+
+/// A set's rotation as this node holds it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rotating {
+    pub row: RotationRow,
+    /// The chain the catalog gives (with the new key from the end on).
+    pub chain: Tokenize,
+    /// This node computes the new form.
+    pub switched: bool,
+}
+
+impl Rotating {
+    /// The chain this node computes now.
+    fn served(&self) -> Tokenize {
+        if self.row.phase == Phase::Switching && !self.switched {
+            return shorter(&self.chain);
+        }
+        self.chain.clone()
+    }
+
+    /// The chain of the old form (`n` keys) and the fingerprint of the key the new form adds:
+    /// what a write needs to store both forms while the rotation copies or switches. `None`
+    /// during the drain (writes store the new form alone).
+    pub fn forms(&self) -> Option<(Tokenize, &str)> {
+        match self.row.phase {
+            Phase::Copying => Some((self.chain.clone(), &self.row.to)),
+            Phase::Switching => Some((shorter(&self.chain), &self.row.to)),
+            Phase::Draining => None,
+        }
+    }
+}
+
+/// `t` without its last key.
+fn shorter(t: &Tokenize) -> Tokenize {
+    let chain = t.fingerprint().unwrap_or_default();
+    match chain.rsplit_once(CHAIN_SEPARATOR) {
+        Some((before, _)) => Tokenize::from_stored(t.name(), Some(before)).unwrap_or(t.clone()),
+        None => t.clone(),
+    }
+}
+
+/// `def` as this node serves it: a set whose rotation has ended here but that has not
+/// switched keeps the chain without the new key. For a definition learned from a command or a
+/// primary, which carry the catalog's chain.
+pub fn as_served(mut def: SetDef) -> SetDef {
+    state::with(|r| {
+        if let Some(rot) = r.sets.get(&def.name).and_then(|s| s.rotation.as_ref()) {
+            if rot.chain == def.tokenize {
+                def.tokenize = rot.served();
+            }
+        }
+    });
+    def
+}
+
+/// The catalog says `rotation` of the set `name` whose chain is `chain`: this node's form
+/// follows (a node that had switched stays switched).
+pub fn learned(ctx: &Context, name: &str, chain: &Tokenize, rotation: Option<RotationRow>) {
+    state::with(|r| {
+        let Some(s) = r.sets.get_mut(name) else {
+            return;
+        };
+        let was = s.rotation.take();
+        let Some(row) = rotation else {
+            s.def.tokenize = chain.clone();
+            return;
+        };
+        let had = was.is_some_and(|w| w.switched && w.row.to == row.to && w.chain == *chain);
+        if row.phase == Phase::Draining && !had {
+            // Old forms are being deleted: the new form now, and no "absent" from a filter
+            // that may lack twins until a sync pass catches it up.
+            s.trusted = None;
+        }
+        let rot = Rotating {
+            switched: had || row.phase == Phase::Draining,
+            row,
+            chain: chain.clone(),
+        };
+        s.def.tokenize = rot.served();
+        s.rotation = Some(rot);
+    });
+    let twin = state::with(|r| {
+        let rot = r.sets.get(name)?.rotation.as_ref()?;
+        let (old, to) = rot.forms()?;
+        Some(Twin {
+            n: old.chain().len(),
+            to: to.to_string(),
+        })
+    });
+    twins::set(name, twin);
+    tick_one(ctx, name);
+}
+
+/// The definition a write of `s` canonicalizes under: while its key rotates (copying,
+/// switching), the old chain's, whose form every node can make the twin of; else the set's.
+pub fn write_def(s: &SetState) -> Cow<'_, SetDef> {
+    match s.rotation.as_ref().and_then(Rotating::forms) {
+        Some((old, _)) if old != s.def.tokenize => {
+            let mut def = s.def.clone();
+            def.tokenize = old;
+            Cow::Owned(def)
+        }
+        _ => Cow::Borrowed(&s.def),
+    }
+}
+
+/// From the housekeeping sweep: every set whose rotation ended switches once its filter
+/// covers the end.
+pub fn tick(ctx: &Context) {
+    let waiting: Vec<String> = state::with(|r| {
+        r.sets
+            .values()
+            .filter(|s| {
+                s.rotation
+                    .as_ref()
+                    .is_some_and(|rot| rot.row.phase == Phase::Switching && !rot.switched)
+            })
+            .map(|s| s.def.name.clone())
+            .collect()
+    });
+    for name in waiting {
+        tick_one(ctx, &name);
+    }
+}
+
+fn tick_one(ctx: &Context, name: &str) {
+    let Some((key, trusted, end)) = state::with(|r| {
+        let s = r.sets.get(name)?;
+        let rot = s.rotation.as_ref()?;
+        if rot.row.phase != Phase::Switching || rot.switched {
+            return None;
+        }
+        Some((s.filter_key.clone(), s.trusted, rot.row.end_xid?))
+    }) else {
+        return;
+    };
+    // Every transaction below the watermark is in the filter: the end's too once it is past.
+    let covered = store::with(ctx, &key, |f| {
+        f.cov.complete && f.trusted(trusted) && f.cov.watermark.is_some_and(|w| w > end)
+    })
+    .unwrap_or(false);
+    if !covered {
+        return;
+    }
+    state::with(|r| {
+        if let Some(s) = r.sets.get_mut(name) {
+            if let Some(rot) = s.rotation.as_mut() {
+                rot.switched = true;
+                s.def.tokenize = rot.served();
+            }
+        }
+    });
+    crate::server::reply::log(
+        ctx,
+        crate::server::reply::Level::Notice,
+        &format!(
+            "libmember: set '{name}' switched to the form of its rotated key (its filter covers \
+             the rotation's end)"
+        ),
+    );
+}

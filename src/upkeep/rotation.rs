@@ -1,0 +1,247 @@
+//! Carries every online key rotation forward from a primary (docs/security.md, "Rotating a
+//! tokenized set's key online"): one step at a time on a worker, for each rotating set, paced
+//! so that a step is followed by a rest as long as it took (the database spends at most half
+//! its time on it). The steps are the catalog's: any primary may run the next one (the set's
+//! rotation lock keeps two from running one), so a rotation goes on after a crash, a restart
+//! or a failover of the node that started it.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use redis_module::{Context, ContextFlags};
+
+use crate::db::sql::rotation::Phase;
+use crate::db::sql::rotation_steps::{self as rotation, Step};
+use crate::db::sql::{nodes_lacking, Needed};
+use crate::db::{pool, DbErr};
+use crate::server::{mainq, reply};
+use crate::sets::state;
+use crate::upkeep::node_report;
+
+/// Rows a copy or drain step handles.
+pub const BATCH: i64 = 5_000;
+
+/// How this node drives one set's rotation: what MEMBER.INFO shows of it.
+#[derive(Clone, Debug, Default)]
+pub struct Pace {
+    /// A step is running.
+    running: bool,
+    /// When the next step may start.
+    next: Option<Instant>,
+    /// Rows this node's steps copied or deleted, and since when.
+    pub rows: u64,
+    pub since: Option<Instant>,
+    /// Why the last step failed (`None` after one that did not).
+    pub last_error: Option<String>,
+    /// The nodes the last step found not computing the new form yet, by run id.
+    pub waiting_for: Vec<String>,
+}
+
+/// Per rotating set this node drives.
+static PACE: Mutex<BTreeMap<String, Pace>> = Mutex::new(BTreeMap::new());
+
+/// How this node drives `set`'s rotation, if it does.
+pub fn status(set: &str) -> Option<Pace> {
+    PACE.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(set)
+        .cloned()
+}
+
+/// Ends a step in flight when dropped without `finished` (the queue dropped the job): the
+/// next sweep tries again.
+struct Flight(Option<String>);
+
+impl Flight {
+    /// The step ran: `finished` takes over.
+    fn land(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        if let Some(set) = self.0.take() {
+            let mut pace = PACE.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(p) = pace.get_mut(&set) {
+                p.running = false;
+            }
+        }
+    }
+}
+
+/// What the step of one set is to do, read on the main thread.
+struct Due {
+    set: String,
+    phase: Phase,
+    /// The old chain's length.
+    n: usize,
+    to: String,
+}
+
+/// From the housekeeping sweep: starts the next step of every rotating set whose rest is
+/// over. Primaries only.
+pub fn tick(ctx: &Context, now: Instant) {
+    if ctx.get_flags().contains(ContextFlags::SLAVE) {
+        return;
+    }
+    let due: Vec<Due> = state::with(|r| {
+        r.sets
+            .values()
+            .filter_map(|s| {
+                let rot = s.rotation.as_ref()?;
+                let len = rot.chain.chain().len();
+                let n = if rot.row.phase == Phase::Copying {
+                    len
+                } else {
+                    len - 1
+                };
+                Some(Due {
+                    set: s.def.name.clone(),
+                    phase: rot.row.phase,
+                    n,
+                    to: rot.row.to.clone(),
+                })
+            })
+            .collect()
+    });
+    let mut pace = PACE.lock().unwrap_or_else(|e| e.into_inner());
+    pace.retain(|set, _| due.iter().any(|d| &d.set == set));
+    for d in due {
+        let p = pace.entry(d.set.clone()).or_default();
+        if p.running || p.next.is_some_and(|at| now < at) {
+            continue;
+        }
+        p.running = true;
+        p.since.get_or_insert(now);
+        let flight = Flight(Some(d.set.clone()));
+        pool::run(move |db| {
+            let started = Instant::now();
+            let res = run_step(db, &d);
+            let took = started.elapsed();
+            flight.land();
+            mainq::post(Box::new(move |ctx| finished(ctx, d, res, took)));
+        });
+    }
+}
+
+/// What a step did, for the log.
+enum Done {
+    Copied(Step),
+    Ended(Step),
+    Swept(Step),
+    /// Nodes that do not compute the new form yet.
+    Waiting(Vec<String>),
+    DrainStarted,
+    Drained(u64, bool),
+}
+
+fn run_step(db: &mut crate::db::Db, d: &Due) -> Result<Result<Done, String>, DbErr> {
+    let to = d.to.clone();
+    let wrap = move |o: &str| crate::config::token_key::wrap(&to, o);
+    Ok(match d.phase {
+        Phase::Copying => match rotation::copy_step(db, &d.set, d.n, BATCH, &wrap)? {
+            Ok(s) if s.copy_done && !s.busy => match rotation::end(db, &d.set, d.n, &wrap)? {
+                Ok(e) => Ok(Done::Ended(e)),
+                Err(e) => Err(e),
+            },
+            Ok(s) => Ok(Done::Copied(s)),
+            Err(e) => Err(e),
+        },
+        Phase::Switching => {
+            let swept = match rotation::sweep_step(db, &d.set, d.n, &wrap)? {
+                Ok(s) => s,
+                Err(e) => return Ok(Err(e)),
+            };
+            let serving = Needed::Form(&d.set, d.n + 1);
+            let behind = nodes_lacking(db, serving, node_report::FRESH)?;
+            if !behind.is_empty() || swept.busy {
+                Ok(Done::Waiting(behind))
+            } else {
+                let s = rotation::drain_start(db, &d.set)?;
+                Ok(if s.busy {
+                    Done::Swept(s)
+                } else {
+                    Done::DrainStarted
+                })
+            }
+        }
+        Phase::Draining => {
+            let (gone, over) = rotation::drain_step(db, &d.set, d.n, BATCH)?;
+            Ok(Done::Drained(gone, over))
+        }
+    })
+}
+
+/// Back on the main thread: the rest before the next step, the log, and a catalog re-read
+/// when the phase changed (this node follows at once; the others at their next check).
+fn finished(ctx: &Context, d: Due, res: Result<Result<Done, String>, DbErr>, took: Duration) {
+    let rest = took.max(Duration::from_millis(50));
+    let mut reread = false;
+    let line = match &res {
+        Err(e) => Some(format!(
+            "libmember: rotation of set '{}' paused: {}",
+            d.set,
+            e.reply_text()
+        )),
+        Ok(Err(e)) => Some(format!(
+            "libmember: rotation of set '{}' paused: {e}",
+            d.set
+        )),
+        Ok(Ok(Done::Ended(s))) => {
+            reread = true;
+            Some(format!(
+                "libmember: rotation of set '{}': every row has its twin ({} in the last step); \
+                 the chain now names the new key, nodes switch as their filters pass the end",
+                d.set, s.copied
+            ))
+        }
+        Ok(Ok(Done::DrainStarted)) => {
+            reread = true;
+            Some(format!(
+                "libmember: rotation of set '{}': every node computes the new form; deleting \
+                 the old forms",
+                d.set
+            ))
+        }
+        Ok(Ok(Done::Drained(gone, true))) => {
+            reread = true;
+            Some(format!(
+                "libmember: rotation of set '{}' ended: no row of the old form is left ({gone} \
+                 deleted in the last step)",
+                d.set
+            ))
+        }
+        Ok(Ok(_)) => None,
+    };
+    if let Some(line) = line {
+        let level = if matches!(res, Ok(Ok(_))) {
+            reply::Level::Notice
+        } else {
+            reply::Level::Warning
+        };
+        reply::log(ctx, level, &line);
+    }
+    if reread {
+        crate::sets::catalog::reread();
+    }
+    let mut pace = PACE.lock().unwrap_or_else(|e| e.into_inner());
+    let p = pace.entry(d.set).or_default();
+    p.running = false;
+    p.next = Some(Instant::now() + rest);
+    p.rows += match &res {
+        Ok(Ok(Done::Copied(s) | Done::Ended(s) | Done::Swept(s))) => s.copied as u64,
+        Ok(Ok(Done::Drained(gone, _))) => *gone,
+        _ => 0,
+    };
+    p.waiting_for = match &res {
+        Ok(Ok(Done::Waiting(nodes))) => nodes.clone(),
+        _ => Vec::new(),
+    };
+    p.last_error = match res {
+        Err(e) => Some(e.reply_text()),
+        Ok(Err(e)) => Some(e),
+        Ok(Ok(_)) => None,
+    };
+}

@@ -13,6 +13,7 @@ pub mod lapsed;
 pub mod learn;
 pub mod limits;
 pub mod marks;
+pub mod rotating;
 pub mod rotation;
 pub mod standing;
 pub mod state;

@@ -139,7 +139,7 @@ pub struct SetState {
     pub lapsed: Lapsed,
     pub stats: PathCounters,
     /// The online key rotation the set is in, as this node follows it (`rotation.rs`).
-    pub rotation: Option<crate::sets::rotation::Rotating>,
+    pub rotation: Option<crate::sets::rotating::Rotating>,
 }
 
 /// A replicated filter in flight on a replica (see `replica_load.rs`).

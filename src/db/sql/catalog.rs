@@ -2,7 +2,7 @@
 //! CREATE, DROP and ALTER, each one transaction under the catalog's advisory lock.
 
 use super::change_log::{guarded_ddl, CHANGE_LOG_DDL, NOTIFY_FN_DDL};
-use super::{table, ADVISORY_KEY};
+use super::{table, ADVISORY_KEY, BUMP_VERSION};
 use postgres::types::Type;
 
 use crate::db::{Db, DbErr, Stmts};
@@ -73,12 +73,6 @@ CREATE TABLE IF NOT EXISTS member_catalog_version (
     version bigint NOT NULL
 );
 INSERT INTO member_catalog_version VALUES (1, 0) ON CONFLICT DO NOTHING";
-
-/// Bumps the catalog version inside a transaction that changed the set list (CREATE of a new
-/// set, DROP): every node's periodic check sees the change and re-reads the catalog. The row
-/// lock orders the changes; the version is read in the same snapshot as the rows.
-pub(super) const BUMP_VERSION: &str =
-    "UPDATE member_catalog_version SET version = version + 1 WHERE id = 1 RETURNING version";
 
 fn set_ddl(set: &str) -> String {
     let t = table(set);

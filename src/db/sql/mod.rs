@@ -32,6 +32,12 @@ pub use pages::{Page, Sink, PAGE_ROWS};
 /// Serializes the catalog's and the change log's DDL and catalog changes across nodes.
 const ADVISORY_KEY: i64 = 0x6c69_626d_656d; // "libmem"
 
+/// Bumps the catalog version inside a transaction that changed the set list (CREATE of a new
+/// set, DROP): every node's periodic check sees the change and re-reads the catalog. The row
+/// lock orders the changes; the version is read in the same snapshot as the rows.
+pub(super) const BUMP_VERSION: &str =
+    "UPDATE member_catalog_version SET version = version + 1 WHERE id = 1 RETURNING version";
+
 /// Takes the lock of [`ADVISORY_KEY`] for the rest of `tx`.
 pub fn lock_schema(tx: &mut postgres::Transaction) -> Result<(), postgres::Error> {
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])

@@ -201,7 +201,7 @@ fn start_once(
         &[&set, &to],
     )?;
     tx.execute("SELECT member_catalog_form($1)", &[&set])?;
-    tx.execute(super::catalog::BUMP_VERSION, &[])?;
+    tx.execute(super::BUMP_VERSION, &[])?;
     tx.commit()?;
     Ok(Ok(n))
 }

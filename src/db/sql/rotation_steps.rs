@@ -221,7 +221,7 @@ pub fn end(
               WHERE name = $1 AND rotate_phase = 'copying'",
             &[&set, &(copied as i64)],
         )?;
-        tx.execute(super::catalog::BUMP_VERSION, &[])?;
+        tx.execute(super::BUMP_VERSION, &[])?;
         tx.commit()?;
         Ok(Ok(Step {
             busy: false,
@@ -262,7 +262,7 @@ pub fn drain_start(db: &mut Db, set: &str) -> Result<Step, DbErr> {
             "UPDATE member_catalog SET rotate_phase = 'draining' WHERE name = $1",
             &[&set],
         )?;
-        tx.execute(super::catalog::BUMP_VERSION, &[])?;
+        tx.execute(super::BUMP_VERSION, &[])?;
         tx.commit()?;
         Ok(Step::default())
     })
@@ -314,7 +314,7 @@ pub fn drain_step(db: &mut Db, set: &str, n: usize, limit: i64) -> Result<(u64, 
                 &[&set],
             )?;
             tx.execute("SELECT member_catalog_form($1)", &[&set])?;
-            tx.execute(super::catalog::BUMP_VERSION, &[])?;
+            tx.execute(super::BUMP_VERSION, &[])?;
             Ok::<_, postgres::Error>(Some(last))
         })();
         match last {

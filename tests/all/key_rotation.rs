@@ -415,3 +415,97 @@ fn a_set_rotated_online_answers_right_throughout_on_a_primary_and_its_replica() 
         "an old-form row was taken after the rotation"
     );
 }
+
+/// A rotation survives a kill -9 of the primary driving it: held still in its copying phase
+/// (a session holds the set's rotation lock, so no step can run: deterministic, whatever the
+/// machine's speed), the node is killed and restarted, learns the rotation from the catalog,
+/// answers and writes right meanwhile (its ADDs store both forms), and once the lock is let go
+/// the rotation goes on from the catalog to its end.
+#[test]
+fn a_rotation_resumes_after_a_kill_9_of_its_primary() {
+    let ring = format!("default {KEY1}\nk2 {KEY2}\n");
+    let file = KeyFile::new(&ring);
+    let mut env = Env::with(&[
+        ("member.token-key-file", file.path()),
+        ("member.db-timeout-ms", "10000"),
+    ]);
+    let mut c = env.conn();
+    create_synced(&mut c, "cards", &["TOKENIZE", "hmac-sha256"]);
+    let before: Vec<String> = (0..50).map(|i| format!("before-{i}")).collect();
+    for i in &before {
+        assert_eq!(int(&mut c, &["MEMBER.ADD", "cards", i]), 1);
+    }
+    let mut holder = env.pg();
+    holder
+        .execute(
+            "SELECT pg_advisory_lock(hashtextextended('member rotation ' || $1, 0))",
+            &[&"cards"],
+        )
+        .unwrap();
+    ok(&mut c, &["MEMBER.ALTER", "cards", "ROTATE-KEY", "k2"]);
+    assert!(wait_until(Duration::from_secs(30), || set_info(
+        &mut c,
+        "cards",
+        "token_rotation"
+    )
+    .as_deref()
+        == Ok("copying")));
+
+    env.vk.kill9_and_restart();
+    let mut c = env.conn();
+    assert!(wait_until(Duration::from_secs(30), || set_info(
+        &mut c,
+        "cards",
+        "token_rotation"
+    )
+    .as_deref()
+        == Ok("copying")));
+    // Written while the rotation is held: both forms stored.
+    let during: Vec<String> = (0..20).map(|i| format!("during-{i}")).collect();
+    for i in &during {
+        assert_eq!(int(&mut c, &["MEMBER.ADD", "cards", i]), 1);
+    }
+    assert_eq!(int(&mut c, &["MEMBER.DEL", "cards", "before-0"]), 1);
+    let mut pg = env.pg();
+    let twins: i64 = pg
+        .query_one(
+            "SELECT count(*) FROM member_cards WHERE twin IS NOT NULL",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        twins,
+        during.len() as i64,
+        "only the ADDs made twins while held"
+    );
+    let all: Vec<String> = before.iter().chain(&during).cloned().collect();
+    let want: Vec<i64> = all.iter().map(|i| (i != "before-0") as i64).collect();
+    assert_eq!(mexists(&mut c, "cards", &all), want);
+
+    // Let go: the rotation goes on from the catalog, on the restarted node.
+    holder
+        .batch_execute("SELECT pg_advisory_unlock_all()")
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            set_info(&mut c, "cards", "token_rotation").as_deref() == Ok("none")
+                && set_info(&mut c, "cards", "token_key_id").as_deref() == Ok("default>k2")
+        }),
+        "the rotation never ended: {:?}\n{}",
+        set_info(&mut c, "cards", "token_rotation_last_error"),
+        support::lifecycle::log_tail(&env.vk)
+    );
+    assert_eq!(mexists(&mut c, "cards", &all), want);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "cards", "never"]), 0);
+    let rows: Vec<(i64, i64)> = pg
+        .query(
+            "SELECT count(*) FILTER (WHERE entity_id ~ '^2:'), count(*) FROM member_cards",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(rows, [(69, 69)], "every row in the new form, each once");
+}

@@ -234,8 +234,10 @@ fn session(ever: &mut bool, backoff: &mut Duration) -> Result<(), String> {
     }
     // Heard, or the interval alone serves (and this connection's LISTEN is dropped, which
     // through a transaction pooler may reach another server connection: the one that holds
-    // it is closed by the pooler at the first notification it gets while idle).
-    if !hears(&mut client)? {
+    // it is closed by the pooler at the first notification it gets while idle). Two checks
+    // in a row must be heard: through a transaction pooler, one may be by chance, when the
+    // server connection holding the LISTEN is lent to this client just as it arrives.
+    if !(hears(&mut client)? && hears(&mut client)?) {
         let _ = client.batch_execute("UNLISTEN *");
         drop(client);
         if !UNHEARD_SAID.swap(true, Ordering::AcqRel) {

@@ -235,7 +235,7 @@ fn a_set_rotated_online_answers_right_throughout_on_a_primary_and_its_replica() 
                     let acked = if primary { &*acked } else { &none };
                     wrong.extend(check_round(&mut c, &present, &absent, acked));
                     rounds += 1;
-                    std::thread::sleep(Duration::from_millis(10));
+                    std::thread::sleep(Duration::from_millis(50));
                 }
                 (rounds, wrong)
             })
@@ -318,7 +318,7 @@ fn a_set_rotated_online_answers_right_throughout_on_a_primary_and_its_replica() 
                     let _ = pg.execute(&sql, &params);
                 }
                 i += 1;
-                std::thread::sleep(Duration::from_millis(5));
+                std::thread::sleep(Duration::from_millis(15));
             }
             (i, errors)
         })

@@ -416,6 +416,14 @@ fn a_set_rotated_online_answers_right_throughout_on_a_primary_and_its_replica() 
     );
 }
 
+/// Waits up to 30 s until `c` says the set `cards` rotates in `phase`.
+fn wait_phase(c: &mut Connection, phase: &str) {
+    let shown = wait_until(Duration::from_secs(30), || {
+        set_info(c, "cards", "token_rotation").as_deref() == Ok(phase)
+    });
+    assert!(shown, "the rotation never showed phase {phase}");
+}
+
 /// A rotation survives a kill -9 of the primary driving it: held still in its copying phase
 /// (a session holds the set's rotation lock, so no step can run: deterministic, whatever the
 /// machine's speed), the node is killed and restarted, learns the rotation from the catalog,
@@ -443,23 +451,11 @@ fn a_rotation_resumes_after_a_kill_9_of_its_primary() {
         )
         .unwrap();
     ok(&mut c, &["MEMBER.ALTER", "cards", "ROTATE-KEY", "k2"]);
-    assert!(wait_until(Duration::from_secs(30), || set_info(
-        &mut c,
-        "cards",
-        "token_rotation"
-    )
-    .as_deref()
-        == Ok("copying")));
+    wait_phase(&mut c, "copying");
 
     env.vk.kill9_and_restart();
     let mut c = env.conn();
-    assert!(wait_until(Duration::from_secs(30), || set_info(
-        &mut c,
-        "cards",
-        "token_rotation"
-    )
-    .as_deref()
-        == Ok("copying")));
+    wait_phase(&mut c, "copying");
     // Written while the rotation is held: both forms stored.
     let during: Vec<String> = (0..20).map(|i| format!("during-{i}")).collect();
     for i in &during {

@@ -65,11 +65,12 @@ pub fn serve(ctx: &Context, req: Request, to: Responder) {
                 WriteOp::Del
             };
             match write::prepare_canonical(&req.set, canon, op) {
-                Some(done) => {
+                Ok(Some(done)) => {
                     bus::SERVED.fetch_add(1, Ordering::Relaxed);
                     write::send(point(write::begin(done), to), op, req.expires_at);
                 }
-                None => unknown(ctx, &req.set, to),
+                Ok(None) => unknown(ctx, &req.set, to),
+                Err(e) => to.answer(ctx, Err(e)),
             }
         }
     }
@@ -109,6 +110,11 @@ pub fn serve_many(ctx: &Context, req: Many, to: Responder) {
         return unknown(ctx, &req.set, to);
     };
     bus::SERVED.fetch_add(1, Ordering::Relaxed);
+    let planned = match planned {
+        Ok(done) => Ok(done),
+        Err(Ok(done)) => Err(done),
+        Err(Err(e)) => return to.answer(ctx, Err(e)),
+    };
     match planned {
         Ok(mut done) if done.pending.is_empty() => to.answer(ctx, done.reply(ctx)),
         Ok(done) => send_lookups(

@@ -231,6 +231,10 @@ pub trait PointDone<T>: Completion + Clone {
     fn target(&self) -> (&str, &str, &str);
     /// Stores the database's answer.
     fn answered(&mut self, res: Result<T, DbErr>);
+    /// A write's twin (a rotating set's new form of it), made or deleted with it.
+    fn twin(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// Blocks the calling client and returns the point query whose answer completes `done` on the
@@ -250,6 +254,7 @@ pub fn point_for<T: 'static, D: PointDone<T>>(blocked: Blocked, done: D) -> Poin
         set,
         entity,
         scope,
+        twin: done.twin().map(str::to_string),
         reply: Box::new(move |res| {
             let mut done = done;
             done.answered(res);
@@ -265,6 +270,7 @@ pub fn point_for<T: 'static, D: PointDone<T>>(blocked: Blocked, done: D) -> Poin
 pub fn point_remote<T: 'static, D: PointDone<T>>(done: D, to: Responder) -> Point<T> {
     let (set, entity, scope) = done.target();
     let (set, entity, scope) = (set.to_string(), entity.to_string(), scope.to_string());
+    let twin = done.twin().map(str::to_string);
     let mut remote = Remote {
         done: Some(done),
         to: Some(to),
@@ -273,6 +279,7 @@ pub fn point_remote<T: 'static, D: PointDone<T>>(done: D, to: Responder) -> Poin
         set,
         entity,
         scope,
+        twin,
         reply: Box::new(move |res| {
             if let Some(d) = remote.done.as_mut() {
                 d.answered(res);

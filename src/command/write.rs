@@ -62,6 +62,10 @@ pub(super) struct WriteDone {
     entity: String,
     scope: String,
     hash: u128,
+    /// While the set's key rotates: the new form of the item and its hash, stored (or
+    /// deleted) in the same statement, its effects applied and replicated with the item's
+    /// (`sets::rotation::twin_of`, decided with the form).
+    twin: Option<(String, u128)>,
     /// The set's incarnation when the write began (see `apply`).
     incarnation: u64,
     result: Result<bool, DbErr>,
@@ -74,6 +78,9 @@ impl PointDone<bool> for WriteDone {
     fn answered(&mut self, res: Result<bool, DbErr>) {
         self.result = res;
     }
+    fn twin(&self) -> Option<&str> {
+        self.twin.as_ref().map(|(w, _)| w.as_str())
+    }
 }
 
 impl Completion for WriteDone {
@@ -84,25 +91,37 @@ impl Completion for WriteDone {
         if !state::with(|r| state::is_current(r, &self.set, self.incarnation)) {
             return;
         }
-        let canon = Canon {
-            entity: std::borrow::Cow::Borrowed(&self.entity),
-            scope: &self.scope,
-            hash: self.hash,
-        };
-        let args: [&[u8]; 3] = [
-            self.set.as_bytes(),
-            self.entity.as_bytes(),
-            self.scope.as_bytes(),
-        ];
-        match self.op {
-            Op::Add => {
+        let forms = std::iter::once((self.entity.as_str(), self.scope.as_str(), self.hash))
+            .chain(self.twin.as_ref().map(|(w, hash)| (w.as_str(), "", *hash)));
+        for (entity, scope, hash) in forms {
+            let canon = Canon {
+                entity: std::borrow::Cow::Borrowed(entity),
+                scope,
+                hash,
+            };
+            let args: [&[u8]; 3] = [self.set.as_bytes(), entity.as_bytes(), scope.as_bytes()];
+            match self.op {
                 // The filter bit goes in whatever the outcome: if the insert committed it
                 // must, and if it did not, a stray bit is only a false positive.
-                effects::added(ctx, &self.set, &canon);
-                replication::replicate(ctx, "MEMBER._ADD", &args);
+                Op::Add => {
+                    effects::added(ctx, &self.set, &canon);
+                    replication::replicate(ctx, "MEMBER._ADD", &args);
+                }
+                Op::Del => {
+                    effects::removed(ctx, &self.set, &canon);
+                    replication::replicate(ctx, "MEMBER._DEL", &args);
+                }
+            }
+        }
+        let twin_hash = self.twin.as_ref().map(|(_, h)| *h);
+        match self.op {
+            Op::Add => {
                 state::with(|r| {
                     if let Some(set) = r.sets.get_mut(&self.set) {
                         set.mark_end(self.hash);
+                        if let Some(h) = twin_hash {
+                            set.mark_end(h);
+                        }
                         set.stats.adds += 1;
                         if matches!(self.result, Ok(true)) {
                             set.stats.adds_new += 1;
@@ -111,8 +130,6 @@ impl Completion for WriteDone {
                 });
             }
             Op::Del => {
-                effects::removed(ctx, &self.set, &canon);
-                replication::replicate(ctx, "MEMBER._DEL", &args);
                 state::with(|r| {
                     if let Some(set) = r.sets.get_mut(&self.set) {
                         set.stats.dels += 1;
@@ -202,28 +219,48 @@ fn prepare(
         if let Some(e) = forward::elsewhere(item, &canon, set, op.wire(), expires_at) {
             return Ok(Some(Plan::Elsewhere(e)));
         }
-        Ok(Some(Plan::Here(WriteDone::new(op, s, canon))))
+        Ok(Some(Plan::Here(WriteDone::new(op, s, canon)?)))
     })
 }
 
 /// The write of an item already canonical (forwarded by another node) to a set this node
 /// serves; `None` for a set it does not serve yet.
-pub(super) fn prepare_canonical(set: &str, canon: Canon, op: Op) -> Option<WriteDone> {
-    state::with(|r| r.serving(set, false).map(|s| WriteDone::new(op, s, canon)))
+pub(super) fn prepare_canonical(
+    set: &str,
+    canon: Canon,
+    op: Op,
+) -> Result<Option<WriteDone>, RedisError> {
+    state::with(|r| {
+        r.serving(set, false)
+            .map(|s| WriteDone::new(op, s, canon))
+            .transpose()
+    })
 }
 
 impl WriteDone {
-    /// The write `op` of `canon` to `set`, its result preset to the error a lost job gives.
-    pub(super) fn new(op: Op, set: &state::SetState, canon: Canon) -> WriteDone {
-        WriteDone {
+    /// The write `op` of `canon` to `set` (with its twin while the set's key rotates), its
+    /// result preset to the error a lost job gives.
+    pub(super) fn new(
+        op: Op,
+        set: &state::SetState,
+        canon: Canon,
+    ) -> Result<WriteDone, RedisError> {
+        let twin = crate::sets::rotation::twin_of(set, &canon.entity, canon.scope)
+            .map_err(|e| RedisError::String(format!("ERR {e}")))?
+            .map(|w| {
+                let hash = crate::model::canon::hash_parts(&w, "");
+                (w, hash)
+            });
+        Ok(WriteDone {
             op,
             set: set.def.name.clone(),
             entity: canon.entity.into_owned(),
             scope: canon.scope.to_string(),
             hash: canon.hash,
+            twin,
             incarnation: set.incarnation,
             result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
-        }
+        })
     }
 
     /// (entity, scope) as the database stores them.
@@ -238,6 +275,9 @@ pub(super) fn begin(done: WriteDone) -> WriteDone {
         state::with(|r| {
             if let Some(s) = r.sets.get_mut(&done.set) {
                 s.mark_begin(done.hash);
+                if let Some((_, h)) = &done.twin {
+                    s.mark_begin(*h);
+                }
             }
         });
     }
@@ -249,7 +289,8 @@ pub(super) fn send(point: Point<bool>, op: Op, expires_at: Option<f64>) {
     pool::submit(match op {
         Op::Add => Job::Add(point, expires_at),
         Op::Del => Job::Run(Box::new(move |db| {
-            let res = members::del(db, &point.set, &point.entity, &point.scope);
+            let twin = point.twin.as_deref();
+            let res = members::del(db, &point.set, &point.entity, &point.scope, twin);
             (point.reply)(res);
         })),
     });

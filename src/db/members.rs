@@ -3,7 +3,7 @@
 //! workers' point reads and writes all come through here.
 
 use super::sql::{self, Found};
-use super::{source, twins, Db, DbErr};
+use super::{source, Db, DbErr};
 
 /// Debug builds only: an ADD of this item panics on its worker, so that the tests can show a
 /// panicking job still answers its client once and the worker goes on (README "The
@@ -11,36 +11,66 @@ use super::{source, twins, Db, DbErr};
 #[cfg(debug_assertions)]
 pub const PANIC_ITEM: &str = "libmember-test-failpoint-panic-in-worker";
 
+/// Debug builds only: a write (ADD, MADD, DEL) of a set whose name starts with this waits on
+/// its worker, before anything else, while a session holds the advisory lock
+/// `hashtextextended('libmember failpoint ' || set, 0)`: so that a test can hold a write
+/// between the command that planned it and the statement that makes it, whatever the
+/// machine's speed. Release builds have no such wait.
+#[cfg(debug_assertions)]
+pub const HELD_PREFIX: &str = "failpoint_held_";
+
+/// The wait of [`HELD_PREFIX`] (debug builds only).
+#[cfg(debug_assertions)]
+fn held(db: &mut Db, set: &str) -> Result<(), DbErr> {
+    if !set.starts_with(HELD_PREFIX) {
+        return Ok(());
+    }
+    let key = format!("libmember failpoint {set}");
+    db.run(|c, _| {
+        c.execute(
+            "SELECT pg_advisory_lock_shared(hashtextextended($1, 0))",
+            &[&key],
+        )?;
+        c.execute(
+            "SELECT pg_advisory_unlock_shared(hashtextextended($1, 0))",
+            &[&key],
+        )?;
+        Ok(())
+    })
+}
+
 /// MEMBER.ADD's rows: for each item, true when the call made it a member (`sql::add_many`);
-/// for an attached set, which never writes, true when its source holds the row.
+/// for an attached set, which never writes, true when its source holds the row. `twins` (one
+/// per item, or none) are the rows a rotating set stores with them in the same statement
+/// (docs/security.md, "Rotating a tokenized set's key online"), decided when the write was
+/// planned.
 pub fn add_many(
     db: &mut Db,
     set: &str,
     items: &[(&str, &str, Option<f64>)],
+    twins: &[Option<&str>],
 ) -> Result<Vec<bool>, DbErr> {
     // Debug builds only (the integration tests'): a failpoint that panics the worker.
     #[cfg(debug_assertions)]
     if items.iter().any(|(e, _, _)| *e == PANIC_ITEM) {
         panic!("libmember test failpoint: an ADD of {PANIC_ITEM}");
     }
+    #[cfg(debug_assertions)]
+    held(db, set)?;
     if let Some(src) = source::of(set) {
         return source::confirm_many(db, &src, items);
     }
-    let Some(t) = twins::of(set) else {
+    if twins.iter().all(Option::is_none) {
         return sql::add_many(db, set, items, &[]);
-    };
-    // The set's key rotates: each old-form row with its twin in the same statement.
-    let mut made: Vec<(String, &str, &str, Option<f64>)> = Vec::new();
-    for (e, s, x) in items {
-        if let Some(w) = twins::twin_of(&t, e).map_err(DbErr::Failed)? {
-            made.push((w, e, s, *x));
-        }
     }
+    // Each old-form row with its twin, which names it.
     let mut rows: Vec<(&str, &str, Option<f64>)> = items.to_vec();
     let mut of: Vec<&str> = vec![""; items.len()];
-    for (w, e, s, x) in &made {
-        rows.push((w, s, *x));
-        of.push(e);
+    for ((e, s, x), w) in items.iter().zip(twins) {
+        if let Some(w) = w {
+            rows.push((w, s, *x));
+            of.push(e);
+        }
     }
     let mut out = sql::add_many(db, set, &rows, &of)?;
     out.truncate(items.len());
@@ -55,16 +85,21 @@ pub fn lookup_many(db: &mut Db, set: &str, items: &[(&str, &str)]) -> Result<Vec
     }
 }
 
-/// Deletes a membership. True when an active member was removed. An attached set never deletes
-/// from its source (docs/attach.md): the call only drops the cached answer, on the main
-/// thread, and removed nothing.
-pub fn del(db: &mut Db, set: &str, entity: &str, scope: &str) -> Result<bool, DbErr> {
+/// Deletes a membership, and its `twin` while the set's key rotates (decided when the write
+/// was planned). True when an active member was removed. An attached set never deletes from
+/// its source (docs/attach.md): the call only drops the cached answer, on the main thread,
+/// and removed nothing.
+pub fn del(
+    db: &mut Db,
+    set: &str,
+    entity: &str,
+    scope: &str,
+    twin: Option<&str>,
+) -> Result<bool, DbErr> {
     if source::of(set).is_some() {
         return Ok(false);
     }
-    let twin = match twins::of(set) {
-        Some(t) => twins::twin_of(&t, entity).map_err(DbErr::Failed)?,
-        None => None,
-    };
-    sql::del(db, set, entity, scope, twin.as_deref())
+    #[cfg(debug_assertions)]
+    held(db, set)?;
+    sql::del(db, set, entity, scope, twin)
 }

@@ -21,7 +21,6 @@ pub mod standby;
 mod stmts;
 pub mod token_form;
 pub mod token_sql;
-pub mod twins;
 
 use std::time::{Duration, Instant};
 

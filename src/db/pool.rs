@@ -33,6 +33,8 @@ pub struct Point<T> {
     pub set: String,
     pub entity: String,
     pub scope: String,
+    /// A write's twin, stored (or deleted) with it while the set's key rotates.
+    pub twin: Option<String>,
     pub reply: Box<dyn FnOnce(Result<T, DbErr>) + Send>,
 }
 
@@ -283,8 +285,9 @@ fn run_adds(db: &mut Db, group: Vec<AddJob>) {
             .iter()
             .map(|(p, exp)| (p.entity.as_str(), p.scope.as_str(), *exp))
             .collect();
+        let twins: Vec<Option<&str>> = group.iter().map(|(p, _)| p.twin.as_deref()).collect();
         count_batch(items.len());
-        let res = members::add_many(db, &group[0].0.set, &items);
+        let res = members::add_many(db, &group[0].0.set, &items, &twins);
         answer(group.into_iter().map(|(p, _)| p).collect(), res);
     });
 }

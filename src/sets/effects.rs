@@ -15,32 +15,8 @@ use crate::{sets::keys, sets::state};
 /// stall every client for as long as the filter takes to zero. If the filter at the key is
 /// not the one the set trusts, that one (moved away, or gone) missed the item and is trusted
 /// no more.
+/// (A rotating set's write of two forms calls this for each: `command/write.rs`.)
 pub fn added(ctx: &Context, set: &str, canon: &Canon) {
-    // While the set's key rotates, its twin is stored with it: the twin's bits too, so a node
-    // that computes the new form finds it.
-    if let Some(w) = twin(set, canon) {
-        added_one(ctx, set, &w);
-    }
-    added_one(ctx, set, canon);
-}
-
-/// The twin of `canon` while `set`'s key rotates (its next link under the new key), if
-/// `canon` is of the old form.
-fn twin(set: &str, canon: &Canon) -> Option<Canon<'static>> {
-    let t = crate::db::twins::of(set)?;
-    if !canon.scope.is_empty() {
-        return None;
-    }
-    let w = crate::db::twins::twin_of(&t, &canon.entity).ok()??;
-    let hash = crate::model::canon::hash_parts(&w, "");
-    Some(Canon {
-        entity: std::borrow::Cow::Owned(w),
-        scope: "",
-        hash,
-    })
-}
-
-fn added_one(ctx: &Context, set: &str, canon: &Canon) {
     state::with(|r| {
         let (key, prefix) = match r.sets.get_mut(set) {
             Some(s) => {
@@ -62,13 +38,6 @@ fn added_one(ctx: &Context, set: &str, canon: &Canon) {
 /// `canon` stopped being a member of `set`: drop its cache entry (the filter keeps its bits
 /// until the next rebuild; a lookup of it is counted as lapsed, not as a false positive).
 pub fn removed(ctx: &Context, set: &str, canon: &Canon) {
-    if let Some(w) = twin(set, canon) {
-        removed_one(ctx, set, &w);
-    }
-    removed_one(ctx, set, canon);
-}
-
-fn removed_one(ctx: &Context, set: &str, canon: &Canon) {
     let prefix = state::with(|r| match r.sets.get_mut(set) {
         Some(s) => {
             s.generation += 1;

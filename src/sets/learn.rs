@@ -89,7 +89,6 @@ pub fn on_resized(f: fn(&str)) {
 /// incarnation and tag; the old entries expire by their TTL, nothing scans for them).
 pub fn forget(ctx: &Context, name: &str) {
     crate::db::source::forget(name);
-    crate::db::twins::set(name, None);
     if let Some(s) = state::remove(name) {
         if let state::Rebuild::Running { waiters, .. } = s.rebuild {
             for (w, _) in waiters {

@@ -12,9 +12,9 @@ use std::borrow::Cow;
 use redis_module::Context;
 
 use crate::db::sql::rotation::{Phase, RotationRow};
-use crate::db::twins::{self, Twin};
 use crate::filter::store;
 use crate::model::token::Tokenize;
+use crate::model::token_chain::chain_length;
 pub use crate::sets::rotating::Rotating;
 use crate::sets::state::{self, SetDef, SetState};
 
@@ -58,15 +58,6 @@ pub fn learned(ctx: &Context, name: &str, chain: &Tokenize, rotation: Option<Rot
         s.def.tokenize = rot.served();
         s.rotation = Some(rot);
     });
-    let twin = state::with(|r| {
-        let rot = r.sets.get(name)?.rotation.as_ref()?;
-        let (old, to) = rot.forms()?;
-        Some(Twin {
-            n: old.chain().len(),
-            to: to.to_string(),
-        })
-    });
-    twins::set(name, twin);
     tick_one(ctx, name);
 }
 
@@ -81,6 +72,21 @@ pub fn write_def(s: &SetState) -> Cow<'_, SetDef> {
         }
         _ => Cow::Borrowed(&s.def),
     }
+}
+
+/// The twin a write of `entity` (canonicalized under [`write_def`]) stores with it while the
+/// set's key rotates: its next link under the key the set moves to. Decided with the form, on
+/// the main thread, and carried by the write to its statement and its effects: a write planned
+/// before this node learns the drain still stores (or deletes) both forms, as the rows it
+/// meets were made. `None` for a set not rotating, in its drain, or a row of another form.
+pub fn twin_of(s: &SetState, entity: &str, scope: &str) -> Result<Option<String>, String> {
+    let Some((old, to)) = s.rotation.as_ref().and_then(Rotating::forms) else {
+        return Ok(None);
+    };
+    if !scope.is_empty() || chain_length(entity) != Some(old.chain().len() as u32) {
+        return Ok(None);
+    }
+    crate::config::token_key::wrap(to, entity).map(Some)
 }
 
 /// From the housekeeping sweep: every set whose rotation ended switches once its filter

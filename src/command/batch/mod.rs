@@ -196,7 +196,7 @@ fn plan(
         }
         Ok(Some(match kind {
             Kind::Lookups => Planned::Lookups(decide_lookups(ctx, set, epoch, canons)),
-            Kind::Writes(expires_at) => Planned::Writes(writes(set, canons, expires_at)),
+            Kind::Writes(expires_at) => Planned::Writes(writes(set, canons, expires_at)?),
         }))
     })
 }

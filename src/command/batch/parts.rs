@@ -78,15 +78,15 @@ pub(in crate::command) fn writes(
     set: &state::SetState,
     canons: Vec<Canon>,
     expires_at: Option<f64>,
-) -> ManyWrites {
-    ManyWrites {
+) -> Result<ManyWrites, RedisError> {
+    Ok(ManyWrites {
         set: set.def.name.clone(),
         writes: canons
             .into_iter()
             .map(|canon| WriteDone::new(Op::Add, set, canon))
-            .collect(),
+            .collect::<Result<_, _>>()?,
         expires_at,
-    }
+    })
 }
 
 /// One job, one statement: every lookup of the call in one `lookup_many`. However the job
@@ -127,8 +127,9 @@ pub(in crate::command) fn send_writes(out: Outlet, done: ManyWrites) {
                 (e, s, done.expires_at)
             })
             .collect();
+        let twins: Vec<Option<&str>> = done.writes.iter().map(|w| w.twin()).collect();
         pool::count_batch(rows.len());
-        let res = members::add_many(db, &done.set, &rows);
+        let res = members::add_many(db, &done.set, &rows, &twins);
         for (i, w) in done.writes.iter_mut().enumerate() {
             w.answered(match &res {
                 Ok(made) => Ok(made[i]),

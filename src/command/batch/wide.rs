@@ -111,14 +111,17 @@ pub(in crate::command) fn split(
             (node, at, req)
         })
         .collect();
-    let local = (!local.is_empty()).then(|| {
-        let mine = take(&local);
-        let part = match kind {
-            Kind::Lookups => Local::Lookups(decide_lookups(ctx, set, epoch, mine)),
-            Kind::Writes(at) => Local::Writes(writes(set, mine, at)),
-        };
-        (local, part)
-    });
+    let local = match local.is_empty() {
+        true => None,
+        false => {
+            let mine = take(&local);
+            let part = match kind {
+                Kind::Lookups => Local::Lookups(decide_lookups(ctx, set, epoch, mine)),
+                Kind::Writes(at) => Local::Writes(writes(set, mine, at)?),
+            };
+            Some((local, part))
+        }
+    };
     Ok(Wide {
         len,
         deadline,

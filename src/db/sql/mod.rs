@@ -121,7 +121,7 @@ pub fn add_many(
     } else {
         format!(
             "INSERT INTO {t} AS m (entity_id, scope, status, expires_at, twin)
-             SELECT e, s, 1, to_timestamp(x), NULLIF(w, '')
+             SELECT e, s, 1, to_timestamp(x), CASE WHEN length(w) > 0 THEN w END
                FROM unnest($1::text[], $2::text[], $3::float8[], $4::text[]) AS u(e, s, x, w)
              {}",
             ON_CONFLICT.replace(

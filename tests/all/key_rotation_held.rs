@@ -1,0 +1,245 @@
+//! A write that a node planned before it learned its set's drain, and that reached the
+//! database after: it stores (or deletes) both forms, as planned, and the node's filter takes
+//! both. Held at each point by locks (the debug build's write failpoint, `members::HELD_PREFIX`,
+//! a node report that holds the switch, and a lock on the change log that holds the drain's
+//! deletes), so the order is the same on any machine.
+use crate::support;
+
+use std::time::Duration;
+
+use support::member::*;
+use support::wait_until;
+
+use super::tokenize::{KeyFile, KEY1, KEY2};
+
+/// A set whose writes wait for the test's failpoint lock (debug builds).
+const SET: &str = "failpoint_held_cards";
+/// The node report that holds the rotation before its drain: a node that lacks the new form.
+const LAGGING: &str = "test-lagging-node";
+
+fn phase(pg: &mut postgres::Client) -> Option<String> {
+    pg.query_one(
+        "SELECT rotate_phase FROM member_catalog WHERE name = $1",
+        &[&SET],
+    )
+    .unwrap()
+    .get(0)
+}
+
+/// Waits until `n` sessions other than the test's wait for a lock of kind `event`
+/// (`advisory`, `relation`) in a statement that names `like`.
+fn wait_waiting(
+    pg: &mut postgres::Client,
+    event: &str,
+    like: &str,
+    n: i64,
+    what: &dyn Fn() -> String,
+) {
+    let seen = wait_until(Duration::from_secs(30), || {
+        let c: i64 = pg
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE wait_event_type = 'Lock' AND wait_event = $1 AND query LIKE $2",
+                &[&event, &like],
+            )
+            .unwrap()
+            .get(0);
+        c >= n
+    });
+    assert!(seen, "{}: {:#?}", what(), activity(pg));
+}
+
+/// What every session of the database waits for, and runs (for a failure's message).
+fn activity(pg: &mut postgres::Client) -> Vec<String> {
+    pg.query(
+        "SELECT coalesce(wait_event_type, '') || '/' || coalesce(wait_event, '') || ': ' || query
+           FROM pg_stat_activity WHERE backend_type = 'client backend'",
+        &[],
+    )
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+fn node_phase(env: &Env, pg: &mut postgres::Client, c: &mut redis::Connection, want: &str) {
+    let shown = wait_until(Duration::from_secs(30), || {
+        set_info(c, SET, "token_rotation").as_deref() == Ok(want)
+    });
+    assert!(
+        shown,
+        "the node never showed phase {want}: {:?} {:?} {:?}\n{:#?}\n{}",
+        set_info(c, SET, "token_rotation_form"),
+        set_info(c, SET, "token_rotation_waiting_for"),
+        set_info(c, SET, "token_rotation_last_error"),
+        activity(pg),
+        support::lifecycle::log_tail(&env.vk)
+    );
+}
+
+#[test]
+fn a_write_planned_before_the_drain_and_made_in_it_keeps_both_forms() {
+    let ring = format!("default {KEY1}\nk2 {KEY2}\n");
+    let file = KeyFile::new(&ring);
+    // Enough workers for the held writes, the drain's held step and the node's upkeep; a
+    // database timeout longer than any hold.
+    let env = Env::debug_build(&[
+        ("member.token-key-file", file.path()),
+        ("member.db-timeout-ms", "60000"),
+        ("member.workers", "8"),
+    ]);
+    let mut c = env.conn();
+    create_synced(&mut c, SET, &["TOKENIZE", "hmac-sha256"]);
+    for i in ["kept", "doomed"] {
+        assert_eq!(int(&mut c, &["MEMBER.ADD", SET, i]), 1);
+    }
+    let mut pg = env.pg();
+    // A second node with this node's ring that reports the old form: the rotation waits for it
+    // before its drain, for as long as the test keeps its report (dated ahead: fresh).
+    assert!(wait_until(Duration::from_secs(30), || {
+        pg.execute(
+            "INSERT INTO member_nodes (node, port, role, ring, serving, seen_at)
+             SELECT $1, port, role, ring, '', now() + interval '1 hour' FROM member_nodes
+              LIMIT 1 ON CONFLICT (node) DO NOTHING",
+            &[&LAGGING],
+        )
+        .unwrap()
+            == 1
+    }));
+    ok(&mut c, &["MEMBER.ALTER", SET, "ROTATE-KEY", "k2"]);
+    assert!(
+        wait_until(Duration::from_secs(60), || phase(&mut pg).as_deref()
+            == Some("switching")),
+        "the rotation never reached its end: {:?}",
+        set_info(&mut c, SET, "token_rotation_last_error")
+    );
+    node_phase(&env, &mut pg, &mut c, "switching");
+    assert!(wait_until(Duration::from_secs(30), || set_info(
+        &mut c,
+        SET,
+        "token_rotation_waiting_for"
+    )
+    .is_ok_and(|w| w.contains(LAGGING))));
+
+    // The drain's deletes will wait for the change log (its trigger writes there); the writes
+    // wait for the failpoint.
+    let mut log_lock = env.pg();
+    log_lock
+        .batch_execute("BEGIN; LOCK TABLE member_changes IN SHARE MODE")
+        .unwrap();
+    let mut failpoint = env.pg();
+    failpoint
+        .execute(
+            "SELECT pg_advisory_lock(hashtextextended('libmember failpoint ' || $1, 0))",
+            &[&SET],
+        )
+        .unwrap();
+    // Planned while the node makes twins: both forms. One at a time: jobs sent in one event
+    // loop iteration may share a worker, which runs them in turn.
+    let (tx, done) = std::sync::mpsc::channel();
+    for (n, (command, item)) in [("MEMBER.ADD", "late"), ("MEMBER.DEL", "doomed")]
+        .into_iter()
+        .enumerate()
+    {
+        let port = env.vk.port();
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            let got = cmd(&mut c, &[command, SET, item]);
+            let _ = tx.send(format!("{command} {item}: {got:?}"));
+        });
+        wait_waiting(
+            &mut pg,
+            "advisory",
+            "%pg_advisory_lock_shared%",
+            n as i64 + 1,
+            &|| {
+                format!(
+                    "{command} never reached the failpoint ({:?})",
+                    done.try_iter().collect::<Vec<_>>()
+                )
+            },
+        );
+    }
+
+    // The lagging node goes: the drain starts, and the node learns it.
+    pg.execute("DELETE FROM member_nodes WHERE node = $1", &[&LAGGING])
+        .unwrap();
+    node_phase(&env, &mut pg, &mut c, "draining");
+    // The writes go on, up to the change log's lock: in the database before the drain ends.
+    failpoint
+        .batch_execute("SELECT pg_advisory_unlock_all()")
+        .unwrap();
+    let table = format!("member_{SET}");
+    wait_waiting(
+        &mut pg,
+        "relation",
+        &format!("INSERT INTO {table} %"),
+        1,
+        &|| {
+            format!(
+                "the ADD never reached the database ({:?})\n{}",
+                done.try_iter().collect::<Vec<_>>(),
+                support::lifecycle::log_tail(&env.vk)
+            )
+        },
+    );
+    wait_waiting(
+        &mut pg,
+        "relation",
+        &format!("DELETE FROM {table} WHERE entity_id %"),
+        1,
+        &|| {
+            format!(
+                "the DEL never reached the database ({:?})",
+                done.try_iter().collect::<Vec<_>>()
+            )
+        },
+    );
+    log_lock.batch_execute("ROLLBACK").unwrap();
+    let mut replies: Vec<String> = done.iter().take(2).collect();
+    replies.sort();
+    assert_eq!(
+        replies,
+        [
+            "MEMBER.ADD late: Ok(int(1))",
+            "MEMBER.DEL doomed: Ok(int(1))"
+        ]
+    );
+
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            set_info(&mut c, SET, "token_rotation").as_deref() == Ok("none")
+                && set_info(&mut c, SET, "token_key_id").as_deref() == Ok("default>k2")
+        }),
+        "the rotation never ended: {:?}\n{}",
+        set_info(&mut c, SET, "token_rotation_last_error"),
+        support::lifecycle::log_tail(&env.vk)
+    );
+    let items = ["kept", "late", "doomed", "never"];
+    let want = [1, 1, 0, 0];
+    for (i, w) in items.iter().zip(want) {
+        assert_eq!(int(&mut c, &["MEMBER.EXISTS", SET, i]), w, "EXISTS {i}");
+    }
+    let mut k = redis::cmd("MEMBER.MEXISTS");
+    k.arg(SET).arg("ITEMS").arg(&items[..]);
+    assert_eq!(k.query::<Vec<i64>>(&mut c).unwrap(), want);
+    // In the database: the two members, each once, in the new form.
+    let rows: i64 = pg
+        .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 2, "kept and late, in the new form only");
+    // Once a rebuild drops the bits of every form written before, the answers stay.
+    cmd(&mut c, &["MEMBER.REBUILD", SET, "SYNC"]).unwrap();
+    for (i, w) in items.iter().zip(want) {
+        assert_eq!(
+            int(&mut c, &["MEMBER.EXISTS", SET, i]),
+            w,
+            "EXISTS {i} after a rebuild"
+        );
+    }
+}

@@ -127,6 +127,15 @@ pub fn connect(
     Ok((client, generation, session))
 }
 
+/// A build's own connection to `member.pg-url` (a rebuild's, a slot fill's): no statement
+/// timeout, the build's lock timeout, and on a direct session none of the DBA's
+/// transaction-wide timeouts (`session::unbounded_build_session`).
+pub fn connect_build() -> Result<Client, DbErr> {
+    let (mut c, _, session) = connect(0, build_lock_timeout_ms(), false)?;
+    session::unbounded_build_session(&mut c, session).map_err(|e| classify(&e))?;
+    Ok(c)
+}
+
 /// The lock timeout of a build's connections: a build streams a whole table, but does not
 /// queue forever behind a lock (ALTER TABLE, VACUUM FULL).
 pub fn build_lock_timeout_ms() -> u64 {

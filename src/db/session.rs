@@ -49,6 +49,22 @@ pub fn begin_sql((statement_timeout_ms, lock_timeout_ms): (u64, u64)) -> String 
 pub const UNBOUNDED_TRANSACTION: &str = "SELECT set_config(name, '0', true) FROM pg_settings \
      WHERE name IN ('transaction_timeout', 'idle_in_transaction_session_timeout')";
 
+/// [`UNBOUNDED_TRANSACTION`] for a whole session: a build's own connection, direct, whose
+/// every transaction belongs to the build (the checks before its snapshot, the trigger DDL,
+/// the snapshot's first statements). Each of them is short, but a DBA's 100 ms
+/// `transaction_timeout` on a loaded server ended one now and then, and with it the
+/// rebuild. Behind a pooler the server connection is shared, so only the build's long
+/// transactions lift them, for themselves.
+pub fn unbounded_build_session(c: &mut Client, session: Session) -> Result<(), postgres::Error> {
+    if session == Session::Pooled {
+        return Ok(());
+    }
+    c.batch_execute(
+        "SELECT set_config(name, '0', false) FROM pg_settings \
+         WHERE name IN ('transaction_timeout', 'idle_in_transaction_session_timeout')",
+    )
+}
+
 /// How the last connection to `member.pg-url` was opened: 0 none yet, 1 direct, 2 pooled
 /// (`INFO member`'s `db_session`).
 static LAST: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);

@@ -26,11 +26,15 @@ const RETRY_EVERY: Duration = Duration::from_millis(100);
 pub fn connect(link: &Link, lock_timeout_ms: u64) -> Result<Client, DbErr> {
     let name = link.name;
     let whose = |m: &str| format!("{name} ({}): {m}", link.masked);
-    let (mut c, _) = super::open_link(link, (0, lock_timeout_ms), false, "libmember-rebuild")
+    let (mut c, session) = super::open_link(link, (0, lock_timeout_ms), false, "libmember-rebuild")
         .map_err(|e| match e {
             DbErr::Unavailable(m) => DbErr::Unavailable(whose(&m)),
             other => other,
         })?;
+    super::session::unbounded_build_session(&mut c, session).map_err(|e| match classify(&e) {
+        DbErr::Unavailable(m) => DbErr::Unavailable(whose(&m)),
+        other => other,
+    })?;
     // Unnamed, in one round trip: the connection may be a pooler's.
     let in_recovery: bool = c
         .query_typed_one("SELECT pg_is_in_recovery()", &[])

@@ -117,7 +117,7 @@ fn build(
             None
         }
     };
-    let (mut c, _, _) = db::connect(0, lock_timeout, false)?;
+    let mut c = db::connect_build()?;
     // In a transaction of its own: the connection may be a pooler's.
     let here = db::pinned(&mut c, (0, lock_timeout), |c| Ok(db::identity::stamp(c)))
         .map_err(|e| db::classify(&e))?;

@@ -130,8 +130,7 @@ fn start(ctx: &Context, name: &str, id: u64, missing: SlotSet) {
 
 /// On the fill's thread: the rows of `slots`, hashed.
 fn read(def: &SetDef, slots: &SlotSet) -> Result<Vec<u128>, DbErr> {
-    let lock_timeout = db::build_lock_timeout_ms();
-    let (mut c, _, _) = db::connect(0, lock_timeout, false)?;
+    let mut c = db::connect_build()?;
     db::keyslot::ensure_slot_column(&mut c, &def.name, config::db_timeout_ms())
         .map_err(|e| db::classify(&e))?;
     let progress = AtomicU64::new(0);

@@ -142,10 +142,13 @@ fn run_step(db: &mut crate::db::Db, d: &Due) -> Result<Result<Done, String>, DbE
     let wrap = move |o: &str| crate::config::token_key::wrap(&to, o);
     Ok(match d.phase {
         Phase::Copying => match rotation::copy_step(db, &d.set, d.n, BATCH, &wrap)? {
-            Ok(s) if s.copy_done && !s.busy => match rotation::end(db, &d.set, d.n, &wrap)? {
-                Ok(e) => Ok(Done::Ended(e)),
-                Err(e) => Err(e),
-            },
+            Ok(s) if s.copy_done && !s.busy && !s.stale => {
+                match rotation::end(db, &d.set, d.n, &wrap)? {
+                    Ok(e) if e.stale || e.busy => Ok(Done::Copied(e)),
+                    Ok(e) => Ok(Done::Ended(e)),
+                    Err(e) => Err(e),
+                }
+            }
             Ok(s) => Ok(Done::Copied(s)),
             Err(e) => Err(e),
         },
@@ -160,7 +163,7 @@ fn run_step(db: &mut crate::db::Db, d: &Due) -> Result<Result<Done, String>, DbE
                 Ok(Done::Waiting(behind))
             } else {
                 let s = rotation::drain_start(db, &d.set)?;
-                Ok(if s.busy {
+                Ok(if s.busy || s.stale {
                     Done::Swept(s)
                 } else {
                     Done::DrainStarted

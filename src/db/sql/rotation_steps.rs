@@ -22,11 +22,26 @@ fn try_lock(tx: &mut Transaction, set: &str) -> Result<bool, postgres::Error> {
         .get(0))
 }
 
+/// Whether the catalog's phase of `set`'s rotation is one of `phases`: a step planned from a
+/// node's view of the catalog that the rotation has since left (a step in the moment between
+/// a phase's change and this node's re-read of the catalog) does nothing.
+fn phase_is(tx: &mut Transaction, set: &str, phases: &[&str]) -> Result<bool, postgres::Error> {
+    let phase: Option<String> = tx
+        .query_opt(
+            "SELECT rotate_phase FROM member_catalog WHERE name = $1",
+            &[&set],
+        )?
+        .and_then(|r| r.get(0));
+    Ok(phase.is_some_and(|p| phases.contains(&p.as_str())))
+}
+
 /// What one step of a rotation found and did.
 #[derive(Debug, Default)]
 pub struct Step {
     /// Another node holds the rotation's lock: nothing was done.
     pub busy: bool,
+    /// The rotation had left the phase the step was for: nothing was done.
+    pub stale: bool,
     /// Old-form rows given twins.
     pub copied: usize,
     /// The copy reached the end of the table.
@@ -36,6 +51,13 @@ pub struct Step {
 impl Step {
     const BUSY: Step = Step {
         busy: true,
+        stale: false,
+        copied: 0,
+        copy_done: false,
+    };
+    const STALE: Step = Step {
+        busy: false,
+        stale: true,
         copied: 0,
         copy_done: false,
     };
@@ -163,6 +185,9 @@ pub fn copy_step(
         if !try_lock(&mut tx, set)? {
             return Ok(Ok(Step::BUSY));
         }
+        if !phase_is(&mut tx, set, &["copying", "switching"])? {
+            return Ok(Ok(Step::STALE));
+        }
         let batch = match limit {
             0 => Vec::new(),
             _ => next_batch(&mut tx, set, n, limit)?,
@@ -182,9 +207,9 @@ pub fn copy_step(
         )?;
         tx.commit()?;
         Ok(Ok(Step {
-            busy: false,
             copied: copied as usize,
             copy_done: (batch.len() as i64) < limit,
+            ..Step::default()
         }))
     })
 }
@@ -205,6 +230,9 @@ pub fn end(
         if !try_lock(&mut tx, set)? {
             return Ok(Ok(Step::BUSY));
         }
+        if !phase_is(&mut tx, set, &["copying"])? {
+            return Ok(Ok(Step::STALE));
+        }
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
         tx.batch_execute(LOCK_WAIT)?;
         tx.batch_execute(&format!("LOCK TABLE {t} IN SHARE ROW EXCLUSIVE MODE"))?;
@@ -224,9 +252,9 @@ pub fn end(
         tx.execute(super::BUMP_VERSION, &[])?;
         tx.commit()?;
         Ok(Ok(Step {
-            busy: false,
             copied: copied as usize,
             copy_done: true,
+            ..Step::default()
         }))
     })
 }
@@ -251,6 +279,9 @@ pub fn drain_start(db: &mut Db, set: &str) -> Result<Step, DbErr> {
         let mut tx = st.begin(c)?;
         if !try_lock(&mut tx, set)? {
             return Ok(Step::BUSY);
+        }
+        if !phase_is(&mut tx, set, &["switching"])? {
+            return Ok(Step::STALE);
         }
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
         tx.batch_execute(LOCK_WAIT)?;
@@ -283,7 +314,7 @@ pub fn drain_step(db: &mut Db, set: &str, n: usize, limit: i64) -> Result<(u64, 
     );
     db.run_own(|c, st| {
         let mut tx = st.begin(c)?;
-        if !try_lock(&mut tx, set)? {
+        if !try_lock(&mut tx, set)? || !phase_is(&mut tx, set, &["draining"])? {
             return Ok((0, false));
         }
         let gone = tx.execute(&delete, &[&limit])?;
@@ -297,7 +328,7 @@ pub fn drain_step(db: &mut Db, set: &str, n: usize, limit: i64) -> Result<(u64, 
         let mut tx = st.begin(c)?;
         tx.batch_execute(LOCK_WAIT)?;
         let last = (|| {
-            if !try_lock(&mut tx, set)? {
+            if !try_lock(&mut tx, set)? || !phase_is(&mut tx, set, &["draining"])? {
                 return Ok(None);
             }
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;

@@ -36,6 +36,8 @@ pub struct Pace {
     pub last_error: Option<String>,
     /// The nodes the last step found not computing the new form yet, by run id.
     pub waiting_for: Vec<String>,
+    /// About how many rows are left to copy or delete, as the last step left the catalog.
+    pub left: Option<i64>,
 }
 
 /// Per rotating set this node drives.
@@ -134,7 +136,8 @@ enum Done {
     /// Nodes that do not compute the new form yet.
     Waiting(Vec<String>),
     DrainStarted,
-    Drained(u64, bool),
+    /// Rows deleted, whether the rotation is over, rows left.
+    Drained(u64, bool, Option<i64>),
 }
 
 fn run_step(db: &mut crate::db::Db, d: &Due) -> Result<Result<Done, String>, DbErr> {
@@ -171,8 +174,8 @@ fn run_step(db: &mut crate::db::Db, d: &Due) -> Result<Result<Done, String>, DbE
             }
         }
         Phase::Draining => {
-            let (gone, over) = rotation::drain_step(db, &d.set, d.n, BATCH)?;
-            Ok(Done::Drained(gone, over))
+            let (gone, over, left) = rotation::drain_step(db, &d.set, d.n, BATCH)?;
+            Ok(Done::Drained(gone, over, left))
         }
     })
 }
@@ -208,7 +211,7 @@ fn finished(ctx: &Context, d: Due, res: Result<Result<Done, String>, DbErr>, too
                 d.set
             ))
         }
-        Ok(Ok(Done::Drained(gone, true))) => {
+        Ok(Ok(Done::Drained(gone, true, _))) => {
             reread = true;
             Some(format!(
                 "libmember: rotation of set '{}' ended: no row of the old form is left ({gone} \
@@ -235,9 +238,16 @@ fn finished(ctx: &Context, d: Due, res: Result<Result<Done, String>, DbErr>, too
     p.next = Some(Instant::now() + rest);
     p.rows += match &res {
         Ok(Ok(Done::Copied(s) | Done::Ended(s) | Done::Swept(s))) => s.copied as u64,
-        Ok(Ok(Done::Drained(gone, _))) => *gone,
+        Ok(Ok(Done::Drained(gone, _, _))) => *gone,
         _ => 0,
     };
+    match &res {
+        Ok(Ok(Done::Copied(s) | Done::Ended(s) | Done::Swept(s))) if s.left.is_some() => {
+            p.left = s.left
+        }
+        Ok(Ok(Done::Drained(_, _, Some(left)))) => p.left = Some(*left),
+        _ => {}
+    }
     p.waiting_for = match &res {
         Ok(Ok(Done::Waiting(nodes))) => nodes.clone(),
         _ => Vec::new(),

@@ -103,6 +103,8 @@ fn a_rotation_resumes_after_postgres_restarts_in_its_copying_and_switching_phase
     )
     .as_deref()
         == Ok("copying")));
+    // No step has run: nothing counted yet.
+    assert!(set_info(&mut c, "cards", "token_rotation_rows_left").is_err());
 
     // A reader on its own connection throughout.
     let present = Arc::new(Mutex::new(before.clone()));
@@ -152,6 +154,19 @@ fn a_rotation_resumes_after_postgres_restarts_in_its_copying_and_switching_phase
         assert!(added, "ADD {i} after the restart");
     }
     present.lock().unwrap().extend(mid.iter().cloned());
+    // Held before the drain: the old forms of the 200 rows the copy gave twins are left to
+    // delete (the ADDs made their own twins).
+    assert!(
+        wait_until(Duration::from_secs(30), || set_info(
+            &mut c,
+            "cards",
+            "token_rotation_rows_left"
+        )
+        .as_deref()
+            == Ok("200")),
+        "rows left: {:?}",
+        set_info(&mut c, "cards", "token_rotation_rows_left")
+    );
 
     // A crash while the switch is held, then the lagging node goes: the drain runs. (The
     // test clusters commit asynchronously: a checkpoint first, or the crash would lose the

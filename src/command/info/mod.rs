@@ -389,7 +389,13 @@ fn rotation_fields(
             if rot.switched { "new" } else { "old" }.to_string(),
         ),
     ];
-    if let Some(p) = crate::upkeep::rotation::status(set) {
+    let pace = crate::upkeep::rotation::status(set);
+    // The driving primary's count as its last step left it; elsewhere the catalog's as this
+    // node last read it.
+    if let Some(left) = pace.as_ref().and_then(|p| p.left).or(rot.row.left) {
+        out.push(("token_rotation_rows_left", left.to_string()));
+    }
+    if let Some(p) = pace {
         let secs = p.since.map_or(0.0, |t| t.elapsed().as_secs_f64());
         let rate = if secs > 0.0 {
             p.rows as f64 / secs

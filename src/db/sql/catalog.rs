@@ -68,6 +68,12 @@ DO $rot$ BEGIN
                                ADD COLUMN IF NOT EXISTS rotate_started timestamptz;
   END IF;
 END $rot$;
+DO $left$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'member_catalog'::regclass
+                   AND attname = 'rotate_left' AND NOT attisdropped) THEN
+    ALTER TABLE member_catalog ADD COLUMN IF NOT EXISTS rotate_left bigint;
+  END IF;
+END $left$;
 CREATE TABLE IF NOT EXISTS member_catalog_version (
     id smallint PRIMARY KEY CHECK (id = 1),
     version bigint NOT NULL

@@ -55,6 +55,9 @@ pub struct RotationRow {
     pub end_xid: Option<i64>,
     /// Rows copied so far.
     pub copied: i64,
+    /// About how many rows the rotation has still to copy (copying) or delete (switching,
+    /// draining), as of the last step; `None` before the first.
+    pub left: Option<i64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,7 +88,10 @@ impl Phase {
 
 /// The catalog columns `rotation_at` reads, for a table aliased `a`.
 pub(super) fn rotation_columns(a: &str) -> String {
-    format!("{a}.rotate_to, {a}.rotate_phase, {a}.rotate_end_xid, {a}.rotate_copied")
+    format!(
+        "{a}.rotate_to, {a}.rotate_phase, {a}.rotate_end_xid, {a}.rotate_copied, \
+         {a}.rotate_left"
+    )
 }
 
 /// The rotation from the `rotation_columns` starting at `at`; `None` when none runs (or a
@@ -96,6 +102,7 @@ pub(super) fn rotation_at(row: &postgres::Row, at: usize) -> Option<RotationRow>
         phase: Phase::parse(row.get::<_, Option<&str>>(at + 1)?)?,
         end_xid: row.get(at + 2),
         copied: row.get::<_, Option<i64>>(at + 3).unwrap_or(0),
+        left: row.get(at + 4),
     })
 }
 
@@ -196,7 +203,8 @@ fn start_once(
         "UPDATE member_catalog
             SET rotate_to = $2, rotate_phase = 'copying', rotate_cursor = NULL,
                 rotate_swept = pg_snapshot_xmin(pg_current_snapshot())::text::int8,
-                rotate_end_xid = NULL, rotate_copied = 0, rotate_started = now()
+                rotate_end_xid = NULL, rotate_copied = 0, rotate_left = NULL,
+                rotate_started = now()
           WHERE name = $1",
         &[&set, &to],
     )?;

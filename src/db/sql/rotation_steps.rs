@@ -46,6 +46,8 @@ pub struct Step {
     pub copied: usize,
     /// The copy reached the end of the table.
     pub copy_done: bool,
+    /// About how many rows the rotation has still to copy or delete (`RotationRow::left`).
+    pub left: Option<i64>,
 }
 
 impl Step {
@@ -54,12 +56,14 @@ impl Step {
         stale: false,
         copied: 0,
         copy_done: false,
+        left: None,
     };
     const STALE: Step = Step {
         busy: false,
         stale: true,
         copied: 0,
         copy_done: false,
+        left: None,
     };
 }
 
@@ -188,6 +192,15 @@ pub fn copy_step(
         if !phase_is(&mut tx, set, &["copying", "switching"])? {
             return Ok(Ok(Step::STALE));
         }
+        // The first step counts what there is to copy (once; before it takes any row lock).
+        tx.execute(
+            &format!(
+                "UPDATE member_catalog SET rotate_left = (SELECT count(*) FROM {t})
+                  WHERE name = $1 AND rotate_left IS NULL AND rotate_phase = 'copying'",
+                t = table(set)
+            ),
+            &[&set],
+        )?;
         let batch = match limit {
             0 => Vec::new(),
             _ => next_batch(&mut tx, set, n, limit)?,
@@ -198,17 +211,24 @@ pub fn copy_step(
             Ok(made) => made,
             Err(e) => return Ok(Err(e)),
         };
-        tx.execute(
-            "UPDATE member_catalog
-                SET rotate_cursor = coalesce($2, rotate_cursor), rotate_swept = $3,
-                    rotate_copied = rotate_copied + $4
-              WHERE name = $1",
-            &[&set, &batch.last(), &horizon, &(copied as i64)],
-        )?;
+        // Copying, the rows still to copy; switching (a sweep), those the drain will delete.
+        let left: Option<i64> = tx
+            .query_one(
+                "UPDATE member_catalog
+                    SET rotate_cursor = coalesce($2, rotate_cursor), rotate_swept = $3,
+                        rotate_copied = rotate_copied + $4,
+                        rotate_left = CASE rotate_phase
+                                        WHEN 'copying' THEN greatest(rotate_left - $4, 0)
+                                        ELSE rotate_left + $4 END
+                  WHERE name = $1 RETURNING rotate_left",
+                &[&set, &batch.last(), &horizon, &(copied as i64)],
+            )?
+            .get(0);
         tx.commit()?;
         Ok(Ok(Step {
             copied: copied as usize,
             copy_done: (batch.len() as i64) < limit,
+            left,
             ..Step::default()
         }))
     })
@@ -245,7 +265,7 @@ pub fn end(
             "UPDATE member_catalog
                 SET token_key_fp = token_key_fp || '>' || rotate_to, rotate_phase = 'switching',
                     rotate_end_xid = pg_current_xact_id()::text::int8,
-                    rotate_copied = rotate_copied + $2
+                    rotate_copied = rotate_copied + $2, rotate_left = rotate_copied + $2
               WHERE name = $1 AND rotate_phase = 'copying'",
             &[&set, &(copied as i64)],
         )?;
@@ -303,8 +323,14 @@ pub fn drain_start(db: &mut Db, set: &str) -> Result<Step, DbErr> {
 /// end of the drain, under the table's lock: the last old-form rows deleted, the form check
 /// taking the new length alone (a late writer's old-form row is refused from here on), the
 /// twin column and its index dropped, the rotation's columns cleared, the catalog version
-/// bumped. Returns the rows deleted and whether the rotation is over.
-pub fn drain_step(db: &mut Db, set: &str, n: usize, limit: i64) -> Result<(u64, bool), DbErr> {
+/// bumped. Returns the rows deleted, whether the rotation is over, and about how many old-form
+/// rows are left.
+pub fn drain_step(
+    db: &mut Db,
+    set: &str,
+    n: usize,
+    limit: i64,
+) -> Result<(u64, bool, Option<i64>), DbErr> {
     let t = table(set);
     let index = twin_index(set);
     let delete = format!(
@@ -315,12 +341,19 @@ pub fn drain_step(db: &mut Db, set: &str, n: usize, limit: i64) -> Result<(u64, 
     db.run_own(|c, st| {
         let mut tx = st.begin(c)?;
         if !try_lock(&mut tx, set)? || !phase_is(&mut tx, set, &["draining"])? {
-            return Ok((0, false));
+            return Ok((0, false, None));
         }
         let gone = tx.execute(&delete, &[&limit])?;
+        let left: Option<i64> = tx
+            .query_one(
+                "UPDATE member_catalog SET rotate_left = greatest(rotate_left - $2, 0)
+                  WHERE name = $1 RETURNING rotate_left",
+                &[&set, &(gone as i64)],
+            )?
+            .get(0);
         tx.commit()?;
         if gone as i64 >= limit {
-            return Ok((gone, false));
+            return Ok((gone, false, left));
         }
         // The end of the drain, its own transaction: the table's locks are waited for at most
         // `LOCK_WAIT` (a reader queues behind a DDL statement that waits), and a step that
@@ -340,7 +373,8 @@ pub fn drain_step(db: &mut Db, set: &str, n: usize, limit: i64) -> Result<(u64, 
             tx.execute(
                 "UPDATE member_catalog
                     SET rotate_to = NULL, rotate_phase = NULL, rotate_cursor = NULL,
-                        rotate_swept = NULL, rotate_end_xid = NULL, rotate_started = NULL
+                        rotate_swept = NULL, rotate_end_xid = NULL, rotate_started = NULL,
+                        rotate_left = NULL
                   WHERE name = $1",
                 &[&set],
             )?;
@@ -351,11 +385,11 @@ pub fn drain_step(db: &mut Db, set: &str, n: usize, limit: i64) -> Result<(u64, 
         match last {
             Ok(Some(last)) => {
                 tx.commit()?;
-                Ok((gone + last, true))
+                Ok((gone + last, true, Some(0)))
             }
-            Ok(None) => Ok((gone, false)),
+            Ok(None) => Ok((gone, false, left)),
             Err(e) if e.code() == Some(&postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
-                Ok((gone, false))
+                Ok((gone, false, left))
             }
             Err(e) => Err(e),
         }

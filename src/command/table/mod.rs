@@ -70,7 +70,7 @@ pub const COMMANDS: &[Command] = &[
     public("member.create", create::create, "write deny-oom", -2, Route::BySet(Item::Insert), None)
         .doc("Creates a set, or attaches one to a table of the application", Some("O(N) where N is the number of rows already in the set's table, read off the main thread"), &[SET, ERROR, CAPACITY, CACHE_TTL, RECENT_TTL, NORMALIZE, TOKENIZE, SOURCE]),
     public("member.alter", alter::alter, "write deny-oom", -3, Route::BySet(Item::Update), None)
-        .doc("Changes a set's settings without downtime", Some("O(1); a new ERROR or CAPACITY rebuilds the filter off the main thread"), &[SET, ERROR, CAPACITY, CACHE_TTL, RECENT_TTL, SYNC]),
+        .doc("Changes a set's settings without downtime, or moves a tokenized set to another key", Some("O(1); a new ERROR or CAPACITY rebuilds the filter off the main thread; ROTATE-KEY rewrites every row in the background"), &[SET, ALTERATION]),
     public("member.drop", drop::drop, "write", -2, Route::BySet(Item::Delete), None)
         .doc("Removes a set, and with DELETE-DATA its table", None, &[SET, Arg::pure("delete-data", "DELETE-DATA").optional()]),
     public("member.add", write::add, "write deny-oom", -3, Route::ByItem(Item::Insert), Some(Shape::Item))
@@ -112,6 +112,14 @@ const ITEM: Arg = Arg::string("item");
 const SCOPE: Arg = Arg::string("scope").token("SCOPE").optional();
 const ITEMS: Arg = Arg::string("item").token("ITEMS").multiple();
 const SYNC: Arg = Arg::pure("sync", "SYNC").optional();
+/// MEMBER.ALTER's two forms: settings, or an online key rotation (docs/security.md).
+const ALTERATION: Arg = Arg::one_of(
+    "alteration",
+    &[
+        Arg::block("settings", &[ERROR, CAPACITY, CACHE_TTL, RECENT_TTL, SYNC]),
+        Arg::string("key-id").token("ROTATE-KEY").shown("id"),
+    ],
+);
 const REBUILD_MODE: Arg = Arg::one_of(
     "mode",
     &[Arg::pure("sync", "SYNC"), Arg::pure("async", "ASYNC")],

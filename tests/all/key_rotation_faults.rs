@@ -226,3 +226,114 @@ fn a_rotation_resumes_after_postgres_restarts_in_its_copying_and_switching_phase
     // The ADD while the database was down never reached it.
     assert_eq!(rows, (220, 220), "every row in the new form, each once");
 }
+
+/// A Valkey failover during a rotation: the primary that started it is killed while the copy
+/// is held, its replica is promoted, and the new primary carries the rotation from the catalog
+/// to its end; every write acknowledged before (both forms, replicated as such) and after
+/// answers 1 on it, throughout.
+#[test]
+fn a_rotation_goes_on_on_the_replica_promoted_after_its_primary_dies() {
+    let ring = format!("default {KEY1}\nk2 {KEY2}\n");
+    let file = KeyFile::new(&ring);
+    let settings = [
+        ("member.token-key-file", file.path()),
+        ("member.db-timeout-ms", "10000"),
+    ];
+    let mut env = Env::with(&settings);
+    let mut c = env.conn();
+    create_synced(&mut c, "cards", &["TOKENIZE", "hmac-sha256"]);
+    let before: Vec<String> = (0..100).map(|i| format!("before-{i}")).collect();
+    for i in &before {
+        assert_eq!(int(&mut c, &["MEMBER.ADD", "cards", i]), 1);
+    }
+    let replica = start_loaded(&env.db.url(), &settings);
+    let mut r = replica.conn();
+    let _: Value = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(env.vk.port())
+        .query(&mut r)
+        .unwrap();
+    support::lifecycle::wait_linked(&replica, &mut r, Duration::from_secs(30));
+
+    let mut holder = env.pg();
+    holder
+        .execute(
+            "SELECT pg_advisory_lock(hashtextextended('member rotation cards', 0))",
+            &[],
+        )
+        .unwrap();
+    ok(&mut c, &["MEMBER.ALTER", "cards", "ROTATE-KEY", "k2"]);
+    for n in [&mut c, &mut r] {
+        assert!(wait_until(Duration::from_secs(30), || set_info(
+            n,
+            "cards",
+            "token_rotation"
+        )
+        .as_deref()
+            == Ok("copying")));
+    }
+    // Written on the old primary while the copy is held: both forms, to the replica too.
+    let during: Vec<String> = (0..20).map(|i| format!("during-{i}")).collect();
+    for i in &during {
+        assert_eq!(int(&mut c, &["MEMBER.ADD", "cards", i]), 1);
+    }
+    let synced: i64 = redis::cmd("WAIT").arg(1).arg(10_000).query(&mut c).unwrap();
+    assert_eq!(synced, 1, "the replica never acknowledged the writes");
+
+    env.vk.kill9();
+    ok(&mut r, &["REPLICAOF", "NO", "ONE"]);
+    let mut all: Vec<String> = before.iter().chain(&during).cloned().collect();
+    let mut k = redis::cmd("MEMBER.MEXISTS");
+    k.arg("cards").arg("ITEMS").arg(&all);
+    assert_eq!(k.query::<Vec<i64>>(&mut r).unwrap(), vec![1; all.len()]);
+    let after: Vec<String> = (0..20).map(|i| format!("after-{i}")).collect();
+    for i in &after {
+        assert_eq!(int(&mut r, &["MEMBER.ADD", "cards", i]), 1);
+    }
+    all.extend(after.iter().cloned());
+    let twins: i64 = env
+        .pg()
+        .query_one(
+            "SELECT count(*) FROM member_cards WHERE twin IS NOT NULL",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        twins, 40,
+        "the writes of both primaries made twins while held"
+    );
+
+    // Let go: the promoted node drives the rotation. Its drain waits for the dead primary's
+    // report to grow stale (30 s), since that node never said it computes the new form.
+    drop(holder);
+    let mut wrong = Vec::new();
+    let ended = wait_until(Duration::from_secs(120), || {
+        wrong.extend(check_round(&mut r, &all, &["never-1".to_string()]));
+        set_info(&mut r, "cards", "token_rotation").as_deref() == Ok("none")
+            && set_info(&mut r, "cards", "token_key_id").as_deref() == Ok("default>k2")
+    });
+    assert!(
+        ended,
+        "the rotation never ended on the promoted node: {:?} {:?}\n{}",
+        set_info(&mut r, "cards", "token_rotation"),
+        set_info(&mut r, "cards", "token_rotation_last_error"),
+        support::lifecycle::log_tail(&replica)
+    );
+    assert!(wrong.is_empty(), "wrong answers: {wrong:?}");
+    let mut k = redis::cmd("MEMBER.MEXISTS");
+    k.arg("cards").arg("ITEMS").arg(&all);
+    assert_eq!(k.query::<Vec<i64>>(&mut r).unwrap(), vec![1; all.len()]);
+    assert_eq!(int(&mut r, &["MEMBER.EXISTS", "cards", "never"]), 0);
+    let rows: (i64, i64) = {
+        let row = env
+            .pg()
+            .query_one(
+                "SELECT count(*) FILTER (WHERE entity_id ~ '^2:'), count(*) FROM member_cards",
+                &[],
+            )
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(rows, (140, 140), "every row in the new form, each once");
+}

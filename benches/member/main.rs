@@ -82,7 +82,7 @@ type Section = fn(&mut Bench);
 
 /// The sections of a run, in order, by the name `--only` takes (a comma-separated list).
 /// `cluster` comes last: it adds items to the standalone set.
-const SECTIONS: [(&str, Section); 19] = [
+const SECTIONS: [(&str, Section); 20] = [
     ("memory", Bench::memory),
     ("negative", Bench::negative_path),
     ("mixed", Bench::mixed),
@@ -101,6 +101,7 @@ const SECTIONS: [(&str, Section); 19] = [
     ("syncmem", Bench::sync_memory),
     ("rebuildmem", Bench::rebuild_memory),
     ("pooler", Bench::pooler),
+    ("rotation", Bench::rotation),
     ("cluster", Bench::cluster),
 ];
 

@@ -16,6 +16,7 @@ mod pooler;
 mod rebuild;
 mod rebuild_memory;
 mod replica;
+mod rotation;
 mod seeds_app;
 pub(crate) mod sync_memory;
 mod tokenize;

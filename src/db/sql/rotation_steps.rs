@@ -310,7 +310,8 @@ pub fn drain_start(db: &mut Db, set: &str) -> Result<Step, DbErr> {
              DROP TRIGGER IF EXISTS member_twin_upd ON {t};"
         ))?;
         tx.execute(
-            "UPDATE member_catalog SET rotate_phase = 'draining' WHERE name = $1",
+            "UPDATE member_catalog SET rotate_phase = 'draining', rotate_cursor = NULL
+              WHERE name = $1",
             &[&set],
         )?;
         tx.execute(super::BUMP_VERSION, &[])?;
@@ -333,9 +334,19 @@ pub fn drain_step(
 ) -> Result<(u64, bool, Option<i64>), DbErr> {
     let t = table(set);
     let index = twin_index(set);
-    let delete = format!(
+    // A step's rows: the next old-form rows in key order after the drain's cursor (an index
+    // scan that passes each row once over the whole drain; a scan from the table's start
+    // each step would read the rows already drained again and again).
+    let step_delete = format!(
         "DELETE FROM {t} WHERE (entity_id, scope) IN (
-           SELECT entity_id, scope FROM {t} WHERE scope = '' AND {form} LIMIT $1)",
+           SELECT entity_id, scope FROM {t}
+            WHERE scope = '' AND entity_id > $2 AND {form} ORDER BY entity_id LIMIT $1)
+         RETURNING entity_id",
+        form = form_test("entity_id", n)
+    );
+    // The drain's end: whatever old-form row is left, behind the cursor too (a late writer's).
+    let delete = format!(
+        "DELETE FROM {t} WHERE scope = '' AND {form}",
         form = form_test("entity_id", n)
     );
     db.run_own(|c, st| {
@@ -343,12 +354,21 @@ pub fn drain_step(
         if !try_lock(&mut tx, set)? || !phase_is(&mut tx, set, &["draining"])? {
             return Ok((0, false, None));
         }
-        let gone = tx.execute(&delete, &[&limit])?;
+        let cursor: Option<String> = tx
+            .query_one(
+                "SELECT rotate_cursor FROM member_catalog WHERE name = $1",
+                &[&set],
+            )?
+            .get(0);
+        let deleted = tx.query(&step_delete, &[&limit, &cursor.unwrap_or_default()])?;
+        let gone = deleted.len() as u64;
+        let last: Option<String> = deleted.iter().map(|r| r.get::<_, String>(0)).max();
         let left: Option<i64> = tx
             .query_one(
-                "UPDATE member_catalog SET rotate_left = greatest(rotate_left - $2, 0)
+                "UPDATE member_catalog SET rotate_left = greatest(rotate_left - $2, 0),
+                        rotate_cursor = coalesce($3, rotate_cursor)
                   WHERE name = $1 RETURNING rotate_left",
-                &[&set, &(gone as i64)],
+                &[&set, &(gone as i64), &last],
             )?
             .get(0);
         tx.commit()?;
@@ -366,7 +386,7 @@ pub fn drain_step(
             }
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
             tx.batch_execute(&format!("LOCK TABLE {t} IN SHARE ROW EXCLUSIVE MODE"))?;
-            let last = tx.execute(&delete, &[&i64::MAX])?;
+            let last = tx.execute(&delete, &[])?;
             tx.batch_execute(&format!(
                 "DROP INDEX IF EXISTS {index}; ALTER TABLE {t} DROP COLUMN IF EXISTS twin;"
             ))?;

@@ -26,7 +26,7 @@ fn phase(pg: &mut postgres::Client) -> Option<String> {
     .get(0)
 }
 
-/// Waits until `n` sessions other than the test's wait for a lock of kind `event`
+/// Waits until `n` sessions of this test's database wait for a lock of kind `event`
 /// (`advisory`, `relation`) in a statement that names `like`.
 fn wait_waiting(
     pg: &mut postgres::Client,
@@ -39,7 +39,8 @@ fn wait_waiting(
         let c: i64 = pg
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity
-                  WHERE wait_event_type = 'Lock' AND wait_event = $1 AND query LIKE $2",
+                  WHERE wait_event_type = 'Lock' AND wait_event = $1 AND query LIKE $2
+                    AND datname = current_database()",
                 &[&event, &like],
             )
             .unwrap()
@@ -53,7 +54,8 @@ fn wait_waiting(
 fn activity(pg: &mut postgres::Client) -> Vec<String> {
     pg.query(
         "SELECT coalesce(wait_event_type, '') || '/' || coalesce(wait_event, '') || ': ' || query
-           FROM pg_stat_activity WHERE backend_type = 'client backend'",
+           FROM pg_stat_activity
+          WHERE backend_type = 'client backend' AND datname = current_database()",
         &[],
     )
     .unwrap()

@@ -337,11 +337,15 @@ pub fn drain_step(
     // A step's rows: the next old-form rows in key order after the drain's cursor (an index
     // scan that passes each row once over the whole drain; a scan from the table's start
     // each step would read the rows already drained again and again).
+    // The cursor is the last row's key as PostgreSQL orders them (`max` under the column's
+    // collation, as the `ORDER BY`), whatever order Rust would give the strings.
     let step_delete = format!(
-        "DELETE FROM {t} WHERE (entity_id, scope) IN (
-           SELECT entity_id, scope FROM {t}
-            WHERE scope = '' AND entity_id > $2 AND {form} ORDER BY entity_id LIMIT $1)
-         RETURNING entity_id",
+        "WITH d AS (
+           DELETE FROM {t} WHERE (entity_id, scope) IN (
+             SELECT entity_id, scope FROM {t}
+              WHERE scope = '' AND entity_id > $2 AND {form} ORDER BY entity_id LIMIT $1)
+           RETURNING entity_id)
+         SELECT count(*), max(entity_id) FROM d",
         form = form_test("entity_id", n)
     );
     // The drain's end: whatever old-form row is left, behind the cursor too (a late writer's).
@@ -360,9 +364,9 @@ pub fn drain_step(
                 &[&set],
             )?
             .get(0);
-        let deleted = tx.query(&step_delete, &[&limit, &cursor.unwrap_or_default()])?;
-        let gone = deleted.len() as u64;
-        let last: Option<String> = deleted.iter().map(|r| r.get::<_, String>(0)).max();
+        let deleted = tx.query_one(&step_delete, &[&limit, &cursor.unwrap_or_default()])?;
+        let gone = deleted.get::<_, i64>(0) as u64;
+        let last: Option<String> = deleted.get(1);
         let left: Option<i64> = tx
             .query_one(
                 "UPDATE member_catalog SET rotate_left = greatest(rotate_left - $2, 0),

@@ -43,3 +43,59 @@ fn shorter(t: &Tokenize) -> Tokenize {
         None => t.clone(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OLD: &str = "65f7a7b40fd60798";
+    const NEW: &str = "0123456789abcdef";
+
+    fn chain(fps: &str) -> Tokenize {
+        Tokenize::from_stored("hmac-sha256", Some(fps)).unwrap()
+    }
+
+    /// A rotation from `OLD` to `NEW` in `phase`, the catalog's chain as that phase has it.
+    fn rotating(phase: Phase, switched: bool) -> Rotating {
+        let catalog = match phase {
+            Phase::Copying => chain(OLD),
+            _ => chain(&format!("{OLD}{CHAIN_SEPARATOR}{NEW}")),
+        };
+        Rotating {
+            row: RotationRow {
+                to: NEW.to_string(),
+                phase,
+                end_xid: (phase != Phase::Copying).then_some(42),
+                copied: 0,
+                left: None,
+            },
+            chain: catalog,
+            switched,
+        }
+    }
+
+    #[test]
+    fn a_node_computes_the_old_form_until_it_switches_and_the_new_one_after() {
+        assert_eq!(rotating(Phase::Copying, false).served(), chain(OLD));
+        assert_eq!(rotating(Phase::Switching, false).served(), chain(OLD));
+        let both = chain(&format!("{OLD}{CHAIN_SEPARATOR}{NEW}"));
+        assert_eq!(rotating(Phase::Switching, true).served(), both);
+        assert_eq!(rotating(Phase::Draining, true).served(), both);
+    }
+
+    #[test]
+    fn writes_store_the_old_form_and_its_twin_until_the_drain() {
+        // Whichever form a node computes, its writes are of the old form, whose twin any node
+        // can make: so a row is there under both forms until the drain.
+        for (phase, switched) in [
+            (Phase::Copying, false),
+            (Phase::Switching, false),
+            (Phase::Switching, true),
+        ] {
+            let r = rotating(phase, switched);
+            assert_eq!(r.forms(), Some((chain(OLD), NEW)), "{phase:?} {switched}");
+        }
+        // In the drain the old forms are being deleted: the new form alone.
+        assert_eq!(rotating(Phase::Draining, true).forms(), None);
+    }
+}

@@ -39,15 +39,28 @@ pub fn begin_sql((statement_timeout_ms, lock_timeout_ms): (u64, u64)) -> String 
     s
 }
 
+/// The statement that sets the DBA's transaction-wide timeouts to 0, for the transaction
+/// (`"true"`) or the session (`"false"`): `set_config`'s `is_local`.
+macro_rules! lift_timeouts {
+    ($is_local:literal) => {
+        concat!(
+            "SELECT set_config(name, '0', ",
+            $is_local,
+            ") FROM pg_settings \
+             WHERE name IN ('transaction_timeout', 'idle_in_transaction_session_timeout')"
+        )
+    };
+}
+
 /// What a build's long transactions run after their statement and lock timeouts: no
 /// `transaction_timeout` (PostgreSQL 17 and later: a role's or a database's setting would end
 /// a rebuild's, a slot fill's or a standby rebuild's COPY) and no
 /// `idle_in_transaction_session_timeout` (the transaction that exported the snapshot waits
 /// while its COPY streams on another connection). Read from `pg_settings`, so one statement
 /// runs on every major, and only for this transaction: every other transaction of the module
-/// keeps the DBA's settings (docs/operations.md).
-pub const UNBOUNDED_TRANSACTION: &str = "SELECT set_config(name, '0', true) FROM pg_settings \
-     WHERE name IN ('transaction_timeout', 'idle_in_transaction_session_timeout')";
+/// keeps the DBA's settings, but those of a build's own direct connection
+/// ([`unbounded_build_session`]; docs/operations.md).
+pub const UNBOUNDED_TRANSACTION: &str = lift_timeouts!("true");
 
 /// [`UNBOUNDED_TRANSACTION`] for a whole session: a build's own connection, direct, whose
 /// every transaction belongs to the build (the checks before its snapshot, the trigger DDL,
@@ -59,10 +72,7 @@ pub fn unbounded_build_session(c: &mut Client, session: Session) -> Result<(), p
     if session == Session::Pooled {
         return Ok(());
     }
-    c.batch_execute(
-        "SELECT set_config(name, '0', false) FROM pg_settings \
-         WHERE name IN ('transaction_timeout', 'idle_in_transaction_session_timeout')",
-    )
+    c.batch_execute(lift_timeouts!("false"))
 }
 
 /// How the last connection to `member.pg-url` was opened: 0 none yet, 1 direct, 2 pooled

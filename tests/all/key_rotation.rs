@@ -416,12 +416,55 @@ fn a_set_rotated_online_answers_right_throughout_on_a_primary_and_its_replica() 
     );
 }
 
+/// Whether `c` says, within 30 s, that `set` rotates in `phase`.
+pub(super) fn shows_phase(c: &mut Connection, set: &str, phase: &str) -> bool {
+    wait_until(Duration::from_secs(30), || {
+        set_info(c, set, "token_rotation").as_deref() == Ok(phase)
+    })
+}
+
 /// Waits up to 30 s until `c` says the set `cards` rotates in `phase`.
 fn wait_phase(c: &mut Connection, phase: &str) {
-    let shown = wait_until(Duration::from_secs(30), || {
-        set_info(c, "cards", "token_rotation").as_deref() == Ok(phase)
-    });
-    assert!(shown, "the rotation never showed phase {phase}");
+    assert!(
+        shows_phase(c, "cards", phase),
+        "the rotation never showed phase {phase}"
+    );
+}
+
+/// MEMBER.ADD of each of `items`, each new to `set`.
+pub(super) fn add_each(c: &mut Connection, set: &str, items: &[String]) {
+    for i in items {
+        assert_eq!(int(c, &["MEMBER.ADD", set, i]), 1, "ADD {i}");
+    }
+}
+
+/// Holds `set`'s rotation still, for as long as the session `pg` lives or keeps the lock:
+/// every step takes that lock without waiting, and skips when it is held.
+pub(super) fn hold_rotation(pg: &mut postgres::Client, set: &str) {
+    pg.execute(
+        "SELECT pg_advisory_lock(hashtextextended('member rotation ' || $1, 0))",
+        &[&set],
+    )
+    .unwrap();
+}
+
+/// The node report that holds a rotation before its drain (`report_lagging_node`).
+pub(super) const LAGGING: &str = "test-lagging-node";
+
+/// Reports a second node, with the ring of a node that reported, that computes the old form
+/// of every set: the rotation waits for it before its drain until `DELETE`d (its report is
+/// dated an hour ahead, so it stays fresh).
+pub(super) fn report_lagging_node(pg: &mut postgres::Client) {
+    assert!(wait_until(Duration::from_secs(30), || {
+        pg.execute(
+            "INSERT INTO member_nodes (node, port, role, ring, serving, seen_at)
+             SELECT $1, port, role, ring, '', now() + interval '1 hour' FROM member_nodes
+              LIMIT 1 ON CONFLICT (node) DO NOTHING",
+            &[&LAGGING],
+        )
+        .unwrap()
+            == 1
+    }));
 }
 
 /// A rotation survives a kill -9 of the primary driving it: held still in its copying phase
@@ -440,16 +483,9 @@ fn a_rotation_resumes_after_a_kill_9_of_its_primary() {
     let mut c = env.conn();
     create_synced(&mut c, "cards", &["TOKENIZE", "hmac-sha256"]);
     let before: Vec<String> = (0..50).map(|i| format!("before-{i}")).collect();
-    for i in &before {
-        assert_eq!(int(&mut c, &["MEMBER.ADD", "cards", i]), 1);
-    }
+    add_each(&mut c, "cards", &before);
     let mut holder = env.pg();
-    holder
-        .execute(
-            "SELECT pg_advisory_lock(hashtextextended('member rotation ' || $1, 0))",
-            &[&"cards"],
-        )
-        .unwrap();
+    hold_rotation(&mut holder, "cards");
     ok(&mut c, &["MEMBER.ALTER", "cards", "ROTATE-KEY", "k2"]);
     wait_phase(&mut c, "copying");
 

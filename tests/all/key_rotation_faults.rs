@@ -14,10 +14,8 @@ use redis::Value;
 use support::member::*;
 use support::{wait_until, OwnPg};
 
+use super::key_rotation::{add_each, hold_rotation, report_lagging_node, shows_phase, LAGGING};
 use super::tokenize::{KeyFile, KEY1, KEY2};
-
-/// The node report that holds the rotation before its drain: a node that lacks the new form.
-const LAGGING: &str = "test-lagging-node";
 
 fn catalog_phase(pg: &OwnPg) -> Option<String> {
     let mut c = pg.try_client().ok()?;
@@ -73,36 +71,13 @@ fn a_rotation_resumes_after_postgres_restarts_in_its_copying_and_switching_phase
     let mut c = vk.conn();
     create_synced(&mut c, "cards", &["TOKENIZE", "hmac-sha256"]);
     let before: Vec<String> = (0..200).map(|i| format!("before-{i}")).collect();
-    for i in &before {
-        assert_eq!(int(&mut c, &["MEMBER.ADD", "cards", i]), 1);
-    }
+    add_each(&mut c, "cards", &before);
     let mut admin = pg.client();
-    assert!(wait_until(Duration::from_secs(30), || {
-        admin
-            .execute(
-                "INSERT INTO member_nodes (node, port, role, ring, serving, seen_at)
-                 SELECT $1, port, role, ring, '', now() + interval '1 hour' FROM member_nodes
-                  LIMIT 1 ON CONFLICT (node) DO NOTHING",
-                &[&LAGGING],
-            )
-            .unwrap()
-            == 1
-    }));
+    report_lagging_node(&mut admin);
     let mut holder = pg.client();
-    holder
-        .execute(
-            "SELECT pg_advisory_lock(hashtextextended('member rotation cards', 0))",
-            &[],
-        )
-        .unwrap();
+    hold_rotation(&mut holder, "cards");
     ok(&mut c, &["MEMBER.ALTER", "cards", "ROTATE-KEY", "k2"]);
-    assert!(wait_until(Duration::from_secs(30), || set_info(
-        &mut c,
-        "cards",
-        "token_rotation"
-    )
-    .as_deref()
-        == Ok("copying")));
+    assert!(shows_phase(&mut c, "cards", "copying"));
     // No step has run: nothing counted yet.
     assert!(set_info(&mut c, "cards", "token_rotation_rows_left").is_err());
 
@@ -243,9 +218,7 @@ fn a_rotation_goes_on_on_the_replica_promoted_after_its_primary_dies() {
     let mut c = env.conn();
     create_synced(&mut c, "cards", &["TOKENIZE", "hmac-sha256"]);
     let before: Vec<String> = (0..100).map(|i| format!("before-{i}")).collect();
-    for i in &before {
-        assert_eq!(int(&mut c, &["MEMBER.ADD", "cards", i]), 1);
-    }
+    add_each(&mut c, "cards", &before);
     let replica = start_loaded(&env.db.url(), &settings);
     let mut r = replica.conn();
     let _: Value = redis::cmd("REPLICAOF")
@@ -256,27 +229,14 @@ fn a_rotation_goes_on_on_the_replica_promoted_after_its_primary_dies() {
     support::lifecycle::wait_linked(&replica, &mut r, Duration::from_secs(30));
 
     let mut holder = env.pg();
-    holder
-        .execute(
-            "SELECT pg_advisory_lock(hashtextextended('member rotation cards', 0))",
-            &[],
-        )
-        .unwrap();
+    hold_rotation(&mut holder, "cards");
     ok(&mut c, &["MEMBER.ALTER", "cards", "ROTATE-KEY", "k2"]);
     for n in [&mut c, &mut r] {
-        assert!(wait_until(Duration::from_secs(30), || set_info(
-            n,
-            "cards",
-            "token_rotation"
-        )
-        .as_deref()
-            == Ok("copying")));
+        assert!(shows_phase(n, "cards", "copying"));
     }
     // Written on the old primary while the copy is held: both forms, to the replica too.
     let during: Vec<String> = (0..20).map(|i| format!("during-{i}")).collect();
-    for i in &during {
-        assert_eq!(int(&mut c, &["MEMBER.ADD", "cards", i]), 1);
-    }
+    add_each(&mut c, "cards", &during);
     let synced: i64 = redis::cmd("WAIT").arg(1).arg(10_000).query(&mut c).unwrap();
     assert_eq!(synced, 1, "the replica never acknowledged the writes");
 
@@ -287,9 +247,7 @@ fn a_rotation_goes_on_on_the_replica_promoted_after_its_primary_dies() {
     k.arg("cards").arg("ITEMS").arg(&all);
     assert_eq!(k.query::<Vec<i64>>(&mut r).unwrap(), vec![1; all.len()]);
     let after: Vec<String> = (0..20).map(|i| format!("after-{i}")).collect();
-    for i in &after {
-        assert_eq!(int(&mut r, &["MEMBER.ADD", "cards", i]), 1);
-    }
+    add_each(&mut r, "cards", &after);
     all.extend(after.iter().cloned());
     let twins: i64 = env
         .pg()

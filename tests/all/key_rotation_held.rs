@@ -10,12 +10,11 @@ use std::time::Duration;
 use support::member::*;
 use support::wait_until;
 
+use super::key_rotation::{report_lagging_node, shows_phase, LAGGING};
 use super::tokenize::{KeyFile, KEY1, KEY2};
 
 /// A set whose writes wait for the test's failpoint lock (debug builds).
 const SET: &str = "failpoint_held_cards";
-/// The node report that holds the rotation before its drain: a node that lacks the new form.
-const LAGGING: &str = "test-lagging-node";
 
 fn phase(pg: &mut postgres::Client) -> Option<String> {
     pg.query_one(
@@ -65,11 +64,8 @@ fn activity(pg: &mut postgres::Client) -> Vec<String> {
 }
 
 fn node_phase(env: &Env, pg: &mut postgres::Client, c: &mut redis::Connection, want: &str) {
-    let shown = wait_until(Duration::from_secs(30), || {
-        set_info(c, SET, "token_rotation").as_deref() == Ok(want)
-    });
     assert!(
-        shown,
+        shows_phase(c, SET, want),
         "the node never showed phase {want}: {:?} {:?} {:?}\n{:#?}\n{}",
         set_info(c, SET, "token_rotation_form"),
         set_info(c, SET, "token_rotation_waiting_for"),
@@ -96,18 +92,9 @@ fn a_write_planned_before_the_drain_and_made_in_it_keeps_both_forms() {
         assert_eq!(int(&mut c, &["MEMBER.ADD", SET, i]), 1);
     }
     let mut pg = env.pg();
-    // A second node with this node's ring that reports the old form: the rotation waits for it
-    // before its drain, for as long as the test keeps its report (dated ahead: fresh).
-    assert!(wait_until(Duration::from_secs(30), || {
-        pg.execute(
-            "INSERT INTO member_nodes (node, port, role, ring, serving, seen_at)
-             SELECT $1, port, role, ring, '', now() + interval '1 hour' FROM member_nodes
-              LIMIT 1 ON CONFLICT (node) DO NOTHING",
-            &[&LAGGING],
-        )
-        .unwrap()
-            == 1
-    }));
+    // A second node that reports the old form: the rotation waits for it before its drain,
+    // for as long as the test keeps its report.
+    report_lagging_node(&mut pg);
     ok(&mut c, &["MEMBER.ALTER", SET, "ROTATE-KEY", "k2"]);
     assert!(
         wait_until(Duration::from_secs(60), || phase(&mut pg).as_deref()

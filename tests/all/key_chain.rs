@@ -274,6 +274,19 @@ fn late_writers_are_refused(pg: &mut postgres::Client) {
          VALUES (member_catalog_token('cards', 'late-1', '', $1, $2), 'm-7')",
         &[&KEY1, &KEY2],
     );
+    // Near misses of the form the check must still refuse: upper-case digits, a newline after
+    // the digits, a digit short with the prefix one longer.
+    for near in [
+        "upper(member_catalog_token('cards', 'late-1', '', $1, $2))",
+        "member_catalog_token('cards', 'late-1', '', $1, $2) || E'\\n'",
+        "'12:' || substr(member_catalog_token('cards', 'late-1', '', $1, $2), 4)",
+    ] {
+        refused(
+            pg,
+            &format!("INSERT INTO member_cards (entity_id) VALUES ({near})"),
+            &[&KEY1, &KEY2],
+        );
+    }
     refused(
         pg,
         "UPDATE member_cards SET entity_id = 'late-1' \

@@ -1,8 +1,8 @@
 //! Carries every online key rotation forward from a primary (docs/security.md, "Rotating a
 //! tokenized set's key online"): one step at a time on a worker, for each rotating set, paced
-//! so that a step is followed by a rest half as long as it took (the database spends at most
-//! two thirds of its time on it; `make bench ARGS="--only rotation"` measures what lookups
-//! keep meanwhile). The steps are the catalog's: any primary may run the next one (the set's
+//! so that a step is followed by a rest a quarter as long as it took (the database spends at
+//! most four fifths of its time on it; `make bench ARGS="--only rotation"` measures what
+//! lookups keep meanwhile). The steps are the catalog's: any primary may run the next one (the set's
 //! rotation lock keeps two from running one), so a rotation goes on after a crash, a restart
 //! or a failover of the node that started it.
 
@@ -21,7 +21,7 @@ use crate::sets::state;
 use crate::upkeep::node_report;
 
 /// Rows a copy or drain step handles.
-pub const BATCH: i64 = 5_000;
+pub const BATCH: i64 = 10_000;
 
 /// How this node drives one set's rotation: what MEMBER.INFO shows of it.
 #[derive(Clone, Debug, Default)]
@@ -134,8 +134,9 @@ enum Done {
     Copied(Step),
     Ended(Step),
     Swept(Step),
-    /// Nodes that do not compute the new form yet.
-    Waiting(Vec<String>),
+    /// Nodes that do not compute the new form yet, and the rows left as the sweep before
+    /// found them.
+    Waiting(Vec<String>, Option<i64>),
     DrainStarted,
     /// Rows deleted, whether the rotation is over, rows left.
     Drained(u64, bool, Option<i64>),
@@ -164,7 +165,7 @@ fn run_step(db: &mut crate::db::Db, d: &Due) -> Result<Result<Done, String>, DbE
             let serving = Needed::Form(&d.set, d.n + 1);
             let behind = nodes_lacking(db, serving, node_report::FRESH)?;
             if !behind.is_empty() || swept.busy {
-                Ok(Done::Waiting(behind))
+                Ok(Done::Waiting(behind, swept.left))
             } else {
                 let s = rotation::drain_start(db, &d.set)?;
                 Ok(if s.busy || s.stale {
@@ -184,7 +185,13 @@ fn run_step(db: &mut crate::db::Db, d: &Due) -> Result<Result<Done, String>, DbE
 /// Back on the main thread: the rest before the next step, the log, and a catalog re-read
 /// when the phase changed (this node follows at once; the others at their next check).
 fn finished(ctx: &Context, d: Due, res: Result<Result<Done, String>, DbErr>, took: Duration) {
-    let rest = (took / 2).max(Duration::from_millis(50));
+    // Waiting for nodes to switch asks the database for their reports: a tenth of a second
+    // apart is soon enough (a node reports as it switches).
+    let least = match &res {
+        Ok(Ok(Done::Waiting(..))) => Duration::from_millis(100),
+        _ => Duration::from_millis(20),
+    };
+    let rest = (took / 4).max(least);
     let mut reread = false;
     let line = match &res {
         Err(e) => Some(format!(
@@ -237,6 +244,8 @@ fn finished(ctx: &Context, d: Due, res: Result<Result<Done, String>, DbErr>, too
     let p = pace.entry(d.set).or_default();
     p.running = false;
     p.next = Some(Instant::now() + rest);
+    // The next step starts when the rest is over, not at the sweep after it.
+    crate::server::timer::after(ctx, rest, |ctx, ()| tick(ctx, Instant::now()), ());
     p.rows += match &res {
         Ok(Ok(Done::Copied(s) | Done::Ended(s) | Done::Swept(s))) => s.copied as u64,
         Ok(Ok(Done::Drained(gone, _, _))) => *gone,
@@ -246,11 +255,13 @@ fn finished(ctx: &Context, d: Due, res: Result<Result<Done, String>, DbErr>, too
         Ok(Ok(Done::Copied(s) | Done::Ended(s) | Done::Swept(s))) if s.left.is_some() => {
             p.left = s.left
         }
-        Ok(Ok(Done::Drained(_, _, Some(left)))) => p.left = Some(*left),
+        Ok(Ok(Done::Drained(_, _, Some(left)) | Done::Waiting(_, Some(left)))) => {
+            p.left = Some(*left)
+        }
         _ => {}
     }
     p.waiting_for = match &res {
-        Ok(Ok(Done::Waiting(nodes))) => nodes.clone(),
+        Ok(Ok(Done::Waiting(nodes, _))) => nodes.clone(),
         _ => Vec::new(),
     };
     p.last_error = match res {

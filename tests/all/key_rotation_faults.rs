@@ -56,6 +56,10 @@ fn check_round(c: &mut redis::Connection, present: &[String], absent: &[String])
     wrong
 }
 
+/// Rows the restart test writes by SQL besides its ADDs: more than two of the copy's and the
+/// drain's steps (`upkeep::rotation::BATCH`).
+const BULK: usize = 25_000;
+
 #[test]
 fn a_rotation_resumes_after_postgres_restarts_in_its_copying_and_switching_phases() {
     let ring = format!("default {KEY1}\nk2 {KEY2}\n");
@@ -73,6 +77,18 @@ fn a_rotation_resumes_after_postgres_restarts_in_its_copying_and_switching_phase
     let before: Vec<String> = (0..200).map(|i| format!("before-{i}")).collect();
     add_each(&mut c, "cards", &before);
     let mut admin = pg.client();
+    // Rows enough for the copy and the drain to take several steps each, written by SQL.
+    admin
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pgcrypto")
+        .unwrap();
+    admin
+        .execute(
+            "INSERT INTO member_cards (entity_id)
+               SELECT member_catalog_token('cards', 'bulk-' || g, '', $1)
+                 FROM generate_series(1, $2) g",
+            &[&KEY1, &(BULK as i32)],
+        )
+        .unwrap();
     report_lagging_node(&mut admin);
     let mut holder = pg.client();
     hold_rotation(&mut holder, "cards");
@@ -129,8 +145,9 @@ fn a_rotation_resumes_after_postgres_restarts_in_its_copying_and_switching_phase
         assert!(added, "ADD {i} after the restart");
     }
     present.lock().unwrap().extend(mid.iter().cloned());
-    // Held before the drain: the old forms of the 200 rows the copy gave twins are left to
+    // Held before the drain: the old forms of the rows the copy gave twins are left to
     // delete (the ADDs made their own twins).
+    let copied = (200 + BULK).to_string();
     assert!(
         wait_until(Duration::from_secs(30), || set_info(
             &mut c,
@@ -138,7 +155,7 @@ fn a_rotation_resumes_after_postgres_restarts_in_its_copying_and_switching_phase
             "token_rotation_rows_left"
         )
         .as_deref()
-            == Ok("200")),
+            == Ok(copied.as_str())),
         "rows left: {:?}",
         set_info(&mut c, "cards", "token_rotation_rows_left")
     );
@@ -199,7 +216,23 @@ fn a_rotation_resumes_after_postgres_restarts_in_its_copying_and_switching_phase
         assert_eq!(log.matches(line).count(), 1, "{line}:\n{log}");
     }
     // The ADD while the database was down never reached it.
-    assert_eq!(rows, (220, 220), "every row in the new form, each once");
+    let stored = 220 + BULK as i64;
+    assert_eq!(
+        rows,
+        (stored, stored),
+        "every row in the new form, each once"
+    );
+    let bulk: Vec<String> = (1..=BULK)
+        .step_by(25)
+        .map(|g| format!("bulk-{g}"))
+        .collect();
+    let mut k = redis::cmd("MEMBER.MEXISTS");
+    k.arg("cards").arg("ITEMS").arg(&bulk);
+    assert_eq!(
+        k.query::<Vec<i64>>(&mut c).unwrap(),
+        vec![1; bulk.len()],
+        "rows written by SQL before the rotation"
+    );
 }
 
 /// A Valkey failover during a rotation: the primary that started it is killed while the copy

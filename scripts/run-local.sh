@@ -73,6 +73,11 @@ fi
 mkdir -p "$DATA"
 # postgres must be able to reach .data (and its parents) and write its log there.
 chmod 755 "$DATA"
+if ! as_pg test -x "$DATA"; then
+  echo "run-local: the postgres user cannot enter $DATA: a directory above it is closed to" \
+       "others (a checkout under /root or a mktemp -d is 0700); clone under /srv, /opt or /tmp" >&2
+  exit 1
+fi
 touch "$PGLOG" && chown postgres:postgres "$PGLOG"
 
 # --- PostgreSQL -------------------------------------------------------------------------------

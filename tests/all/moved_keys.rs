@@ -49,17 +49,22 @@ fn wait_info(c: &mut Connection, set: &str, field: &str, ok: impl Fn(&str) -> bo
     );
 }
 
-/// Runs `check` (at once, then every 100 ms) until the sync loop has run `passes` more passes:
-/// a negative check's window is as long as the passes that could do the wrong thing take,
-/// however slow the machine, not a fixed time. Fails when they do not run within 20 s.
-fn during_passes(vk: &support::Valkey, passes: i64, mut check: impl FnMut()) {
-    let mut n = vk.conn();
-    let count = |n: &mut Connection| info_number(n, "member", "member_sync_passes");
-    let until = count(&mut n) + passes;
+/// The sync loop's passes so far (INFO `member_sync_passes`).
+fn sync_passes(vk: &support::Valkey) -> i64 {
+    info_number(&mut vk.conn(), "member", "member_sync_passes")
+}
+
+/// Runs `check` (at once, then every 100 ms) until the sync loop has run `passes` passes past
+/// `since` (read before the command that starts them: a pass that starts at once can end
+/// before this is called, and the next one is a minute away): a negative check's window is as
+/// long as the passes that could do the wrong thing take, however slow the machine, not a
+/// fixed time. Fails when they do not run within 20 s.
+fn during_passes(vk: &support::Valkey, since: i64, passes: i64, mut check: impl FnMut()) {
+    let until = since + passes;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         check();
-        if count(&mut n) >= until {
+        if sync_passes(vk) >= until {
             return;
         }
         assert!(
@@ -94,6 +99,7 @@ fn filter_comes_back(set: &str, away: &[&[&str]], back: &[&[&str]]) {
     thread::sleep(PAST_RECENT);
     // The first lookup travels in the same write as the commands that bring the filter back,
     // so no timer (sync pass) of the module can run in between.
+    let since = sync_passes(&env().vk);
     let mut p = redis::pipe();
     for args in back {
         p.cmd(args[0]).arg(&args[1..]);
@@ -104,7 +110,7 @@ fn filter_comes_back(set: &str, away: &[&[&str]], back: &[&[&str]]) {
     assert_answers_one(&mut c, set, first);
     // For the next moments: until a sync pass (one starts at once for a filter no set
     // trusts) has judged it.
-    during_passes(&env().vk, 1, || {
+    during_passes(&env().vk, since, 1, || {
         let got = explain(&mut c, set, "c");
         assert_answers_one(&mut c, set, got);
         assert_eq!(int(&mut c, &["MEMBER.EXISTS", set, "c"]), 1);
@@ -210,6 +216,7 @@ fn filter_restored_from_an_older_dump_is_held_back() {
         .unwrap();
     assert_eq!(int(&mut c, &["MEMBER.ADD", set, "c"]), 1);
     thread::sleep(PAST_RECENT);
+    let since = sync_passes(&env().vk);
     let _: Value = redis::cmd("RESTORE")
         .arg("member:rs:bloom")
         .arg(0)
@@ -217,7 +224,7 @@ fn filter_restored_from_an_older_dump_is_held_back() {
         .arg("REPLACE")
         .query(&mut c)
         .unwrap();
-    during_passes(&env().vk, 1, || {
+    during_passes(&env().vk, since, 1, || {
         let got = explain(&mut c, set, "c");
         assert_answers_one(&mut c, set, got);
     });

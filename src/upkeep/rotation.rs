@@ -2,11 +2,11 @@
 //! tokenized set's key online"): one step at a time on a worker, for each rotating set, paced
 //! so that a step is followed by a rest a quarter as long as it took (the database spends at
 //! most four fifths of its time on it; `make bench ARGS="--only rotation"` measures what
-//! lookups keep meanwhile). The steps are the catalog's: any primary may run the next one (the set's
-//! rotation lock keeps two from running one), so a rotation goes on after a crash, a restart
-//! or a failover of the node that started it.
+//! lookups keep meanwhile). The steps are the catalog's: any primary may run the next one
+//! (the set's rotation lock keeps two from running one), so a rotation goes on after a
+//! crash, a restart or a failover of the node that started it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -39,10 +39,24 @@ pub struct Pace {
     pub waiting_for: Vec<String>,
     /// About how many rows are left to copy or delete, as the last step left the catalog.
     pub left: Option<i64>,
+    /// Since when steps have failed (the log says so once, and again when one succeeds).
+    paused_since: Option<Instant>,
 }
 
 /// Per rotating set this node drives.
 static PACE: Mutex<BTreeMap<String, Pace>> = Mutex::new(BTreeMap::new());
+
+/// Rotations this node started and has not yet driven a step of: the others it drives it
+/// took over (after a restart, a failover), which the log says.
+static STARTED_HERE: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+
+/// This node has just started `set`'s rotation.
+pub fn started_here(set: &str) {
+    STARTED_HERE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(set.to_string());
+}
 
 /// How this node drives `set`'s rotation, if it does.
 pub fn status(set: &str) -> Option<Pace> {
@@ -81,6 +95,8 @@ struct Due {
     /// The old chain's length.
     n: usize,
     to: String,
+    /// Rows copied so far, as this node last read the catalog.
+    copied: i64,
 }
 
 /// From the housekeeping sweep: starts the next step of every rotating set whose rest is
@@ -105,6 +121,7 @@ pub fn tick(ctx: &Context, now: Instant) {
                     phase: rot.row.phase,
                     n,
                     to: rot.row.to.clone(),
+                    copied: rot.row.copied,
                 })
             })
             .collect()
@@ -112,6 +129,24 @@ pub fn tick(ctx: &Context, now: Instant) {
     let mut pace = PACE.lock().unwrap_or_else(|e| e.into_inner());
     pace.retain(|set, _| due.iter().any(|d| &d.set == set));
     for d in due {
+        let mine = STARTED_HERE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&d.set);
+        if !pace.contains_key(&d.set) && !mine {
+            // A rotation another node (or this one before a restart) started.
+            reply::log(
+                ctx,
+                reply::Level::Notice,
+                &format!(
+                    "libmember: rotation of set '{}' taken over by this node in its {} \
+                     phase ({} rows copied so far)",
+                    d.set,
+                    d.phase.name(),
+                    d.copied
+                ),
+            );
+        }
         let p = pace.entry(d.set.clone()).or_default();
         if p.running || p.next.is_some_and(|at| now < at) {
             continue;
@@ -185,15 +220,42 @@ fn run_step(db: &mut crate::db::Db, d: &Due) -> Result<Result<Done, String>, DbE
 /// Back on the main thread: the rest before the next step, the log, and a catalog re-read
 /// when the phase changed (this node follows at once; the others at their next check).
 fn finished(ctx: &Context, d: Due, res: Result<Result<Done, String>, DbErr>, took: Duration) {
+    let failed = !matches!(res, Ok(Ok(_)));
     // Waiting for nodes to switch asks the database for their reports: a tenth of a second
-    // apart is soon enough (a node reports as it switches).
+    // apart is soon enough (a node reports as it switches). A failed step is tried again a
+    // second later, not at once.
     let least = match &res {
         Ok(Ok(Done::Waiting(..))) => Duration::from_millis(100),
+        _ if failed => Duration::from_secs(1),
         _ => Duration::from_millis(20),
     };
     let rest = (took / 4).max(least);
+    // A pause is logged when it starts and when it ends, not at every step that fails in it.
+    let paused_since = {
+        let mut pace = PACE.lock().unwrap_or_else(|e| e.into_inner());
+        let p = pace.entry(d.set.clone()).or_default();
+        let since = p.paused_since;
+        p.paused_since = if failed {
+            since.or(Some(Instant::now()))
+        } else {
+            None
+        };
+        since
+    };
+    if let (false, Some(since)) = (failed, paused_since) {
+        reply::log(
+            ctx,
+            reply::Level::Notice,
+            &format!(
+                "libmember: rotation of set '{}' resumed after {:.1} s paused",
+                d.set,
+                since.elapsed().as_secs_f64()
+            ),
+        );
+    }
     let mut reread = false;
     let line = match &res {
+        Err(_) | Ok(Err(_)) if paused_since.is_some() => None,
         Err(e) => Some(format!(
             "libmember: rotation of set '{}' paused: {}",
             d.set,

@@ -540,4 +540,12 @@ fn a_rotation_resumes_after_a_kill_9_of_its_primary() {
         .map(|r| (r.get(0), r.get(1)))
         .collect();
     assert_eq!(rows, [(69, 69)], "every row in the new form, each once");
+    // The restarted node says it took the rotation over (the log file outlives the restart).
+    let log = env.vk.log();
+    assert_eq!(
+        log.matches("rotation of set 'cards' taken over by this node in its copying phase")
+            .count(),
+        1,
+        "{log}"
+    );
 }

@@ -128,6 +128,16 @@ fn a_rotation_resumes_after_postgres_restarts_in_its_copying_and_switching_phase
         e.starts_with("UNAVAILABLE"),
         "an ADD while the database is down: {e}"
     );
+    // The steps find the database gone: the rotation pauses (and says why) before it is back.
+    assert!(
+        wait_until(Duration::from_secs(30), || set_info(
+            &mut c,
+            "cards",
+            "token_rotation_last_error"
+        )
+        .is_ok_and(|e| !e.is_empty())),
+        "no step failed while the database was down"
+    );
     pg.start();
     assert!(
         wait_until(Duration::from_secs(60), || catalog_phase(&pg).as_deref()
@@ -215,6 +225,20 @@ fn a_rotation_resumes_after_postgres_restarts_in_its_copying_and_switching_phase
     ] {
         assert_eq!(log.matches(line).count(), 1, "{line}:\n{log}");
     }
+    // Each outage is logged when it starts and when it ends, whatever the steps that failed
+    // in it (one a second while the database was down).
+    let (paused, resumed) = (
+        log.matches("rotation of set 'cards' paused").count(),
+        log.matches("rotation of set 'cards' resumed after").count(),
+    );
+    assert!(
+        (1..=2).contains(&paused) && resumed == paused,
+        "{paused} pauses, {resumed} resumptions:\n{log}"
+    );
+    assert!(
+        !log.contains("taken over"),
+        "the node that started it drove it:\n{log}"
+    );
     // The ADD while the database was down never reached it.
     let stored = 220 + BULK as i64;
     assert_eq!(
@@ -327,4 +351,11 @@ fn a_rotation_goes_on_on_the_replica_promoted_after_its_primary_dies() {
         (row.get(0), row.get(1))
     };
     assert_eq!(rows, (140, 140), "every row in the new form, each once");
+    let log = replica.log();
+    assert_eq!(
+        log.matches("rotation of set 'cards' taken over by this node")
+            .count(),
+        1,
+        "{log}"
+    );
 }

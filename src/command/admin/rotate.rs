@@ -98,6 +98,7 @@ impl Completion for Started {
                     self.name, self.id
                 ),
             );
+            crate::upkeep::rotation::started_here(&self.name);
             crate::sets::catalog::reread();
         }
     }

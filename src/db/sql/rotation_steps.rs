@@ -145,9 +145,11 @@ fn swept(tx: &mut Transaction, set: &str, n: usize) -> Result<(Vec<String>, i64)
         "SELECT DISTINCT l.entity_id FROM member_changes l
            JOIN {t} m ON m.entity_id = l.entity_id AND m.scope = ''
           WHERE l.set_name = $1 AND l.xid >= $2::text::xid8 AND l.alive AND l.scope = ''
-            AND m.twin IS NULL AND {form}
+            AND {form} AND m.twin IS NULL
             AND NOT EXISTS (SELECT FROM {t} w WHERE w.twin = m.entity_id AND w.scope = '')",
-        form = form_test("m.entity_id", n)
+        // On the log's key, so the copy's own twins (most of what a step's sweep reads) are
+        // passed over before the join looks them up in the table.
+        form = form_test("l.entity_id", n)
     );
     let rows = tx.query(&sql, &[&set, &from.to_string()])?;
     Ok((rows.iter().map(|r| r.get(0)).collect(), horizon))

@@ -25,11 +25,11 @@ fn phase(pg: &mut postgres::Client) -> Option<String> {
     .get(0)
 }
 
-/// Waits until `n` sessions of this test's database wait for a lock of kind `event`
-/// (`advisory`, `relation`) in a statement that names `like`.
+/// Waits until `n` sessions of this test's database wait for a lock of one of the kinds
+/// `events` (`advisory`, `relation`, `transactionid`) in a statement that names `like`.
 fn wait_waiting(
     pg: &mut postgres::Client,
-    event: &str,
+    events: &[&str],
     like: &str,
     n: i64,
     what: &dyn Fn() -> String,
@@ -38,9 +38,9 @@ fn wait_waiting(
         let c: i64 = pg
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity
-                  WHERE wait_event_type = 'Lock' AND wait_event = $1 AND query LIKE $2
+                  WHERE wait_event_type = 'Lock' AND wait_event = ANY($1) AND query LIKE $2
                     AND datname = current_database()",
-                &[&event, &like],
+                &[&events, &like],
             )
             .unwrap()
             .get(0);
@@ -142,7 +142,7 @@ fn a_write_planned_before_the_drain_and_made_in_it_keeps_both_forms() {
         });
         wait_waiting(
             &mut pg,
-            "advisory",
+            &["advisory"],
             "%pg_advisory_lock_shared%",
             n as i64 + 1,
             &|| {
@@ -165,7 +165,7 @@ fn a_write_planned_before_the_drain_and_made_in_it_keeps_both_forms() {
     let table = format!("member_{SET}");
     wait_waiting(
         &mut pg,
-        "relation",
+        &["relation"],
         &format!("INSERT INTO {table} %"),
         1,
         &|| {
@@ -176,9 +176,12 @@ fn a_write_planned_before_the_drain_and_made_in_it_keeps_both_forms() {
             )
         },
     );
+    // The DEL waits either for the change log too (it deleted both forms first), or for the
+    // drain's step, which deleted the old form first and waits for the log itself: whichever
+    // reached the row first, as the drain's step starts when the drain does.
     wait_waiting(
         &mut pg,
-        "relation",
+        &["relation", "transactionid"],
         &format!("DELETE FROM {table} WHERE entity_id %"),
         1,
         &|| {

@@ -50,8 +50,8 @@ fn wait_info(c: &mut Connection, set: &str, field: &str, ok: impl Fn(&str) -> bo
 }
 
 /// The sync loop's passes so far (INFO `member_sync_passes`).
-fn sync_passes(vk: &support::Valkey) -> i64 {
-    info_number(&mut vk.conn(), "member", "member_sync_passes")
+fn sync_passes(c: &mut Connection) -> i64 {
+    info_number(c, "member", "member_sync_passes")
 }
 
 /// Runs `check` (at once, then every 100 ms) until the sync loop has run `passes` passes past
@@ -60,11 +60,12 @@ fn sync_passes(vk: &support::Valkey) -> i64 {
 /// long as the passes that could do the wrong thing take, however slow the machine, not a
 /// fixed time. Fails when they do not run within 20 s.
 fn during_passes(vk: &support::Valkey, since: i64, passes: i64, mut check: impl FnMut()) {
+    let mut n = vk.conn();
     let until = since + passes;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         check();
-        if sync_passes(vk) >= until {
+        if sync_passes(&mut n) >= until {
             return;
         }
         assert!(
@@ -99,7 +100,7 @@ fn filter_comes_back(set: &str, away: &[&[&str]], back: &[&[&str]]) {
     thread::sleep(PAST_RECENT);
     // The first lookup travels in the same write as the commands that bring the filter back,
     // so no timer (sync pass) of the module can run in between.
-    let since = sync_passes(&env().vk);
+    let since = sync_passes(&mut c);
     let mut p = redis::pipe();
     for args in back {
         p.cmd(args[0]).arg(&args[1..]);
@@ -216,7 +217,7 @@ fn filter_restored_from_an_older_dump_is_held_back() {
         .unwrap();
     assert_eq!(int(&mut c, &["MEMBER.ADD", set, "c"]), 1);
     thread::sleep(PAST_RECENT);
-    let since = sync_passes(&env().vk);
+    let since = sync_passes(&mut c);
     let _: Value = redis::cmd("RESTORE")
         .arg("member:rs:bloom")
         .arg(0)

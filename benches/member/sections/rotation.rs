@@ -1,10 +1,10 @@
 //! Bench section `rotation`: an online key rotation (`MEMBER.ALTER <set> ROTATE-KEY <id>`,
 //! docs/security.md) of a tokenized set of `--members` rows, from the command to the end of
 //! its drain, against the equivalent single SQL `UPDATE` PostgreSQL runs alone (the offline
-//! procedure's, on a copy of the table with its key, its generated `slot` and no triggers); and MEMBER.EXISTS of
-//! absent items on the set while it rotates against the same at rest, before and after
-//! (valkey-benchmark, 50 connections, pipeline 16). On servers of its own, so the rotation's
-//! load meets nothing else.
+//! procedure's, on a copy of the table with its key, its generated `slot` and no triggers);
+//! and MEMBER.EXISTS of absent items on the set while it rotates against the same at rest,
+//! before and after (valkey-benchmark, 50 connections, pipeline 16). On servers of its own,
+//! so the rotation's load meets nothing else.
 
 use std::time::{Duration, Instant};
 

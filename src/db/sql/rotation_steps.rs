@@ -67,17 +67,30 @@ impl Step {
     };
 }
 
-/// The next window of the copy: at most `limit` rows after the cursor in key order (an index
-/// scan that passes each row once over the whole copy; a filter on the form and the twins in
-/// the same scan made the planner sort the table's whole remainder at every step), the last
-/// key among them as PostgreSQL orders them (the next cursor), and which of them are old-form
-/// rows (chain `n`) without twins.
+/// The key the copy or the drain has reached (`''` before its first step).
+fn cursor(tx: &mut Transaction, set: &str) -> Result<String, postgres::Error> {
+    let cursor: Option<String> = tx
+        .query_one(
+            "SELECT rotate_cursor FROM member_catalog WHERE name = $1",
+            &[&set],
+        )?
+        .get(0);
+    Ok(cursor.unwrap_or_default())
+}
+
+/// What one window of the copy read: how many rows, the last key among them as PostgreSQL
+/// orders them (the next cursor), and which of them are old-form rows without twins.
+#[derive(Default)]
 struct Window {
     scanned: i64,
     last: Option<String>,
     olds: Vec<String>,
 }
 
+/// The next window of the copy: at most `limit` rows after the cursor in key order (an index
+/// scan that passes each row once over the whole copy; a filter on the form and the twins in
+/// the same scan made the planner sort the table's whole remainder at every step), and among
+/// them the old-form rows (chain `n`) without twins.
 fn next_batch(
     tx: &mut Transaction,
     set: &str,
@@ -85,12 +98,7 @@ fn next_batch(
     limit: i64,
 ) -> Result<Window, postgres::Error> {
     let t = table(set);
-    let cursor: Option<String> = tx
-        .query_one(
-            "SELECT rotate_cursor FROM member_catalog WHERE name = $1",
-            &[&set],
-        )?
-        .get(0);
+    let cursor = cursor(tx, set)?;
     let sql = format!(
         "WITH s AS MATERIALIZED (
            SELECT entity_id, twin FROM {t} WHERE scope = '' AND entity_id > $1
@@ -103,7 +111,7 @@ fn next_batch(
                        ORDER BY s.entity_id)",
         form = form_test("s.entity_id", n)
     );
-    let row = tx.query_one(&sql, &[&cursor.unwrap_or_default(), &limit])?;
+    let row = tx.query_one(&sql, &[&cursor, &limit])?;
     Ok(Window {
         scanned: row.get(0),
         last: row.get(1),
@@ -218,11 +226,7 @@ pub fn copy_step(
             &[&set],
         )?;
         let window = match limit {
-            0 => Window {
-                scanned: 0,
-                last: None,
-                olds: Vec::new(),
-            },
+            0 => Window::default(),
             _ => next_batch(&mut tx, set, n, limit)?,
         };
         let (behind, horizon) = swept(&mut tx, set, n)?;
@@ -384,13 +388,8 @@ pub fn drain_step(
         if !try_lock(&mut tx, set)? || !phase_is(&mut tx, set, &["draining"])? {
             return Ok((0, false, None));
         }
-        let cursor: Option<String> = tx
-            .query_one(
-                "SELECT rotate_cursor FROM member_catalog WHERE name = $1",
-                &[&set],
-            )?
-            .get(0);
-        let deleted = tx.query_one(&step_delete, &[&limit, &cursor.unwrap_or_default()])?;
+        let cursor = cursor(&mut tx, set)?;
+        let deleted = tx.query_one(&step_delete, &[&limit, &cursor])?;
         let gone = deleted.get::<_, i64>(0) as u64;
         let last: Option<String> = deleted.get(1);
         let left: Option<i64> = tx

@@ -138,6 +138,10 @@ fn a_rotation_resumes_after_postgres_restarts_in_its_copying_and_switching_phase
         .is_ok_and(|e| !e.is_empty())),
         "no step failed while the database was down"
     );
+    // Down for more than two of the failed steps' one-second retries, so the log's check
+    // below sees one pause for several failures. (Longer only makes more failures; the check
+    // holds however many.)
+    std::thread::sleep(Duration::from_millis(2500));
     pg.start();
     assert!(
         wait_until(Duration::from_secs(60), || catalog_phase(&pg).as_deref()

@@ -135,6 +135,8 @@ pub fn build_filter(
         Some(seen) => catch_up_own(c, def, slots, &mut bloom, (watermark, &seen)),
         None => (0, watermark),
     };
+    #[cfg(debug_assertions)]
+    held_before_the_swap(c, &def.name)?;
     let held = crate::server::transient::hold_for(&def.name, bloom.bytes() as u64);
     Ok(Built {
         held,
@@ -197,6 +199,26 @@ fn catch_up_own(
         }
         Err(_) => (0, xmin),
     }
+}
+
+/// Debug builds only: a build of a set whose name starts with `members::HELD_PREFIX` waits,
+/// after its catch-up and before its filter goes to the main thread, while a session holds
+/// the advisory lock `hashtextextended('libmember failpoint build ' || set, 0)`: so that a
+/// test can commit a row in the window the catch-up did not read, and look it up before the
+/// swap, whatever the machine's speed. Release builds have no such wait.
+#[cfg(debug_assertions)]
+fn held_before_the_swap(c: &mut Client, set: &str) -> Result<(), DbErr> {
+    if !set.starts_with(super::members::HELD_PREFIX) {
+        return Ok(());
+    }
+    let key = format!("libmember failpoint build {set}");
+    for sql in [
+        "SELECT pg_advisory_lock_shared(hashtextextended($1, 0))",
+        "SELECT pg_advisory_unlock_shared(hashtextextended($1, 0))",
+    ] {
+        c.execute(sql, &[&key]).map_err(tx_error)?;
+    }
+    Ok(())
 }
 
 /// Rows written from now on must reach the change log, or a filter built now could never be

@@ -95,3 +95,86 @@ fn rows_committed_while_a_lost_filter_is_rebuilt_answer_1_from_the_swap_on() {
     );
     assert_eq!(int(&mut c, &["MEMBER.EXISTS", "s", "before"]), 1);
 }
+
+/// What the catch-up cannot read: a row committed after it, in the moment before the swap.
+/// No pass puts it in the new filter before the next one; but a lookup that answered 1 for it
+/// meanwhile (the set falling through to the database) put it there, so it never answers 0
+/// after having answered 1. Held by the debug build's failpoint: the rebuild waits between its
+/// catch-up and the swap while the test holds an advisory lock. Before the fix, the lookup
+/// pipelined behind the rebuild's reply answered `(0, "bloom-negative")`.
+#[test]
+fn a_row_a_lookup_confirmed_before_the_swap_answers_1_after_it() {
+    const SET: &str = "failpoint_held_w";
+    let env = Env::debug_build(&[("member.sync-interval-ms", "3600000")]);
+    let mut c = env.conn();
+    ok(&mut c, &["MEMBER.CREATE", SET]);
+    assert_eq!(int(&mut c, &["MEMBER.ADD", SET, "before"]), 1);
+
+    let mut locker = env.pg();
+    let lock = format!("libmember failpoint build {SET}");
+    locker
+        .execute("SELECT pg_advisory_lock(hashtextextended($1, 0))", &[&lock])
+        .unwrap();
+    let mut p = env.conn();
+    let rebuild = thread::spawn(move || {
+        let mut pipe = redis::pipe();
+        pipe.cmd("DEL")
+            .arg(format!("member:{SET}:bloom"))
+            .ignore()
+            .cmd("MEMBER.REBUILD")
+            .arg(SET)
+            .arg("SYNC")
+            .ignore()
+            .cmd("MEMBER.EXPLAIN")
+            .arg(SET)
+            .arg("late");
+        let answers: Vec<(i64, String)> = pipe.query(&mut p).expect("the pipeline");
+        answers
+    });
+
+    let mut pg = env.pg();
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            let waiting: i64 = pg
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                      WHERE datname = current_database() AND wait_event = 'advisory'
+                        AND query LIKE '%pg_advisory_lock_shared%'",
+                    &[],
+                )
+                .unwrap()
+                .get(0);
+            waiting > 0
+        }),
+        "the rebuild never waited at the failpoint\n{}",
+        env.vk.log()
+    );
+    let table = format!("member_{SET}");
+    pg.execute(
+        &format!("INSERT INTO {table} (entity_id) VALUES ('late')"),
+        &[],
+    )
+    .unwrap();
+    // The set has no filter: the lookup reads the table.
+    assert_eq!(explain(&mut c, SET, "late").0, 1);
+    locker
+        .execute(
+            "SELECT pg_advisory_unlock(hashtextextended($1, 0))",
+            &[&lock],
+        )
+        .unwrap();
+
+    let answers = rebuild.join().expect("the pipelined client");
+    assert_eq!(
+        answers[0].0,
+        1,
+        "a row that answered 1 before the swap answered {:?} right after it\n{}",
+        answers[0],
+        env.vk.log()
+    );
+    assert_eq!(set_info(&mut c, SET, "filter_serves_absent").unwrap(), "1");
+    assert_eq!(
+        explain(&mut c, SET, "never-added"),
+        (0, "bloom-negative".to_string())
+    );
+}

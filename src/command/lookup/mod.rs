@@ -447,6 +447,16 @@ impl Completion for LookupDone {
             if let Ok(Found::Member(_)) = self.result {
                 // Present now: an older lookup's "absent" must not outlive this answer.
                 crate::filter::store::forget_absent(ctx, &set.filter_key, self.hash);
+                if self.remember.is_none() {
+                    // No trusted filter could answer for it (missing, incomplete, another
+                    // history, a rebuild's): the filter that answers next takes it, so an
+                    // item that answered 1 never answers 0 from a build whose catch-up read
+                    // the log before the row committed (docs/sync.md, "A rebuild's window").
+                    set.journal(self.hash);
+                    if !is_replica {
+                        crate::filter::store::add(ctx, &set.filter_key, self.hash);
+                    }
+                }
             }
             // Cache-aside fill, unless an ADD/DEL of this set landed since the lookup began
             // (it may have read a row a concurrent DEL removed), or this node is a replica.

@@ -11,6 +11,26 @@ use std::time::Duration;
 use support::member::*;
 use support::wait_until;
 
+/// Waits until a session of the test's database waits for a lock in a statement like `like`.
+fn wait_for_lock(env: &Env, like: &str, never: &str) {
+    let mut pg = env.pg();
+    let mut waiting = || -> i64 {
+        pg.query_one(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND wait_event_type = 'Lock'
+                AND query LIKE $1",
+            &[&like],
+        )
+        .unwrap()
+        .get(0)
+    };
+    assert!(
+        wait_until(Duration::from_secs(30), || waiting() > 0),
+        "{never}\n{}",
+        env.vk.log()
+    );
+}
+
 /// The order is made by a lock, not by timing. The test's transaction holds the set table in
 /// ACCESS EXCLUSIVE mode: the rebuild takes its snapshot (which touches no table) and then
 /// waits at its COPY; the transaction writes its rows and commits, after that snapshot and
@@ -51,23 +71,10 @@ fn rows_committed_while_a_lost_filter_is_rebuilt_answer_1_from_the_swap_on() {
         answers
     });
 
-    let mut pg = env.pg();
-    assert!(
-        wait_until(Duration::from_secs(30), || {
-            let waiting: i64 = pg
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity
-                      WHERE datname = current_database()
-                        AND query LIKE 'COPY (SELECT entity_id, scope FROM member_s %'
-                        AND wait_event_type = 'Lock'",
-                    &[],
-                )
-                .unwrap()
-                .get(0);
-            waiting > 0
-        }),
-        "the rebuild's COPY never waited at the lock\n{}",
-        env.vk.log()
+    wait_for_lock(
+        &env,
+        "COPY (SELECT entity_id, scope FROM member_s %",
+        "the rebuild's COPY never waited at the lock",
     );
     for item in &rows {
         locker
@@ -132,23 +139,12 @@ fn a_row_a_lookup_confirmed_before_the_swap_answers_1_after_it() {
         answers
     });
 
-    let mut pg = env.pg();
-    assert!(
-        wait_until(Duration::from_secs(30), || {
-            let waiting: i64 = pg
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity
-                      WHERE datname = current_database() AND wait_event = 'advisory'
-                        AND query LIKE '%pg_advisory_lock_shared%'",
-                    &[],
-                )
-                .unwrap()
-                .get(0);
-            waiting > 0
-        }),
-        "the rebuild never waited at the failpoint\n{}",
-        env.vk.log()
+    wait_for_lock(
+        &env,
+        "%pg_advisory_lock_shared%",
+        "the rebuild never waited at the failpoint",
     );
+    let mut pg = env.pg();
     let table = format!("member_{SET}");
     pg.execute(
         &format!("INSERT INTO {table} (entity_id) VALUES ('late')"),

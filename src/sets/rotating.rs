@@ -23,6 +23,20 @@ impl Rotating {
         self.chain.clone()
     }
 
+    /// Whether a node that has not switched yet switches now. In the drain, always (the old
+    /// forms are being deleted). In the switching phase: standalone, once its own filter covers
+    /// the end (`own_covers`), since it answers from that filter alone; in a cluster, once the
+    /// catalog says every node's does, since it asks the owner of the new form's slot, whose
+    /// filter may be another node's (docs/security.md, "In a cluster").
+    pub fn switches_now(&self, cluster: bool, own_covers: bool) -> bool {
+        match self.row.phase {
+            Phase::Copying => false,
+            Phase::Switching if cluster => self.row.covered,
+            Phase::Switching => own_covers,
+            Phase::Draining => true,
+        }
+    }
+
     /// The chain of the old form (`n` keys) and the fingerprint of the key the new form adds:
     /// what a write needs to store both forms while the rotation copies or switches. `None`
     /// during the drain (writes store the new form alone).
@@ -68,6 +82,7 @@ mod tests {
                 end_xid: (phase != Phase::Copying).then_some(42),
                 copied: 0,
                 left: None,
+                covered: false,
             },
             chain: catalog,
             switched,
@@ -81,6 +96,25 @@ mod tests {
         let both = chain(&format!("{OLD}{CHAIN_SEPARATOR}{NEW}"));
         assert_eq!(rotating(Phase::Switching, true).served(), both);
         assert_eq!(rotating(Phase::Draining, true).served(), both);
+    }
+
+    #[test]
+    fn in_a_cluster_a_node_switches_on_every_nodes_cover_not_its_own() {
+        let mut r = rotating(Phase::Switching, false);
+        assert!(!r.switches_now(false, false));
+        assert!(r.switches_now(false, true), "standalone: its own filter");
+        assert!(
+            !r.switches_now(true, true),
+            "cluster: its own filter is not enough"
+        );
+        r.row.covered = true;
+        assert!(
+            r.switches_now(true, false),
+            "cluster: every node's filter covers the end"
+        );
+        assert!(!rotating(Phase::Copying, false).switches_now(true, true));
+        assert!(rotating(Phase::Draining, false).switches_now(true, false));
+        assert!(rotating(Phase::Draining, false).switches_now(false, false));
     }
 
     #[test]

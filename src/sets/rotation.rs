@@ -90,7 +90,7 @@ pub fn twin_of(s: &SetState, entity: &str, scope: &str) -> Result<Option<String>
 }
 
 /// From the housekeeping sweep: every set whose rotation ended switches once its filter
-/// covers the end.
+/// covers the end (standalone), or once the catalog says every node's does (a cluster).
 pub fn tick(ctx: &Context) {
     let waiting: Vec<String> = state::with(|r| {
         r.sets
@@ -108,39 +108,79 @@ pub fn tick(ctx: &Context) {
     }
 }
 
-fn tick_one(ctx: &Context, name: &str) {
+/// The rotating sets in their switching phase whose filter here covers the end, with the new
+/// chain's length: what this node's report says (`member_nodes`' `covered`).
+pub fn covered(ctx: &Context) -> Vec<(String, usize)> {
+    let switching: Vec<(String, usize)> = state::with(|r| {
+        r.sets
+            .values()
+            .filter(|s| {
+                s.rotation
+                    .as_ref()
+                    .is_some_and(|rot| rot.row.phase == Phase::Switching)
+            })
+            .map(|s| {
+                (
+                    s.def.name.clone(),
+                    s.rotation.as_ref().map_or(0, |rot| rot.chain.chain().len()),
+                )
+            })
+            .collect()
+    });
+    switching
+        .into_iter()
+        .filter(|(name, _)| covers_end(ctx, name))
+        .collect()
+}
+
+/// The set's filter here is complete, trusted and caught up past its rotation's end: every
+/// twin of this node's slots is in it (a watermark `W` covers every transaction below `W`).
+fn covers_end(ctx: &Context, name: &str) -> bool {
     let Some((key, trusted, end)) = state::with(|r| {
         let s = r.sets.get(name)?;
         let rot = s.rotation.as_ref()?;
-        if rot.row.phase != Phase::Switching || rot.switched {
-            return None;
-        }
         Some((s.filter_key.clone(), s.trusted, rot.row.end_xid?))
     }) else {
-        return;
+        return false;
     };
-    // Every transaction below the watermark is in the filter: the end's too once it is past.
-    let covered = store::with(ctx, &key, |f| {
+    store::with(ctx, &key, |f| {
         f.cov.complete && f.trusted(trusted) && f.cov.watermark.is_some_and(|w| w > end)
     })
-    .unwrap_or(false);
-    if !covered {
+    .unwrap_or(false)
+}
+
+fn tick_one(ctx: &Context, name: &str) {
+    let cluster = crate::server::cluster_mode::enabled();
+    let waits = state::with(|r| {
+        let rot = r.sets.get(name)?.rotation.as_ref()?;
+        (rot.row.phase == Phase::Switching && !rot.switched).then_some(())
+    });
+    if waits.is_none() {
         return;
     }
-    state::with(|r| {
-        if let Some(s) = r.sets.get_mut(name) {
-            if let Some(rot) = s.rotation.as_mut() {
-                rot.switched = true;
-                s.def.tokenize = rot.served();
-            }
+    // In a cluster the node's own filter does not decide (only the catalog's `covered`).
+    let own = !cluster && covers_end(ctx, name);
+    let switched = state::with(|r| {
+        let s = r.sets.get_mut(name)?;
+        let rot = s.rotation.as_mut()?;
+        if !rot.switches_now(cluster, own) {
+            return None;
         }
+        rot.switched = true;
+        s.def.tokenize = rot.served();
+        Some(())
     });
+    if switched.is_none() {
+        return;
+    }
+    let why = if cluster {
+        "every node's filter covers the rotation's end"
+    } else {
+        "its filter covers the rotation's end"
+    };
     crate::server::reply::log(
         ctx,
         crate::server::reply::Level::Notice,
-        &format!(
-            "libmember: set '{name}' switched to the form of its rotated key (its filter covers \
-             the rotation's end)"
-        ),
+        &format!("libmember: set '{name}' switched to the form of its rotated key ({why})"),
     );
 }

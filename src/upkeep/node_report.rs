@@ -26,8 +26,11 @@ static IN_FLIGHT: AtomicBool = AtomicBool::new(false);
 static SOON: AtomicBool = AtomicBool::new(false);
 /// When the last report was started.
 static LAST: Mutex<Option<Instant>> = Mutex::new(None);
-/// The rotating sets' chain lengths the last report gave (a change is reported at once).
-static SAID: Mutex<Vec<(String, usize)>> = Mutex::new(Vec::new());
+/// What the last report said of the rotating sets: the chain lengths computed and the
+/// filters that cover their rotation's end (a change is reported at once).
+static SAID: Mutex<Said> = Mutex::new((Vec::new(), Vec::new()));
+
+type Said = (Vec<(String, usize)>, Vec<(String, usize)>);
 
 /// Each set whose key rotates, with the length of the chain this node computes for it.
 fn serving() -> Vec<(String, usize)> {
@@ -53,11 +56,11 @@ pub fn tick(ctx: &Context, now: Instant) {
     if IN_FLIGHT.load(Ordering::Acquire) || !state::with(|r| r.catalog.loaded) {
         return;
     }
-    let serving = serving();
+    let now_says = (serving(), crate::sets::rotation::covered(ctx));
     let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
     let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
     let due = SOON.load(Ordering::Acquire)
-        || *said != serving
+        || *said != now_says
         || last.is_none_or(|t| now >= t + REPORT_EVERY);
     if !due {
         return;
@@ -67,7 +70,8 @@ pub fn tick(ctx: &Context, now: Instant) {
     };
     SOON.store(false, Ordering::Release);
     *last = Some(now);
-    said.clone_from(&serving);
+    said.clone_from(&now_says);
+    let (serving, covered) = now_says;
     let report = sql::NodeReport {
         node,
         port: repl_info::tcp_port(ctx).unwrap_or(0),
@@ -78,6 +82,7 @@ pub fn tick(ctx: &Context, now: Instant) {
         },
         ring: crate::config::token_key::entries(),
         serving,
+        covered,
     };
     IN_FLIGHT.store(true, Ordering::Release);
     let flight = Flight;

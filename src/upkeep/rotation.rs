@@ -97,6 +97,8 @@ struct Due {
     to: String,
     /// Rows copied so far, as this node last read the catalog.
     copied: i64,
+    /// The catalog says every node's filter covers the end (switching).
+    covered: bool,
 }
 
 /// From the housekeeping sweep: starts the next step of every rotating set whose rest is
@@ -122,6 +124,7 @@ pub fn tick(ctx: &Context, now: Instant) {
                     n,
                     to: rot.row.to.clone(),
                     copied: rot.row.copied,
+                    covered: rot.row.covered,
                 })
             })
             .collect()
@@ -172,6 +175,9 @@ enum Done {
     /// Nodes that do not compute the new form yet, and the rows left as the sweep before
     /// found them.
     Waiting(Vec<String>, Option<i64>),
+    /// Every node's filter covers the end: recorded (nodes of a cluster switch on it); the
+    /// rows left as the sweep found them.
+    Covered(Option<i64>),
     DrainStarted,
     /// Rows deleted, whether the rotation is over, rows left.
     Drained(u64, bool, Option<i64>),
@@ -199,8 +205,20 @@ fn run_step(db: &mut crate::db::Db, d: &Due) -> Result<Result<Done, String>, DbE
             };
             let serving = Needed::Form(&d.set, d.n + 1);
             let behind = nodes_lacking(db, serving, node_report::FRESH)?;
-            if !behind.is_empty() || swept.busy {
+            if swept.busy {
                 Ok(Done::Waiting(behind, swept.left))
+            } else if !behind.is_empty() {
+                // Before nodes switch in a cluster: every node's filter must cover the end.
+                let covered = Needed::Covered(&d.set, d.n + 1);
+                if d.covered || !nodes_lacking(db, covered, node_report::FRESH)?.is_empty() {
+                    return Ok(Ok(Done::Waiting(behind, swept.left)));
+                }
+                let s = rotation::mark_covered(db, &d.set)?;
+                Ok(if s.busy || s.stale {
+                    Done::Waiting(behind, swept.left)
+                } else {
+                    Done::Covered(swept.left)
+                })
             } else {
                 let s = rotation::drain_start(db, &d.set)?;
                 Ok(if s.busy || s.stale {
@@ -228,7 +246,7 @@ fn finished(ctx: &Context, d: Due, res: Result<Result<Done, String>, DbErr>, too
     let worked = match &res {
         Ok(Ok(Done::Copied(s) | Done::Ended(s) | Done::Swept(s))) => !s.busy && !s.stale,
         Ok(Ok(Done::Drained(gone, over, _))) => *gone > 0 || *over,
-        Ok(Ok(Done::DrainStarted)) => true,
+        Ok(Ok(Done::DrainStarted | Done::Covered(_))) => true,
         _ => false,
     };
     let least = match (failed, worked) {
@@ -282,6 +300,14 @@ fn finished(ctx: &Context, d: Due, res: Result<Result<Done, String>, DbErr>, too
                 d.set, s.copied
             ))
         }
+        Ok(Ok(Done::Covered(_))) => {
+            reread = true;
+            Some(format!(
+                "libmember: rotation of set '{}': every node's filter covers the end (in a \
+                 cluster, nodes switch now)",
+                d.set
+            ))
+        }
         Ok(Ok(Done::DrainStarted)) => {
             reread = true;
             Some(format!(
@@ -326,9 +352,11 @@ fn finished(ctx: &Context, d: Due, res: Result<Result<Done, String>, DbErr>, too
         Ok(Ok(Done::Copied(s) | Done::Ended(s) | Done::Swept(s))) if s.left.is_some() => {
             p.left = s.left
         }
-        Ok(Ok(Done::Drained(_, _, Some(left)) | Done::Waiting(_, Some(left)))) => {
-            p.left = Some(*left)
-        }
+        Ok(Ok(
+            Done::Drained(_, _, Some(left))
+            | Done::Waiting(_, Some(left))
+            | Done::Covered(Some(left)),
+        )) => p.left = Some(*left),
         _ => {}
     }
     p.waiting_for = match &res {

@@ -63,6 +63,55 @@ fn activity(pg: &mut postgres::Client) -> Vec<String> {
     .collect()
 }
 
+/// The switching phase, held by the lagging node: the node's report says its filter covers the
+/// end, the lagging one's does not, and the catalog waits for it; once it says so too, the
+/// catalog records that every node's filter covers the end (what nodes of a cluster switch on;
+/// docs/security.md, "In a cluster").
+fn every_filter_covers_the_end(env: &Env, pg: &mut postgres::Client) {
+    let entry = format!("%,{SET}:2,%");
+    let reports = |pg: &mut postgres::Client| -> Vec<String> {
+        pg.query(
+            "SELECT node FROM member_nodes WHERE (',' || covered || ',') LIKE $1 ORDER BY node",
+            &[&entry],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    };
+    let covered = |pg: &mut postgres::Client| -> Option<bool> {
+        pg.query_one(
+            "SELECT rotate_covered FROM member_catalog WHERE name = $1",
+            &[&SET],
+        )
+        .unwrap()
+        .get(0)
+    };
+    assert!(
+        wait_until(Duration::from_secs(30), || reports(pg).len() == 1),
+        "the node never reported that its filter covers the end: {:?}",
+        reports(pg)
+    );
+    assert!(!reports(pg).iter().any(|n| n == LAGGING));
+    // Several steps of the rotation run meanwhile (a tenth of a second apart).
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        covered(pg),
+        Some(false),
+        "recorded before every node covered"
+    );
+    pg.execute(
+        "UPDATE member_nodes SET covered = $2 WHERE node = $1",
+        &[&LAGGING, &format!("{SET}:2")],
+    )
+    .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || covered(pg) == Some(true)),
+        "every node reports its filter covers the end, and the catalog never said so"
+    );
+    assert!(env.vk.log().contains("every node's filter covers the end"));
+}
+
 fn node_phase(env: &Env, pg: &mut postgres::Client, c: &mut redis::Connection, want: &str) {
     assert!(
         shows_phase(c, SET, want),
@@ -109,6 +158,7 @@ fn a_write_planned_before_the_drain_and_made_in_it_keeps_both_forms() {
         "token_rotation_waiting_for"
     )
     .is_ok_and(|w| w.contains(LAGGING))));
+    every_filter_covers_the_end(&env, &mut pg);
 
     // The drain's deletes will wait for the change log (its trigger writes there); the writes
     // wait for the failpoint.

@@ -68,12 +68,14 @@ DO $rot$ BEGIN
                                ADD COLUMN IF NOT EXISTS rotate_started timestamptz;
   END IF;
 END $rot$;
-DO $left$ BEGIN
+-- And those added since (the newest tested: a catalog that has it has the others).
+DO $later$ BEGIN
   IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'member_catalog'::regclass
-                   AND attname = 'rotate_left' AND NOT attisdropped) THEN
-    ALTER TABLE member_catalog ADD COLUMN IF NOT EXISTS rotate_left bigint;
+                   AND attname = 'rotate_covered' AND NOT attisdropped) THEN
+    ALTER TABLE member_catalog ADD COLUMN IF NOT EXISTS rotate_left bigint,
+                               ADD COLUMN IF NOT EXISTS rotate_covered boolean;
   END IF;
-END $left$;
+END $later$;
 CREATE TABLE IF NOT EXISTS member_catalog_version (
     id smallint PRIMARY KEY CHECK (id = 1),
     version bigint NOT NULL

@@ -17,7 +17,8 @@ pub(super) const NODES_DDL: &str = "CREATE TABLE IF NOT EXISTS member_nodes (
     ring text NOT NULL,
     serving text NOT NULL DEFAULT '',
     seen_at timestamptz NOT NULL DEFAULT now()
-)";
+);
+ALTER TABLE member_nodes ADD COLUMN IF NOT EXISTS covered text NOT NULL DEFAULT ''";
 
 /// Reports older than this are deleted by the next report of any node.
 const FORGOTTEN_AFTER_S: f64 = 86_400.0;
@@ -35,6 +36,9 @@ pub struct NodeReport {
     /// The sets whose key rotates, with the length of the chain this node computes for each:
     /// a rotation drains the old forms once every node computes the new one.
     pub serving: Vec<(String, usize)>,
+    /// The rotating sets whose filter here covers the rotation's end, with the new chain's
+    /// length: in a cluster, nodes switch once every node's does (docs/security.md).
+    pub covered: Vec<(String, usize)>,
 }
 
 /// A report as read back, with how long ago the database took it.
@@ -50,22 +54,19 @@ pub struct NodeSeen {
 /// Writes this node's report (the database's clock stamps it) and forgets reports a day old.
 pub fn report(db: &mut Db, r: &NodeReport) -> Result<(), DbErr> {
     let ring = ring_text(&r.ring);
-    let serving = r
-        .serving
-        .iter()
-        .map(|(set, n)| format!("{set}:{n}"))
-        .collect::<Vec<_>>()
-        .join(",");
+    let serving = forms_text(&r.serving);
+    let covered = forms_text(&r.covered);
     db.run(|c, st| {
         st.query(
             c,
             "WITH gone AS (DELETE FROM member_nodes
                             WHERE seen_at < now() - make_interval(secs => $5))
-             INSERT INTO member_nodes (node, port, role, ring, serving, seen_at)
-             VALUES ($1, $2, $3, $4, $6, now())
+             INSERT INTO member_nodes (node, port, role, ring, serving, covered, seen_at)
+             VALUES ($1, $2, $3, $4, $6, $7, now())
              ON CONFLICT (node) DO UPDATE
                 SET port = EXCLUDED.port, role = EXCLUDED.role, ring = EXCLUDED.ring,
-                    serving = EXCLUDED.serving, seen_at = EXCLUDED.seen_at",
+                    serving = EXCLUDED.serving, covered = EXCLUDED.covered,
+                    seen_at = EXCLUDED.seen_at",
             &[
                 (&r.node, Type::TEXT),
                 (&r.port, Type::INT4),
@@ -73,6 +74,7 @@ pub fn report(db: &mut Db, r: &NodeReport) -> Result<(), DbErr> {
                 (&ring, Type::TEXT),
                 (&FORGOTTEN_AFTER_S, Type::FLOAT8),
                 (&serving, Type::TEXT),
+                (&covered, Type::TEXT),
             ],
         )
     })
@@ -111,6 +113,8 @@ pub enum Needed<'a> {
     Key(&'a str),
     /// This chain length for this set (a rotating set's form it computes).
     Form(&'a str, usize),
+    /// A filter that covers the end of this set's rotation to this chain length.
+    Covered(&'a str, usize),
 }
 
 /// The nodes heard from within `fresh` whose report does not name `needed`, by run id.
@@ -119,6 +123,7 @@ pub fn nodes_lacking(db: &mut Db, needed: Needed, fresh: Duration) -> Result<Vec
     let (column, pattern) = match needed {
         Needed::Key(fp) => ("ring", format!("%:{fp},%")),
         Needed::Form(set, n) => ("serving", format!("%,{set}:{n},%")),
+        Needed::Covered(set, n) => ("covered", format!("%,{set}:{n},%")),
     };
     let sql = format!(
         "SELECT node FROM member_nodes
@@ -129,6 +134,15 @@ pub fn nodes_lacking(db: &mut Db, needed: Needed, fresh: Duration) -> Result<Vec
     let rows =
         db.run(|c, st| st.query(c, &sql, &[(&secs, Type::FLOAT8), (&pattern, Type::TEXT)]))?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// `set:n,set:n` (set names hold neither `:` nor `,`).
+fn forms_text(forms: &[(String, usize)]) -> String {
+    forms
+        .iter()
+        .map(|(set, n)| format!("{set}:{n}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// `id:fp,id:fp` (ids and fingerprints hold neither `:` nor `,`: token_ring.rs).

@@ -58,6 +58,9 @@ pub struct RotationRow {
     /// About how many rows the rotation has still to copy (copying) or delete (switching,
     /// draining), as of the last step; `None` before the first.
     pub left: Option<i64>,
+    /// Switching: every node has reported a filter that covers the end (`member_nodes`'
+    /// `covered`). In a cluster, where a node asks other nodes' filters, nodes switch then.
+    pub covered: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,7 +93,7 @@ impl Phase {
 pub(super) fn rotation_columns(a: &str) -> String {
     format!(
         "{a}.rotate_to, {a}.rotate_phase, {a}.rotate_end_xid, {a}.rotate_copied, \
-         {a}.rotate_left"
+         {a}.rotate_left, {a}.rotate_covered"
     )
 }
 
@@ -103,6 +106,7 @@ pub(super) fn rotation_at(row: &postgres::Row, at: usize) -> Option<RotationRow>
         end_xid: row.get(at + 2),
         copied: row.get::<_, Option<i64>>(at + 3).unwrap_or(0),
         left: row.get(at + 4),
+        covered: row.get::<_, Option<bool>>(at + 5).unwrap_or(false),
     })
 }
 
@@ -210,7 +214,7 @@ fn start_once(
             SET rotate_to = $2, rotate_phase = 'copying', rotate_cursor = NULL,
                 rotate_swept = pg_snapshot_xmin(pg_current_snapshot())::text::int8,
                 rotate_end_xid = NULL, rotate_copied = 0, rotate_left = NULL,
-                rotate_started = now()
+                rotate_covered = false, rotate_started = now()
           WHERE name = $1",
         &[&set, &to],
     )?;

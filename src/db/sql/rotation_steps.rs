@@ -35,6 +35,22 @@ fn phase_is(tx: &mut Transaction, set: &str, phases: &[&str]) -> Result<bool, po
     Ok(phase.is_some_and(|p| phases.contains(&p.as_str())))
 }
 
+/// Takes the set's rotation lock and checks the catalog's phase: the step that does nothing
+/// when another node holds the lock, or the rotation has left `phases`; `None` to go on.
+fn refused(
+    tx: &mut Transaction,
+    set: &str,
+    phases: &[&str],
+) -> Result<Option<Step>, postgres::Error> {
+    if !try_lock(tx, set)? {
+        return Ok(Some(Step::BUSY));
+    }
+    if !phase_is(tx, set, phases)? {
+        return Ok(Some(Step::STALE));
+    }
+    Ok(None)
+}
+
 /// What one step of a rotation found and did.
 #[derive(Debug, Default)]
 pub struct Step {
@@ -210,11 +226,8 @@ pub fn copy_step(
 ) -> Result<Result<Step, String>, DbErr> {
     db.run_own(|c, st| {
         let mut tx = st.begin(c)?;
-        if !try_lock(&mut tx, set)? {
-            return Ok(Ok(Step::BUSY));
-        }
-        if !phase_is(&mut tx, set, &["copying", "switching"])? {
-            return Ok(Ok(Step::STALE));
+        if let Some(nothing) = refused(&mut tx, set, &["copying", "switching"])? {
+            return Ok(Ok(nothing));
         }
         // The first step counts what there is to copy (once; before it takes any row lock).
         tx.execute(
@@ -271,11 +284,8 @@ pub fn end(
     let t = table(set);
     db.run_own(|c, st| {
         let mut tx = st.begin(c)?;
-        if !try_lock(&mut tx, set)? {
-            return Ok(Ok(Step::BUSY));
-        }
-        if !phase_is(&mut tx, set, &["copying"])? {
-            return Ok(Ok(Step::STALE));
+        if let Some(nothing) = refused(&mut tx, set, &["copying"])? {
+            return Ok(Ok(nothing));
         }
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
         tx.batch_execute(LOCK_WAIT)?;
@@ -325,11 +335,8 @@ pub fn drain_start(db: &mut Db, set: &str) -> Result<Step, DbErr> {
     let t = table(set);
     db.run_own(|c, st| {
         let mut tx = st.begin(c)?;
-        if !try_lock(&mut tx, set)? {
-            return Ok(Step::BUSY);
-        }
-        if !phase_is(&mut tx, set, &["switching"])? {
-            return Ok(Step::STALE);
+        if let Some(nothing) = refused(&mut tx, set, &["switching"])? {
+            return Ok(nothing);
         }
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
         tx.batch_execute(LOCK_WAIT)?;
@@ -340,6 +347,25 @@ pub fn drain_start(db: &mut Db, set: &str) -> Result<Step, DbErr> {
         tx.execute(
             "UPDATE member_catalog SET rotate_phase = 'draining', rotate_cursor = NULL
               WHERE name = $1",
+            &[&set],
+        )?;
+        tx.execute(super::BUMP_VERSION, &[])?;
+        tx.commit()?;
+        Ok(Step::default())
+    })
+}
+
+/// Every node's filter covers the end (its report says so): the catalog records it, and in a
+/// cluster the nodes switch when they read it. Under the rotation's lock, in the switching
+/// phase only.
+pub fn mark_covered(db: &mut Db, set: &str) -> Result<Step, DbErr> {
+    db.run_own(|c, st| {
+        let mut tx = st.begin(c)?;
+        if let Some(nothing) = refused(&mut tx, set, &["switching"])? {
+            return Ok(nothing);
+        }
+        tx.execute(
+            "UPDATE member_catalog SET rotate_covered = true WHERE name = $1",
             &[&set],
         )?;
         tx.execute(super::BUMP_VERSION, &[])?;
@@ -423,7 +449,7 @@ pub fn drain_step(
                 "UPDATE member_catalog
                     SET rotate_to = NULL, rotate_phase = NULL, rotate_cursor = NULL,
                         rotate_swept = NULL, rotate_end_xid = NULL, rotate_started = NULL,
-                        rotate_left = NULL
+                        rotate_left = NULL, rotate_covered = NULL
                   WHERE name = $1",
                 &[&set],
             )?;

@@ -156,6 +156,16 @@ pub fn ask_rebuild(ctx: &Context, node: &str, mut req: Rebuild, timeout: Duratio
     wait_for(ctx, node, id, &payload, Waiter::Call(then), timeout);
 }
 
+/// Asks node `node` to run `req` (a rotating set's twin effect: `Op::TwinAdd`, `Op::TwinDel`);
+/// `then` gets its answer, or why none came within `timeout`. The request's id is assigned
+/// here.
+pub fn ask(ctx: &Context, node: &str, mut req: Request, timeout: Duration, then: Then) {
+    let id = next_id();
+    req.id = id;
+    let payload = wire::encode(&Message::Request(req));
+    wait_for(ctx, node, id, &payload, Waiter::Call(then), timeout);
+}
+
 /// Asks node `node` for its part of a MEXISTS or MADD; `then` gets its answer (`Ints`, one
 /// per item in order, or an error line), or why none came within `timeout`. The request's id
 /// is assigned here.

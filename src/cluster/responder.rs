@@ -42,7 +42,7 @@ impl Responder {
 
     /// The answer owed to a client of this node blocked in `blocked`; dropped unanswered, the
     /// client gets the handle's fallback.
-    pub(super) fn here(blocked: Blocked) -> Responder {
+    pub fn here(blocked: Blocked) -> Responder {
         Responder {
             to: To::Here(Some(blocked)),
             id: 0,

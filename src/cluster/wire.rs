@@ -27,6 +27,11 @@ pub enum Op {
     Explain,
     Add,
     Del,
+    /// A rotating set's write made elsewhere stored (or deleted) this twin, whose slot the
+    /// receiver holds: apply its effects (filter bits, cache, replicas), no statement
+    /// (docs/security.md, "In a cluster").
+    TwinAdd,
+    TwinDel,
 }
 
 impl Op {
@@ -36,6 +41,8 @@ impl Op {
             Op::Explain => 1,
             Op::Add => 2,
             Op::Del => 3,
+            Op::TwinAdd => 4,
+            Op::TwinDel => 5,
         }
     }
 
@@ -45,6 +52,8 @@ impl Op {
             1 => Op::Explain,
             2 => Op::Add,
             3 => Op::Del,
+            4 => Op::TwinAdd,
+            5 => Op::TwinDel,
             _ => return None,
         })
     }
@@ -409,6 +418,8 @@ mod tests {
             request(Op::Explain, None),
             request(Op::Add, Some(1_900_000_000.5)),
             request(Op::Del, None),
+            request(Op::TwinAdd, None),
+            request(Op::TwinDel, None),
             Message::Answer(1, Answer::Int(1)),
             Message::Answer(2, Answer::Int(-3)),
             Message::Answer(3, Answer::Explain(0, "bloom-negative".into())),

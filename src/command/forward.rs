@@ -3,13 +3,15 @@
 //! forwards them there (`elsewhere`, `start`) and its client gets the holder's answer. The holder's
 //! side is `forwarded.rs`.
 
+use std::cell::RefCell;
+use std::rc::Rc;
 use std::time::Duration;
 
-use redis_module::{Context, RedisResult, RedisValue};
+use redis_module::{Context, RedisError, RedisResult, RedisValue};
 
 use crate::cluster::bus;
 use crate::cluster::owner;
-use crate::cluster::wire::{Op, Request};
+use crate::cluster::wire::{Answer, Op, Request};
 use crate::command::{block_timeout, may_block};
 use crate::model::canon::Canon;
 use crate::model::error;
@@ -63,6 +65,48 @@ pub(in crate::command) fn block_and_start(ctx: &Context, e: Elsewhere) -> RedisR
     let timeout = block_timeout() + Duration::from_secs(1);
     start(ctx, Blocked::block(ctx, timeout, fallback), e);
     Ok(RedisValue::NoReply)
+}
+
+/// Delivers `reply` once the owner of each slot has run its request, a rotating set's twin
+/// effect (`AskFirst`); `TWIN_UNCONFIRMED` instead if any refuses, cannot be sent its request
+/// or does not answer within `member.db-timeout-ms`, or no node serves its slot. The writes
+/// were made either way (their twins reach those owners through the change log), but none is
+/// acknowledged.
+pub(in crate::command) fn answer_after(
+    ctx: &Context,
+    asks: Vec<(u16, Request)>,
+    reply: RedisResult,
+    deliver: crate::command::Deliver,
+) {
+    let left = Rc::new(RefCell::new(Some((asks.len(), reply, deliver))));
+    for (slot, req) in asks {
+        let left = Rc::clone(&left);
+        let answered = move |ctx: &Context, confirmed: bool| {
+            let mut cell = left.borrow_mut();
+            let Some((n, reply, _)) = cell.as_mut() else {
+                return;
+            };
+            *n -= 1;
+            if !confirmed {
+                *reply = Err(RedisError::Str(error::TWIN_UNCONFIRMED));
+            }
+            if *n == 0 || !confirmed {
+                if let Some((_, reply, deliver)) = cell.take() {
+                    drop(cell);
+                    deliver(ctx, reply);
+                }
+            }
+        };
+        match owner::node_of(slot) {
+            Some(node) => {
+                let then = Box::new(move |ctx: &Context, res: Result<Answer, bus::Lost>| {
+                    answered(ctx, matches!(res, Ok(Answer::Int(_))))
+                });
+                bus::ask(ctx, &node, req, block_timeout(), then);
+            }
+            None => answered(ctx, false),
+        }
+    }
 }
 
 /// Forwards `e` for a client already blocked (waiting for the catalog, say). A slot this node

@@ -7,7 +7,7 @@
 use std::borrow::Cow;
 use std::sync::atomic::Ordering;
 
-use redis_module::{Context, RedisError};
+use redis_module::{Context, RedisError, RedisValue};
 
 use crate::server::block::Completion;
 
@@ -24,7 +24,8 @@ use crate::db::pool::{self, Job, Point};
 use crate::model::canon::{hash_parts, Canon};
 use crate::model::error;
 use crate::model::slot::keyslot;
-use crate::sets::{catalog_ask, state};
+use crate::server::replication;
+use crate::sets::{catalog_ask, effects, state};
 
 /// Runs a request forwarded by another node (or by this one for its own client, `bus::forward`):
 /// the same lookup or write a local client gets, answered through `to`. A write only if this
@@ -32,7 +33,7 @@ use crate::sets::{catalog_ask, state};
 /// funnel believes a filter negative only for a slot held long enough, and the database
 /// answers the rest on any node.
 pub fn serve(ctx: &Context, req: Request, to: Responder) {
-    let write = matches!(req.op, Op::Add | Op::Del);
+    let write = matches!(req.op, Op::Add | Op::Del | Op::TwinAdd | Op::TwinDel);
     if write && (!owner::is_primary() || !owner::holds(keyslot(req.entity.as_bytes()))) {
         bus::REFUSED.fetch_add(1, Ordering::Relaxed);
         return to.answer(ctx, Err(RedisError::Str(error::SLOT_MOVING)));
@@ -72,6 +73,31 @@ pub fn serve(ctx: &Context, req: Request, to: Responder) {
                 Ok(None) => unknown(ctx, &req.set, to),
                 Err(e) => to.answer(ctx, Err(e)),
             }
+        }
+        Op::TwinAdd | Op::TwinDel => {
+            if !state::with(|r| r.serving(&req.set, false).is_some()) {
+                return unknown(ctx, &req.set, to);
+            }
+            bus::SERVED.fetch_add(1, Ordering::Relaxed);
+            let (command, args) = (
+                if req.op == Op::TwinAdd {
+                    "MEMBER._ADD"
+                } else {
+                    "MEMBER._DEL"
+                },
+                [
+                    req.set.as_bytes(),
+                    req.entity.as_bytes(),
+                    req.scope.as_bytes(),
+                ],
+            );
+            if req.op == Op::TwinAdd {
+                effects::added(ctx, &req.set, &canon);
+            } else {
+                effects::removed(ctx, &req.set, &canon);
+            }
+            replication::replicate(ctx, command, &args);
+            to.answer(ctx, Ok(RedisValue::Integer(1)));
         }
     }
 }

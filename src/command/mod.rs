@@ -226,7 +226,41 @@ pub fn block_timeout() -> Duration {
 }
 
 /// A completion that carries the answer of one point query (a lookup or a write).
-pub trait PointDone<T>: Completion + Clone {
+/// What a client waits for besides its statement: in a cluster, while a set's key rotates, a
+/// write's reply waits for the owner of its twin's slot to apply the twin's effects
+/// (docs/security.md, "In a cluster"). Lookups never wait (the defaults).
+pub trait AskFirst {
+    /// Whether the reply may have to wait: decided when the write is planned.
+    fn may_ask_first(&self) -> bool {
+        false
+    }
+    /// On the main thread, after `apply`: the requests to make first, each with the slot whose
+    /// owner runs it; none to reply at once.
+    fn ask_first(&self) -> Vec<(u16, crate::cluster::wire::Request)> {
+        Vec::new()
+    }
+}
+
+/// Where a reply goes once it may be given (a client here, another node, a part of a call).
+pub type Deliver = Box<dyn FnOnce(&Context, redis_module::RedisResult) + Send>;
+
+/// Main thread: applies `done`, then delivers its reply, after the requests it asks first have
+/// been answered (`forward::answer_after`).
+pub fn complete_asking<D: Completion + AskFirst>(ctx: &Context, done: &mut D, deliver: Deliver) {
+    done.apply(ctx);
+    let reply = done.reply(ctx);
+    let asks = if reply.is_ok() {
+        done.ask_first()
+    } else {
+        Vec::new()
+    };
+    if asks.is_empty() {
+        return deliver(ctx, reply);
+    }
+    forward::answer_after(ctx, asks, reply, deliver);
+}
+
+pub trait PointDone<T>: Completion + Clone + AskFirst {
     /// The (set, entity, scope) the query is about.
     fn target(&self) -> (&str, &str, &str);
     /// Stores the database's answer.
@@ -248,6 +282,10 @@ pub fn block_on_point<T: 'static, D: PointDone<T>>(ctx: &Context, done: D) -> Po
 /// `block_on_point` for a client already blocked (waiting for the catalog, say).
 pub fn point_for<T: 'static, D: PointDone<T>>(blocked: Blocked, done: D) -> Point<T> {
     let blocked = blocked.with_fallback(Box::new(done.clone()));
+    if done.may_ask_first() {
+        // Answered from the main thread, where the request to make first is decided.
+        return point_remote(done, Responder::here(blocked));
+    }
     let (set, entity, scope) = done.target();
     let (set, entity, scope) = (set.to_string(), entity.to_string(), scope.to_string());
     Point {
@@ -290,18 +328,17 @@ pub fn point_remote<T: 'static, D: PointDone<T>>(done: D, to: Responder) -> Poin
 }
 
 /// A forwarded request's completion on its way to the main thread (see `point_remote`).
-struct Remote<D: Completion> {
+struct Remote<D: Completion + AskFirst> {
     done: Option<D>,
     to: Option<Responder>,
 }
 
-impl<D: Completion> Drop for Remote<D> {
+impl<D: Completion + AskFirst> Drop for Remote<D> {
     fn drop(&mut self) {
         if let (Some(mut done), Some(to)) = (self.done.take(), self.to.take()) {
             crate::server::mainq::post(Box::new(move |ctx| {
-                done.apply(ctx);
-                let reply = done.reply(ctx);
-                to.answer(ctx, reply);
+                let deliver: Deliver = Box::new(move |ctx, reply| to.answer(ctx, reply));
+                complete_asking(ctx, &mut done, deliver);
             }));
         }
     }

@@ -6,7 +6,7 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 use crate::command::forward;
 use crate::command::retry::after_catalog;
 use crate::command::{
-    block_on_point, block_timeout, may_block, point_for, ItemArgs, Options, PointDone,
+    block_on_point, block_timeout, may_block, point_for, AskFirst, ItemArgs, Options, PointDone,
 };
 use crate::db::pool::{self, Job, Point};
 use crate::db::{members, DbErr};
@@ -69,6 +69,43 @@ pub(super) struct WriteDone {
     /// The set's incarnation when the write began (see `apply`).
     incarnation: u64,
     result: Result<bool, DbErr>,
+}
+
+impl AskFirst for WriteDone {
+    /// In a cluster, a write that stores (or deletes) a twin: its slot is likely another
+    /// node's.
+    fn may_ask_first(&self) -> bool {
+        self.twin.is_some() && crate::server::cluster_mode::enabled()
+    }
+
+    /// The twin's effects, for the owner of its slot when that is another node (this node
+    /// applied them itself in `apply`); none for a write that failed, whose client hears so.
+    fn ask_first(&self) -> Vec<(u16, crate::cluster::wire::Request)> {
+        let Some((twin, _)) = self.twin.as_ref() else {
+            return Vec::new();
+        };
+        if !crate::server::cluster_mode::enabled() || self.result.is_err() {
+            return Vec::new();
+        }
+        let slot = crate::model::slot::keyslot(twin.as_bytes());
+        if crate::cluster::owner::owns(slot) {
+            return Vec::new();
+        }
+        vec![(
+            slot,
+            crate::cluster::wire::Request {
+                id: 0,
+                op: match self.op {
+                    Op::Add => crate::cluster::wire::Op::TwinAdd,
+                    Op::Del => crate::cluster::wire::Op::TwinDel,
+                },
+                set: self.set.clone(),
+                entity: twin.clone(),
+                scope: String::new(),
+                expires_at: None,
+            },
+        )]
+    }
 }
 
 impl PointDone<bool> for WriteDone {

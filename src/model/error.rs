@@ -87,6 +87,10 @@ pub const FORWARD_TIMEOUT: &str = "UNAVAILABLE the node holding the item's canon
 /// Cluster: the node holding the item's canonical slot could not be sent the request.
 pub const FORWARD_UNREACHABLE: &str =
     "UNAVAILABLE the node holding the item's canonical slot is not reachable over the cluster bus";
+/// Cluster, a rotating set: the write was stored, but the owner of its twin's slot did not
+/// confirm the twin's effects, so it is not acknowledged (docs/security.md, "In a cluster").
+pub const TWIN_UNCONFIRMED: &str = "UNAVAILABLE the write was stored, but the node holding the \
+     slot of its rotated form did not confirm it; retry (a retried write is idempotent)";
 /// Cluster: no primary serves the item's canonical slot (as last polled).
 pub const NO_OWNER: &str = "TRYAGAIN libmember: no node serves the item's canonical slot; retry";
 /// Cluster: a forwarded request reached a node that no longer (or not yet) holds the slot.

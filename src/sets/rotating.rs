@@ -47,6 +47,18 @@ impl Rotating {
             Phase::Draining => None,
         }
     }
+
+    /// The chain of a row's old form and the key its twin adds, whenever a row of the old
+    /// form may still be written: as [`Rotating::forms`], and in the drain too. A write this
+    /// node plans in the drain is of the new form (no twin), but one another node planned in
+    /// the old form before it learned the drain, and forwarded here (a cluster), must still
+    /// store (or delete) both forms, or the drain deletes it (or leaves its twin).
+    pub fn twin_forms(&self) -> Option<(Tokenize, &str)> {
+        match self.row.phase {
+            Phase::Draining => Some((shorter(&self.chain), &self.row.to)),
+            _ => self.forms(),
+        }
+    }
 }
 
 /// `t` without its last key.
@@ -131,5 +143,10 @@ mod tests {
         }
         // In the drain the old forms are being deleted: the new form alone.
         assert_eq!(rotating(Phase::Draining, true).forms(), None);
+        // But a row of the old form planned elsewhere before the drain still gets its twin.
+        assert_eq!(
+            rotating(Phase::Draining, true).twin_forms(),
+            Some((chain(OLD), NEW))
+        );
     }
 }

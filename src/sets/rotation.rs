@@ -78,9 +78,11 @@ pub fn write_def(s: &SetState) -> Cow<'_, SetDef> {
 /// set's key rotates: its next link under the key the set moves to. Decided with the form, on
 /// the main thread, and carried by the write to its statement and its effects: a write planned
 /// before this node learns the drain still stores (or deletes) both forms, as the rows it
-/// meets were made. `None` for a set not rotating, in its drain, or a row of another form.
+/// meets were made, and so does one of the old form that another node planned so and
+/// forwarded here (`Rotating::twin_forms`). `None` for a set not rotating, or a row of
+/// another form (a write planned in the drain is of the new form).
 pub fn twin_of(s: &SetState, entity: &str, scope: &str) -> Result<Option<String>, String> {
-    let Some((old, to)) = s.rotation.as_ref().and_then(Rotating::forms) else {
+    let Some((old, to)) = s.rotation.as_ref().and_then(Rotating::twin_forms) else {
         return Ok(None);
     };
     if !scope.is_empty() || chain_length(entity) != Some(old.chain().len() as u32) {
@@ -131,6 +133,21 @@ pub fn covered(ctx: &Context) -> Vec<(String, usize)> {
         .into_iter()
         .filter(|(name, _)| covers_end(ctx, name))
         .collect()
+}
+
+/// The rotating sets whose drain this node follows (its writes store the new form alone),
+/// with the new chain's length: what this node's report says (`member_nodes`' `draining`).
+pub fn draining() -> Vec<(String, usize)> {
+    state::with(|r| {
+        r.sets
+            .values()
+            .filter_map(|s| {
+                let rot = s.rotation.as_ref()?;
+                (rot.row.phase == Phase::Draining)
+                    .then(|| (s.def.name.clone(), rot.chain.chain().len()))
+            })
+            .collect()
+    })
 }
 
 /// The set's filter here is complete, trusted and caught up past its rotation's end: every

@@ -28,9 +28,14 @@ static SOON: AtomicBool = AtomicBool::new(false);
 static LAST: Mutex<Option<Instant>> = Mutex::new(None);
 /// What the last report said of the rotating sets: the chain lengths computed and the
 /// filters that cover their rotation's end (a change is reported at once).
-static SAID: Mutex<Said> = Mutex::new((Vec::new(), Vec::new()));
+static SAID: Mutex<Said> = Mutex::new((Vec::new(), Vec::new(), Vec::new()));
 
-type Said = (Vec<(String, usize)>, Vec<(String, usize)>);
+/// Sets with a chain length: computed, covered, draining.
+type Said = (
+    Vec<(String, usize)>,
+    Vec<(String, usize)>,
+    Vec<(String, usize)>,
+);
 
 /// Each set whose key rotates, with the length of the chain this node computes for it.
 fn serving() -> Vec<(String, usize)> {
@@ -56,7 +61,11 @@ pub fn tick(ctx: &Context, now: Instant) {
     if IN_FLIGHT.load(Ordering::Acquire) || !state::with(|r| r.catalog.loaded) {
         return;
     }
-    let now_says = (serving(), crate::sets::rotation::covered(ctx));
+    let now_says = (
+        serving(),
+        crate::sets::rotation::covered(ctx),
+        crate::sets::rotation::draining(),
+    );
     let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
     let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
     let due = SOON.load(Ordering::Acquire)
@@ -71,7 +80,7 @@ pub fn tick(ctx: &Context, now: Instant) {
     SOON.store(false, Ordering::Release);
     *last = Some(now);
     said.clone_from(&now_says);
-    let (serving, covered) = now_says;
+    let (serving, covered, draining) = now_says;
     let report = sql::NodeReport {
         node,
         port: repl_info::tcp_port(ctx).unwrap_or(0),
@@ -83,6 +92,7 @@ pub fn tick(ctx: &Context, now: Instant) {
         ring: crate::config::token_key::entries(),
         serving,
         covered,
+        draining,
     };
     IN_FLIGHT.store(true, Ordering::Release);
     let flight = Flight;

@@ -102,16 +102,22 @@ struct Due {
 }
 
 /// From the housekeeping sweep: starts the next step of every rotating set whose rest is
-/// over. Primaries only.
+/// over. Primaries only; in a cluster, the primary holding the slot of the set's name (the
+/// one its CREATE and ALTER go to), so that one node drives it and says so in its log.
 pub fn tick(ctx: &Context, now: Instant) {
     if ctx.get_flags().contains(ContextFlags::SLAVE) {
         return;
     }
+    let cluster = crate::server::cluster_mode::enabled();
     let due: Vec<Due> = state::with(|r| {
         r.sets
             .values()
             .filter_map(|s| {
                 let rot = s.rotation.as_ref()?;
+                let name = s.def.name.as_bytes();
+                if cluster && !crate::cluster::owner::owns(crate::model::slot::keyslot(name)) {
+                    return None;
+                }
                 let len = rot.chain.chain().len();
                 let n = if rot.row.phase == Phase::Copying {
                     len
@@ -189,6 +195,14 @@ fn run_step(db: &mut crate::db::Db, d: &Due) -> Result<Result<Done, String>, DbE
     Ok(match d.phase {
         Phase::Copying => match rotation::copy_step(db, &d.set, d.n, BATCH, &wrap)? {
             Ok(s) if s.copy_done && !s.busy && !s.stale => {
+                // Not before every node follows the rotation: one that has not learned it
+                // writes no twin, and its row, committed after the end, would reach the
+                // twin's owner only through the change log (in a cluster, another node).
+                let following = Needed::Form(&d.set, d.n);
+                let behind = nodes_lacking(db, following, node_report::FRESH)?;
+                if !behind.is_empty() {
+                    return Ok(Ok(Done::Waiting(behind, s.left)));
+                }
                 match rotation::end(db, &d.set, d.n, &wrap)? {
                     Ok(e) if e.stale || e.busy => Ok(Done::Copied(e)),
                     Ok(e) => Ok(Done::Ended(e)),
@@ -229,7 +243,11 @@ fn run_step(db: &mut crate::db::Db, d: &Due) -> Result<Result<Done, String>, DbE
             }
         }
         Phase::Draining => {
-            let (gone, over, left) = rotation::drain_step(db, &d.set, d.n, BATCH)?;
+            // The end drops the twin column and refuses old forms: not before every node
+            // follows the drain (a node still in the switching phase writes both forms).
+            let lagging = Needed::Draining(&d.set, d.n + 1);
+            let may_end = nodes_lacking(db, lagging, node_report::FRESH)?.is_empty();
+            let (gone, over, left) = rotation::drain_step(db, &d.set, d.n, BATCH, may_end)?;
             Ok(Done::Drained(gone, over, left))
         }
     })

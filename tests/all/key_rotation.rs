@@ -32,11 +32,25 @@ fn mexists(c: &mut Connection, set: &str, items: &[String]) -> Vec<i64> {
 }
 
 /// The wall clock, to set an error beside the server's log.
-fn stamp() -> String {
+pub(super) fn stamp() -> String {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap();
     format!("{}.{:03}", t.as_secs() % 86_400, t.subsec_millis())
+}
+
+/// Each item with the answer it must get: 1 for `present` and acknowledged adds, 0 for
+/// `absent` and acknowledged deletes.
+pub(super) fn wanted(
+    (present, added): (&[String], &[String]),
+    (absent, deleted): (&[String], &[String]),
+) -> Vec<(String, i64)> {
+    present
+        .iter()
+        .chain(added)
+        .map(|i| (i.clone(), 1))
+        .chain(absent.iter().chain(deleted).map(|i| (i.clone(), 0)))
+        .collect()
 }
 
 /// What the writers acknowledged: added (never deleted since) and deleted.
@@ -70,12 +84,7 @@ fn check_round(
             a.deleted.iter().cloned().collect(),
         )
     };
-    let want: Vec<(String, i64)> = present
-        .iter()
-        .chain(&added)
-        .map(|i| (i.clone(), 1))
-        .chain(absent.iter().chain(&deleted).map(|i| (i.clone(), 0)))
-        .collect();
+    let want = wanted((present, &added), (absent, &deleted));
     let items: Vec<String> = want.iter().map(|(i, _)| i.clone()).collect();
     let mut got: Vec<i64> = Vec::with_capacity(items.len());
     for part in items.chunks(500) {
@@ -451,16 +460,17 @@ pub(super) fn hold_rotation(pg: &mut postgres::Client, set: &str) {
 /// The node report that holds a rotation before its drain (`report_lagging_node`).
 pub(super) const LAGGING: &str = "test-lagging-node";
 
-/// Reports a second node, with the ring of a node that reported, that computes the old form
-/// of every set: the rotation waits for it before its drain until `DELETE`d (its report is
-/// dated an hour ahead, so it stays fresh).
-pub(super) fn report_lagging_node(pg: &mut postgres::Client) {
+/// Reports a second node, with the ring of a node that reported, that follows the rotation
+/// of `set` (a chain of one key) but computes its old form: the rotation waits for it before
+/// its drain until `DELETE`d (its report is dated an hour ahead, so it stays fresh).
+pub(super) fn report_lagging_node(pg: &mut postgres::Client, set: &str) {
     assert!(wait_until(Duration::from_secs(30), || {
         pg.execute(
             "INSERT INTO member_nodes (node, port, role, ring, serving, seen_at)
-             SELECT $1, port, role, ring, '', now() + interval '1 hour' FROM member_nodes
+             SELECT $1, port, role, ring, $2 || ':1', now() + interval '1 hour'
+               FROM member_nodes
               LIMIT 1 ON CONFLICT (node) DO NOTHING",
-            &[&LAGGING],
+            &[&LAGGING, &set],
         )
         .unwrap()
             == 1

@@ -89,7 +89,7 @@ fn a_rotation_resumes_after_postgres_restarts_in_its_copying_and_switching_phase
             &[&KEY1, &(BULK as i32)],
         )
         .unwrap();
-    report_lagging_node(&mut admin);
+    report_lagging_node(&mut admin, "cards");
     let mut holder = pg.client();
     hold_rotation(&mut holder, "cards");
     ok(&mut c, &["MEMBER.ALTER", "cards", "ROTATE-KEY", "k2"]);

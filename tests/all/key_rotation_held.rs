@@ -109,7 +109,14 @@ fn every_filter_covers_the_end(env: &Env, pg: &mut postgres::Client) {
         wait_until(Duration::from_secs(30), || covered(pg) == Some(true)),
         "every node reports its filter covers the end, and the catalog never said so"
     );
-    assert!(env.vk.log().contains("every node's filter covers the end"));
+    // Logged once the step is back on the main thread, a moment after its commit.
+    assert!(
+        wait_until(Duration::from_secs(10), || env
+            .vk
+            .log()
+            .contains("every node's filter covers the end")),
+        "the log never said every node's filter covers the end"
+    );
 }
 
 fn node_phase(env: &Env, pg: &mut postgres::Client, c: &mut redis::Connection, want: &str) {
@@ -143,7 +150,7 @@ fn a_write_planned_before_the_drain_and_made_in_it_keeps_both_forms() {
     let mut pg = env.pg();
     // A second node that reports the old form: the rotation waits for it before its drain,
     // for as long as the test keeps its report.
-    report_lagging_node(&mut pg);
+    report_lagging_node(&mut pg, SET);
     ok(&mut c, &["MEMBER.ALTER", SET, "ROTATE-KEY", "k2"]);
     assert!(
         wait_until(Duration::from_secs(60), || phase(&mut pg).as_deref()

@@ -27,12 +27,6 @@ pub fn rotate_key(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     };
     let name = set_name(set)?;
     crate::sets::acl::check_set(ctx, &name, crate::sets::acl::Access::Write)?;
-    if crate::server::cluster_mode::enabled() {
-        return Err(RedisError::Str(
-            "ERR ROTATE-KEY is not available in cluster mode yet: rotate the set offline \
-             (docs/security.md)",
-        ));
-    }
     let id = String::from_utf8_lossy(id.as_slice()).into_owned();
     let Some(fp) = token_key::fingerprint_of_id(&id) else {
         return Err(RedisError::String(format!(

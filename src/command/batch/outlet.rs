@@ -5,6 +5,8 @@
 
 use redis_module::{Context, RedisError, RedisResult};
 
+use crate::cluster::responder::Responder;
+use crate::command::{complete_asking, AskFirst, Deliver};
 use crate::model::error;
 use crate::server::block::{Blocked, Completion};
 use crate::server::mainq;
@@ -63,6 +65,32 @@ impl Outlet {
                 }));
             }
         }
+    }
+}
+
+impl Outlet {
+    /// Delivers `done` as [`Outlet::finish`] does, but only once the requests it asks first
+    /// (a rotating set's twins in a cluster: `AskFirst`) have been answered. Callable from any
+    /// thread.
+    pub fn finish_asking<D: Completion + AskFirst>(self, mut done: D) {
+        let deliver: Deliver = match self {
+            Outlet::Client(b) => {
+                let to = Responder::here(b);
+                Box::new(move |ctx, reply| to.answer(ctx, reply))
+            }
+            Outlet::Part(mut p) => {
+                p.fallback = None;
+                let then = p.then.take();
+                Box::new(move |ctx, reply| {
+                    if let Some(then) = then {
+                        then(ctx, reply);
+                    }
+                })
+            }
+        };
+        mainq::post(Box::new(move |ctx| {
+            complete_asking(ctx, &mut done, deliver)
+        }));
     }
 }
 

@@ -9,7 +9,7 @@ use redis_module::{Context, RedisError, RedisResult, RedisValue};
 use crate::command::batch::outlet::Outlet;
 use crate::command::lookup::{decide_item, LookupDone, Step};
 use crate::command::write::{begin, Op, WriteDone};
-use crate::command::PointDone;
+use crate::command::{AskFirst, PointDone};
 use crate::db::sql::Found;
 use crate::db::{members, pool, DbErr};
 use crate::model::canon::Canon;
@@ -136,7 +136,11 @@ pub(in crate::command) fn send_writes(out: Outlet, done: ManyWrites) {
                 Err(e) => Err(e.clone()),
             });
         }
-        out.finish(Box::new(done));
+        if done.may_ask_first() {
+            out.finish_asking(done);
+        } else {
+            out.finish(Box::new(done));
+        }
     });
 }
 
@@ -191,6 +195,17 @@ pub(in crate::command) struct ManyWrites {
     set: String,
     writes: Vec<WriteDone>,
     expires_at: Option<f64>,
+}
+
+impl AskFirst for ManyWrites {
+    fn may_ask_first(&self) -> bool {
+        self.writes.iter().any(AskFirst::may_ask_first)
+    }
+
+    /// Every item's twin effect for another node (`WriteDone::ask_first`).
+    fn ask_first(&self) -> Vec<(u16, crate::cluster::wire::Request)> {
+        self.writes.iter().flat_map(AskFirst::ask_first).collect()
+    }
 }
 
 impl Completion for ManyWrites {

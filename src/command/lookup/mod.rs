@@ -387,6 +387,8 @@ impl LookupDone {
     }
 }
 
+impl crate::command::AskFirst for LookupDone {}
+
 impl PointDone<Found> for LookupDone {
     fn target(&self) -> (&str, &str, &str) {
         (&self.set, &self.entity, &self.scope)

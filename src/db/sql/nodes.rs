@@ -18,7 +18,8 @@ pub(super) const NODES_DDL: &str = "CREATE TABLE IF NOT EXISTS member_nodes (
     serving text NOT NULL DEFAULT '',
     seen_at timestamptz NOT NULL DEFAULT now()
 );
-ALTER TABLE member_nodes ADD COLUMN IF NOT EXISTS covered text NOT NULL DEFAULT ''";
+ALTER TABLE member_nodes ADD COLUMN IF NOT EXISTS covered text NOT NULL DEFAULT '',
+                         ADD COLUMN IF NOT EXISTS draining text NOT NULL DEFAULT ''";
 
 /// Reports older than this are deleted by the next report of any node.
 const FORGOTTEN_AFTER_S: f64 = 86_400.0;
@@ -39,6 +40,10 @@ pub struct NodeReport {
     /// The rotating sets whose filter here covers the rotation's end, with the new chain's
     /// length: in a cluster, nodes switch once every node's does (docs/security.md).
     pub covered: Vec<(String, usize)>,
+    /// The rotating sets whose drain this node follows (its writes store the new form
+    /// alone), with the new chain's length: the drain ends (the twin column dropped, old
+    /// forms refused) once every node's report names the set here.
+    pub draining: Vec<(String, usize)>,
 }
 
 /// A report as read back, with how long ago the database took it.
@@ -56,17 +61,19 @@ pub fn report(db: &mut Db, r: &NodeReport) -> Result<(), DbErr> {
     let ring = ring_text(&r.ring);
     let serving = forms_text(&r.serving);
     let covered = forms_text(&r.covered);
+    let draining = forms_text(&r.draining);
     db.run(|c, st| {
         st.query(
             c,
             "WITH gone AS (DELETE FROM member_nodes
                             WHERE seen_at < now() - make_interval(secs => $5))
-             INSERT INTO member_nodes (node, port, role, ring, serving, covered, seen_at)
-             VALUES ($1, $2, $3, $4, $6, $7, now())
+             INSERT INTO member_nodes (node, port, role, ring, serving, covered, draining,
+                                       seen_at)
+             VALUES ($1, $2, $3, $4, $6, $7, $8, now())
              ON CONFLICT (node) DO UPDATE
                 SET port = EXCLUDED.port, role = EXCLUDED.role, ring = EXCLUDED.ring,
                     serving = EXCLUDED.serving, covered = EXCLUDED.covered,
-                    seen_at = EXCLUDED.seen_at",
+                    draining = EXCLUDED.draining, seen_at = EXCLUDED.seen_at",
             &[
                 (&r.node, Type::TEXT),
                 (&r.port, Type::INT4),
@@ -75,6 +82,7 @@ pub fn report(db: &mut Db, r: &NodeReport) -> Result<(), DbErr> {
                 (&FORGOTTEN_AFTER_S, Type::FLOAT8),
                 (&serving, Type::TEXT),
                 (&covered, Type::TEXT),
+                (&draining, Type::TEXT),
             ],
         )
     })
@@ -115,6 +123,8 @@ pub enum Needed<'a> {
     Form(&'a str, usize),
     /// A filter that covers the end of this set's rotation to this chain length.
     Covered(&'a str, usize),
+    /// The drain of this set's rotation to this chain length followed.
+    Draining(&'a str, usize),
 }
 
 /// The nodes heard from within `fresh` whose report does not name `needed`, by run id.
@@ -124,6 +134,7 @@ pub fn nodes_lacking(db: &mut Db, needed: Needed, fresh: Duration) -> Result<Vec
         Needed::Key(fp) => ("ring", format!("%:{fp},%")),
         Needed::Form(set, n) => ("serving", format!("%,{set}:{n},%")),
         Needed::Covered(set, n) => ("covered", format!("%,{set}:{n},%")),
+        Needed::Draining(set, n) => ("draining", format!("%,{set}:{n},%")),
     };
     let sql = format!(
         "SELECT node FROM member_nodes

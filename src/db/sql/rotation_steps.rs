@@ -364,18 +364,24 @@ pub fn mark_covered(db: &mut Db, set: &str) -> Result<Step, DbErr> {
         if let Some(nothing) = refused(&mut tx, set, &["switching"])? {
             return Ok(nothing);
         }
-        tx.execute(
-            "UPDATE member_catalog SET rotate_covered = true WHERE name = $1",
+        let marked = tx.execute(
+            "UPDATE member_catalog SET rotate_covered = true
+              WHERE name = $1 AND rotate_covered IS NOT TRUE",
             &[&set],
         )?;
+        if marked == 0 {
+            // Marked by an earlier step this node's view of the catalog has not caught up with.
+            return Ok(Step::STALE);
+        }
         tx.execute(super::BUMP_VERSION, &[])?;
         tx.commit()?;
         Ok(Step::default())
     })
 }
 
-/// One step of the drain: at most `limit` old-form rows deleted. When fewer were left, the
-/// end of the drain, under the table's lock: the last old-form rows deleted, the form check
+/// One step of the drain: at most `limit` old-form rows deleted. When fewer were left and
+/// `may_end` (every node follows the drain, so none writes a twin or an old form), the end of
+/// the drain, under the table's lock: the last old-form rows deleted, the form check
 /// taking the new length alone (a late writer's old-form row is refused from here on), the
 /// twin column and its index dropped, the rotation's columns cleared, the catalog version
 /// bumped. Returns the rows deleted, whether the rotation is over, and about how many old-form
@@ -385,6 +391,7 @@ pub fn drain_step(
     set: &str,
     n: usize,
     limit: i64,
+    may_end: bool,
 ) -> Result<(u64, bool, Option<i64>), DbErr> {
     let t = table(set);
     let index = twin_index(set);
@@ -427,7 +434,7 @@ pub fn drain_step(
             )?
             .get(0);
         tx.commit()?;
-        if gone as i64 >= limit {
+        if gone as i64 >= limit || !may_end {
             return Ok((gone, false, left));
         }
         // The end of the drain, its own transaction: the table's locks are waited for at most

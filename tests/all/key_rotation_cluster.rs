@@ -1,0 +1,353 @@
+//! ROTATE-KEY in a cluster (docs/security.md, "In a cluster"): a twin's token hashes to another
+//! slot than its old form's, so the two rows of a pair belong to two primaries. Every node
+//! switches once every node's filter covers the rotation's end, and a write's twin effects
+//! reach the owner of the twin's slot before the write is acknowledged: lookups on every node,
+//! by EXISTS and MEXISTS, answer right all through, while MEMBER.ADD, MADD, DEL and an outside
+//! writer keep writing.
+use crate::support;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::Connection;
+use support::cluster::Cluster;
+use support::member::*;
+use support::wait_until;
+
+use super::key_rotation::{stamp, wanted};
+use super::tokenize::{KeyFile, KEY1, KEY2};
+
+const SET: &str = "rot_cl";
+/// Rows an outside writer puts in before the rotation, in the first key's form.
+const BULK: i64 = 3_000;
+
+/// What the writer acknowledged: added (never deleted since) and deleted; and outside rows.
+#[derive(Default)]
+struct Acked {
+    added: BTreeSet<String>,
+    deleted: BTreeSet<String>,
+    /// Outside INSERTs committed: each answers 1 within a sync interval, checked at the end.
+    outside: BTreeSet<String>,
+}
+
+/// One connection per node, by port: an item's EXISTS goes to the primary its raw bytes route
+/// to, as a cluster client sends it.
+struct Conns(HashMap<u16, Connection>);
+
+impl Conns {
+    fn new(cl: &Cluster) -> Conns {
+        Conns(cl.nodes.iter().map(|n| (n.port(), n.conn())).collect())
+    }
+
+    fn to(&mut self, cl: &Cluster, item: &str) -> &mut Connection {
+        let port = cl.owner(cl.keyslot(item)).port();
+        self.0.get_mut(&port).expect("a connection to every node")
+    }
+}
+
+fn mexists(c: &mut Connection, items: &[String]) -> redis::RedisResult<Vec<i64>> {
+    redis::cmd("MEMBER.MEXISTS")
+        .arg(SET)
+        .arg("ITEMS")
+        .arg(items)
+        .query(c)
+}
+
+/// Every item of `present` and every acknowledged add answers 1, every item of `absent` and
+/// every acknowledged delete 0: by MEXISTS on the set's node, and by EXISTS of a sample on the
+/// node each item routes to. The wrong answers.
+fn check_round(
+    cl: &Cluster,
+    conns: &mut Conns,
+    (present, absent): (&[String], &[String]),
+    acked: &Mutex<Acked>,
+) -> Vec<String> {
+    let (added, deleted): (Vec<String>, Vec<String>) = {
+        let a = acked.lock().unwrap();
+        (
+            a.added.iter().cloned().collect(),
+            a.deleted.iter().cloned().collect(),
+        )
+    };
+    let want = wanted((present, &added), (absent, &deleted));
+    let mut wrong = Vec::new();
+    let owner = cl.set_owner(SET).port();
+    for part in want.chunks(400) {
+        let items: Vec<String> = part.iter().map(|(i, _)| i.clone()).collect();
+        match mexists(conns.0.get_mut(&owner).unwrap(), &items) {
+            Ok(got) => wrong.extend(
+                part.iter()
+                    .zip(got)
+                    .filter(|((_, w), g)| w != g)
+                    .map(|((i, w), g)| format!("{} MEXISTS {i}: {g}, not {w}", stamp())),
+            ),
+            Err(e) => wrong.push(format!("{} MEXISTS: {e}", stamp())),
+        }
+    }
+    for (item, w) in want.iter().step_by(want.len() / 60 + 1) {
+        match cmd(conns.to(cl, item), &["MEMBER.EXISTS", SET, item]) {
+            Ok(redis::Value::Int(g)) if g == *w => {}
+            g => wrong.push(format!("{} EXISTS {item}: {g:?}, not {w}", stamp())),
+        }
+    }
+    wrong
+}
+
+/// For the items answered wrong: how each answers now, and whether its row is stored.
+fn now_of(
+    cl: &Cluster,
+    conns: &mut Conns,
+    pg: &mut postgres::Client,
+    wrong: &[String],
+) -> Vec<String> {
+    let items: BTreeSet<&str> = wrong
+        .iter()
+        .filter_map(|w| w.split(' ').nth(2))
+        .map(|i| i.trim_end_matches(':'))
+        .take(5)
+        .collect();
+    items
+        .into_iter()
+        .map(|item| {
+            let stored: i64 = pg
+                .query_one(
+                    "SELECT count(*) FROM member_rot_cl
+                      WHERE entity_id = member_catalog_token('rot_cl', $1, '', $2, $3)",
+                    &[&item, &KEY1, &KEY2],
+                )
+                .unwrap()
+                .get(0);
+            let how = explain(conns.to(cl, item), SET, item);
+            format!("{item}: {how:?}, stored {stored}")
+        })
+        .collect()
+}
+
+/// Each node's log lines about the set's rotation, for a failure's message.
+fn rotation_log(cl: &Cluster) -> String {
+    cl.nodes
+        .iter()
+        .map(|n| {
+            let lines: Vec<String> =
+                n.vk.log()
+                    .lines()
+                    .filter(|l| l.contains(SET))
+                    .map(str::to_string)
+                    .collect();
+            format!("{} ({}):\n{}", n.port(), n.primary, lines.join("\n"))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// MEMBER.ADD, MADD and DEL on the nodes the items route to, and outside INSERTs in the form
+/// the catalog gives; what is acknowledged goes to `acked`. The errors seen.
+fn write_until(cl: &Cluster, stop: &AtomicBool, acked: &Mutex<Acked>) -> Vec<String> {
+    let mut conns = Conns::new(cl);
+    let mut pg = cl.db().client();
+    let owner = cl.set_owner(SET).port();
+    let mut errors = Vec::new();
+    let mut i = 0;
+    while !stop.load(Ordering::Acquire) {
+        let item = format!("new-{i}");
+        if i % 3 == 0 {
+            let pair = [item.clone(), format!("new-{i}-b")];
+            let got: redis::RedisResult<Vec<i64>> = redis::cmd("MEMBER.MADD")
+                .arg(SET)
+                .arg("ITEMS")
+                .arg(&pair)
+                .query(conns.0.get_mut(&owner).unwrap());
+            match got {
+                Ok(_) => acked.lock().unwrap().added.extend(pair),
+                Err(e) => errors.push(format!("MADD {pair:?}: {e}")),
+            }
+        } else {
+            match cmd(conns.to(cl, &item), &["MEMBER.ADD", SET, &item]) {
+                Ok(redis::Value::Int(_)) => {
+                    acked.lock().unwrap().added.insert(item.clone());
+                }
+                g => errors.push(format!("ADD {item}: {g:?}")),
+            }
+        }
+        if i % 4 == 1 {
+            // An item added and deleted again: checked once its DEL is acknowledged.
+            let doomed = format!("tmp-{i}");
+            let added = cmd(conns.to(cl, &doomed), &["MEMBER.ADD", SET, &doomed]);
+            match added.and_then(|_| cmd(conns.to(cl, &doomed), &["MEMBER.DEL", SET, &doomed])) {
+                Ok(redis::Value::Int(1)) => {
+                    acked.lock().unwrap().deleted.insert(doomed);
+                }
+                g => errors.push(format!("ADD then DEL {doomed}: {g:?}")),
+            }
+        }
+        if i % 5 == 2 {
+            // An outside writer, in the form the catalog gives now (under the chain's keys,
+            // which the end lengthens). The chain may grow between the two statements: such a
+            // row is refused (the form check), never stored unfindable.
+            let rotated = pg
+                .query_one(
+                    "SELECT token_key_fp LIKE '%>%' FROM member_catalog WHERE name = $1",
+                    &[&SET],
+                )
+                .is_ok_and(|r| r.get::<_, bool>(0));
+            let item = format!("outside-{i}");
+            let made = if rotated {
+                pg.execute(
+                    "INSERT INTO member_rot_cl (entity_id)
+                     VALUES (member_catalog_token('rot_cl', $1, '', $2, $3))",
+                    &[&item, &KEY1, &KEY2],
+                )
+            } else {
+                pg.execute(
+                    "INSERT INTO member_rot_cl (entity_id)
+                     VALUES (member_catalog_token('rot_cl', $1, '', $2))",
+                    &[&item, &KEY1],
+                )
+            };
+            if made.is_ok() {
+                acked.lock().unwrap().outside.insert(item);
+            }
+        }
+        i += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    errors
+}
+
+#[test]
+fn a_set_rotated_online_in_a_cluster_answers_right_throughout() {
+    // The cluster kept for tests that change what every node holds: one at a time.
+    let held = Cluster::shared_exclusive();
+    let cl: &Cluster = &held;
+    let ring = KeyFile::new(&format!("default {KEY1}\nk2 {KEY2}\n"));
+    for n in &cl.nodes {
+        ok(
+            &mut n.conn(),
+            &["CONFIG", "SET", "member.token-key-file", ring.path()],
+        );
+    }
+    cl.create_everywhere_with(SET, &["TOKENIZE", "hmac-sha256"]);
+    cl.wait_ready(SET);
+    let mut pg = cl.db().client();
+    pg.batch_execute("CREATE EXTENSION IF NOT EXISTS pgcrypto")
+        .unwrap();
+    pg.execute(
+        "INSERT INTO member_rot_cl (entity_id)
+         SELECT member_catalog_token('rot_cl', 'bulk-' || i, '', $1)
+           FROM generate_series(1, $2::int8) i",
+        &[&KEY1, &BULK],
+    )
+    .unwrap();
+    let mut conns = Conns::new(cl);
+    let kept: Vec<String> = (0..60).map(|i| format!("card-{i}")).collect();
+    let gone: Vec<String> = (0..20).map(|i| format!("gone-{i}")).collect();
+    for i in kept.iter().chain(&gone) {
+        assert_eq!(int(conns.to(cl, i), &["MEMBER.ADD", SET, i]), 1, "{i}");
+    }
+    for i in &gone {
+        assert_eq!(int(conns.to(cl, i), &["MEMBER.DEL", SET, i]), 1, "{i}");
+    }
+    let present: Vec<String> = kept
+        .iter()
+        .cloned()
+        .chain((1..=BULK).step_by(31).map(|i| format!("bulk-{i}")))
+        .collect();
+    let absent: Vec<String> = gone
+        .iter()
+        .cloned()
+        .chain((0..40).map(|i| format!("never-{i}")))
+        .collect();
+    let idle = Mutex::new(Acked::default());
+    assert!(
+        wait_until(Duration::from_secs(60), || check_round(
+            cl,
+            &mut conns,
+            (&present, &absent),
+            &idle
+        )
+        .is_empty()),
+        "before the rotation: {:?}",
+        check_round(cl, &mut conns, (&present, &absent), &idle)
+    );
+
+    let acked = Arc::new(Mutex::new(Acked::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (rounds, wrong, errors) = std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut conns = Conns::new(cl);
+            let (mut rounds, mut wrong) = (0, Vec::new());
+            while !stop.load(Ordering::Acquire) {
+                wrong.extend(check_round(cl, &mut conns, (&present, &absent), &acked));
+                rounds += 1;
+            }
+            (rounds, wrong)
+        });
+        let writer = s.spawn(|| write_until(cl, &stop, &acked));
+        ok(
+            &mut cl.set_owner(SET).conn(),
+            &["MEMBER.ALTER", SET, "ROTATE-KEY", "k2"],
+        );
+        // The end: every node says no rotation, and the chain names both keys.
+        let ended = wait_until(Duration::from_secs(240), || {
+            cl.nodes.iter().all(|n| {
+                let mut c = n.conn();
+                set_info(&mut c, SET, "token_rotation").as_deref() == Ok("none")
+                    && set_info(&mut c, SET, "token_key_id").as_deref() == Ok("default>k2")
+            })
+        });
+        // A few more rounds after the end.
+        std::thread::sleep(Duration::from_secs(2));
+        stop.store(true, Ordering::Release);
+        let (rounds, wrong) = reader.join().expect("the reader");
+        let errors = writer.join().expect("the writer");
+        assert!(
+            ended,
+            "the rotation never ended: {:?}",
+            cl.nodes
+                .iter()
+                .map(|n| {
+                    let mut c = n.conn();
+                    (
+                        n.port(),
+                        set_info(&mut c, SET, "token_rotation"),
+                        set_info(&mut c, SET, "token_rotation_waiting_for"),
+                        set_info(&mut c, SET, "token_rotation_last_error"),
+                    )
+                })
+                .collect::<Vec<_>>()
+        );
+        (rounds, wrong, errors)
+    });
+    assert!(rounds > 3, "the reader ran {rounds} rounds");
+    assert!(
+        wrong.is_empty(),
+        "{} wrong answers in {rounds} rounds: {:?}\nnow: {:?}\n{}",
+        wrong.len(),
+        &wrong[..wrong.len().min(30)],
+        now_of(cl, &mut conns, &mut pg, &wrong),
+        rotation_log(cl)
+    );
+    assert!(errors.is_empty(), "writes failed: {errors:?}");
+    // Outside rows answer 1 within a sync interval; and nothing of the old form is left.
+    let outside: Vec<String> = acked.lock().unwrap().outside.iter().cloned().collect();
+    assert!(!outside.is_empty());
+    assert!(
+        wait_until(Duration::from_secs(30), || mexists(
+            conns.0.get_mut(&cl.set_owner(SET).port()).unwrap(),
+            &outside
+        )
+        .is_ok_and(|g| g.iter().all(|&x| x == 1))),
+        "outside rows never all answered 1"
+    );
+    let old_forms: i64 = pg
+        .query_one(
+            "SELECT count(*) FROM member_rot_cl WHERE entity_id NOT LIKE '2:%'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(old_forms, 0, "rows of the old form left");
+    cl.drop_everywhere(SET);
+}

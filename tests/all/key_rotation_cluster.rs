@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::Connection;
-use support::cluster::Cluster;
+use support::cluster::{Cluster, Node};
 use support::member::*;
 use support::wait_until;
 
@@ -253,6 +253,26 @@ fn a_set_rotated_online_in_a_cluster_answers_right_throughout() {
 fn a_slot_of_twins_moved_during_a_rotation_in_a_cluster_answers_right_throughout() {
     let held = Cluster::shared_exclusive();
     rotate_under_load(&held, true, |cl| {
+        let (slot, src, dst) = twin_slot_once_switched(cl);
+        move_slot(cl, slot, src, dst);
+        std::thread::sleep(Duration::from_secs(2));
+        move_slot(cl, slot, dst, src);
+        release_the_drain(cl);
+    });
+}
+
+/// The lagging node's report goes: the drain starts.
+pub(crate) fn release_the_drain(cl: &Cluster) {
+    cl.db()
+        .client()
+        .execute("DELETE FROM member_nodes WHERE node = $1", &[&LAGGING])
+        .unwrap();
+}
+
+/// Once every node computes the new form: the slot of a member's twin (`card-0`, which the
+/// reader asks for all along), its owner, and another primary.
+pub(crate) fn twin_slot_once_switched(cl: &Cluster) -> (u16, &Node, &Node) {
+    {
         let mut pg = cl.db().client();
         let switched = wait_until(Duration::from_secs(60), || {
             cl.nodes.iter().all(|n| {
@@ -260,7 +280,6 @@ fn a_slot_of_twins_moved_during_a_rotation_in_a_cluster_answers_right_throughout
             })
         });
         assert!(switched, "the nodes never switched\n{}", rotation_log(cl));
-        // The slot of a member's twin, and a primary that does not hold it.
         let twin: String = pg
             .query_one(
                 "SELECT member_catalog_token('rot_cl', 'card-0', '', $1, $2)",
@@ -269,24 +288,16 @@ fn a_slot_of_twins_moved_during_a_rotation_in_a_cluster_answers_right_throughout
             .unwrap()
             .get(0);
         let slot = cl.keyslot(&twin);
-        let (src, dst) = (
-            cl.owner(slot),
-            cl.primaries()
-                .find(|n| n.port() != cl.owner(slot).port())
-                .unwrap(),
-        );
-        move_slot(cl, slot, src, dst);
-        std::thread::sleep(Duration::from_secs(2));
-        move_slot(cl, slot, dst, src);
-        pg.execute("DELETE FROM member_nodes WHERE node = $1", &[&LAGGING])
-            .unwrap();
-    });
+        let src = cl.owner(slot);
+        let dst = cl.primaries().find(|n| n.port() != src.port()).unwrap();
+        (slot, src, dst)
+    }
 }
 
 /// Rotates `SET` on `cl` while a reader checks every answer and a writer writes; `during` runs
 /// after the ALTER. With `hold`, a second node's report follows the rotation but never the
 /// new form, which holds the drain until `during` deletes it.
-fn rotate_under_load(cl: &Cluster, hold: bool, during: impl FnOnce(&Cluster)) {
+pub(crate) fn rotate_under_load(cl: &Cluster, hold: bool, during: impl FnOnce(&Cluster)) {
     let ring = KeyFile::new(&format!("default {KEY1}\nk2 {KEY2}\n"));
     for n in &cl.nodes {
         ok(

@@ -143,6 +143,15 @@ fn rotation_log(cl: &Cluster) -> String {
         .join("\n")
 }
 
+/// Sets the flag when dropped: a panic in the test's own thread still stops its helpers.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
 /// What the writer saw: unexpected errors, and of its calls how many were refused as the
 /// contract allows (a slot moving, a twin's owner not confirming: nothing acknowledged).
 #[derive(Default)]
@@ -352,6 +361,8 @@ pub(crate) fn rotate_under_load(cl: &Cluster, hold: bool, during: impl FnOnce(&C
     let acked = Arc::new(Mutex::new(Acked::default()));
     let stop = Arc::new(AtomicBool::new(false));
     let (rounds, wrong, written) = std::thread::scope(|s| {
+        // Whatever fails below, the reader and the writer stop (the scope waits for them).
+        let _stop = StopOnDrop(&stop);
         let reader = s.spawn(|| {
             let mut conns = Conns::new(cl);
             let (mut rounds, mut wrong) = (0, Vec::new());
@@ -372,10 +383,22 @@ pub(crate) fn rotate_under_load(cl: &Cluster, hold: bool, during: impl FnOnce(&C
                 )
                 .unwrap();
         }
-        ok(
-            &mut cl.set_owner(SET).conn(),
-            &["MEMBER.ALTER", SET, "ROTATE-KEY", "k2"],
-        );
+        // Refused while a node heard from in the last 30 s lacks the key: a node of this cluster
+        // another test restarted leaves its old report (an old run id) that long.
+        let mut refusal = None;
+        let started = wait_until(Duration::from_secs(60), || {
+            match cmd(
+                &mut cl.set_owner(SET).conn(),
+                &["MEMBER.ALTER", SET, "ROTATE-KEY", "k2"],
+            ) {
+                Ok(redis::Value::Okay) => true,
+                other => {
+                    refusal = Some(format!("{other:?}"));
+                    false
+                }
+            }
+        });
+        assert!(started, "ROTATE-KEY refused: {refusal:?}");
         during(cl);
         // The end: every node says no rotation, and the chain names both keys.
         let ended = wait_until(Duration::from_secs(240), || {

@@ -225,7 +225,6 @@ pub fn block_timeout() -> Duration {
     Duration::from_millis(config::db_timeout_ms())
 }
 
-/// A completion that carries the answer of one point query (a lookup or a write).
 /// What a client waits for besides its statement: in a cluster, while a set's key rotates, a
 /// write's reply waits for the owner of its twin's slot to apply the twin's effects
 /// (docs/security.md, "In a cluster"). Lookups never wait (the defaults).
@@ -260,6 +259,7 @@ pub fn complete_asking<D: Completion + AskFirst>(ctx: &Context, done: &mut D, de
     forward::answer_after(ctx, asks, reply, deliver);
 }
 
+/// A completion that carries the answer of one point query (a lookup or a write).
 pub trait PointDone<T>: Completion + Clone + AskFirst {
     /// The (set, entity, scope) the query is about.
     fn target(&self) -> (&str, &str, &str);

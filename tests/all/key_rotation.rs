@@ -460,7 +460,8 @@ pub(super) fn hold_rotation(pg: &mut postgres::Client, set: &str) {
 /// The node report that holds a rotation before its drain (`report_lagging_node`).
 pub(super) const LAGGING: &str = "test-lagging-node";
 
-/// Reports a second node, with the ring of a node that reported, that follows the rotation
+/// Reports a second node, with the ring of the node that reported last (an older report may be
+/// a stopped node's, from before the ring changed), that follows the rotation
 /// of `set` (a chain of one key) but computes its old form: the rotation waits for it before
 /// its drain until `DELETE`d (its report is dated an hour ahead, so it stays fresh).
 pub(super) fn report_lagging_node(pg: &mut postgres::Client, set: &str) {
@@ -469,7 +470,7 @@ pub(super) fn report_lagging_node(pg: &mut postgres::Client, set: &str) {
             "INSERT INTO member_nodes (node, port, role, ring, serving, seen_at)
              SELECT $1, port, role, ring, $2 || ':1', now() + interval '1 hour'
                FROM member_nodes
-              LIMIT 1 ON CONFLICT (node) DO NOTHING",
+              ORDER BY seen_at DESC LIMIT 1 ON CONFLICT (node) DO NOTHING",
             &[&LAGGING, &set],
         )
         .unwrap()

@@ -113,23 +113,7 @@ pub fn tick(ctx: &Context) {
 /// The rotating sets in their switching phase whose filter here covers the end, with the new
 /// chain's length: what this node's report says (`member_nodes`' `covered`).
 pub fn covered(ctx: &Context) -> Vec<(String, usize)> {
-    let switching: Vec<(String, usize)> = state::with(|r| {
-        r.sets
-            .values()
-            .filter(|s| {
-                s.rotation
-                    .as_ref()
-                    .is_some_and(|rot| rot.row.phase == Phase::Switching)
-            })
-            .map(|s| {
-                (
-                    s.def.name.clone(),
-                    s.rotation.as_ref().map_or(0, |rot| rot.chain.chain().len()),
-                )
-            })
-            .collect()
-    });
-    switching
+    in_phase(Phase::Switching)
         .into_iter()
         .filter(|(name, _)| covers_end(ctx, name))
         .collect()
@@ -138,13 +122,18 @@ pub fn covered(ctx: &Context) -> Vec<(String, usize)> {
 /// The rotating sets whose drain this node follows (its writes store the new form alone),
 /// with the new chain's length: what this node's report says (`member_nodes`' `draining`).
 pub fn draining() -> Vec<(String, usize)> {
+    in_phase(Phase::Draining)
+}
+
+/// The sets whose rotation this node follows in `phase`, with the length of the catalog's
+/// chain (the new one, from the end on).
+fn in_phase(phase: Phase) -> Vec<(String, usize)> {
     state::with(|r| {
         r.sets
             .values()
             .filter_map(|s| {
                 let rot = s.rotation.as_ref()?;
-                (rot.row.phase == Phase::Draining)
-                    .then(|| (s.def.name.clone(), rot.chain.chain().len()))
+                (rot.row.phase == phase).then(|| (s.def.name.clone(), rot.chain.chain().len()))
             })
             .collect()
     })

@@ -1,5 +1,6 @@
 //! This node's report to the database (`member_nodes`: run id, port, role, ring of keys),
-//! written from the housekeeping sweep every `REPORT_EVERY` and soon after the ring changes,
+//! written from the housekeeping sweep every `REPORT_EVERY` and at the first sweep after the ring
+//! or a rotating set's state changes,
 //! so that `MEMBER.KEYS NODES` on any node shows which nodes hold which key
 //! (docs/security.md, "Key rings").
 
@@ -22,16 +23,16 @@ pub const FRESH: Duration = Duration::from_secs(30);
 
 /// A report is being written.
 static IN_FLIGHT: AtomicBool = AtomicBool::new(false);
-/// The ring changed: report at the next sweep.
-static SOON: AtomicBool = AtomicBool::new(false);
 /// When the last report was started.
 static LAST: Mutex<Option<Instant>> = Mutex::new(None);
-/// What the last report said of the rotating sets: the chain lengths computed and the
-/// filters that cover their rotation's end (a change is reported at once).
-static SAID: Mutex<Said> = Mutex::new((Vec::new(), Vec::new(), Vec::new()));
+/// What the last report said of the ring and of the rotating sets: the chain lengths
+/// computed and the filters that cover their rotation's end (a change is reported at once).
+static SAID: Mutex<Said> = Mutex::new((Vec::new(), Vec::new(), Vec::new(), Vec::new()));
 
-/// Sets with a chain length: computed, covered, draining.
+/// The ring's ids and fingerprints, then sets with a chain length: computed, covered,
+/// draining.
 type Said = (
+    Vec<(String, String)>,
     Vec<(String, usize)>,
     Vec<(String, usize)>,
     Vec<(String, usize)>,
@@ -50,37 +51,32 @@ fn serving() -> Vec<(String, usize)> {
     })
 }
 
-/// The ring was loaded again: report it at the next sweep rather than within `REPORT_EVERY`.
-pub fn soon() {
-    SOON.store(true, Ordering::Release);
-}
-
 /// From the housekeeping sweep: starts a report when one is due, once the catalog (which
 /// makes the table) has been read.
 pub fn tick(ctx: &Context, now: Instant) {
     if IN_FLIGHT.load(Ordering::Acquire) || !state::with(|r| r.catalog.loaded) {
         return;
     }
+    // A ring changed by CONFIG SET as much as by MEMBER.KEYS RELOAD: reported at once, so a
+    // ROTATE-KEY right after it is not refused for this node's older report.
     let now_says = (
+        crate::config::token_key::entries(),
         serving(),
         crate::sets::rotation::covered(ctx),
         crate::sets::rotation::draining(),
     );
     let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
     let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
-    let due = SOON.load(Ordering::Acquire)
-        || *said != now_says
-        || last.is_none_or(|t| now >= t + REPORT_EVERY);
+    let due = *said != now_says || last.is_none_or(|t| now >= t + REPORT_EVERY);
     if !due {
         return;
     }
     let Some(node) = repl_info::run_id(ctx) else {
         return;
     };
-    SOON.store(false, Ordering::Release);
     *last = Some(now);
     said.clone_from(&now_says);
-    let (serving, covered, draining) = now_says;
+    let (ring, serving, covered, draining) = now_says;
     let report = sql::NodeReport {
         node,
         port: repl_info::tcp_port(ctx).unwrap_or(0),
@@ -89,7 +85,7 @@ pub fn tick(ctx: &Context, now: Instant) {
         } else {
             "primary"
         },
-        ring: crate::config::token_key::entries(),
+        ring,
         serving,
         covered,
         draining,

@@ -247,7 +247,8 @@ fn nodes(c: &mut Connection) -> Vec<NodeRow> {
         .collect()
 }
 
-fn run_id(c: &mut Connection) -> String {
+/// The server's run id: the name its report to `member_nodes` goes by.
+pub(super) fn run_id(c: &mut Connection) -> String {
     let info: String = redis::cmd("INFO").arg("server").query(c).unwrap();
     info.lines()
         .find_map(|l| l.strip_prefix("run_id:"))

@@ -170,14 +170,7 @@ fn a_set_rotated_online_answers_right_throughout_on_a_primary_and_its_replica() 
         .query(&mut r)
         .unwrap();
     wait_linked(&replica, &mut r, Duration::from_secs(30));
-    let replica_id: String = {
-        let info: String = redis::cmd("INFO").arg("server").query(&mut r).unwrap();
-        info.lines()
-            .find_map(|l| l.strip_prefix("run_id:"))
-            .unwrap()
-            .trim()
-            .to_string()
-    };
+    let replica_id = super::key_ring::run_id(&mut r);
     assert!(wait_until(Duration::from_secs(30), || {
         let e = err(&mut c, &["MEMBER.ALTER", "cards", "ROTATE-KEY", "k2"]);
         e.contains(&replica_id) && e.contains("is not loaded on every node")
@@ -460,8 +453,8 @@ pub(super) fn hold_rotation(pg: &mut postgres::Client, set: &str) {
 /// The node report that holds a rotation before its drain (`report_lagging_node`).
 pub(super) const LAGGING: &str = "test-lagging-node";
 
-/// Reports a second node, with the ring of the node that reported last (an older report may be
-/// a stopped node's, from before the ring changed), that follows the rotation
+/// Reports a second node, with the ring of the real node that reported last (an older report
+/// may be a stopped node's, from before the ring changed), that follows the rotation
 /// of `set` (a chain of one key) but computes its old form: the rotation waits for it before
 /// its drain until `DELETE`d (its report is dated an hour ahead, so it stays fresh).
 pub(super) fn report_lagging_node(pg: &mut postgres::Client, set: &str) {
@@ -469,7 +462,7 @@ pub(super) fn report_lagging_node(pg: &mut postgres::Client, set: &str) {
         pg.execute(
             "INSERT INTO member_nodes (node, port, role, ring, serving, seen_at)
              SELECT $1, port, role, ring, $2 || ':1', now() + interval '1 hour'
-               FROM member_nodes
+               FROM member_nodes WHERE node <> $1
               ORDER BY seen_at DESC LIMIT 1 ON CONFLICT (node) DO NOTHING",
             &[&LAGGING, &set],
         )

@@ -314,9 +314,25 @@ pub(crate) fn rotate_under_load(cl: &Cluster, hold: bool, during: impl FnOnce(&C
             &["CONFIG", "SET", "member.token-key-file", ring.path()],
         );
     }
+    // Every node's report names k2 before anything copies a report's ring.
+    let mut pg = cl.db().client();
+    for n in &cl.nodes {
+        let id = super::key_ring::run_id(&mut n.conn());
+        assert!(
+            wait_until(Duration::from_secs(30), || {
+                pg.query_opt(
+                    "SELECT 1 FROM member_nodes WHERE node = $1 AND ',' || ring LIKE '%,k2:%'",
+                    &[&id],
+                )
+                .unwrap()
+                .is_some()
+            }),
+            "node :{} never reported k2 in its ring",
+            n.port()
+        );
+    }
     cl.create_everywhere_with(SET, &["TOKENIZE", "hmac-sha256"]);
     cl.wait_ready(SET);
-    let mut pg = cl.db().client();
     pg.batch_execute("CREATE EXTENSION IF NOT EXISTS pgcrypto")
         .unwrap();
     pg.execute(

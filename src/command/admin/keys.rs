@@ -29,7 +29,6 @@ pub fn keys(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             reply::Level::Notice,
             &format!("libmember: key ring reloaded from member.token-key-file: {n} key(s), {ring}"),
         );
-        node_report::soon();
         return Ok(RedisValue::Integer(n as i64));
     }
     if action.eq_ignore_ascii_case(b"LIST") {

@@ -79,6 +79,11 @@ pub fn tick(ctx: &Context, now: Instant) {
     let (ring, serving, covered, draining) = now_says;
     let report = sql::NodeReport {
         node,
+        cluster_id: if crate::server::cluster_mode::enabled() {
+            crate::cluster::peers::my_id()
+        } else {
+            String::new()
+        },
         port: repl_info::tcp_port(ctx).unwrap_or(0),
         role: if ctx.get_flags().contains(ContextFlags::SLAVE) {
             "replica"

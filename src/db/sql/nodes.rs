@@ -19,7 +19,8 @@ pub(super) const NODES_DDL: &str = "CREATE TABLE IF NOT EXISTS member_nodes (
     seen_at timestamptz NOT NULL DEFAULT now()
 );
 ALTER TABLE member_nodes ADD COLUMN IF NOT EXISTS covered text NOT NULL DEFAULT '',
-                         ADD COLUMN IF NOT EXISTS draining text NOT NULL DEFAULT ''";
+                         ADD COLUMN IF NOT EXISTS draining text NOT NULL DEFAULT '',
+                         ADD COLUMN IF NOT EXISTS cluster_id text NOT NULL DEFAULT ''";
 
 /// Reports older than this are deleted by the next report of any node.
 const FORGOTTEN_AFTER_S: f64 = 86_400.0;
@@ -29,6 +30,11 @@ const FORGOTTEN_AFTER_S: f64 = 86_400.0;
 pub struct NodeReport {
     /// The server's run id (`INFO server`): new at every start.
     pub node: String,
+    /// In a cluster, the node's id there (`CLUSTER MYID`), which a restart keeps: the report
+    /// replaces the one the node made before it (a killed node's report would otherwise be
+    /// counted, as a node that lacks what a rotation waits for, until it grows stale). Empty
+    /// outside a cluster.
+    pub cluster_id: String,
     pub port: i32,
     /// `primary` or `replica`.
     pub role: &'static str,
@@ -56,7 +62,8 @@ pub struct NodeSeen {
     pub seen_ms_ago: i64,
 }
 
-/// Writes this node's report (the database's clock stamps it) and forgets reports a day old.
+/// Writes this node's report (the database's clock stamps it) in place of the one its cluster
+/// id made before a restart, and forgets reports a day old.
 pub fn report(db: &mut Db, r: &NodeReport) -> Result<(), DbErr> {
     let ring = ring_text(&r.ring);
     let serving = forms_text(&r.serving);
@@ -66,12 +73,14 @@ pub fn report(db: &mut Db, r: &NodeReport) -> Result<(), DbErr> {
         st.query(
             c,
             "WITH gone AS (DELETE FROM member_nodes
-                            WHERE seen_at < now() - make_interval(secs => $5))
+                            WHERE seen_at < now() - make_interval(secs => $5)
+                               OR ($9 <> '' AND cluster_id = $9 AND node <> $1))
              INSERT INTO member_nodes (node, port, role, ring, serving, covered, draining,
-                                       seen_at)
-             VALUES ($1, $2, $3, $4, $6, $7, $8, now())
+                                       cluster_id, seen_at)
+             VALUES ($1, $2, $3, $4, $6, $7, $8, $9, now())
              ON CONFLICT (node) DO UPDATE
                 SET port = EXCLUDED.port, role = EXCLUDED.role, ring = EXCLUDED.ring,
+                    cluster_id = EXCLUDED.cluster_id,
                     serving = EXCLUDED.serving, covered = EXCLUDED.covered,
                     draining = EXCLUDED.draining, seen_at = EXCLUDED.seen_at",
             &[
@@ -83,6 +92,7 @@ pub fn report(db: &mut Db, r: &NodeReport) -> Result<(), DbErr> {
                 (&serving, Type::TEXT),
                 (&covered, Type::TEXT),
                 (&draining, Type::TEXT),
+                (&r.cluster_id, Type::TEXT),
             ],
         )
     })

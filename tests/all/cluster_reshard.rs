@@ -91,6 +91,7 @@ pub(crate) fn load_config(hot: Vec<u16>, source: Option<Source>) -> LoadConfig {
         batch: 6,
         spell: true,
         source,
+        chain_keys: Vec::new(),
     }
 }
 

@@ -56,14 +56,27 @@ fn mexists(c: &mut Connection, items: &[String]) -> redis::RedisResult<Vec<i64>>
         .query(c)
 }
 
+/// The reader's calls, and of them how many were refused.
+#[derive(Default)]
+struct Reads {
+    calls: usize,
+    refused: usize,
+}
+
+/// A reply that is no answer, and that the contract allows: the database did not answer in
+/// time, a slot is moving.
+fn refusal(e: &redis::RedisError) -> bool {
+    matches!(e.code(), Some("UNAVAILABLE" | "TRYAGAIN"))
+}
+
 /// Every item of `present` and every acknowledged add answers 1, every item of `absent` and
 /// every acknowledged delete 0: by MEXISTS on the set's node, and by EXISTS of a sample on the
-/// node each item routes to. The wrong answers.
+/// node each item routes to. The wrong answers; the calls go to `reads`.
 fn check_round(
     cl: &Cluster,
     conns: &mut Conns,
     (present, absent): (&[String], &[String]),
-    acked: &Mutex<Acked>,
+    (acked, reads): (&Mutex<Acked>, &mut Reads),
 ) -> Vec<String> {
     let (added, deleted): (Vec<String>, Vec<String>) = {
         let a = acked.lock().unwrap();
@@ -76,6 +89,7 @@ fn check_round(
     let mut wrong = Vec::new();
     let owner = cl.set_owner(SET).port();
     for part in want.chunks(400) {
+        reads.calls += 1;
         let items: Vec<String> = part.iter().map(|(i, _)| i.clone()).collect();
         match mexists(conns.0.get_mut(&owner).unwrap(), &items) {
             Ok(got) => wrong.extend(
@@ -84,12 +98,15 @@ fn check_round(
                     .filter(|((_, w), g)| w != g)
                     .map(|((i, w), g)| format!("{} MEXISTS {i}: {g}, not {w}", stamp())),
             ),
+            Err(e) if refusal(&e) => reads.refused += 1,
             Err(e) => wrong.push(format!("{} MEXISTS: {e}", stamp())),
         }
     }
     for (item, w) in want.iter().step_by(want.len() / 60 + 1) {
+        reads.calls += 1;
         match cmd(conns.to(cl, item), &["MEMBER.EXISTS", SET, item]) {
             Ok(redis::Value::Int(g)) if g == *w => {}
+            Err(e) if refusal(&e) => reads.refused += 1,
             g => wrong.push(format!("{} EXISTS {item}: {g:?}, not {w}", stamp())),
         }
     }
@@ -270,6 +287,44 @@ fn a_slot_of_twins_moved_during_a_rotation_in_a_cluster_answers_right_throughout
     });
 }
 
+/// Loads `ring` (`default` and `k2`) on every node, and waits until each node's report names
+/// k2 (a report's ring may be copied: `report_lagging_node`).
+pub(crate) fn load_ring_everywhere(cl: &Cluster, ring: &KeyFile) {
+    let mut pg = cl.db().client();
+    for n in cl.nodes.iter().filter(|n| !n.down) {
+        let mut c = n.conn();
+        ok(
+            &mut c,
+            &["CONFIG", "SET", "member.token-key-file", ring.path()],
+        );
+        let id = super::key_ring::run_id(&mut c);
+        assert!(
+            wait_until(Duration::from_secs(30), || {
+                pg.query_opt(
+                    "SELECT 1 FROM member_nodes WHERE node = $1 AND ',' || ring LIKE '%,k2:%'",
+                    &[&id],
+                )
+                .unwrap()
+                .is_some()
+            }),
+            "node :{} never reported k2 in its ring",
+            n.port()
+        );
+    }
+}
+
+/// A lagging node's report (`report_lagging_node`) whose filter covers the end: every node
+/// switches to the new form, and the drain waits until [`release_the_drain`].
+pub(crate) fn hold_the_drain(cl: &Cluster, set: &str) {
+    let mut pg = cl.db().client();
+    report_lagging_node(&mut pg, set);
+    pg.execute(
+        "UPDATE member_nodes SET covered = $2 || ':2' WHERE node = $1",
+        &[&LAGGING, &set],
+    )
+    .unwrap();
+}
+
 /// The lagging node's report goes: the drain starts.
 pub(crate) fn release_the_drain(cl: &Cluster) {
     cl.db()
@@ -308,29 +363,12 @@ pub(crate) fn twin_slot_once_switched(cl: &Cluster) -> (u16, &Node, &Node) {
 /// new form, which holds the drain until `during` deletes it.
 pub(crate) fn rotate_under_load(cl: &Cluster, hold: bool, during: impl FnOnce(&Cluster)) {
     let ring = KeyFile::new(&format!("default {KEY1}\nk2 {KEY2}\n"));
-    for n in &cl.nodes {
-        ok(
-            &mut n.conn(),
-            &["CONFIG", "SET", "member.token-key-file", ring.path()],
-        );
+    load_ring_everywhere(cl, &ring);
+    // A run that failed before its end leaves the set rotated: it starts again from nothing.
+    if cmd(&mut cl.set_owner(SET).conn(), &["MEMBER.INFO", SET]).is_ok() {
+        cl.drop_everywhere(SET);
     }
-    // Every node's report names k2 before anything copies a report's ring.
     let mut pg = cl.db().client();
-    for n in &cl.nodes {
-        let id = super::key_ring::run_id(&mut n.conn());
-        assert!(
-            wait_until(Duration::from_secs(30), || {
-                pg.query_opt(
-                    "SELECT 1 FROM member_nodes WHERE node = $1 AND ',' || ring LIKE '%,k2:%'",
-                    &[&id],
-                )
-                .unwrap()
-                .is_some()
-            }),
-            "node :{} never reported k2 in its ring",
-            n.port()
-        );
-    }
     cl.create_everywhere_with(SET, &["TOKENIZE", "hmac-sha256"]);
     cl.wait_ready(SET);
     pg.batch_execute("CREATE EXTENSION IF NOT EXISTS pgcrypto")
@@ -362,42 +400,33 @@ pub(crate) fn rotate_under_load(cl: &Cluster, hold: bool, during: impl FnOnce(&C
         .chain((0..40).map(|i| format!("never-{i}")))
         .collect();
     let idle = Mutex::new(Acked::default());
+    let mut settling = Reads::default();
+    let mut round =
+        |conns: &mut Conns| check_round(cl, conns, (&present, &absent), (&idle, &mut settling));
     assert!(
-        wait_until(Duration::from_secs(60), || check_round(
-            cl,
-            &mut conns,
-            (&present, &absent),
-            &idle
-        )
-        .is_empty()),
+        wait_until(Duration::from_secs(60), || round(&mut conns).is_empty()),
         "before the rotation: {:?}",
-        check_round(cl, &mut conns, (&present, &absent), &idle)
+        round(&mut conns)
     );
 
     let acked = Arc::new(Mutex::new(Acked::default()));
     let stop = Arc::new(AtomicBool::new(false));
-    let (rounds, wrong, written) = std::thread::scope(|s| {
+    let (rounds, wrong, reads, written) = std::thread::scope(|s| {
         // Whatever fails below, the reader and the writer stop (the scope waits for them).
         let _stop = StopOnDrop(&stop);
         let reader = s.spawn(|| {
             let mut conns = Conns::new(cl);
-            let (mut rounds, mut wrong) = (0, Vec::new());
+            let (mut rounds, mut wrong, mut reads) = (0, Vec::new(), Reads::default());
             while !stop.load(Ordering::Acquire) {
-                wrong.extend(check_round(cl, &mut conns, (&present, &absent), &acked));
+                let checked = (&*acked, &mut reads);
+                wrong.extend(check_round(cl, &mut conns, (&present, &absent), checked));
                 rounds += 1;
             }
-            (rounds, wrong)
+            (rounds, wrong, reads)
         });
         let writer = s.spawn(|| write_until(cl, &stop, &acked));
         if hold {
-            report_lagging_node(&mut cl.db().client(), SET);
-            cl.db()
-                .client()
-                .execute(
-                    "UPDATE member_nodes SET covered = $2 || ':2' WHERE node = $1",
-                    &[&LAGGING, &SET],
-                )
-                .unwrap();
+            hold_the_drain(cl, SET);
         }
         // Refused while a node heard from in the last 30 s lacks the key: a node of this cluster
         // another test restarted leaves its old report (an old run id) that long.
@@ -427,7 +456,7 @@ pub(crate) fn rotate_under_load(cl: &Cluster, hold: bool, during: impl FnOnce(&C
         // A few more rounds after the end.
         std::thread::sleep(Duration::from_secs(2));
         stop.store(true, Ordering::Release);
-        let (rounds, wrong) = reader.join().expect("the reader");
+        let (rounds, wrong, reads) = reader.join().expect("the reader");
         let written = writer.join().expect("the writer");
         assert!(
             ended,
@@ -445,7 +474,7 @@ pub(crate) fn rotate_under_load(cl: &Cluster, hold: bool, during: impl FnOnce(&C
                 })
                 .collect::<Vec<_>>()
         );
-        (rounds, wrong, written)
+        (rounds, wrong, reads, written)
     });
     assert!(rounds > 3, "the reader ran {rounds} rounds");
     assert!(
@@ -455,6 +484,13 @@ pub(crate) fn rotate_under_load(cl: &Cluster, hold: bool, during: impl FnOnce(&C
         &wrong[..wrong.len().min(30)],
         now_of(cl, &mut conns, &mut pg, &wrong),
         rotation_log(cl)
+    );
+    // A refusal is no wrong answer, but a reader refused often checked little.
+    assert!(
+        reads.refused * 20 <= reads.calls,
+        "{} of the reader's {} calls were refused",
+        reads.refused,
+        reads.calls
     );
     assert!(
         written.errors.is_empty(),

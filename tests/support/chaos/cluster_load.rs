@@ -17,6 +17,7 @@ use super::attached::Source;
 use super::checker::{known_state_at, Rules, Violation};
 use super::history::{Kind, Op, Outcome, Recorder};
 use super::router::{is_conn_error, keyslot, Router};
+use super::truth::Truth;
 use super::Rng;
 use crate::support::cluster::{Cluster, Node};
 
@@ -44,6 +45,9 @@ pub struct LoadConfig {
     /// The set is attached to this table (docs/attach.md): ADD and MADD follow an INSERT of
     /// their rows, and an outside writer inserts rows without telling the module.
     pub source: Option<Source>,
+    /// The set is tokenized (docs/security.md), its chain's keys by the load's end, in hex:
+    /// its table holds its items' tokens under them (`member_catalog_token`). Empty: it is not.
+    pub chain_keys: Vec<String>,
 }
 
 /// Client numbers: writers from 0, readers from 100, the batch writer and reader these, and
@@ -504,7 +508,6 @@ pub fn final_check(cl: &Cluster, set: &str, cfg: &LoadConfig, ops: &[Op]) -> Vec
     let rules = &cfg.rules();
     let truth = &Truth::of(set, cfg);
     let mut out = Vec::new();
-    let members = truth.members(&mut cl.db().client());
     let mut writes_of: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
     for o in ops {
         let w = writes_of.entry(&o.item).or_default();
@@ -512,6 +515,8 @@ pub fn final_check(cl: &Cluster, set: &str, cfg: &LoadConfig, ops: &[Op]) -> Vec
             w.push(o);
         }
     }
+    let asked: Vec<&str> = writes_of.keys().copied().collect();
+    let members = truth.members(&mut cl.db().client(), &asked);
     for (item, writes) in &writes_of {
         let truth = members.contains(*item);
         if let (Some(k), by) = known_state_at(writes, u64::MAX / 2, rules) {
@@ -571,56 +576,6 @@ pub fn final_check(cl: &Cluster, set: &str, cfg: &LoadConfig, ops: &[Op]) -> Vec
         }
     }
     out
-}
-
-/// Where the database keeps what the set holds: its own table (the active rows of unscoped
-/// items), or the application's table it is attached to.
-enum Truth<'a> {
-    Own(&'a str),
-    Attached(&'a Source),
-}
-
-impl<'a> Truth<'a> {
-    fn of(set: &'a str, cfg: &'a LoadConfig) -> Truth<'a> {
-        cfg.source.as_ref().map_or(Truth::Own(set), Truth::Attached)
-    }
-
-    /// The condition on a set table's rows that makes them members.
-    const ACTIVE: &'static str =
-        "scope = '' AND status = 1 AND (expires_at IS NULL OR expires_at > now())";
-
-    /// Every member, in the database now.
-    fn members(&self, pg: &mut postgres::Client) -> BTreeSet<String> {
-        match self {
-            Truth::Attached(src) => src.members(pg).into_iter().collect(),
-            Truth::Own(set) => pg
-                .query(
-                    &format!("SELECT entity_id FROM member_{set} WHERE {}", Self::ACTIVE),
-                    &[],
-                )
-                .expect("read the truth")
-                .iter()
-                .map(|r| r.get(0))
-                .collect(),
-        }
-    }
-
-    /// Whether `item` is a member, in the database now.
-    fn has(&self, pg: &mut postgres::Client, item: &str) -> bool {
-        match self {
-            Truth::Attached(src) => src.has(pg, item),
-            Truth::Own(set) => pg
-                .query_one(
-                    &format!(
-                        "SELECT EXISTS (SELECT FROM member_{set} WHERE entity_id = $1 AND {})",
-                        Self::ACTIVE
-                    ),
-                    &[&item],
-                )
-                .expect("read the truth")
-                .get(0),
-        }
-    }
 }
 
 /// Asks `node`, the owner of `item`, until its answer agrees with the database read just

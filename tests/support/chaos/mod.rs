@@ -7,6 +7,7 @@ pub mod cluster_load;
 pub mod faults;
 pub mod history;
 pub mod router;
+mod truth;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};

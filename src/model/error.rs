@@ -91,6 +91,11 @@ pub const FORWARD_UNREACHABLE: &str =
 /// confirm the twin's effects, so it is not acknowledged (docs/security.md, "In a cluster").
 pub const TWIN_UNCONFIRMED: &str = "UNAVAILABLE the write was stored, but the node holding the \
      slot of its rotated form did not confirm it; retry (a retried write is idempotent)";
+/// A rotating set's write planned with its twin reached the database after the rotation's
+/// drain ended (its `twin` column dropped): the statement stored nothing, and a retry is
+/// planned in the form the set has now (docs/security.md).
+pub const ROTATION_ENDED: &str = "TRYAGAIN libmember: the set's key rotation ended while this \
+     write was in flight; nothing was stored; retry";
 /// Cluster: no primary serves the item's canonical slot (as last polled).
 pub const NO_OWNER: &str = "TRYAGAIN libmember: no node serves the item's canonical slot; retry";
 /// Cluster: a forwarded request reached a node that no longer (or not yet) holds the slot.

@@ -292,3 +292,92 @@ fn a_write_planned_before_the_drain_and_made_in_it_keeps_both_forms() {
         );
     }
 }
+
+/// An ADD planned with its twin in the switching phase, held until the drain has ended (the
+/// `twin` column dropped): its statement stores nothing, and the client is told to retry
+/// (`TRYAGAIN`, not the database's "column does not exist"); the retry, planned in the form
+/// the set has now, stores the item once, in the new form.
+#[test]
+fn an_add_planned_with_its_twin_and_made_after_the_drain_ends_is_retried() {
+    let ring = format!("default {KEY1}\nk2 {KEY2}\n");
+    let file = KeyFile::new(&ring);
+    let env = Env::debug_build(&[
+        ("member.token-key-file", file.path()),
+        ("member.db-timeout-ms", "60000"),
+        ("member.workers", "8"),
+    ]);
+    let mut c = env.conn();
+    create_synced(&mut c, SET, &["TOKENIZE", "hmac-sha256"]);
+    assert_eq!(int(&mut c, &["MEMBER.ADD", SET, "kept"]), 1);
+    let mut pg = env.pg();
+    report_lagging_node(&mut pg, SET);
+    ok(&mut c, &["MEMBER.ALTER", SET, "ROTATE-KEY", "k2"]);
+    assert!(
+        wait_until(Duration::from_secs(60), || phase(&mut pg).as_deref()
+            == Some("switching")),
+        "the rotation never reached its end: {:?}",
+        set_info(&mut c, SET, "token_rotation_last_error")
+    );
+    node_phase(&env, &mut pg, &mut c, "switching");
+
+    let mut failpoint = env.pg();
+    failpoint
+        .execute(
+            "SELECT pg_advisory_lock(hashtextextended('libmember failpoint ' || $1, 0))",
+            &[&SET],
+        )
+        .unwrap();
+    let port = env.vk.port();
+    let held = std::thread::spawn(move || {
+        let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        cmd(&mut c, &["MEMBER.ADD", SET, "late"])
+    });
+    wait_waiting(
+        &mut pg,
+        &["advisory"],
+        "%pg_advisory_lock_shared%",
+        1,
+        &|| "the ADD never reached the failpoint".into(),
+    );
+
+    // The lagging node goes: the drain runs to its end under the held ADD.
+    pg.execute("DELETE FROM member_nodes WHERE node = $1", &[&LAGGING])
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            set_info(&mut c, SET, "token_rotation").as_deref() == Ok("none")
+                && set_info(&mut c, SET, "token_key_id").as_deref() == Ok("default>k2")
+        }),
+        "the rotation never ended: {:?}\n{}",
+        set_info(&mut c, SET, "token_rotation_last_error"),
+        support::lifecycle::log_tail(&env.vk)
+    );
+    failpoint
+        .batch_execute("SELECT pg_advisory_unlock_all()")
+        .unwrap();
+    let refused = held
+        .join()
+        .unwrap()
+        .expect_err("the held ADD was not refused");
+    assert_eq!(refused.code(), Some("TRYAGAIN"), "{refused}");
+    assert!(
+        refused
+            .to_string()
+            .contains("key rotation ended while this write"),
+        "{refused}"
+    );
+
+    assert_eq!(int(&mut c, &["MEMBER.ADD", SET, "late"]), 1);
+    for (item, want) in [("kept", 1), ("late", 1), ("never", 0)] {
+        assert_eq!(int(&mut c, &["MEMBER.EXISTS", SET, item]), want, "{item}");
+    }
+    let table = format!("member_{SET}");
+    let rows: i64 = pg
+        .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 2, "kept and late, in the new form only");
+}

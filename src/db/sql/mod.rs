@@ -7,6 +7,7 @@ use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
 use super::{Db, DbErr, Param};
+use crate::model::error;
 
 mod catalog;
 mod change_log;
@@ -155,27 +156,32 @@ pub fn add_many(
         "INSERT INTO {t} AS m (entity_id, scope, status, expires_at) VALUES $1 {ON_CONFLICT}"
     );
     // One statement, its own transaction even behind a pooler (`Stmts::hot`).
-    let inserted = db.run_once_own(|c, st| {
-        if !twins.is_empty() {
-            let arrays = [
-                Param::Texts(&es),
-                Param::Texts(&ss),
-                Param::Floats(&xs),
-                Param::Texts(&ws),
-            ];
-            return st.hot(c, &sql, &arrays);
-        }
-        if st.pooled() {
-            let members: Vec<(&str, &str, Option<f64>)> =
-                rows.iter().map(|r| (r.0, r.1, r.2)).collect();
-            return st.hot(c, &values_sql, &[Param::Members(&members)]);
-        }
-        st.hot(
-            c,
-            &sql,
-            &[Param::Texts(&es), Param::Texts(&ss), Param::Floats(&xs)],
-        )
-    })?;
+    let mut ended = false;
+    let inserted = db
+        .run_once_own(|c, st| {
+            if !twins.is_empty() {
+                let arrays = [
+                    Param::Texts(&es),
+                    Param::Texts(&ss),
+                    Param::Floats(&xs),
+                    Param::Texts(&ws),
+                ];
+                return st
+                    .hot(c, &sql, &arrays)
+                    .inspect_err(|e| ended = twin_dropped(e));
+            }
+            if st.pooled() {
+                let members: Vec<(&str, &str, Option<f64>)> =
+                    rows.iter().map(|r| (r.0, r.1, r.2)).collect();
+                return st.hot(c, &values_sql, &[Param::Members(&members)]);
+            }
+            st.hot(
+                c,
+                &sql,
+                &[Param::Texts(&es), Param::Texts(&ss), Param::Floats(&xs)],
+            )
+        })
+        .map_err(|e| rotation_ended(e, ended))?;
     let mut out = vec![false; items.len()];
     for r in 0..inserted.len() {
         let key = (
@@ -277,6 +283,8 @@ pub fn del(
             t = table(set)
         ),
     };
+    // Both forms by the key alone (no `twin` column): once the drain has ended, the old form
+    // is gone and the statement still holds.
     db.run_once_own(|c, st| {
         let rows = match twin {
             None => st.hot(c, &sql, &[Param::Text(entity), Param::Text(scope)])?,
@@ -288,6 +296,22 @@ pub fn del(
         };
         Ok((0..rows.len()).any(|r| rows.flag(r, 0)))
     })
+}
+
+/// A write planned with its twin failed on the `twin` column: the rotation's drain ended
+/// (and dropped it) while the write was in flight, and the statement stored nothing.
+fn twin_dropped(e: &postgres::Error) -> bool {
+    e.code() == Some(&postgres::error::SqlState::UNDEFINED_COLUMN)
+}
+
+/// The error of an ADD with twins: [`error::ROTATION_ENDED`] when the drain ended under it
+/// (`ended`, [`twin_dropped`]): a retry is planned in the form the set has now.
+fn rotation_ended(e: DbErr, ended: bool) -> DbErr {
+    if ended {
+        DbErr::Refused(error::ROTATION_ENDED)
+    } else {
+        e
+    }
 }
 
 #[cfg(test)]

@@ -91,6 +91,11 @@ pub const FORWARD_UNREACHABLE: &str =
 /// confirm the twin's effects, so it is not acknowledged (docs/security.md, "In a cluster").
 pub const TWIN_UNCONFIRMED: &str = "UNAVAILABLE the write was stored, but the node holding the \
      slot of its rotated form did not confirm it; retry (a retried write is idempotent)";
+/// MEMBER.ALTER ROTATE-KEY: the set's table stayed locked by other sessions through every
+/// try of the start within three quarters of `member.db-timeout-ms` (its DDL waits briefly,
+/// so that lookups never queue behind it): nothing changed.
+pub const ROTATION_BUSY: &str = "TRYAGAIN libmember: the set's table stayed locked by other \
+     sessions; the rotation did not start; retry";
 /// A rotating set's write planned with its twin reached the database after the rotation's
 /// drain ended (its `twin` column dropped): the statement stored nothing, and a retry is
 /// planned in the form the set has now (docs/security.md).

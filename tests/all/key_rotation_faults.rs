@@ -14,7 +14,9 @@ use redis::Value;
 use support::member::*;
 use support::{wait_until, OwnPg};
 
-use super::key_rotation::{add_each, hold_rotation, report_lagging_node, shows_phase, LAGGING};
+use super::key_rotation::{
+    add_each, hold_rotation, report_lagging_node, rotate_key, shows_phase, LAGGING,
+};
 use super::tokenize::{KeyFile, KEY1, KEY2};
 
 fn catalog_phase(pg: &OwnPg) -> Option<String> {
@@ -92,7 +94,7 @@ fn a_rotation_resumes_after_postgres_restarts_in_its_copying_and_switching_phase
     report_lagging_node(&mut admin, "cards");
     let mut holder = pg.client();
     hold_rotation(&mut holder, "cards");
-    ok(&mut c, &["MEMBER.ALTER", "cards", "ROTATE-KEY", "k2"]);
+    rotate_key(&mut c, "cards", "k2");
     assert!(shows_phase(&mut c, "cards", "copying"));
     // No step has run: nothing counted yet.
     assert!(set_info(&mut c, "cards", "token_rotation_rows_left").is_err());
@@ -291,7 +293,7 @@ fn a_rotation_goes_on_on_the_replica_promoted_after_its_primary_dies() {
 
     let mut holder = env.pg();
     hold_rotation(&mut holder, "cards");
-    ok(&mut c, &["MEMBER.ALTER", "cards", "ROTATE-KEY", "k2"]);
+    rotate_key(&mut c, "cards", "k2");
     for n in [&mut c, &mut r] {
         assert!(shows_phase(n, "cards", "copying"));
     }
@@ -362,4 +364,46 @@ fn a_rotation_goes_on_on_the_replica_promoted_after_its_primary_dies() {
         1,
         "{log}"
     );
+}
+
+/// A transaction that holds the set's table (a writer's lock, kept open) through every try of
+/// the start's DDL: ROTATE-KEY answers TRYAGAIN, says why, and changes nothing (no phase, the
+/// chain as it was, lookups as before); once the transaction ends, the same command starts it.
+#[test]
+fn a_rotation_refused_by_a_table_held_busy_changes_nothing_and_starts_on_a_retry() {
+    let file = KeyFile::new(&format!("default {KEY1}\nk2 {KEY2}\n"));
+    let env = Env::with(&[("member.token-key-file", file.path())]);
+    let mut c = env.conn();
+    create_synced(&mut c, "cards", &["TOKENIZE", "hmac-sha256"]);
+    add_each(&mut c, "cards", &["kept".to_string()]);
+    let mut writer = env.pg();
+    writer
+        .batch_execute("BEGIN; LOCK TABLE member_cards IN ROW EXCLUSIVE MODE")
+        .unwrap();
+    let e = err(&mut c, &["MEMBER.ALTER", "cards", "ROTATE-KEY", "k2"]);
+    assert_eq!(
+        e,
+        "TRYAGAIN libmember: the set's table stayed locked by other sessions; the rotation \
+         did not start; retry"
+    );
+    assert_eq!(set_info(&mut c, "cards", "token_rotation").unwrap(), "none");
+    assert_eq!(
+        set_info(&mut c, "cards", "token_key_id").unwrap(),
+        "default"
+    );
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "cards", "kept"]), 1);
+    writer.batch_execute("ROLLBACK").unwrap();
+    rotate_key(&mut c, "cards", "k2");
+    assert!(
+        wait_until(Duration::from_secs(60), || set_info(
+            &mut c,
+            "cards",
+            "token_key_id"
+        )
+        .as_deref()
+            == Ok("default>k2")),
+        "the rotation never ended: {:?}",
+        set_info(&mut c, "cards", "token_rotation_last_error")
+    );
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", "cards", "kept"]), 1);
 }

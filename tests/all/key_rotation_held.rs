@@ -10,7 +10,7 @@ use std::time::Duration;
 use support::member::*;
 use support::wait_until;
 
-use super::key_rotation::{report_lagging_node, shows_phase, LAGGING};
+use super::key_rotation::{report_lagging_node, rotate_key, shows_phase, LAGGING};
 use super::tokenize::{KeyFile, KEY1, KEY2};
 
 /// A set whose writes wait for the test's failpoint lock (debug builds).
@@ -151,7 +151,7 @@ fn a_write_planned_before_the_drain_and_made_in_it_keeps_both_forms() {
     // A second node that reports the old form: the rotation waits for it before its drain,
     // for as long as the test keeps its report.
     report_lagging_node(&mut pg, SET);
-    ok(&mut c, &["MEMBER.ALTER", SET, "ROTATE-KEY", "k2"]);
+    rotate_key(&mut c, SET, "k2");
     assert!(
         wait_until(Duration::from_secs(60), || phase(&mut pg).as_deref()
             == Some("switching")),
@@ -311,7 +311,7 @@ fn an_add_planned_with_its_twin_and_made_after_the_drain_ends_is_retried() {
     assert_eq!(int(&mut c, &["MEMBER.ADD", SET, "kept"]), 1);
     let mut pg = env.pg();
     report_lagging_node(&mut pg, SET);
-    ok(&mut c, &["MEMBER.ALTER", SET, "ROTATE-KEY", "k2"]);
+    rotate_key(&mut c, SET, "k2");
     assert!(
         wait_until(Duration::from_secs(60), || phase(&mut pg).as_deref()
             == Some("switching")),

@@ -41,15 +41,24 @@ pub fn rotate_key(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         result: Err(DbErr::Unavailable(error::WORKER_LOST.into()).reply_text()),
     };
     let blocked = Blocked::block(ctx, block_timeout(), Box::new(fallback));
+    // The start gives up on a busy table in time for its own reply (three quarters of the
+    // client's wait), rather than starting after the client was told UNAVAILABLE.
+    let deadline = std::time::Instant::now() + block_timeout() * 3 / 4;
     pool::run(move |db| {
-        let result = start(db, &name, &id, &fp);
+        let result = start(db, &name, &id, &fp, deadline);
         blocked.finish(Box::new(Started { name, id, result }));
     });
     Ok(RedisValue::NoReply)
 }
 
 /// Every node holds the key, then the catalog starts the rotation: the old chain's length.
-fn start(db: &mut crate::db::Db, name: &str, id: &str, fp: &str) -> Result<usize, String> {
+fn start(
+    db: &mut crate::db::Db,
+    name: &str,
+    id: &str,
+    fp: &str,
+    deadline: std::time::Instant,
+) -> Result<usize, String> {
     let missing = sql::nodes_lacking(db, sql::Needed::Key(fp), node_report::FRESH)
         .map_err(|e| e.reply_text())?;
     if !missing.is_empty() {
@@ -59,7 +68,7 @@ fn start(db: &mut crate::db::Db, name: &str, id: &str, fp: &str) -> Result<usize
             missing.join(", ")
         ));
     }
-    match rotation::start(db, name, fp).map_err(|e| e.reply_text())? {
+    match rotation::start(db, name, fp, deadline).map_err(|e| e.reply_text())? {
         Ok(n) => Ok(n),
         Err(StartRefused::UnknownSet) => Err(error::UNKNOWN_SET.to_string()),
         Err(StartRefused::NotTokenized) => Err(format!(
@@ -68,6 +77,7 @@ fn start(db: &mut crate::db::Db, name: &str, id: &str, fp: &str) -> Result<usize
         Err(StartRefused::Running(phase)) => Err(format!(
             "ERR set '{name}' is rotating already (phase {phase}): see MEMBER.INFO"
         )),
+        Err(StartRefused::Busy) => Err(error::ROTATION_BUSY.to_string()),
         Err(StartRefused::InChain) => Err(format!(
             "ERR set '{name}' already uses key '{id}': a rotation moves it to a key it never used"
         )),

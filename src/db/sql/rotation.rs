@@ -136,6 +136,8 @@ pub enum StartRefused {
     NotTokenized,
     Running(&'static str),
     InChain,
+    /// The set's table stayed locked by other sessions through every try before the deadline.
+    Busy,
 }
 
 /// How long a rotation's statement waits for a table lock before it gives up (and its step is
@@ -143,28 +145,33 @@ pub enum StartRefused {
 /// wait behind it, and a lookup waits at most `member.db-timeout-ms`.
 pub(super) const LOCK_WAIT: &str = "SET LOCAL lock_timeout = '200ms'";
 
-/// Tries of the start's transactions that found the table locked, 100 ms apart.
-const START_TRIES: u32 = 20;
+/// The pause between tries of the start's transactions that found the table locked.
+const START_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Starts the rotation of `set` to the key of fingerprint `to`, under the catalog's lock: the
 /// `twin` column (its own short transaction: it locks the table against readers), then its
 /// index, the triggers, the form check taking both lengths, the catalog's rotation columns
 /// and version (every node re-reads it). Each transaction waits at most [`LOCK_WAIT`] for
-/// the table and is tried again. Returns the chain's length before the rotation.
-pub fn start(db: &mut Db, set: &str, to: &str) -> Result<Result<usize, StartRefused>, DbErr> {
-    db.run_own(|c, st| {
-        let mut tries = 0;
-        loop {
-            match start_once(c, st, set, to) {
-                Err(e)
-                    if e.code() == Some(&postgres::error::SqlState::LOCK_NOT_AVAILABLE)
-                        && tries < START_TRIES =>
-                {
-                    tries += 1;
-                    std::thread::sleep(std::time::Duration::from_millis(100));
+/// the table and is tried again, until a try could not end before `deadline` (the client's
+/// reply must come first): then [`StartRefused::Busy`]. Returns the chain's length before the
+/// rotation.
+pub fn start(
+    db: &mut Db,
+    set: &str,
+    to: &str,
+    deadline: std::time::Instant,
+) -> Result<Result<usize, StartRefused>, DbErr> {
+    // A try: two transactions, each waiting at most `LOCK_WAIT` (200 ms), and the pause.
+    let a_try = std::time::Duration::from_millis(500);
+    db.run_own(|c, st| loop {
+        match start_once(c, st, set, to) {
+            Err(e) if e.code() == Some(&postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
+                if std::time::Instant::now() + a_try >= deadline {
+                    return Ok(Err(StartRefused::Busy));
                 }
-                done => return done,
+                std::thread::sleep(START_PAUSE);
             }
+            done => return done,
         }
     })
 }

@@ -156,17 +156,29 @@ fn a_rotation_goes_on_after_its_primary_is_killed_and_failed_over() {
             problems.push("the nodes never switched to the new form".into());
         }
 
-        // The old primary takes its slots back; the drain runs under it.
+        // The old primary takes its slots back; the drain runs under it. It came back as a
+        // primary of no slots, and becomes a replica once it hears of the promotion: the
+        // manual failover waits for that and for its link (a primary, or a replica without
+        // its link, refuses it).
         let start = rec.now();
-        let asked = redis::cmd("CLUSTER")
-            .arg("FAILOVER")
-            .query::<String>(&mut cl.node_by_port(driver).conn());
-        let took = asked.is_ok()
+        let demoted =
+            wait_until(WAIT, || !cl.is_primary_now(driver)) && cl.wait_healthy(WAIT, true).is_ok();
+        let mut asked = Err(String::from("not asked"));
+        let took = demoted
+            && wait_until(WAIT, || {
+                asked = redis::cmd("CLUSTER")
+                    .arg("FAILOVER")
+                    .query::<String>(&mut cl.node_by_port(driver).conn())
+                    .map_err(|e| e.to_string());
+                asked.is_ok()
+            })
             && wait_until(WAIT, || cl.is_primary_now(driver))
             && cl.wait_healthy(WAIT, false).is_ok();
         event(&rec, start, "manual failover", format!(":{driver}: {took}"));
         if !took {
-            problems.push(format!("CLUSTER FAILOVER on :{driver}: {asked:?}"));
+            problems.push(format!(
+                "CLUSTER FAILOVER on :{driver} (a linked replica: {demoted}): {asked:?}"
+            ));
         }
         cl.refresh_roles();
         release_the_drain(cl);

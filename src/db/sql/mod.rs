@@ -301,7 +301,9 @@ pub fn del(
 /// A write planned with its twin failed on the `twin` column: the rotation's drain ended
 /// (and dropped it) while the write was in flight, and the statement stored nothing.
 fn twin_dropped(e: &postgres::Error) -> bool {
-    e.code() == Some(&postgres::error::SqlState::UNDEFINED_COLUMN)
+    e.as_db_error().is_some_and(|d| {
+        *d.code() == postgres::error::SqlState::UNDEFINED_COLUMN && d.message().contains("\"twin\"")
+    })
 }
 
 /// The error of an ADD with twins: [`error::ROTATION_ENDED`] when the drain ended under it

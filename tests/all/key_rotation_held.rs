@@ -131,10 +131,14 @@ fn node_phase(env: &Env, pg: &mut postgres::Client, c: &mut redis::Connection, w
     );
 }
 
-#[test]
-fn a_write_planned_before_the_drain_and_made_in_it_keeps_both_forms() {
-    let ring = format!("default {KEY1}\nk2 {KEY2}\n");
-    let file = KeyFile::new(&ring);
+/// A node of `SET` (debug build, so its writes can be held) with `items` added, its rotation
+/// to k2 in the switching phase and held there by a lagging node's report (a second node
+/// that reports the old form: the rotation waits for it before its drain, for as long as the
+/// test keeps its report). The key file lives as long as the returned node.
+fn switching_with_the_drain_held(
+    items: &[&str],
+) -> (KeyFile, Env, redis::Connection, postgres::Client) {
+    let file = KeyFile::new(&format!("default {KEY1}\nk2 {KEY2}\n"));
     // Enough workers for the held writes, the drain's held step and the node's upkeep; a
     // database timeout longer than any hold.
     let env = Env::debug_build(&[
@@ -144,12 +148,10 @@ fn a_write_planned_before_the_drain_and_made_in_it_keeps_both_forms() {
     ]);
     let mut c = env.conn();
     create_synced(&mut c, SET, &["TOKENIZE", "hmac-sha256"]);
-    for i in ["kept", "doomed"] {
+    for i in items {
         assert_eq!(int(&mut c, &["MEMBER.ADD", SET, i]), 1);
     }
     let mut pg = env.pg();
-    // A second node that reports the old form: the rotation waits for it before its drain,
-    // for as long as the test keeps its report.
     report_lagging_node(&mut pg, SET);
     rotate_key(&mut c, SET, "k2");
     assert!(
@@ -159,6 +161,25 @@ fn a_write_planned_before_the_drain_and_made_in_it_keeps_both_forms() {
         set_info(&mut c, SET, "token_rotation_last_error")
     );
     node_phase(&env, &mut pg, &mut c, "switching");
+    (file, env, c, pg)
+}
+
+/// A session that holds the write failpoint of `SET` (`members::HELD_PREFIX`): its writes
+/// wait on their workers, before their statements, until it lets go.
+fn hold_writes(env: &Env) -> postgres::Client {
+    let mut failpoint = env.pg();
+    failpoint
+        .execute(
+            "SELECT pg_advisory_lock(hashtextextended('libmember failpoint ' || $1, 0))",
+            &[&SET],
+        )
+        .unwrap();
+    failpoint
+}
+
+#[test]
+fn a_write_planned_before_the_drain_and_made_in_it_keeps_both_forms() {
+    let (_file, env, mut c, mut pg) = switching_with_the_drain_held(&["kept", "doomed"]);
     assert!(wait_until(Duration::from_secs(30), || set_info(
         &mut c,
         SET,
@@ -173,13 +194,7 @@ fn a_write_planned_before_the_drain_and_made_in_it_keeps_both_forms() {
     log_lock
         .batch_execute("BEGIN; LOCK TABLE member_changes IN SHARE MODE")
         .unwrap();
-    let mut failpoint = env.pg();
-    failpoint
-        .execute(
-            "SELECT pg_advisory_lock(hashtextextended('libmember failpoint ' || $1, 0))",
-            &[&SET],
-        )
-        .unwrap();
+    let mut failpoint = hold_writes(&env);
     // Planned while the node makes twins: both forms. One at a time: jobs sent in one event
     // loop iteration may share a worker, which runs them in turn.
     let (tx, done) = std::sync::mpsc::channel();
@@ -299,34 +314,9 @@ fn a_write_planned_before_the_drain_and_made_in_it_keeps_both_forms() {
 /// the set has now, stores the item once, in the new form.
 #[test]
 fn an_add_planned_with_its_twin_and_made_after_the_drain_ends_is_retried() {
-    let ring = format!("default {KEY1}\nk2 {KEY2}\n");
-    let file = KeyFile::new(&ring);
-    let env = Env::debug_build(&[
-        ("member.token-key-file", file.path()),
-        ("member.db-timeout-ms", "60000"),
-        ("member.workers", "8"),
-    ]);
-    let mut c = env.conn();
-    create_synced(&mut c, SET, &["TOKENIZE", "hmac-sha256"]);
-    assert_eq!(int(&mut c, &["MEMBER.ADD", SET, "kept"]), 1);
-    let mut pg = env.pg();
-    report_lagging_node(&mut pg, SET);
-    rotate_key(&mut c, SET, "k2");
-    assert!(
-        wait_until(Duration::from_secs(60), || phase(&mut pg).as_deref()
-            == Some("switching")),
-        "the rotation never reached its end: {:?}",
-        set_info(&mut c, SET, "token_rotation_last_error")
-    );
-    node_phase(&env, &mut pg, &mut c, "switching");
+    let (_file, env, mut c, mut pg) = switching_with_the_drain_held(&["kept"]);
 
-    let mut failpoint = env.pg();
-    failpoint
-        .execute(
-            "SELECT pg_advisory_lock(hashtextextended('libmember failpoint ' || $1, 0))",
-            &[&SET],
-        )
-        .unwrap();
+    let mut failpoint = hold_writes(&env);
     let port = env.vk.port();
     let held = std::thread::spawn(move || {
         let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))

@@ -32,6 +32,12 @@ pub enum Op {
     /// (docs/security.md, "In a cluster").
     TwinAdd,
     TwinDel,
+    /// A rotating set's write elsewhere is about to store (or delete) this twin, whose slot
+    /// the receiver holds: hold its mark (an ADD's recent mark, a DEL's) before the statement
+    /// runs, for `expires_at` seconds (docs/security.md, "A gap the cluster history checker
+    /// found").
+    TwinBeginAdd,
+    TwinBeginDel,
 }
 
 impl Op {
@@ -43,6 +49,8 @@ impl Op {
             Op::Del => 3,
             Op::TwinAdd => 4,
             Op::TwinDel => 5,
+            Op::TwinBeginAdd => 6,
+            Op::TwinBeginDel => 7,
         }
     }
 
@@ -54,13 +62,16 @@ impl Op {
             3 => Op::Del,
             4 => Op::TwinAdd,
             5 => Op::TwinDel,
+            6 => Op::TwinBeginAdd,
+            7 => Op::TwinBeginDel,
             _ => return None,
         })
     }
 }
 
 /// One request about one canonical item. `entity` and `scope` are final (the receiver does not
-/// canonicalize again); `expires_at` is an ADD's expiry in unix seconds.
+/// canonicalize again); `expires_at` is an ADD's expiry in unix seconds, or how long a
+/// `TwinBegin*` mark holds, in seconds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Request {
     pub id: u64,
@@ -420,6 +431,8 @@ mod tests {
             request(Op::Del, None),
             request(Op::TwinAdd, None),
             request(Op::TwinDel, None),
+            request(Op::TwinBeginAdd, Some(16.0)),
+            request(Op::TwinBeginDel, Some(0.25)),
             Message::Answer(1, Answer::Int(1)),
             Message::Answer(2, Answer::Int(-3)),
             Message::Answer(3, Answer::Explain(0, "bloom-negative".into())),

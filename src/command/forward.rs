@@ -78,22 +78,41 @@ pub(in crate::command) fn answer_after(
     reply: RedisResult,
     deliver: crate::command::Deliver,
 ) {
-    let left = Rc::new(RefCell::new(Some((asks.len(), reply, deliver))));
+    let then = Box::new(move |ctx: &Context, confirmed: bool| match confirmed {
+        true => deliver(ctx, reply),
+        false => deliver(ctx, Err(RedisError::Str(error::TWIN_UNCONFIRMED))),
+    });
+    when_answered(ctx, asks, block_timeout(), then);
+}
+
+/// What `when_answered` calls: with whether every owner ran its request.
+pub(in crate::command) type Answered = Box<dyn FnOnce(&Context, bool)>;
+
+/// Calls `then` once, on the main thread: with `true` once the owner of each slot has run its
+/// request, with `false` as soon as one refuses, cannot be sent its request or does not answer
+/// within `timeout`, or no node serves its slot.
+pub(in crate::command) fn when_answered(
+    ctx: &Context,
+    asks: Vec<(u16, Request)>,
+    timeout: Duration,
+    then: Answered,
+) {
+    if asks.is_empty() {
+        return then(ctx, true);
+    }
+    let left = Rc::new(RefCell::new(Some((asks.len(), then))));
     for (slot, req) in asks {
         let left = Rc::clone(&left);
         let answered = move |ctx: &Context, confirmed: bool| {
             let mut cell = left.borrow_mut();
-            let Some((n, reply, _)) = cell.as_mut() else {
+            let Some((n, _)) = cell.as_mut() else {
                 return;
             };
             *n -= 1;
-            if !confirmed {
-                *reply = Err(RedisError::Str(error::TWIN_UNCONFIRMED));
-            }
             if *n == 0 || !confirmed {
-                if let Some((_, reply, deliver)) = cell.take() {
+                if let Some((_, then)) = cell.take() {
                     drop(cell);
-                    deliver(ctx, reply);
+                    then(ctx, confirmed);
                 }
             }
         };
@@ -102,7 +121,7 @@ pub(in crate::command) fn answer_after(
                 let then = Box::new(move |ctx: &Context, res: Result<Answer, bus::Lost>| {
                     answered(ctx, matches!(res, Ok(Answer::Int(_))))
                 });
-                bus::ask(ctx, &node, req, block_timeout(), then);
+                bus::ask(ctx, &node, req, timeout, then);
             }
             None => answered(ctx, false),
         }

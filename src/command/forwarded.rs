@@ -6,6 +6,7 @@
 
 use std::borrow::Cow;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use redis_module::{Context, RedisError, RedisValue};
 
@@ -33,7 +34,7 @@ use crate::sets::{catalog_ask, effects, state};
 /// funnel believes a filter negative only for a slot held long enough, and the database
 /// answers the rest on any node.
 pub fn serve(ctx: &Context, req: Request, to: Responder) {
-    let write = matches!(req.op, Op::Add | Op::Del | Op::TwinAdd | Op::TwinDel);
+    let write = !matches!(req.op, Op::Exists | Op::Explain);
     if write && (!owner::is_primary() || !owner::holds(keyslot(req.entity.as_bytes()))) {
         bus::REFUSED.fetch_add(1, Ordering::Relaxed);
         return to.answer(ctx, Err(RedisError::Str(error::SLOT_MOVING)));
@@ -68,7 +69,7 @@ pub fn serve(ctx: &Context, req: Request, to: Responder) {
             match write::prepare_canonical(&req.set, canon, op) {
                 Ok(Some(done)) => {
                     bus::SERVED.fetch_add(1, Ordering::Relaxed);
-                    write::send(point(write::begin(done), to), op, req.expires_at);
+                    write::start(ctx, done, |done| point(done, to), req.expires_at);
                 }
                 Ok(None) => unknown(ctx, &req.set, to),
                 Err(e) => to.answer(ctx, Err(e)),
@@ -93,10 +94,36 @@ pub fn serve(ctx: &Context, req: Request, to: Responder) {
             );
             if req.op == Op::TwinAdd {
                 effects::added(ctx, &req.set, &canon);
+                // Held RECENT-TTL from now, as the writer's own mark is from its end.
+                state::with(|r| {
+                    if let Some(s) = r.sets.get_mut(&req.set) {
+                        let ttl = Duration::from_secs(s.def.recent_ttl);
+                        s.hold_recent(canon.hash, ttl);
+                    }
+                });
             } else {
                 effects::removed(ctx, &req.set, &canon);
             }
             replication::replicate(ctx, command, &args);
+            to.answer(ctx, Ok(RedisValue::Integer(1)));
+        }
+        Op::TwinBeginAdd | Op::TwinBeginDel => {
+            let time = Duration::from_secs_f64(req.expires_at.unwrap_or(0.0).clamp(0.0, 3600.0));
+            let held = state::with(|r| {
+                // Marked even while a promotion holds the set back: the mark only sends
+                // lookups to the database.
+                let s = r.sets.get_mut(&req.set)?;
+                if req.op == Op::TwinBeginAdd {
+                    s.hold_recent(canon.hash, time);
+                } else {
+                    s.hold_delete(canon.hash, time);
+                }
+                Some(())
+            });
+            if held.is_none() {
+                return unknown(ctx, &req.set, to);
+            }
+            bus::SERVED.fetch_add(1, Ordering::Relaxed);
             to.answer(ctx, Ok(RedisValue::Integer(1)));
         }
     }
@@ -148,6 +175,7 @@ pub fn serve_many(ctx: &Context, req: Many, to: Responder) {
             done,
         ),
         Err(done) => send_writes(
+            ctx,
             Outlet::part(Box::new(move |ctx, r| to.answer(ctx, r))),
             done,
         ),

@@ -68,6 +68,8 @@ pub(super) struct WriteDone {
     twin: Option<(String, u128)>,
     /// The set's incarnation when the write began (see `apply`).
     incarnation: u64,
+    /// The set's RECENT-TTL, in seconds (the twin's marks, `twin_hold`).
+    recent_ttl: u64,
     result: Result<bool, DbErr>,
 }
 
@@ -106,6 +108,46 @@ impl AskFirst for WriteDone {
             },
         )]
     }
+}
+
+impl WriteDone {
+    /// In a cluster, while the set's key rotates, the mark the owner of the twin's slot must
+    /// hold before the statement runs, when that is another node (this one holds its own in
+    /// `begin`): an ADD's recent mark, or a DEL's, for `twin_hold` (docs/security.md, "A gap
+    /// the cluster history checker found").
+    pub(super) fn twin_begin(&self) -> Option<(u16, crate::cluster::wire::Request)> {
+        let (twin, _) = self.twin.as_ref()?;
+        if !crate::server::cluster_mode::enabled() {
+            return None;
+        }
+        let slot = crate::model::slot::keyslot(twin.as_bytes());
+        if crate::cluster::owner::owns(slot) {
+            return None;
+        }
+        Some((
+            slot,
+            crate::cluster::wire::Request {
+                id: 0,
+                op: match self.op {
+                    Op::Add => crate::cluster::wire::Op::TwinBeginAdd,
+                    Op::Del => crate::cluster::wire::Op::TwinBeginDel,
+                },
+                set: self.set.clone(),
+                entity: twin.clone(),
+                scope: String::new(),
+                expires_at: Some(twin_hold(self.recent_ttl).as_secs_f64()),
+            },
+        ))
+    }
+}
+
+/// How long a twin's begin mark holds from when its owner sets it: the write's start may wait
+/// until `member.db-timeout-ms` after its mark was asked for (`start`), its statement may run
+/// for a write's `statement_timeout`, and an ADD's mark is held RECENT-TTL after the commit
+/// (as the writer's own is after its end), by which the twin's effects have landed.
+fn twin_hold(recent_ttl: u64) -> std::time::Duration {
+    let ms = crate::config::db_timeout_ms() + crate::db::Bounds::now().other_ms;
+    std::time::Duration::from_millis(ms) + std::time::Duration::from_secs(recent_ttl)
 }
 
 impl PointDone<bool> for WriteDone {
@@ -208,7 +250,7 @@ fn write(ctx: &Context, args: Vec<RedisString>, op: Op) -> RedisResult {
                 block_timeout(),
                 move |_| prepare(&name, &item, &scope, op, expires_at, true),
                 move |ctx, blocked, plan| match plan {
-                    Plan::Here(done) => send(point_for(blocked, begin(done)), op, expires_at),
+                    Plan::Here(done) => start(ctx, done, |d| point_for(blocked, d), expires_at),
                     Plan::Elsewhere(e) => forward::start(ctx, blocked, e),
                 },
             );
@@ -216,7 +258,7 @@ fn write(ctx: &Context, args: Vec<RedisString>, op: Op) -> RedisResult {
         match plan {
             Plan::Here(done) => {
                 may_block(ctx)?;
-                send(block_on_point(ctx, begin(done)), op, expires_at);
+                start(ctx, done, |d| block_on_point(ctx, d), expires_at);
                 Ok(RedisValue::NoReply)
             }
             Plan::Elsewhere(e) => forward::block_and_start(ctx, e),
@@ -296,6 +338,7 @@ impl WriteDone {
             hash: canon.hash,
             twin,
             incarnation: set.incarnation,
+            recent_ttl: set.def.recent_ttl,
             result: Err(DbErr::Unavailable(error::WORKER_LOST.into())),
         })
     }
@@ -306,31 +349,84 @@ impl WriteDone {
     }
 }
 
-/// The write is about to be sent: an ADD's recent-writes mark goes up first.
+/// The write is about to be sent: an ADD's recent-writes marks go up first, and a rotating
+/// set's DEL's marks in a cluster (`twin_begin`): while the two forms of an item have two
+/// owners, a DEL in flight must not be answered 1 from one form's exact-match key after the
+/// other form's owner answered 0 from the database.
 pub(super) fn begin(done: WriteDone) -> WriteDone {
-    if done.op == Op::Add {
-        state::with(|r| {
-            if let Some(s) = r.sets.get_mut(&done.set) {
+    state::with(|r| {
+        let Some(s) = r.sets.get_mut(&done.set) else {
+            return;
+        };
+        let twin = done.twin.as_ref().map(|(_, h)| *h);
+        match done.op {
+            Op::Add => {
                 s.mark_begin(done.hash);
-                if let Some((_, h)) = &done.twin {
-                    s.mark_begin(*h);
+                if let Some(h) = twin {
+                    s.mark_begin(h);
                 }
             }
-        });
-    }
+            Op::Del if twin.is_some() && crate::server::cluster_mode::enabled() => {
+                let time = twin_hold(done.recent_ttl);
+                s.hold_delete(done.hash, time);
+                if let Some(h) = twin {
+                    s.hold_delete(h, time);
+                }
+            }
+            Op::Del => {}
+        }
+    });
     done
 }
 
+/// Starts `done`: marks it begun (`begin`), here and, for a rotating set's twin in another
+/// node's slot, on that node first (`twin_begin`); then queues its statement, whose answer
+/// completes the point `point` makes. If the twin's owner does not mark it within half of
+/// `member.db-timeout-ms`, or the statement could not start within `member.db-timeout-ms` of
+/// the ask, nothing is stored and the answer is `TWIN_NOT_BEGUN`.
+pub(super) fn start(
+    ctx: &Context,
+    done: WriteDone,
+    point: impl FnOnce(WriteDone) -> Point<bool>,
+    expires_at: Option<f64>,
+) {
+    let op = done.op;
+    let ask = done.twin_begin();
+    let point = point(begin(done));
+    let Some(ask) = ask else {
+        return send(point, op, expires_at);
+    };
+    let start_by = std::time::Instant::now() + block_timeout();
+    let then = Box::new(move |_: &Context, marked: bool| {
+        if !marked {
+            return (point.reply)(Err(DbErr::Refused(error::TWIN_NOT_BEGUN)));
+        }
+        pool::run(move |db| {
+            if std::time::Instant::now() > start_by {
+                return (point.reply)(Err(DbErr::Refused(error::TWIN_NOT_BEGUN)));
+            }
+            match op {
+                Op::Add => pool::add_now(db, point, expires_at),
+                Op::Del => del_now(db, point),
+            }
+        });
+    });
+    forward::when_answered(ctx, vec![ask], block_timeout() / 2, then);
+}
+
 /// Queues the write for a worker; its answer completes `point`'s client.
-pub(super) fn send(point: Point<bool>, op: Op, expires_at: Option<f64>) {
+fn send(point: Point<bool>, op: Op, expires_at: Option<f64>) {
     pool::submit(match op {
         Op::Add => Job::Add(point, expires_at),
-        Op::Del => Job::Run(Box::new(move |db| {
-            let twin = point.twin.as_deref();
-            let res = members::del(db, &point.set, &point.entity, &point.scope, twin);
-            (point.reply)(res);
-        })),
+        Op::Del => Job::Run(Box::new(move |db| del_now(db, point))),
     });
+}
+
+/// A DEL's statement, on a worker.
+fn del_now(db: &mut crate::db::Db, point: Point<bool>) {
+    let twin = point.twin.as_deref();
+    let res = members::del(db, &point.set, &point.entity, &point.scope, twin);
+    (point.reply)(res);
 }
 
 /// MEMBER.ADD <set> <item> [SCOPE <scope>] [TTL <s> | EXPIREAT <unix-s>]

@@ -292,6 +292,12 @@ fn run_adds(db: &mut Db, group: Vec<AddJob>) {
     });
 }
 
+/// Runs one ADD at once, alone, on the calling worker (from a job that checked something
+/// first).
+pub fn add_now(db: &mut Db, point: Point<bool>, expires_at: Option<f64>) {
+    run_adds(db, vec![(point, expires_at)]);
+}
+
 /// Runs a batch's jobs except its ADDs, which it returns (the caller combines them).
 fn run_batch(db: &mut Db, batch: Vec<Job>) -> Vec<AddJob> {
     let mut lookups = Vec::new();

@@ -91,6 +91,12 @@ pub const FORWARD_UNREACHABLE: &str =
 /// confirm the twin's effects, so it is not acknowledged (docs/security.md, "In a cluster").
 pub const TWIN_UNCONFIRMED: &str = "UNAVAILABLE the write was stored, but the node holding the \
      slot of its rotated form did not confirm it; retry (a retried write is idempotent)";
+/// Cluster, a rotating set: the owner of the write's twin's slot did not mark the twin's write
+/// as begun (refused, unreachable, no answer within half of `member.db-timeout-ms`), or the
+/// write could not start in time after it did; so the write was not made (docs/security.md,
+/// "A gap the cluster history checker found").
+pub const TWIN_NOT_BEGUN: &str = "TRYAGAIN libmember: the node holding the slot of the item's \
+     rotated form did not mark the write as begun in time; nothing was stored; retry";
 /// MEMBER.ALTER ROTATE-KEY: the set's table stayed locked by other sessions through every
 /// try of the start within three quarters of `member.db-timeout-ms` (its DDL waits briefly,
 /// so that lookups never queue behind it): nothing changed.

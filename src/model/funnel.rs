@@ -54,8 +54,10 @@ impl Path {
 pub enum Gate {
     /// Definitely absent: answer 0 now.
     Absent,
-    /// The filter says absent but a write of this item is in flight or just landed: only the
-    /// database may answer (the cache cannot hold anything newer than the write).
+    /// A write of this item is in flight or just landed that memory may not know the outcome
+    /// of: only the database may answer (the cache cannot hold anything newer than the write).
+    /// An ADD's mark overrides a filter negative; a DEL's (a rotating set's twin in a cluster,
+    /// docs/security.md) overrides the exact-match key.
     Recent,
     /// Possibly present (filter hit, or filter incomplete): try the cache, then the database.
     Possible,
@@ -64,9 +66,22 @@ pub enum Gate {
     KnownAbsent,
 }
 
-/// Gate decision from the filter and the recent-writes marks. `recent` is only consulted on a
-/// filter negative or a known false positive, which keeps the common path to one probe.
-pub fn gate(filter: FilterView, recent: impl FnOnce() -> bool) -> Gate {
+/// Gate decision from the filter and the marks of writes in flight. `recent` (an ADD's mark)
+/// is only consulted on a filter negative or a known false positive, and `deleting` (a DEL's)
+/// only where the exact-match key would be tried next, which keeps the common path to one
+/// probe.
+pub fn gate(
+    filter: FilterView,
+    recent: impl FnOnce() -> bool,
+    deleting: impl FnOnce() -> bool,
+) -> Gate {
+    let possible = |deleting: bool| {
+        if deleting {
+            Gate::Recent
+        } else {
+            Gate::Possible
+        }
+    };
     match filter {
         FilterView::Complete { contains: false } => {
             if recent() {
@@ -78,12 +93,12 @@ pub fn gate(filter: FilterView, recent: impl FnOnce() -> bool) -> Gate {
         // A write in flight or just landed is never answered from memory.
         FilterView::KnownAbsent => {
             if recent() {
-                Gate::Possible
+                possible(deleting())
             } else {
                 Gate::KnownAbsent
             }
         }
-        FilterView::Complete { contains: true } | FilterView::Incomplete => Gate::Possible,
+        FilterView::Complete { contains: true } | FilterView::Incomplete => possible(deleting()),
     }
 }
 
@@ -128,7 +143,7 @@ mod tests {
     #[test]
     fn complete_negative_without_recent_is_absent() {
         assert_eq!(
-            gate(FilterView::Complete { contains: false }, || false),
+            gate(FilterView::Complete { contains: false }, || false, || false),
             Gate::Absent
         );
     }
@@ -136,7 +151,7 @@ mod tests {
     #[test]
     fn recent_write_overrides_a_filter_negative() {
         assert_eq!(
-            gate(FilterView::Complete { contains: false }, || true),
+            gate(FilterView::Complete { contains: false }, || true, || false),
             Gate::Recent
         );
         assert_eq!(db_path(Gate::Recent, true), Path::Recent);
@@ -145,24 +160,64 @@ mod tests {
 
     #[test]
     fn incomplete_filter_never_answers_absent() {
-        assert_eq!(gate(FilterView::Incomplete, || false), Gate::Possible);
-        assert_eq!(gate(FilterView::Incomplete, || true), Gate::Possible);
+        assert_eq!(
+            gate(FilterView::Incomplete, || false, || false),
+            Gate::Possible
+        );
+        assert_eq!(
+            gate(FilterView::Incomplete, || true, || false),
+            Gate::Possible
+        );
     }
 
     #[test]
     fn known_false_positive_answers_absent_unless_a_write_is_recent() {
-        assert_eq!(gate(FilterView::KnownAbsent, || false), Gate::KnownAbsent);
-        assert_eq!(gate(FilterView::KnownAbsent, || true), Gate::Possible);
+        assert_eq!(
+            gate(FilterView::KnownAbsent, || false, || false),
+            Gate::KnownAbsent
+        );
+        assert_eq!(
+            gate(FilterView::KnownAbsent, || true, || false),
+            Gate::Possible
+        );
     }
 
     #[test]
     fn recent_is_not_consulted_on_a_hit() {
-        let g = gate(FilterView::Complete { contains: true }, || {
-            panic!("consulted")
-        });
+        let g = gate(
+            FilterView::Complete { contains: true },
+            || panic!("consulted"),
+            || false,
+        );
         assert_eq!(g, Gate::Possible);
         assert_eq!(db_path(g, true), Path::DbHit);
         assert_eq!(db_path(g, false), Path::DbMiss);
+    }
+
+    #[test]
+    fn a_delete_in_flight_sends_a_hit_past_the_cache_to_the_database() {
+        for view in [
+            FilterView::Complete { contains: true },
+            FilterView::Incomplete,
+        ] {
+            assert_eq!(gate(view, || false, || true), Gate::Recent, "{view:?}");
+        }
+        // A known false positive with an ADD in flight, and a DEL too.
+        assert_eq!(
+            gate(FilterView::KnownAbsent, || true, || true),
+            Gate::Recent
+        );
+        // A negative is the filter's alone: a DEL does not make it a member.
+        let negative = gate(
+            FilterView::Complete { contains: false },
+            || false,
+            || panic!("consulted"),
+        );
+        assert_eq!(negative, Gate::Absent);
+        assert_eq!(
+            gate(FilterView::KnownAbsent, || false, || panic!("consulted")),
+            Gate::KnownAbsent
+        );
     }
 
     #[test]

@@ -2,6 +2,11 @@
 //! the set's RECENT-TTL after the last one finished; while it is held, a filter negative for
 //! the item is not believed (README, "The correctness contract").
 //!
+//! While a set's key rotates in a cluster, a write's twin lives in another node's slot, and
+//! that node holds two timed marks for writes it does not run (`hold`, `hold_delete`,
+//! docs/security.md, "A gap the cluster history checker found"): an ADD's, as above, and a
+//! DEL's, while which the exact-match key is not believed either.
+//!
 //! Expired marks leave from a queue ordered by their times (a min-heap, one entry per mark at
 //! most), so a sweep costs what expired since the last one. It used to walk every mark: at
 //! 10 000 ADDs a second and the default RECENT-TTL of 10 s that is 100 000 marks, every
@@ -54,22 +59,38 @@ pub struct Marks {
     /// mark held longer since is queued again at its new time when the old one comes up; an
     /// ALTER that shortens RECENT-TTL changes nothing here (the order is by time, not arrival).
     expiry: BinaryHeap<Reverse<(Instant, u128)>>,
+    /// DELs in flight, by hash: held until then. Rare (a rotating set's DELs in a cluster),
+    /// so a sweep walks them all.
+    deleting: IdMap<Instant>,
 }
 
 impl Marks {
     /// An ADD of `hash` is starting: held until it ends, and `ttl` after. (Not queued here: a
     /// mark in flight is never dropped, and its end queues it.)
     pub fn begin(&mut self, hash: u128, ttl: Duration) {
-        let until = Instant::now() + ttl;
-        let m = self.marks.entry(hash).or_insert(Mark {
+        let m = Self::renewed(&mut self.marks, hash, Instant::now() + ttl);
+        m.pending += 1;
+    }
+
+    /// `hash`'s mark (made if there is none), held at least `until` and on this history.
+    fn renewed(marks: &mut IdMap<Mark>, hash: u128, until: Instant) -> &mut Mark {
+        let m = marks.entry(hash).or_insert(Mark {
             pending: 0,
             until,
             queued: false,
             cut: false,
         });
-        m.pending += 1;
         m.cut = false;
         m.until = m.until.max(until);
+        m
+    }
+
+    /// Queues `hash`'s mark `m` for expiry when no ADD of it is in flight and it is not queued.
+    fn queue(expiry: &mut BinaryHeap<Reverse<(Instant, u128)>>, hash: u128, m: &mut Mark) {
+        if m.pending == 0 && !m.queued {
+            m.queued = true;
+            expiry.push(Reverse((m.until, hash)));
+        }
     }
 
     /// An ADD of `hash` ended (its filter bit, if any, is set): held `ttl` from now. The last
@@ -80,11 +101,33 @@ impl Marks {
             let until = if m.cut { now } else { now + ttl };
             m.pending = m.pending.saturating_sub(1);
             m.until = m.until.max(until);
-            if m.pending == 0 && !m.queued {
-                m.queued = true;
-                self.expiry.push(Reverse((m.until, hash)));
-            }
+            Self::queue(&mut self.expiry, hash, m);
         }
+    }
+
+    /// A write of `hash` another node runs is starting (its twin's ADD, here): held `time`
+    /// from now, however it ends, counted with no ADD in flight.
+    pub fn hold(&mut self, hash: u128, time: Duration) {
+        let m = Self::renewed(&mut self.marks, hash, Instant::now() + time);
+        Self::queue(&mut self.expiry, hash, m);
+    }
+
+    /// A DEL of `hash` is starting (a rotating set's, in a cluster): held `time` from now.
+    pub fn hold_delete(&mut self, hash: u128, time: Duration) {
+        let until = Instant::now() + time;
+        let at = self.deleting.entry(hash).or_insert(until);
+        *at = (*at).max(until);
+    }
+
+    /// True while a DEL of `hash` is held (`hold_delete`).
+    #[inline]
+    pub fn deleting(&self, hash: u128) -> bool {
+        if self.deleting.is_empty() {
+            return false;
+        }
+        self.deleting
+            .get(&hash)
+            .is_some_and(|&until| Instant::now() < until)
     }
 
     /// True when a write of `hash` is in flight or ended within its TTL.
@@ -125,6 +168,9 @@ impl Marks {
     /// end of that ADD queues it again); one held longer since it was queued is queued again
     /// at its new time.
     pub fn purge(&mut self, now: Instant) {
+        if !self.deleting.is_empty() {
+            self.deleting.retain(|_, until| *until > now);
+        }
         while let Some(&Reverse((at, hash))) = self.expiry.peek() {
             if at > now {
                 break;
@@ -250,6 +296,41 @@ mod tests {
         m.end(3, Duration::from_secs(1));
         m.purge(Instant::now() + TTL + Duration::from_millis(1));
         assert!(m.is_empty());
+    }
+
+    #[test]
+    fn a_held_mark_lasts_its_time_with_no_write_in_flight() {
+        let mut m = Marks::default();
+        m.hold(9, TTL);
+        assert!(m.holds(9));
+        m.purge(Instant::now() + Duration::from_secs(1));
+        assert!(m.holds(9), "held for its time");
+        m.purge(Instant::now() + TTL + Duration::from_millis(1));
+        assert!(m.is_empty(), "and then gone, with no end to wait for");
+        // Held longer by a local ADD in flight, which a hold does not cut short.
+        m.begin(4, TTL);
+        m.hold(4, Duration::from_millis(1));
+        m.purge(Instant::now() + 2 * TTL);
+        assert!(m.holds(4));
+        m.end(4, TTL);
+        // And a hold outlives a local ADD's end.
+        m.hold(4, 3 * TTL);
+        m.purge(Instant::now() + 2 * TTL);
+        assert!(m.holds(4));
+    }
+
+    #[test]
+    fn a_delete_is_held_for_its_time_and_apart_from_adds() {
+        let mut m = Marks::default();
+        assert!(!m.deleting(8));
+        m.hold_delete(8, TTL);
+        assert!(m.deleting(8));
+        assert!(!m.holds(8), "a DEL is no ADD's mark");
+        m.purge(Instant::now() + Duration::from_secs(1));
+        assert!(m.deleting(8));
+        m.purge(Instant::now() + TTL + Duration::from_millis(1));
+        assert!(!m.deleting(8));
+        assert!(m.deleting.is_empty());
     }
 
     #[test]

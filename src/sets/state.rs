@@ -218,6 +218,24 @@ impl SetState {
             .end(hash, Duration::from_secs(self.def.recent_ttl));
     }
 
+    /// A write of `hash` another node runs is starting (a rotating set's twin, in a cluster):
+    /// a filter negative for it is not trusted for `time`, however the write ends.
+    pub fn hold_recent(&mut self, hash: u128, time: Duration) {
+        self.marks.hold(hash, time);
+    }
+
+    /// A DEL of `hash` is starting (a rotating set's, in a cluster): for `time`, neither the
+    /// exact-match key nor a cache fill answers for it (`funnel::gate`).
+    pub fn hold_delete(&mut self, hash: u128, time: Duration) {
+        self.marks.hold_delete(hash, time);
+    }
+
+    /// True while a DEL of `hash` is held (`hold_delete`).
+    #[inline]
+    pub fn is_deleting(&self, hash: u128) -> bool {
+        self.marks.deleting(hash)
+    }
+
     /// True when a write of `hash` is in flight or finished within RECENT-TTL.
     #[inline]
     pub fn is_recent(&self, hash: u128) -> bool {

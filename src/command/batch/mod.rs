@@ -161,7 +161,7 @@ fn start(ctx: &Context, blocked: Blocked, planned: Planned) {
     match planned {
         Planned::Lookups(done) if done.pending.is_empty() => blocked.finish(Box::new(done)),
         Planned::Lookups(done) => send_lookups(Outlet::Client(blocked), done),
-        Planned::Writes(done) => send_writes(Outlet::Client(blocked), done),
+        Planned::Writes(done) => send_writes(ctx, Outlet::Client(blocked), done),
         Planned::Wide(wide) => wide.start(ctx, blocked),
     }
 }

@@ -4,12 +4,14 @@
 //! `batch/mod.rs` (the commands), `wide.rs` (a call split over a cluster) and
 //! `forwarded.rs` (another node's part).
 
+use std::time::Instant;
+
 use redis_module::{Context, RedisError, RedisResult, RedisValue};
 
 use crate::command::batch::outlet::Outlet;
 use crate::command::lookup::{decide_item, LookupDone, Step};
 use crate::command::write::{begin, Op, WriteDone};
-use crate::command::{AskFirst, PointDone};
+use crate::command::{block_timeout, forward, AskFirst, PointDone};
 use crate::db::sql::Found;
 use crate::db::{members, pool, DbErr};
 use crate::model::canon::Canon;
@@ -111,13 +113,35 @@ pub(in crate::command) fn send_lookups(out: Outlet, done: ManyLookups) {
     });
 }
 
-/// Marks every item as a recent write, then one job inserts them all with one multi-row
-/// statement (the primary key decides each 1 or 0).
-pub(in crate::command) fn send_writes(out: Outlet, done: ManyWrites) {
+/// Marks every item as a recent write (and, for a rotating set's twins in other nodes' slots,
+/// asks their owners to mark them first: `write::start`), then one job inserts them all with
+/// one multi-row statement (the primary key decides each 1 or 0).
+pub(in crate::command) fn send_writes(ctx: &Context, out: Outlet, done: ManyWrites) {
+    let asks: Vec<_> = done
+        .writes
+        .iter()
+        .filter_map(WriteDone::twin_begin)
+        .collect();
     let writes = done.writes.into_iter().map(begin).collect();
     let done = ManyWrites { writes, ..done };
     let out = out.with_fallback(Box::new(done.clone()));
+    if asks.is_empty() {
+        return insert(out, done, None);
+    }
+    let start_by = Instant::now() + block_timeout();
+    let then = Box::new(move |_: &Context, marked: bool| match marked {
+        true => insert(out, done, Some(start_by)),
+        false => refuse(out, done),
+    });
+    forward::when_answered(ctx, asks, block_timeout() / 2, then);
+}
+
+/// The job that inserts every item of `done`, unless it could not start by `start_by`.
+fn insert(out: Outlet, done: ManyWrites, start_by: Option<Instant>) {
     pool::run(move |db| {
+        if start_by.is_some_and(|t| Instant::now() > t) {
+            return refuse(out, done);
+        }
         let mut done = done;
         let rows: Vec<(&str, &str, Option<f64>)> = done
             .writes
@@ -142,6 +166,14 @@ pub(in crate::command) fn send_writes(out: Outlet, done: ManyWrites) {
             out.finish(Box::new(done));
         }
     });
+}
+
+/// A call none of whose items was stored: a twin's owner did not mark it begun in time.
+fn refuse(out: Outlet, mut done: ManyWrites) {
+    for w in &mut done.writes {
+        w.answered(Err(DbErr::Refused(error::TWIN_NOT_BEGUN)));
+    }
+    out.finish(Box::new(done));
 }
 
 /// A MEXISTS call (or this node's part of one): the answers from memory, and the lookups the

@@ -155,7 +155,7 @@ impl Wide {
         match local {
             Local::Lookups(mut done) if done.pending.is_empty() => then(ctx, done.reply(ctx)),
             Local::Lookups(done) => send_lookups(Outlet::part(Box::new(then)), done),
-            Local::Writes(done) => send_writes(Outlet::part(Box::new(then)), done),
+            Local::Writes(done) => send_writes(ctx, Outlet::part(Box::new(then)), done),
         }
     }
 }

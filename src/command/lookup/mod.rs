@@ -271,7 +271,11 @@ pub(in crate::command) fn decide_item(
             (view, filter_id) = (funnel::FilterView::Incomplete, None);
         }
     }
-    let gate = funnel::gate(view, || set.is_recent(canon.hash));
+    let gate = funnel::gate(
+        view,
+        || set.is_recent(canon.hash),
+        || set.is_deleting(canon.hash),
+    );
     let decided = match gate {
         Gate::Absent => Some((false, Path::BloomNegative)),
         Gate::KnownAbsent => Some((false, Path::FpCache)),
@@ -461,9 +465,10 @@ impl Completion for LookupDone {
                 }
             }
             // Cache-aside fill, unless an ADD/DEL of this set landed since the lookup began
-            // (it may have read a row a concurrent DEL removed), or this node is a replica.
+            // (it may have read a row a concurrent DEL removed), a DEL of it is in flight (a
+            // rotating set's, in a cluster: `funnel::gate`), or this node is a replica.
             if let Ok(Found::Member(expires_at)) = self.result {
-                if set.generation != self.generation || is_replica {
+                if set.generation != self.generation || is_replica || set.is_deleting(self.hash) {
                     return;
                 }
                 if crate::server::cluster_mode::enabled() && !owner::may_cache(&self.entity) {

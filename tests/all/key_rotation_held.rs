@@ -27,7 +27,7 @@ fn phase(pg: &mut postgres::Client) -> Option<String> {
 
 /// Waits until `n` sessions of this test's database wait for a lock of one of the kinds
 /// `events` (`advisory`, `relation`, `transactionid`) in a statement that names `like`.
-fn wait_waiting(
+pub(crate) fn wait_waiting(
     pg: &mut postgres::Client,
     events: &[&str],
     like: &str,

@@ -54,6 +54,7 @@ mod key_rotation_cluster;
 mod key_rotation_failover;
 mod key_rotation_faults;
 mod key_rotation_held;
+mod key_rotation_inflight;
 mod keyslot;
 mod latency;
 mod lifecycle;

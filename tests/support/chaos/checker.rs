@@ -56,14 +56,6 @@ pub struct Rules {
     /// How long before a replica's 1 an acknowledged DEL may be missing from it, in µs: the
     /// set's CACHE-TTL, and the staleness bound.
     pub replica_present_us: u64,
-    /// A tokenized set whose key rotates in a cluster: a read may disagree with an earlier
-    /// one about an item whose opposite write (an ADD after a 1, a DEL after a 0) is in flight
-    /// or unsettled. The item's two forms belong to two primaries, and while nodes switch
-    /// from one form to the other, the primary of the second form learns the write only
-    /// after its statement commits (docs/security.md, "What is left"): a known gap, allowed
-    /// here so the load still checks everything else. Acknowledged writes are still held to
-    /// every rule.
-    pub twin_flips: bool,
 }
 
 /// What a switchover of Valkey changes in the judging of reads, as periods in µs: a 1 asked
@@ -293,12 +285,6 @@ fn check_item(ops: &[&Op], r: &Rules, out: &mut Vec<Violation>) {
         let explained = writes.iter().any(|w| {
             (w.kind == explain || w.kind == Kind::Insert) && may_act_within(w, r1.start, r2.end, r)
         });
-        let opposite = if a2 == 0 { Kind::Add } else { Kind::Del };
-        let twin_gap = r.twin_flips
-            && writes
-                .iter()
-                .any(|w| w.kind == opposite && may_act_within(w, r1.start, r2.end, r));
-        let explained = explained || twin_gap;
         if !explained {
             out.push(Violation {
                 rule: "flip",
@@ -336,7 +322,6 @@ mod tests {
         outside_us: 300,
         replica_absent_us: 100,
         replica_present_us: 200,
-        twin_flips: false,
     };
     use Kind::*;
     use Outcome::*;
@@ -392,40 +377,6 @@ mod tests {
                 op(Exists, 30, 40, Int(0)),
             ]),
             ["flip"]
-        );
-        // The same with the rotating-twins allowance: no violation; but a flip after the ADD
-        // was acknowledged, or with no write in flight, still is one.
-        let twins = Rules {
-            twin_flips: true,
-            ..R
-        };
-        let judged = |ops: &[Op]| -> Vec<&'static str> {
-            check(ops, &twins).into_iter().map(|v| v.rule).collect()
-        };
-        assert!(judged(&[
-            op(Add, 0, 100, Int(1)),
-            op(Exists, 10, 20, Int(1)),
-            op(Exists, 30, 40, Int(0)),
-        ])
-        .is_empty());
-        assert_eq!(
-            judged(&[
-                op(Add, 0, 5, Int(1)),
-                op(Exists, 10, 20, Int(1)),
-                op(Exists, 30, 40, Int(0)),
-            ]),
-            ["false absent", "flip"]
-        );
-        assert_eq!(
-            judged(&[
-                op(Add, 0, 5, Int(1)),
-                op(Del, 10, 100, Int(1)),
-                op(Exists, 20, 30, Int(1)),
-                op(Exists, 40, 50, Int(0)),
-                op(Exists, 60, 70, Int(1)),
-            ]),
-            Vec::<&str>::new(),
-            "a DEL in flight: 0 then 1 allowed too"
         );
         assert!(rules(&[
             op(Add, 0, 100, Int(1)),

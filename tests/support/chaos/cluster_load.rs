@@ -66,8 +66,6 @@ impl LoadConfig {
             // This load reads primaries only.
             replica_absent_us: 0,
             replica_present_us: 0,
-            // Only a tokenized set's load rotates its key.
-            twin_flips: !self.chain_keys.is_empty(),
         }
     }
 

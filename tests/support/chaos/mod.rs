@@ -271,7 +271,6 @@ pub fn run(cfg: &Config, kinds: &[&'static str]) -> Report {
         replica_present_us: (faults::replica_lag_bound_ms(cfg.db_timeout_ms)
             + faults::CACHE_TTL_S * 1000)
             * 1000,
-        twin_flips: false,
     };
     let mut rng = Rng::new(cfg.seed);
     let mut order: Vec<&'static str> = Vec::new();

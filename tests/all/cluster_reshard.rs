@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use chaos::attached::Source;
 use chaos::checker;
+use chaos::cluster_check;
 use chaos::cluster_load::{self, LoadConfig};
 use chaos::history::{Fault, Kind, Op, Recorder};
 use chaos::router::keyslot;
@@ -159,7 +160,7 @@ pub(crate) fn finish(
     let mut violations = checker::check(&ops, &rules);
     violations.extend(cluster_load::unexpected_errors(&ops));
     let t = Instant::now();
-    violations.extend(cluster_load::final_check(cl, set, cfg, &ops));
+    violations.extend(cluster_check::final_check(cl, set, cfg, &ops));
     eprintln!("{tag}: final check took {:.1} s", t.elapsed().as_secs_f64());
     chaos::summary(tag, &ops, &rec.faults(), &violations, began.elapsed());
     if let Ok(dir) = std::env::var("MEMBER_RESHARD_HISTORY") {

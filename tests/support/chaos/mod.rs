@@ -3,6 +3,7 @@
 
 pub mod attached;
 pub mod checker;
+pub mod cluster_check;
 pub mod cluster_load;
 pub mod faults;
 pub mod history;

@@ -83,30 +83,14 @@ impl AskFirst for WriteDone {
     /// The twin's effects, for the owner of its slot when that is another node (this node
     /// applied them itself in `apply`); none for a write that failed, whose client hears so.
     fn ask_first(&self) -> Vec<(u16, crate::cluster::wire::Request)> {
-        let Some((twin, _)) = self.twin.as_ref() else {
+        if self.result.is_err() {
             return Vec::new();
+        }
+        let op = match self.op {
+            Op::Add => crate::cluster::wire::Op::TwinAdd,
+            Op::Del => crate::cluster::wire::Op::TwinDel,
         };
-        if !crate::server::cluster_mode::enabled() || self.result.is_err() {
-            return Vec::new();
-        }
-        let slot = crate::model::slot::keyslot(twin.as_bytes());
-        if crate::cluster::owner::owns(slot) {
-            return Vec::new();
-        }
-        vec![(
-            slot,
-            crate::cluster::wire::Request {
-                id: 0,
-                op: match self.op {
-                    Op::Add => crate::cluster::wire::Op::TwinAdd,
-                    Op::Del => crate::cluster::wire::Op::TwinDel,
-                },
-                set: self.set.clone(),
-                entity: twin.clone(),
-                scope: String::new(),
-                expires_at: None,
-            },
-        )]
+        self.twin_request(op, None).into_iter().collect()
     }
 }
 
@@ -116,6 +100,21 @@ impl WriteDone {
     /// `begin`): an ADD's recent mark, or a DEL's, for `twin_hold` (docs/security.md, "A gap
     /// the cluster history checker found").
     pub(super) fn twin_begin(&self) -> Option<(u16, crate::cluster::wire::Request)> {
+        let op = match self.op {
+            Op::Add => crate::cluster::wire::Op::TwinBeginAdd,
+            Op::Del => crate::cluster::wire::Op::TwinBeginDel,
+        };
+        let hold = twin_hold(self.recent_ttl).as_secs_f64();
+        self.twin_request(op, Some(hold))
+    }
+
+    /// The request `op` about the twin, for the owner of its slot: in a cluster, when the
+    /// write has a twin and another node holds its slot.
+    fn twin_request(
+        &self,
+        op: crate::cluster::wire::Op,
+        expires_at: Option<f64>,
+    ) -> Option<(u16, crate::cluster::wire::Request)> {
         let (twin, _) = self.twin.as_ref()?;
         if !crate::server::cluster_mode::enabled() {
             return None;
@@ -124,20 +123,15 @@ impl WriteDone {
         if crate::cluster::owner::owns(slot) {
             return None;
         }
-        Some((
-            slot,
-            crate::cluster::wire::Request {
-                id: 0,
-                op: match self.op {
-                    Op::Add => crate::cluster::wire::Op::TwinBeginAdd,
-                    Op::Del => crate::cluster::wire::Op::TwinBeginDel,
-                },
-                set: self.set.clone(),
-                entity: twin.clone(),
-                scope: String::new(),
-                expires_at: Some(twin_hold(self.recent_ttl).as_secs_f64()),
-            },
-        ))
+        let req = crate::cluster::wire::Request {
+            id: 0,
+            op,
+            set: self.set.clone(),
+            entity: twin.clone(),
+            scope: String::new(),
+            expires_at,
+        };
+        Some((slot, req))
     }
 }
 

@@ -108,7 +108,11 @@ pub fn serve(ctx: &Context, req: Request, to: Responder) {
             to.answer(ctx, Ok(RedisValue::Integer(1)));
         }
         Op::TwinBeginAdd | Op::TwinBeginDel => {
-            let time = Duration::from_secs_f64(req.expires_at.unwrap_or(0.0).clamp(0.0, 3600.0));
+            // The longest hold any configuration asks for (`write::twin_hold`: 50 minutes
+            // of timeouts and a day of RECENT-TTL) is well within a week; the bound keeps a
+            // wrong value from overflowing (the wire's decoder refuses one not finite).
+            let secs = req.expires_at.unwrap_or(0.0).clamp(0.0, 7.0 * 86_400.0);
+            let time = Duration::from_secs_f64(secs);
             let held = state::with(|r| {
                 // Marked even while a promotion holds the set back: the mark only sends
                 // lookups to the database.

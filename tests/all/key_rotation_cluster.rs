@@ -176,6 +176,9 @@ struct Written {
     errors: Vec<String>,
     refused: usize,
     calls: usize,
+    /// Outside INSERTs tried, and the first few refused (a form the chain outgrew).
+    outside_tried: usize,
+    outside_refused: Vec<String>,
 }
 
 impl Written {
@@ -253,8 +256,13 @@ fn write_until(cl: &Cluster, stop: &AtomicBool, acked: &Mutex<Acked>) -> Written
                     &[&item, &KEY1],
                 )
             };
-            if made.is_ok() {
-                acked.lock().unwrap().outside.insert(item);
+            w.outside_tried += 1;
+            match made {
+                Ok(_) => {
+                    acked.lock().unwrap().outside.insert(item);
+                }
+                Err(e) if w.outside_refused.len() < 3 => w.outside_refused.push(e.to_string()),
+                Err(_) => {}
             }
         }
         i += 1;
@@ -505,7 +513,13 @@ pub(crate) fn rotate_under_load(cl: &Cluster, hold: bool, during: impl FnOnce(&C
     );
     // Outside rows answer 1 within a sync interval; and nothing of the old form is left.
     let outside: Vec<String> = acked.lock().unwrap().outside.iter().cloned().collect();
-    assert!(!outside.is_empty());
+    assert!(
+        !outside.is_empty(),
+        "no outside row committed: {} tried in {} writer calls; refused: {:?}",
+        written.outside_tried,
+        written.calls,
+        written.outside_refused
+    );
     assert!(
         wait_until(Duration::from_secs(30), || mexists(
             conns.0.get_mut(&cl.set_owner(SET).port()).unwrap(),

@@ -128,6 +128,32 @@ pub(in crate::command) fn when_answered(
     }
 }
 
+/// A write's statement, run on a worker once its twins' owners have marked it begun
+/// (`Some(db)`), or told it may not run (`None`): an owner did not mark it within half of
+/// `member.db-timeout-ms` (the client's other half is the statement's), or no worker took it
+/// within `member.db-timeout-ms` of the ask (the owners' marks are timed from then).
+pub(in crate::command) type Statement = Box<dyn FnOnce(Option<&mut crate::db::Db>) + Send>;
+
+/// Asks each owner in `asks` to mark its twin's write begun, then runs `statement` as
+/// [`Statement`] says (docs/security.md, "A gap the cluster history checker found").
+pub(in crate::command) fn once_begun(
+    ctx: &Context,
+    asks: Vec<(u16, Request)>,
+    statement: Statement,
+) {
+    let start_by = std::time::Instant::now() + block_timeout();
+    let then = Box::new(move |_: &Context, marked: bool| {
+        if !marked {
+            return statement(None);
+        }
+        crate::db::pool::run(move |db| match std::time::Instant::now() > start_by {
+            true => statement(None),
+            false => statement(Some(db)),
+        });
+    });
+    when_answered(ctx, asks, block_timeout() / 2, then);
+}
+
 /// Forwards `e` for a client already blocked (waiting for the catalog, say). A slot this node
 /// answers for itself (a primary's own, a replica's primary's) is served here, just after the
 /// command.

@@ -375,9 +375,8 @@ pub(super) fn begin(done: WriteDone) -> WriteDone {
 
 /// Starts `done`: marks it begun (`begin`), here and, for a rotating set's twin in another
 /// node's slot, on that node first (`twin_begin`); then queues its statement, whose answer
-/// completes the point `point` makes. If the twin's owner does not mark it within half of
-/// `member.db-timeout-ms`, or the statement could not start within `member.db-timeout-ms` of
-/// the ask, nothing is stored and the answer is `TWIN_NOT_BEGUN`.
+/// completes the point `point` makes. If the twin's owner does not mark it in time
+/// (`forward::once_begun`), nothing is stored and the answer is `TWIN_NOT_BEGUN`.
 pub(super) fn start(
     ctx: &Context,
     done: WriteDone,
@@ -390,22 +389,12 @@ pub(super) fn start(
     let Some(ask) = ask else {
         return send(point, op, expires_at);
     };
-    let start_by = std::time::Instant::now() + block_timeout();
-    let then = Box::new(move |_: &Context, marked: bool| {
-        if !marked {
-            return (point.reply)(Err(DbErr::Refused(error::TWIN_NOT_BEGUN)));
-        }
-        pool::run(move |db| {
-            if std::time::Instant::now() > start_by {
-                return (point.reply)(Err(DbErr::Refused(error::TWIN_NOT_BEGUN)));
-            }
-            match op {
-                Op::Add => pool::add_now(db, point, expires_at),
-                Op::Del => del_now(db, point),
-            }
-        });
+    let statement = Box::new(move |db: Option<&mut crate::db::Db>| match (db, op) {
+        (None, _) => (point.reply)(Err(DbErr::Refused(error::TWIN_NOT_BEGUN))),
+        (Some(db), Op::Add) => pool::add_now(db, point, expires_at),
+        (Some(db), Op::Del) => del_now(db, point),
     });
-    forward::when_answered(ctx, vec![ask], block_timeout() / 2, then);
+    forward::once_begun(ctx, vec![ask], statement);
 }
 
 /// Queues the write for a worker; its answer completes `point`'s client.

@@ -4,14 +4,12 @@
 //! `batch/mod.rs` (the commands), `wide.rs` (a call split over a cluster) and
 //! `forwarded.rs` (another node's part).
 
-use std::time::Instant;
-
 use redis_module::{Context, RedisError, RedisResult, RedisValue};
 
 use crate::command::batch::outlet::Outlet;
 use crate::command::lookup::{decide_item, LookupDone, Step};
 use crate::command::write::{begin, Op, WriteDone};
-use crate::command::{block_timeout, forward, AskFirst, PointDone};
+use crate::command::{forward, AskFirst, PointDone};
 use crate::db::sql::Found;
 use crate::db::{members, pool, DbErr};
 use crate::model::canon::Canon;
@@ -126,46 +124,39 @@ pub(in crate::command) fn send_writes(ctx: &Context, out: Outlet, done: ManyWrit
     let done = ManyWrites { writes, ..done };
     let out = out.with_fallback(Box::new(done.clone()));
     if asks.is_empty() {
-        return insert(out, done, None);
+        return pool::run(move |db| insert(db, out, done));
     }
-    let start_by = Instant::now() + block_timeout();
-    let then = Box::new(move |_: &Context, marked: bool| match marked {
-        true => insert(out, done, Some(start_by)),
-        false => refuse(out, done),
+    let statement = Box::new(move |db: Option<&mut crate::db::Db>| match db {
+        Some(db) => insert(db, out, done),
+        None => refuse(out, done),
     });
-    forward::when_answered(ctx, asks, block_timeout() / 2, then);
+    forward::once_begun(ctx, asks, statement);
 }
 
-/// The job that inserts every item of `done`, unless it could not start by `start_by`.
-fn insert(out: Outlet, done: ManyWrites, start_by: Option<Instant>) {
-    pool::run(move |db| {
-        if start_by.is_some_and(|t| Instant::now() > t) {
-            return refuse(out, done);
-        }
-        let mut done = done;
-        let rows: Vec<(&str, &str, Option<f64>)> = done
-            .writes
-            .iter()
-            .map(|w| {
-                let (e, s) = w.row();
-                (e, s, done.expires_at)
-            })
-            .collect();
-        let twins: Vec<Option<&str>> = done.writes.iter().map(|w| w.twin()).collect();
-        pool::count_batch(rows.len());
-        let res = members::add_many(db, &done.set, &rows, &twins);
-        for (i, w) in done.writes.iter_mut().enumerate() {
-            w.answered(match &res {
-                Ok(made) => Ok(made[i]),
-                Err(e) => Err(e.clone()),
-            });
-        }
-        if done.may_ask_first() {
-            out.finish_asking(done);
-        } else {
-            out.finish(Box::new(done));
-        }
-    });
+/// The statement that inserts every item of `done`, on a worker.
+fn insert(db: &mut crate::db::Db, out: Outlet, mut done: ManyWrites) {
+    let rows: Vec<(&str, &str, Option<f64>)> = done
+        .writes
+        .iter()
+        .map(|w| {
+            let (e, s) = w.row();
+            (e, s, done.expires_at)
+        })
+        .collect();
+    let twins: Vec<Option<&str>> = done.writes.iter().map(|w| w.twin()).collect();
+    pool::count_batch(rows.len());
+    let res = members::add_many(db, &done.set, &rows, &twins);
+    for (i, w) in done.writes.iter_mut().enumerate() {
+        w.answered(match &res {
+            Ok(made) => Ok(made[i]),
+            Err(e) => Err(e.clone()),
+        });
+    }
+    if done.may_ask_first() {
+        out.finish_asking(done);
+    } else {
+        out.finish(Box::new(done));
+    }
 }
 
 /// A call none of whose items was stored: a twin's owner did not mark it begun in time.

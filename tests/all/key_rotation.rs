@@ -6,7 +6,6 @@
 //! writer keep writing.
 use crate::support;
 
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,6 +13,9 @@ use std::time::Duration;
 use redis::{Connection, Value};
 use support::lifecycle::wait_linked;
 use support::member::*;
+use support::rotation::{
+    add_each, check_round, hold_rotation, mexists, rotate_key, shows_phase, stamp, Acked,
+};
 use support::wait_until;
 
 use super::tokenize::{KeyFile, KEY1, KEY2};
@@ -23,93 +25,6 @@ const BULK: i64 = 12_000;
 
 fn bulk(i: i64) -> String {
     format!("bulk-{i}")
-}
-
-fn mexists(c: &mut Connection, set: &str, items: &[String]) -> Vec<i64> {
-    let mut k = redis::cmd("MEMBER.MEXISTS");
-    k.arg(set).arg("ITEMS").arg(items);
-    k.query(c).unwrap()
-}
-
-/// The wall clock, to set an error beside the server's log.
-pub(super) fn stamp() -> String {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
-    format!("{}.{:03}", t.as_secs() % 86_400, t.subsec_millis())
-}
-
-/// Each item with the answer it must get: 1 for `present` and acknowledged adds, 0 for
-/// `absent` and acknowledged deletes.
-pub(super) fn wanted(
-    (present, added): (&[String], &[String]),
-    (absent, deleted): (&[String], &[String]),
-) -> Vec<(String, i64)> {
-    present
-        .iter()
-        .chain(added)
-        .map(|i| (i.clone(), 1))
-        .chain(absent.iter().chain(deleted).map(|i| (i.clone(), 0)))
-        .collect()
-}
-
-/// What the writers acknowledged: added (never deleted since) and deleted.
-#[derive(Default)]
-struct Acked {
-    added: BTreeSet<String>,
-    deleted: BTreeSet<String>,
-}
-
-/// Checks, on `c`, every item of `present` (and the acknowledged adds) answers 1 and every
-/// item of `absent` (and the acknowledged deletes) 0, by EXISTS and MEXISTS. Returns the
-/// wrong answers seen.
-fn check_round(
-    c: &mut Connection,
-    present: &[String],
-    absent: &[String],
-    acked: &Mutex<Acked>,
-) -> Vec<String> {
-    let mut wrong = Vec::new();
-    let (added, deleted): (Vec<String>, Vec<String>) = {
-        let a = acked.lock().unwrap();
-        // The most recent adds and a sample of the older ones (a round stays short).
-        let n = a.added.len();
-        (
-            a.added
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| i % 10 == 0 || i + 300 >= n)
-                .map(|(_, x)| x.clone())
-                .collect(),
-            a.deleted.iter().cloned().collect(),
-        )
-    };
-    let want = wanted((present, &added), (absent, &deleted));
-    let items: Vec<String> = want.iter().map(|(i, _)| i.clone()).collect();
-    let mut got: Vec<i64> = Vec::with_capacity(items.len());
-    for part in items.chunks(500) {
-        let mut k = redis::cmd("MEMBER.MEXISTS");
-        k.arg("cards").arg("ITEMS").arg(part);
-        match k.query::<Vec<i64>>(c) {
-            Ok(g) => got.extend(g),
-            Err(e) => {
-                wrong.push(format!("{} MEXISTS: {e}", stamp()));
-                return wrong;
-            }
-        }
-    }
-    for ((item, w), g) in want.iter().zip(&got) {
-        if w != g {
-            wrong.push(format!("MEXISTS {item}: {g}, not {w}"));
-        }
-    }
-    for (item, w) in want.iter().step_by(want.len() / 40 + 1) {
-        match cmd(c, &["MEMBER.EXISTS", "cards", item]) {
-            Ok(Value::Int(g)) if g == *w => {}
-            g => wrong.push(format!("{} EXISTS {item}: {g:?}, not {w}", stamp())),
-        }
-    }
-    wrong
 }
 
 #[test]
@@ -235,7 +150,7 @@ fn a_set_rotated_online_answers_right_throughout_on_a_primary_and_its_replica() 
                     // acknowledged write may still be on its way.
                     let none = Mutex::new(Acked::default());
                     let acked = if primary { &*acked } else { &none };
-                    wrong.extend(check_round(&mut c, &present, &absent, acked));
+                    wrong.extend(check_round(&mut c, "cards", &present, &absent, acked));
                     rounds += 1;
                     std::thread::sleep(Duration::from_millis(50));
                 }
@@ -403,7 +318,7 @@ fn a_set_rotated_online_answers_right_throughout_on_a_primary_and_its_replica() 
         .get(0);
     assert!(!twin, "the twin column is left");
     for conn in [&mut c, &mut r] {
-        let w = check_round(conn, &present, &absent, &acked);
+        let w = check_round(conn, "cards", &present, &absent, &acked);
         assert!(w.is_empty(), "after the rotation: {w:?}");
     }
     // A late writer of the old form is refused now.
@@ -418,75 +333,12 @@ fn a_set_rotated_online_answers_right_throughout_on_a_primary_and_its_replica() 
     );
 }
 
-/// Whether `c` says, within 30 s, that `set` rotates in `phase`.
-pub(super) fn shows_phase(c: &mut Connection, set: &str, phase: &str) -> bool {
-    wait_until(Duration::from_secs(30), || {
-        set_info(c, set, "token_rotation").as_deref() == Ok(phase)
-    })
-}
-
 /// Waits up to 30 s until `c` says the set `cards` rotates in `phase`.
 fn wait_phase(c: &mut Connection, phase: &str) {
     assert!(
         shows_phase(c, "cards", phase),
         "the rotation never showed phase {phase}"
     );
-}
-
-/// MEMBER.ADD of each of `items`, each new to `set`.
-pub(super) fn add_each(c: &mut Connection, set: &str, items: &[String]) {
-    for i in items {
-        assert_eq!(int(c, &["MEMBER.ADD", set, i]), 1, "ADD {i}");
-    }
-}
-
-/// Holds `set`'s rotation still, for as long as the session `pg` lives or keeps the lock:
-/// every step takes that lock without waiting, and skips when it is held.
-pub(super) fn hold_rotation(pg: &mut postgres::Client, set: &str) {
-    pg.execute(
-        "SELECT pg_advisory_lock(hashtextextended('member rotation ' || $1, 0))",
-        &[&set],
-    )
-    .unwrap();
-}
-
-/// `MEMBER.ALTER <set> ROTATE-KEY <id>`, tried again for up to 60 s while refused with
-/// `TRYAGAIN` (the start's DDL found the table locked by writers through all its tries: on a
-/// loaded machine, the test's own writers); any other reply than OK fails the test.
-pub(super) fn rotate_key(c: &mut Connection, set: &str, id: &str) {
-    let mut last = String::new();
-    let started = wait_until(Duration::from_secs(60), || {
-        match cmd(c, &["MEMBER.ALTER", set, "ROTATE-KEY", id]) {
-            Ok(Value::Okay) => true,
-            Err(e) if e.code() == Some("TRYAGAIN") => {
-                last = e.to_string();
-                false
-            }
-            other => panic!("ROTATE-KEY {set} {id}: {other:?}"),
-        }
-    });
-    assert!(started, "ROTATE-KEY {set} {id} refused for 60 s: {last}");
-}
-
-/// The node report that holds a rotation before its drain (`report_lagging_node`).
-pub(super) const LAGGING: &str = "test-lagging-node";
-
-/// Reports a second node, with the ring of the real node that reported last (an older report
-/// may be a stopped node's, from before the ring changed), that follows the rotation
-/// of `set` (a chain of one key) but computes its old form: the rotation waits for it before
-/// its drain until `DELETE`d (its report is dated an hour ahead, so it stays fresh).
-pub(super) fn report_lagging_node(pg: &mut postgres::Client, set: &str) {
-    assert!(wait_until(Duration::from_secs(30), || {
-        pg.execute(
-            "INSERT INTO member_nodes (node, port, role, ring, serving, seen_at)
-             SELECT $1, port, role, ring, $2 || ':1', now() + interval '1 hour'
-               FROM member_nodes WHERE node <> $1
-              ORDER BY seen_at DESC LIMIT 1 ON CONFLICT (node) DO NOTHING",
-            &[&LAGGING, &set],
-        )
-        .unwrap()
-            == 1
-    }));
 }
 
 /// A rotation survives a kill -9 of the primary driving it: held still in its copying phase

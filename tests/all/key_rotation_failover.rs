@@ -20,9 +20,9 @@ use super::cluster_reshard::{
     enough_operations, event, failover_cluster, finish, load_config, seeds, SET_OPTIONS,
 };
 use super::key_ring::run_id;
-use super::key_rotation::hold_rotation;
 use super::key_rotation_cluster::{hold_the_drain, load_ring_everywhere, release_the_drain};
 use super::tokenize::{KeyFile, KEY1, KEY2};
+use crate::support::rotation::hold_rotation;
 
 /// How long a promotion, a rotation's phase or its end may take before the test gives up.
 const WAIT: Duration = Duration::from_secs(120);

@@ -14,10 +14,10 @@ use redis::Value;
 use support::member::*;
 use support::{wait_until, OwnPg};
 
-use super::key_rotation::{
+use super::tokenize::{KeyFile, KEY1, KEY2};
+use crate::support::rotation::{
     add_each, hold_rotation, report_lagging_node, rotate_key, shows_phase, LAGGING,
 };
-use super::tokenize::{KeyFile, KEY1, KEY2};
 
 fn catalog_phase(pg: &OwnPg) -> Option<String> {
     let mut c = pg.try_client().ok()?;

@@ -10,8 +10,8 @@ use std::time::Duration;
 use support::member::*;
 use support::wait_until;
 
-use super::key_rotation::{report_lagging_node, rotate_key, shows_phase, LAGGING};
 use super::tokenize::{KeyFile, KEY1, KEY2};
+use crate::support::rotation::{report_lagging_node, rotate_key, shows_phase, LAGGING};
 
 /// A set whose writes wait for the test's failpoint lock (debug builds).
 const SET: &str = "failpoint_held_cards";

@@ -15,10 +15,10 @@ use support::cluster::{Cluster, Node};
 use support::member::*;
 use support::wait_until;
 
-use super::key_rotation::rotate_key;
 use super::key_rotation_cluster::{hold_the_drain, load_ring_everywhere, release_the_drain};
 use super::key_rotation_held::wait_waiting;
 use super::tokenize::{KeyFile, KEY1, KEY2};
+use crate::support::rotation::rotate_key;
 
 const SET: &str = "rot_fl";
 const TABLE: &str = "member_rot_fl";

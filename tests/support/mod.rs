@@ -39,6 +39,7 @@ pub mod node;
 pub mod pgbouncer;
 pub mod proxy;
 pub mod python;
+pub mod rotation;
 pub mod sentinel;
 pub mod source;
 pub mod standby;

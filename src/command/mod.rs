@@ -265,7 +265,8 @@ pub trait PointDone<T>: Completion + Clone + AskFirst {
     fn target(&self) -> (&str, &str, &str);
     /// Stores the database's answer.
     fn answered(&mut self, res: Result<T, DbErr>);
-    /// A write's twin (a rotating set's new form of it), made or deleted with it.
+    /// A write's twin (a rotating set's new form of it), made or deleted with it; a lookup's,
+    /// asked beside it.
     fn twin(&self) -> Option<&str> {
         None
     }

@@ -77,11 +77,18 @@ pub fn add_many(
     Ok(out)
 }
 
-/// What the database holds of each item (`Found`); repeated items are asked once.
-pub fn lookup_many(db: &mut Db, set: &str, items: &[(&str, &str)]) -> Result<Vec<Found>, DbErr> {
+/// What the database holds of each item (`Found`); repeated items are asked once. `twins`:
+/// while the set's key rotates, each item's new form (`""` for none), asked beside it
+/// (`sql::lookup_many`); an attached set never rotates.
+pub fn lookup_many(
+    db: &mut Db,
+    set: &str,
+    items: &[(&str, &str)],
+    twins: &[&str],
+) -> Result<Vec<Found>, DbErr> {
     match source::of(set) {
         Some(src) => source::lookup_many(db, &src, items),
-        None => sql::lookup_many(db, set, items),
+        None => sql::lookup_many(db, set, items, twins),
     }
 }
 

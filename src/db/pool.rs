@@ -315,8 +315,12 @@ fn run_batch(db: &mut Db, batch: Vec<Job>) -> Vec<AddJob> {
                 .iter()
                 .map(|p| (p.entity.as_str(), p.scope.as_str()))
                 .collect();
+            let twins: Vec<&str> = group
+                .iter()
+                .map(|p| p.twin.as_deref().unwrap_or_default())
+                .collect();
             count_batch(items.len());
-            let res = members::lookup_many(db, &group[0].set, &items);
+            let res = members::lookup_many(db, &group[0].set, &items, &twins);
             answer(group, res);
         });
     }

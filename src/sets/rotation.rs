@@ -79,8 +79,10 @@ pub fn write_def(s: &SetState) -> Cow<'_, SetDef> {
 /// the main thread, and carried by the write to its statement and its effects: a write planned
 /// before this node learns the drain still stores (or deletes) both forms, as the rows it
 /// meets were made, and so does one of the old form that another node planned so and
-/// forwarded here (`Rotating::twin_forms`). `None` for a set not rotating, or a row of
-/// another form (a write planned in the drain is of the new form).
+/// forwarded here (`Rotating::twin_forms`). A lookup that reaches the database asks it beside
+/// the item, so a row is found whichever form it holds (docs/rotation-in-place.md). `None` for
+/// a set not rotating, or an item of another form (a write planned in the drain, a lookup of a
+/// node that switched, are of the new form).
 pub fn twin_of(s: &SetState, entity: &str, scope: &str) -> Result<Option<String>, String> {
     let Some((old, to)) = s.rotation.as_ref().and_then(Rotating::twin_forms) else {
         return Ok(None);

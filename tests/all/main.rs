@@ -55,6 +55,7 @@ mod key_rotation_cluster_load;
 mod key_rotation_failover;
 mod key_rotation_faults;
 mod key_rotation_held;
+mod key_rotation_in_place;
 mod key_rotation_inflight;
 mod keyslot;
 mod latency;

@@ -104,8 +104,13 @@ pub(in crate::command) fn send_lookups(out: Outlet, done: ManyLookups) {
                 (e, s)
             })
             .collect();
+        let twins: Vec<&str> = done
+            .pending
+            .iter()
+            .map(|(_, l)| l.twin().unwrap_or_default())
+            .collect();
         pool::count_batch(rows.len());
-        let res = members::lookup_many(db, &set, &rows);
+        let res = members::lookup_many(db, &set, &rows, &twins);
         done.result = res;
         out.finish(Box::new(done));
     });

@@ -327,8 +327,16 @@ pub(in crate::command) fn decide_item(
         funnel::FilterView::Complete { contains: true } => filter_id,
         _ => None,
     };
+    // While the set's key rotates and this node computes the old form, the database is asked
+    // the new form too, whichever form the item's row holds now. A node that cannot compute it
+    // (its ring lacks the key, which the rotation's start and a reload refuse) asks the old
+    // form alone.
+    let twin = crate::sets::rotation::twin_of(set, &canon.entity, canon.scope)
+        .ok()
+        .flatten();
     Step::Db(Box::new(LookupDone {
         set: set.def.name.clone(),
+        twin,
         entity: canon.entity.into_owned(),
         scope: canon.scope.to_string(),
         gate,
@@ -364,6 +372,9 @@ pub(in crate::command) struct LookupDone {
     set: String,
     entity: String,
     scope: String,
+    /// While the set's key rotates, the item's new form, asked beside it
+    /// (`sets::rotation::twin_of`).
+    twin: Option<String>,
     gate: Gate,
     hash: u128,
     /// The trusted filter that let the item through, if any.
@@ -399,6 +410,9 @@ impl PointDone<Found> for LookupDone {
     }
     fn answered(&mut self, res: Result<Found, DbErr>) {
         self.result = res;
+    }
+    fn twin(&self) -> Option<&str> {
+        self.twin.as_deref()
     }
 }
 

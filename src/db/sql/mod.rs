@@ -212,9 +212,36 @@ impl Found {
     }
 }
 
-/// Looks memberships up in a set's own table with one query: for each item, whether it is an active member (and
-/// its expiry), a row that lapsed, or absent. Repeated items are asked once.
-pub fn lookup_many(db: &mut Db, set: &str, items: &[(&str, &str)]) -> Result<Vec<Found>, DbErr> {
+impl Found {
+    /// What an item is when its rows say `self` and `other` (an item asked under both forms of
+    /// a rotating set): a member if either row is, with the later expiry; else lapsed if
+    /// either row is there.
+    pub fn either(self, other: Found) -> Found {
+        match (self, other) {
+            (Found::Member(a), Found::Member(b)) => Found::Member(match (a, b) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                _ => None,
+            }),
+            (Found::Member(x), _) | (_, Found::Member(x)) => Found::Member(x),
+            (Found::Lapsed, _) | (_, Found::Lapsed) => Found::Lapsed,
+            _ => Found::Absent,
+        }
+    }
+}
+
+/// Looks memberships up in a set's own table with one query: for each item, whether it is an
+/// active member (and its expiry), a row that lapsed, or absent. Repeated items are asked once.
+///
+/// While the set's key rotates, `twins` gives for an item of the old form its new form (`""`
+/// for none; empty when the set does not rotate): the item is then asked under both, and is a
+/// member if either row is (`Found::either`), so a row is found whichever form it holds now
+/// (docs/rotation-in-place.md).
+pub fn lookup_many(
+    db: &mut Db,
+    set: &str,
+    items: &[(&str, &str)],
+    twins: &[&str],
+) -> Result<Vec<Found>, DbErr> {
     let sql = format!(
         "SELECT m.entity_id, m.scope, EXTRACT(EPOCH FROM m.expires_at)::float8, (m.{ACTIVE_M})
            FROM {t} m
@@ -229,6 +256,16 @@ pub fn lookup_many(db: &mut Db, set: &str, items: &[(&str, &str)]) -> Result<Vec
             es.push(e);
             ss.push(s);
         }
+    }
+    // Each twin asked beside its item, and the items it stands for (a twin is unscoped).
+    let mut twin_of: HashMap<&str, Vec<(&str, &str)>> = HashMap::new();
+    for (&(e, s), &w) in items.iter().zip(twins).filter(|(_, w)| !w.is_empty()) {
+        let of = twin_of.entry(w).or_default();
+        if of.is_empty() && !uniq.contains_key(&(w, "")) {
+            es.push(w);
+            ss.push("");
+        }
+        of.push((e, s));
     }
     // Behind a pooler the statement is planned at every call: a batch of one scope (every
     // batch of an unscoped set) takes the form that is quickest to plan, an index scan on an
@@ -253,12 +290,16 @@ pub fn lookup_many(db: &mut Db, set: &str, items: &[(&str, &str)]) -> Result<Vec
             rows.text(r, 0).unwrap_or_default(),
             rows.text(r, 1).unwrap_or_default(),
         );
-        if let Some(v) = uniq.get_mut(&key) {
-            *v = if rows.flag(r, 3) {
-                Found::Member(rows.float(r, 2))
-            } else {
-                Found::Lapsed
-            };
+        let found = if rows.flag(r, 3) {
+            Found::Member(rows.float(r, 2))
+        } else {
+            Found::Lapsed
+        };
+        let of = twin_of.get(key.0).filter(|_| key.1.is_empty());
+        for item in std::iter::once(&key).chain(of.into_iter().flatten()) {
+            if let Some(v) = uniq.get_mut(item) {
+                *v = v.either(found);
+            }
         }
     }
     Ok(items.iter().map(|k| uniq[k]).collect())
@@ -319,6 +360,22 @@ fn rotation_ended(e: DbErr, ended: bool) -> DbErr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_item_asked_under_both_forms_is_a_member_if_either_row_is() {
+        use Found::*;
+        assert_eq!(Absent.either(Absent), Absent);
+        assert_eq!(Absent.either(Lapsed), Lapsed);
+        assert_eq!(Lapsed.either(Member(None)), Member(None));
+        assert_eq!(Member(Some(5.0)).either(Absent), Member(Some(5.0)));
+        assert_eq!(
+            Member(Some(5.0)).either(Member(Some(9.0))),
+            Member(Some(9.0))
+        );
+        // No expiry outlives any.
+        assert_eq!(Member(Some(5.0)).either(Member(None)), Member(None));
+        assert_eq!(Member(None).either(Lapsed), Member(None));
+    }
 
     #[test]
     fn names_that_would_collide_with_the_modules_relations_are_reserved() {

@@ -1,0 +1,107 @@
+//! The first step of the rotation that rewrites rows in place (docs/rotation-in-place.md):
+//! while a set's key rotates, a node that computes the old form asks the database for the new
+//! form beside it, so a row is found whichever form it holds. Here the rows are rewritten by
+//! hand (`UPDATE … SET entity_id = <new form>, twin = entity_id`), as the rewriting phase will,
+//! while a session holds the rotation still in its copy: the order is the same on any machine.
+use crate::support;
+
+use std::time::Duration;
+
+use support::member::*;
+use support::rotation::{hold_rotation, mexists, rotate_key, shows_phase};
+use support::wait_until;
+
+use super::tokenize::{KeyFile, KEY1, KEY2};
+
+const SET: &str = "in_place_cards";
+/// Outside rows put in before the rotation, in the first key's form.
+const ROWS: i64 = 60;
+
+fn item(i: i64) -> String {
+    format!("item-{i}")
+}
+
+/// The first key's token of `item` (an outside writer's form), in SQL.
+const TOKEN: &str = "encode(hmac(convert_to(x, 'UTF8') || '\\x00'::bytea, decode($1, 'hex'),
+                              'sha256'), 'hex')";
+/// The next link of a chain-1 token `t` under the key `$1` (docs/security.md, "Key rings").
+const WRAP: &str =
+    "'2:' || encode(hmac(convert_to(t, 'UTF8'), decode($1, 'hex'), 'sha256'), 'hex')";
+
+#[test]
+fn a_row_rewritten_in_place_is_found_by_the_old_form_while_the_set_rotates() {
+    let file = KeyFile::new(&format!("default {KEY1}\nk2 {KEY2}\n"));
+    let env = Env::with(&[("member.token-key-file", file.path())]);
+    let mut c = env.conn();
+    create_synced(&mut c, SET, &["TOKENIZE", "hmac-sha256"]);
+    let mut pg = env.pg();
+    pg.batch_execute("CREATE EXTENSION IF NOT EXISTS pgcrypto")
+        .unwrap();
+    pg.execute(
+        &format!(
+            "INSERT INTO member_{SET} (entity_id)
+             SELECT {TOKEN} FROM generate_series(1, $2::int8) i, LATERAL (SELECT 'item-' || i) v(x)"
+        ),
+        &[&KEY1, &ROWS],
+    )
+    .unwrap();
+    let all: Vec<String> = (1..=ROWS).map(item).collect();
+    // Every row in the trusted filter (through the change log; one transaction, so the last
+    // row's bit means every row's), and none of the rewritten ones asked: no exact-match key
+    // answers for them.
+    wait_trusted(&mut c, SET, "the set's filter never caught up");
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            explain(&mut c, SET, &item(ROWS)).1 != "bloom-negative"
+        }),
+        "the filter never took the outside rows"
+    );
+
+    let mut holder = env.pg();
+    hold_rotation(&mut holder, SET);
+    rotate_key(&mut c, SET, "k2");
+    assert!(shows_phase(&mut c, SET, "copying"), "never copying");
+
+    // Half the rows rewritten in place, one of them lapsed; the other half left as they were.
+    let rewritten = pg
+        .execute(
+            &format!(
+                "UPDATE member_{SET} m SET entity_id = {wrap}, twin = m.entity_id,
+                        status = CASE WHEN m.entity_id = (SELECT {TOKEN} FROM (SELECT $2) v(x))
+                                      THEN 0 ELSE m.status END
+                  FROM (SELECT {TOKEN} AS o FROM generate_series(1, $3::int8) i,
+                               LATERAL (SELECT 'item-' || i) v(x)) r
+                 WHERE m.entity_id = r.o",
+                wrap = WRAP.replace("t,", "m.entity_id,").replace("$1", "$4")
+            ),
+            &[&KEY1, &item(1), &(ROWS / 2), &KEY2],
+        )
+        .unwrap();
+    assert_eq!(rewritten, ROWS as u64 / 2);
+
+    // The node computes the old form: each rewritten row is found by it, as the other half.
+    let want: Vec<i64> = (1..=ROWS).map(|i| (i != 1) as i64).collect();
+    assert_eq!(mexists(&mut c, SET, &all), want, "MEXISTS");
+    for (i, w) in all.iter().zip(&want) {
+        assert_eq!(int(&mut c, &["MEMBER.EXISTS", SET, i]), *w, "EXISTS {i}");
+    }
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", SET, "never"]), 0);
+
+    // A DEL of a rewritten item deletes it, whichever form its row holds.
+    assert_eq!(int(&mut c, &["MEMBER.DEL", SET, &item(2)]), 1);
+    assert_eq!(int(&mut c, &["MEMBER.EXISTS", SET, &item(2)]), 0);
+
+    // Let go: the rotation ends, the rewritten rows as they are; every answer holds.
+    holder
+        .batch_execute("SELECT pg_advisory_unlock_all()")
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            set_info(&mut c, SET, "token_rotation").as_deref() == Ok("none")
+        }),
+        "the rotation never ended: {:?}",
+        set_info(&mut c, SET, "token_rotation_last_error")
+    );
+    let want: Vec<i64> = (1..=ROWS).map(|i| (i > 2) as i64).collect();
+    assert_eq!(mexists(&mut c, SET, &all), want, "after the rotation");
+}

@@ -77,11 +77,11 @@ BEGIN
 END $$;
 
 -- In place, batches of `batch` rows by key: the next window of keys from the primary key,
--- each row rewritten to its wrapped form with its old form and slot kept beside it.
+-- each row rewritten to its wrapped form with its old form kept beside it.
 CREATE OR REPLACE PROCEDURE floor_in_place_keys(batch int) LANGUAGE plpgsql AS $$
 DECLARE c text := ''; k text[];
 BEGIN
-  ALTER TABLE floor_rot ADD COLUMN twin text, ADD COLUMN twin_slot smallint;
+  ALTER TABLE floor_rot ADD COLUMN twin text;
   COMMIT;
   LOOP
     SELECT array_agg(entity_id ORDER BY entity_id) INTO k FROM (
@@ -89,8 +89,7 @@ BEGIN
        ORDER BY entity_id LIMIT batch) s;
     EXIT WHEN k IS NULL;
     c := k[array_length(k, 1)];
-    UPDATE floor_rot m SET entity_id = floor_wrap(m.entity_id), twin = m.entity_id,
-                           twin_slot = m.slot
+    UPDATE floor_rot m SET entity_id = floor_wrap(m.entity_id), twin = m.entity_id
      WHERE m.entity_id = ANY(k) AND m.scope = '';
     COMMIT;
   END LOOP;
@@ -101,12 +100,11 @@ END $$;
 CREATE OR REPLACE PROCEDURE floor_in_place_blocks(blocks int) LANGUAGE plpgsql AS $$
 DECLARE b bigint := 0; total bigint;
 BEGIN
-  ALTER TABLE floor_rot ADD COLUMN twin text, ADD COLUMN twin_slot smallint;
+  ALTER TABLE floor_rot ADD COLUMN twin text;
   COMMIT;
   total := pg_relation_size('floor_rot') / current_setting('block_size')::int;
   WHILE b < total LOOP
-    UPDATE floor_rot m SET entity_id = floor_wrap(m.entity_id), twin = m.entity_id,
-                           twin_slot = m.slot
+    UPDATE floor_rot m SET entity_id = floor_wrap(m.entity_id), twin = m.entity_id
      WHERE m.ctid >= format('(%s,0)', b)::tid AND m.ctid < format('(%s,0)', b + blocks)::tid
        AND m.twin IS NULL AND m.scope = '' AND octet_length(m.entity_id) = 64;
     b := b + blocks;

@@ -84,14 +84,39 @@ pub fn copy_rows(
         Some(src) => (source::copy_sql(src, def.normalize), slots),
         None => {
             let filter = slots.map(slot_condition).unwrap_or_default();
-            let sql =
-                format!("COPY (SELECT entity_id, scope FROM {t} WHERE {ACTIVE}{filter}) TO STDOUT");
-            (sql, None)
+            let rows = format!("SELECT entity_id, scope FROM {t} WHERE {ACTIVE}{filter}");
+            // Only a tokenized set rotates: no other build takes the lock or asks.
+            if def.tokenize.is_on() && has_twins(tx, &t)? {
+                // A rotating set's row may hold its old form in `twin` (rewritten in place:
+                // docs/rotation-in-place.md): a node that computes the old form finds it in
+                // its filter only if the build reads it. Its slot is its own, so these are read
+                // whatever their row's slot, and those of other slots dropped here.
+                let twins = format!("SELECT twin, '' FROM {t} WHERE twin IS NOT NULL AND {ACTIVE}");
+                (format!("COPY ({rows} UNION ALL {twins}) TO STDOUT"), slots)
+            } else {
+                (format!("COPY ({rows}) TO STDOUT"), None)
+            }
         }
     };
     let rows = stream(tx, link, &sql, def, keep, progress)?;
     progress.store(rows.len(), Ordering::Relaxed);
     Ok(rows)
+}
+
+/// Whether the set's table `t` has its rotation's `twin` column now, its lock taken first (the
+/// lock the COPY takes anyway): the drain's end, which drops the column, then waits for this
+/// build's snapshot to end.
+fn has_twins(tx: &mut Transaction, t: &str) -> Result<bool, DbErr> {
+    tx.batch_execute(&format!("LOCK TABLE {t} IN ACCESS SHARE MODE"))
+        .map_err(tx_error)?;
+    Ok(tx
+        .query_one(
+            "SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($1)
+                              AND attname = 'twin' AND NOT attisdropped)",
+            &[&t],
+        )
+        .map_err(tx_error)?
+        .get(0))
 }
 
 /// ` AND (slot BETWEEN a AND b OR …)` for the runs of consecutive slots in `slots` (COPY takes

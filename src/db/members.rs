@@ -41,9 +41,9 @@ fn held(db: &mut Db, set: &str) -> Result<(), DbErr> {
 
 /// MEMBER.ADD's rows: for each item, true when the call made it a member (`sql::add_many`);
 /// for an attached set, which never writes, true when its source holds the row. `twins` (one
-/// per item, or none) are the rows a rotating set stores with them in the same statement
-/// (docs/security.md, "Rotating a tokenized set's key online"), decided when the write was
-/// planned.
+/// per item, or none): while a set's key rotates, an item's new form, decided when the write
+/// was planned; the item is then stored as one row of that form that names its old form
+/// (docs/rotation-in-place.md).
 pub fn add_many(
     db: &mut Db,
     set: &str,
@@ -63,18 +63,22 @@ pub fn add_many(
     if twins.iter().all(Option::is_none) {
         return sql::add_many(db, set, items, &[]);
     }
-    // Each old-form row with its twin, which names it.
-    let mut rows: Vec<(&str, &str, Option<f64>)> = items.to_vec();
-    let mut of: Vec<&str> = vec![""; items.len()];
-    for ((e, s, x), w) in items.iter().zip(twins) {
-        if let Some(w) = w {
-            rows.push((w, s, *x));
-            of.push(e);
+    // Each item with a twin as a row of its new form, which names its old form.
+    let mut rows: Vec<(&str, &str, Option<f64>)> = Vec::with_capacity(items.len());
+    let mut of: Vec<&str> = Vec::with_capacity(items.len());
+    for (&(e, s, x), w) in items.iter().zip(twins) {
+        match w {
+            Some(w) => {
+                rows.push((w, s, x));
+                of.push(e);
+            }
+            None => {
+                rows.push((e, s, x));
+                of.push("");
+            }
         }
     }
-    let mut out = sql::add_many(db, set, &rows, &of)?;
-    out.truncate(items.len());
-    Ok(out)
+    sql::add_many(db, set, &rows, &of)
 }
 
 /// What the database holds of each item (`Found`); repeated items are asked once. `twins`:

@@ -344,8 +344,8 @@ fn wait_phase(c: &mut Connection, phase: &str) {
 /// A rotation survives a kill -9 of the primary driving it: held still in its copying phase
 /// (a session holds the set's rotation lock, so no step can run: deterministic, whatever the
 /// machine's speed), the node is killed and restarted, learns the rotation from the catalog,
-/// answers and writes right meanwhile (its ADDs store both forms), and once the lock is let go
-/// the rotation goes on from the catalog to its end.
+/// answers and writes right meanwhile (its ADDs store one row of the new form naming the old),
+/// and once the lock is let go the rotation goes on from the catalog to its end.
 #[test]
 fn a_rotation_resumes_after_a_kill_9_of_its_primary() {
     let ring = format!("default {KEY1}\nk2 {KEY2}\n");

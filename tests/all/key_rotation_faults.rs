@@ -2,8 +2,8 @@
 //! held in its copying phase (a session holds its lock), and a crash (immediate shutdown)
 //! while it is held in its switching phase (a node report that lacks the new form). Lookups
 //! never answer wrong meanwhile (an error while the database is down, never a false 0 or 1),
-//! writes after each restart store both forms, and the rotation resumes from the catalog to
-//! its end.
+//! writes after each restart are found by both forms, and the rotation resumes from the
+//! catalog to its end.
 use crate::support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -152,7 +152,8 @@ fn a_rotation_resumes_after_postgres_restarts_in_its_copying_and_switching_phase
         set_info(&mut c, "cards", "token_rotation_last_error"),
         support::lifecycle::log_tail(&vk)
     );
-    // Written while the rotation is held before its drain: both forms stored.
+    // Written while the rotation is held before its drain: one row each, of the new form
+    // naming the old.
     let mid: Vec<String> = (0..20).map(|i| format!("mid-{i}")).collect();
     for i in &mid {
         let added = wait_until(Duration::from_secs(20), || {
@@ -162,7 +163,7 @@ fn a_rotation_resumes_after_postgres_restarts_in_its_copying_and_switching_phase
     }
     present.lock().unwrap().extend(mid.iter().cloned());
     // Held before the drain: the old forms of the rows the copy gave twins are left to
-    // delete (the ADDs made their own twins).
+    // delete (the ADDs made none).
     let copied = (200 + BULK).to_string();
     assert!(
         wait_until(Duration::from_secs(30), || set_info(

@@ -1,6 +1,6 @@
 //! A write that a node planned before it learned its set's drain, and that reached the
-//! database after: it stores (or deletes) both forms, as planned, and the node's filter takes
-//! both. Held at each point by locks (the debug build's write failpoint, `members::HELD_PREFIX`,
+//! database after: it stores (or deletes) both forms, as planned (an ADD as one row of the new
+//! form that names the old: docs/rotation-in-place.md), and the node's filter takes both. Held at each point by locks (the debug build's write failpoint, `members::HELD_PREFIX`,
 //! a node report that holds the switch, and a lock on the change log that holds the drain's
 //! deletes), so the order is the same on any machine.
 use crate::support;
@@ -238,7 +238,7 @@ fn a_write_planned_before_the_drain_and_made_in_it_keeps_both_forms() {
     wait_waiting(
         &mut pg,
         &["relation"],
-        &format!("INSERT INTO {table} %"),
+        &format!("WITH was AS %INSERT INTO {table} %"),
         1,
         &|| {
             format!(

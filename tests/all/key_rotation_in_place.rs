@@ -125,3 +125,79 @@ fn a_row_rewritten_in_place_is_found_by_the_old_form_while_the_set_rotates() {
     let want: Vec<i64> = (1..=ROWS).map(|i| (i > 2) as i64).collect();
     assert_eq!(mexists(&mut c, SET, &all), want, "after the rotation");
 }
+
+/// The new form of `item` (its first key's token wrapped under the second), in SQL.
+fn new_form(pg: &mut postgres::Client, item: &str) -> String {
+    let sql = format!(
+        "SELECT {wrap} FROM (SELECT {TOKEN} AS o FROM (SELECT $2) v(x)) r",
+        wrap = WRAP.replace("t,", "r.o,").replace("$1", "$3")
+    );
+    pg.query_one(&sql, &[&KEY1, &item, &KEY2]).unwrap().get(0)
+}
+
+/// While the set rotates, an ADD stores its item as one row of the new form that names the old
+/// one, and answers "added" as before: 1 for an item new to the set or lapsed, 0 for a member,
+/// whichever form its row holds.
+#[test]
+fn an_add_while_the_set_rotates_stores_one_row_of_the_new_form() {
+    let file = KeyFile::new(&format!("default {KEY1}\nk2 {KEY2}\n"));
+    let env = Env::with(&[("member.token-key-file", file.path())]);
+    let mut c = env.conn();
+    let mut holder = rewritten_half(&env, &mut c);
+    let mut pg = env.pg();
+    // New; lapsed (rewritten); a member rewritten; a member in the old form.
+    for (i, want) in [("fresh", 1), ("item-1", 1), ("item-5", 0), ("item-45", 0)] {
+        assert_eq!(int(&mut c, &["MEMBER.ADD", SET, i]), want, "ADD {i}");
+    }
+    let mut k = redis::cmd("MEMBER.MADD");
+    k.arg(SET).arg("ITEMS").arg("fresh-m").arg("item-6");
+    assert_eq!(k.query::<Vec<i64>>(&mut c).unwrap(), [1, 0], "MADD");
+    // The rows of `i` by either form (`twin`: the column, or NULL once it is gone).
+    let forms = |pg: &mut postgres::Client, i: &str, twin: &str| -> Vec<(String, Option<String>)> {
+        let w = new_form(pg, i);
+        pg.query(
+            &format!(
+                "SELECT entity_id, {twin}::text FROM member_{SET}
+                  WHERE entity_id IN ((SELECT {TOKEN} FROM (SELECT $1) v(x)), $2) ORDER BY 1"
+            )
+            .replace("decode($1", "decode($3"),
+            &[&i, &w, &KEY1],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+    };
+    for i in ["fresh", "fresh-m"] {
+        let rows = forms(&mut pg, i, "twin");
+        assert_eq!(rows.len(), 1, "{i}: one row, {rows:?}");
+        assert!(
+            rows[0].0.starts_with("2:") && rows[0].1.is_some(),
+            "{i}: {rows:?}"
+        );
+    }
+    let all: Vec<String> = ["fresh", "fresh-m", "item-1", "item-5", "item-45", "item-6"]
+        .map(String::from)
+        .to_vec();
+    assert_eq!(mexists(&mut c, SET, &all), [1; 6]);
+
+    // Let go: the rotation ends; each item is a member, in one row of the new form.
+    holder
+        .batch_execute("SELECT pg_advisory_unlock_all()")
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            set_info(&mut c, SET, "token_rotation").as_deref() == Ok("none")
+        }),
+        "the rotation never ended: {:?}",
+        set_info(&mut c, SET, "token_rotation_last_error")
+    );
+    assert_eq!(mexists(&mut c, SET, &all), [1; 6], "after the rotation");
+    for i in &all {
+        let rows = forms(&mut pg, i, "NULL");
+        assert!(
+            rows.len() == 1 && rows[0].0.starts_with("2:"),
+            "{i}: {rows:?}"
+        );
+    }
+}

@@ -98,9 +98,12 @@ const ACTIVE_M: &str = "status = 1 AND (m.expires_at IS NULL OR m.expires_at > n
 /// callers: exactly one gets true. An item given twice in one batch is inserted once; its
 /// later copies get false, as if they had come just after.
 ///
-/// While the set's key rotates, `twins` names for each row the old-form row it is the twin of
+/// While the set's key rotates, `twins` names for each row of the new form the item's old form
 /// (`""` for none; empty when the set does not rotate): stored in the `twin` column, which
-/// only then exists.
+/// only then exists. Such a row is made a member unless it is one, and counts as made only if
+/// no active row of the old form was there either (read in the statement's snapshot): the
+/// item may still have a row of its old form, which lookups take as well
+/// (docs/rotation-in-place.md).
 pub fn add_many(
     db: &mut Db,
     set: &str,
@@ -121,14 +124,24 @@ pub fn add_many(
         )
     } else {
         format!(
-            "INSERT INTO {t} AS m (entity_id, scope, status, expires_at, twin)
+            "WITH was AS (SELECT o.entity_id FROM {t} o
+                           WHERE (o.entity_id, o.scope) IN
+                                   (SELECT * FROM unnest($4::text[], $2::text[]))
+                             AND o.status = 1 AND (o.expires_at IS NULL OR o.expires_at > now()))
+             INSERT INTO {t} AS m (entity_id, scope, status, expires_at, twin)
              SELECT e, s, 1, to_timestamp(x), CASE WHEN length(w) > 0 THEN w END
                FROM unnest($1::text[], $2::text[], $3::float8[], $4::text[]) AS u(e, s, x, w)
              {}",
-            ON_CONFLICT.replace(
-                "updated_at = now()",
-                "updated_at = now(), twin = coalesce(m.twin, EXCLUDED.twin)"
-            )
+            ON_CONFLICT
+                .replace(
+                    "updated_at = now()",
+                    "updated_at = now(), twin = coalesce(m.twin, EXCLUDED.twin)"
+                )
+                .replace(
+                    "RETURNING entity_id, scope",
+                    "RETURNING entity_id, scope,
+                               m.twin IS NOT NULL AND m.twin IN (SELECT entity_id FROM was)"
+                )
         )
     };
     let mut first: HashMap<(&str, &str), usize> = HashMap::with_capacity(items.len());
@@ -184,6 +197,10 @@ pub fn add_many(
         .map_err(|e| rotation_ended(e, ended))?;
     let mut out = vec![false; items.len()];
     for r in 0..inserted.len() {
+        // A row of the new form whose item was an active member in its old form.
+        if !twins.is_empty() && inserted.flag(r, 2) {
+            continue;
+        }
         let key = (
             inserted.text(r, 0).unwrap_or_default(),
             inserted.text(r, 1).unwrap_or_default(),

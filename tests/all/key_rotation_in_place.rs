@@ -80,6 +80,20 @@ fn rewritten_half(env: &Env, c: &mut redis::Connection) -> postgres::Client {
     holder
 }
 
+/// Lets the rotation `holder` holds go on, and waits until `c` says it ended.
+fn let_go(holder: &mut postgres::Client, c: &mut redis::Connection) {
+    holder
+        .batch_execute("SELECT pg_advisory_unlock_all()")
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            set_info(c, SET, "token_rotation").as_deref() == Ok("none")
+        }),
+        "the rotation never ended: {:?}",
+        set_info(c, SET, "token_rotation_last_error")
+    );
+}
+
 #[test]
 fn a_row_rewritten_in_place_is_found_by_the_old_form_while_the_set_rotates() {
     let file = KeyFile::new(&format!("default {KEY1}\nk2 {KEY2}\n"));
@@ -112,16 +126,7 @@ fn a_row_rewritten_in_place_is_found_by_the_old_form_while_the_set_rotates() {
     assert_eq!(int(&mut c, &["MEMBER.EXISTS", SET, &item(2)]), 0);
 
     // Let go: the rotation ends, the rewritten rows as they are; every answer holds.
-    holder
-        .batch_execute("SELECT pg_advisory_unlock_all()")
-        .unwrap();
-    assert!(
-        wait_until(Duration::from_secs(60), || {
-            set_info(&mut c, SET, "token_rotation").as_deref() == Ok("none")
-        }),
-        "the rotation never ended: {:?}",
-        set_info(&mut c, SET, "token_rotation_last_error")
-    );
+    let_go(&mut holder, &mut c);
     let want: Vec<i64> = (1..=ROWS).map(|i| (i > 2) as i64).collect();
     assert_eq!(mexists(&mut c, SET, &all), want, "after the rotation");
 }
@@ -182,16 +187,7 @@ fn an_add_while_the_set_rotates_stores_one_row_of_the_new_form() {
     assert_eq!(mexists(&mut c, SET, &all), [1; 6]);
 
     // Let go: the rotation ends; each item is a member, in one row of the new form.
-    holder
-        .batch_execute("SELECT pg_advisory_unlock_all()")
-        .unwrap();
-    assert!(
-        wait_until(Duration::from_secs(60), || {
-            set_info(&mut c, SET, "token_rotation").as_deref() == Ok("none")
-        }),
-        "the rotation never ended: {:?}",
-        set_info(&mut c, SET, "token_rotation_last_error")
-    );
+    let_go(&mut holder, &mut c);
     assert_eq!(mexists(&mut c, SET, &all), [1; 6], "after the rotation");
     for i in &all {
         let rows = forms(&mut pg, i, "NULL");

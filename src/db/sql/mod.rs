@@ -227,9 +227,7 @@ impl Found {
     pub fn is_member(self) -> bool {
         matches!(self, Found::Member(_))
     }
-}
 
-impl Found {
     /// What an item is when its rows say `self` and `other` (an item asked under both forms of
     /// a rotating set): a member if either row is, with the later expiry; else lapsed if
     /// either row is there.

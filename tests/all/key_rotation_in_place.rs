@@ -197,3 +197,48 @@ fn an_add_while_the_set_rotates_stores_one_row_of_the_new_form() {
         );
     }
 }
+
+/// A node of a build before these steps asks the database for an item's old form alone: while
+/// one reports (here, a report as such a build writes it, with no rotation level), a rotation
+/// does not start, and the reply names it; once it is gone, the rotation starts.
+#[test]
+fn a_rotation_does_not_start_while_a_node_of_an_older_build_reports() {
+    let file = KeyFile::new(&format!("default {KEY1}\nk2 {KEY2}\n"));
+    let env = Env::with(&[("member.token-key-file", file.path())]);
+    let mut c = env.conn();
+    create_synced(&mut c, SET, &["TOKENIZE", "hmac-sha256"]);
+    let mut pg = env.pg();
+    let older = "test-older-build";
+    assert!(wait_until(Duration::from_secs(30), || {
+        pg.execute(
+            "INSERT INTO member_nodes (node, port, role, ring, seen_at)
+             SELECT $1, port, role, ring, now() + interval '1 hour'
+               FROM member_nodes WHERE node <> $1 ORDER BY seen_at DESC LIMIT 1
+             ON CONFLICT (node) DO NOTHING",
+            &[&older],
+        )
+        .unwrap()
+            == 1
+    }));
+    let e = err(&mut c, &["MEMBER.ALTER", SET, "ROTATE-KEY", "k2"]);
+    assert!(
+        e.contains(older) && e.contains("older than this node's"),
+        "{e}"
+    );
+    assert_eq!(set_info(&mut c, SET, "token_rotation").unwrap(), "none");
+    pg.execute("DELETE FROM member_nodes WHERE node = $1", &[&older])
+        .unwrap();
+    rotate_key(&mut c, SET, "k2");
+    assert!(
+        wait_until(Duration::from_secs(60), || set_info(
+            &mut c,
+            SET,
+            "token_rotation"
+        )
+        .as_deref()
+            == Ok("none")
+            && set_info(&mut c, SET, "token_key_id").as_deref()
+                == Ok("default>k2")),
+        "the rotation never ended"
+    );
+}

@@ -151,8 +151,8 @@ pub const LAGGING: &str = "test-lagging-node";
 pub fn report_lagging_node(pg: &mut postgres::Client, set: &str) {
     assert!(wait_until(Duration::from_secs(30), || {
         pg.execute(
-            "INSERT INTO member_nodes (node, port, role, ring, serving, seen_at)
-             SELECT $1, port, role, ring, $2 || ':1', now() + interval '1 hour'
+            "INSERT INTO member_nodes (node, port, role, ring, serving, rotation_level, seen_at)
+             SELECT $1, port, role, ring, $2 || ':1', rotation_level, now() + interval '1 hour'
                FROM member_nodes WHERE node <> $1
               ORDER BY seen_at DESC LIMIT 1 ON CONFLICT (node) DO NOTHING",
             &[&LAGGING, &set],

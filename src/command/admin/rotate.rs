@@ -68,6 +68,14 @@ fn start(
             missing.join(", ")
         ));
     }
+    let older = sql::nodes_older(db, node_report::FRESH).map_err(|e| e.reply_text())?;
+    if !older.is_empty() {
+        return Err(format!(
+            "ERR {} run(s) a build of libmember older than this node's, which cannot follow a \
+             key rotation (run ids, MEMBER.KEYS NODES): put this build on every node first",
+            older.join(", ")
+        ));
+    }
     match rotation::start(db, name, fp, deadline).map_err(|e| e.reply_text())? {
         Ok(n) => Ok(n),
         Err(StartRefused::UnknownSet) => Err(error::UNKNOWN_SET.to_string()),

@@ -26,7 +26,7 @@ pub(super) use change_log::{
 };
 pub(super) use changes::XMIN;
 pub use changes::{changes_since, prune, Changes};
-pub use nodes::{nodes, nodes_lacking, report, Needed, NodeReport, NodeSeen};
+pub use nodes::{nodes, nodes_lacking, nodes_older, report, Needed, NodeReport, NodeSeen};
 pub(crate) use pages::read_pages;
 pub use pages::{Page, Sink, PAGE_ROWS};
 

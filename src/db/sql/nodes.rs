@@ -20,7 +20,15 @@ pub(super) const NODES_DDL: &str = "CREATE TABLE IF NOT EXISTS member_nodes (
 );
 ALTER TABLE member_nodes ADD COLUMN IF NOT EXISTS covered text NOT NULL DEFAULT '',
                          ADD COLUMN IF NOT EXISTS draining text NOT NULL DEFAULT '',
-                         ADD COLUMN IF NOT EXISTS cluster_id text NOT NULL DEFAULT ''";
+                         ADD COLUMN IF NOT EXISTS cluster_id text NOT NULL DEFAULT '',
+                         ADD COLUMN IF NOT EXISTS rotation_level integer NOT NULL DEFAULT 0";
+
+/// What this build does while a set's key rotates, in its report: 1 since a lookup asks the
+/// database for both forms of an item, a filter build reads the old form from `twin` and an
+/// ADD stores one row of the new form (docs/rotation-in-place.md, steps 1 to 3). A build
+/// before wrote no level (0): it asks for the old form alone, and would miss an item a newer
+/// node added during a rotation, so a rotation does not start while such a node reports.
+pub const ROTATION_LEVEL: i32 = 1;
 
 /// Reports older than this are deleted by the next report of any node.
 const FORGOTTEN_AFTER_S: f64 = 86_400.0;
@@ -76,13 +84,14 @@ pub fn report(db: &mut Db, r: &NodeReport) -> Result<(), DbErr> {
                             WHERE seen_at < now() - make_interval(secs => $5)
                                OR ($9 <> '' AND cluster_id = $9 AND node <> $1))
              INSERT INTO member_nodes (node, port, role, ring, serving, covered, draining,
-                                       cluster_id, seen_at)
-             VALUES ($1, $2, $3, $4, $6, $7, $8, $9, now())
+                                       cluster_id, rotation_level, seen_at)
+             VALUES ($1, $2, $3, $4, $6, $7, $8, $9, $10, now())
              ON CONFLICT (node) DO UPDATE
                 SET port = EXCLUDED.port, role = EXCLUDED.role, ring = EXCLUDED.ring,
                     cluster_id = EXCLUDED.cluster_id,
                     serving = EXCLUDED.serving, covered = EXCLUDED.covered,
-                    draining = EXCLUDED.draining, seen_at = EXCLUDED.seen_at",
+                    draining = EXCLUDED.draining, rotation_level = EXCLUDED.rotation_level,
+                    seen_at = EXCLUDED.seen_at",
             &[
                 (&r.node, Type::TEXT),
                 (&r.port, Type::INT4),
@@ -93,6 +102,7 @@ pub fn report(db: &mut Db, r: &NodeReport) -> Result<(), DbErr> {
                 (&covered, Type::TEXT),
                 (&draining, Type::TEXT),
                 (&r.cluster_id, Type::TEXT),
+                (&ROTATION_LEVEL, Type::INT4),
             ],
         )
     })
@@ -154,6 +164,21 @@ pub fn nodes_lacking(db: &mut Db, needed: Needed, fresh: Duration) -> Result<Vec
     );
     let rows =
         db.run(|c, st| st.query(c, &sql, &[(&secs, Type::FLOAT8), (&pattern, Type::TEXT)]))?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// The nodes heard from within `fresh` whose build is older than [`ROTATION_LEVEL`], by run id.
+pub fn nodes_older(db: &mut Db, fresh: Duration) -> Result<Vec<String>, DbErr> {
+    let secs = fresh.as_secs_f64();
+    let rows = db.run(|c, st| {
+        st.query(
+            c,
+            "SELECT node FROM member_nodes
+              WHERE seen_at >= now() - make_interval(secs => $1) AND rotation_level < $2
+              ORDER BY node",
+            &[(&secs, Type::FLOAT8), (&ROTATION_LEVEL, Type::INT4)],
+        )
+    })?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 

@@ -22,12 +22,22 @@ fn item(i: i64) -> String {
     format!("item-{i}")
 }
 
-/// The first key's token of `item` (an outside writer's form), in SQL.
-const TOKEN: &str = "encode(hmac(convert_to(x, 'UTF8') || '\\x00'::bytea, decode($1, 'hex'),
-                              'sha256'), 'hex')";
-/// The next link of a chain-1 token `t` under the key `$1` (docs/security.md, "Key rings").
-const WRAP: &str =
-    "'2:' || encode(hmac(convert_to(t, 'UTF8'), decode($1, 'hex'), 'sha256'), 'hex')";
+/// The SQL of the token of the item `item` under the key `key` (an outside writer's form, a
+/// chain of one key), both SQL expressions.
+fn token_sql(item: &str, key: &str) -> String {
+    format!(
+        "encode(hmac(convert_to({item}, 'UTF8') || '\\x00'::bytea, decode({key}, 'hex'),
+                     'sha256'), 'hex')"
+    )
+}
+
+/// The SQL of the next link of the chain-1 token `token` under the key `key`
+/// (docs/security.md, "Key rings"), both SQL expressions.
+fn wrap_sql(token: &str, key: &str) -> String {
+    format!(
+        "'2:' || encode(hmac(convert_to({token}, 'UTF8'), decode({key}, 'hex'), 'sha256'), 'hex')"
+    )
+}
 
 /// A tokenized set of `ROWS` outside rows in a trusted filter, whose rotation is held in its
 /// copy by the session returned while the first half of its rows are rewritten in place by
@@ -40,7 +50,8 @@ fn rewritten_half(env: &Env, c: &mut redis::Connection) -> postgres::Client {
     pg.execute(
         &format!(
             "INSERT INTO member_{SET} (entity_id)
-             SELECT {TOKEN} FROM generate_series(1, $2::int8) i, LATERAL (SELECT 'item-' || i) v(x)"
+             SELECT {} FROM generate_series(1, $2::int8) i",
+            token_sql("'item-' || i", "$1")
         ),
         &[&KEY1, &ROWS],
     )
@@ -66,12 +77,12 @@ fn rewritten_half(env: &Env, c: &mut redis::Connection) -> postgres::Client {
         .execute(
             &format!(
                 "UPDATE member_{SET} m SET entity_id = {wrap}, twin = m.entity_id,
-                        status = CASE WHEN m.entity_id = (SELECT {TOKEN} FROM (SELECT $2) v(x))
-                                      THEN 0 ELSE m.status END
-                  FROM (SELECT {TOKEN} AS o FROM generate_series(1, $3::int8) i,
-                               LATERAL (SELECT 'item-' || i) v(x)) r
+                        status = CASE WHEN m.entity_id = {lapsed} THEN 0 ELSE m.status END
+                  FROM (SELECT {old} AS o FROM generate_series(1, $3::int8) i) r
                  WHERE m.entity_id = r.o",
-                wrap = WRAP.replace("t,", "m.entity_id,").replace("$1", "$4")
+                wrap = wrap_sql("m.entity_id", "$4"),
+                lapsed = token_sql("$2", "$1"),
+                old = token_sql("'item-' || i", "$1"),
             ),
             &[&KEY1, &item(1), &(ROWS / 2), &KEY2],
         )
@@ -133,10 +144,7 @@ fn a_row_rewritten_in_place_is_found_by_the_old_form_while_the_set_rotates() {
 
 /// The new form of `item` (its first key's token wrapped under the second), in SQL.
 fn new_form(pg: &mut postgres::Client, item: &str) -> String {
-    let sql = format!(
-        "SELECT {wrap} FROM (SELECT {TOKEN} AS o FROM (SELECT $2) v(x)) r",
-        wrap = WRAP.replace("t,", "r.o,").replace("$1", "$3")
-    );
+    let sql = format!("SELECT {}", wrap_sql(&token_sql("$2", "$1"), "$3"));
     pg.query_one(&sql, &[&KEY1, &item, &KEY2]).unwrap().get(0)
 }
 
@@ -163,9 +171,9 @@ fn an_add_while_the_set_rotates_stores_one_row_of_the_new_form() {
         pg.query(
             &format!(
                 "SELECT entity_id, {twin}::text FROM member_{SET}
-                  WHERE entity_id IN ((SELECT {TOKEN} FROM (SELECT $1) v(x)), $2) ORDER BY 1"
-            )
-            .replace("decode($1", "decode($3"),
+                  WHERE entity_id IN ({old}, $2) ORDER BY 1",
+                old = token_sql("$1", "$3")
+            ),
             &[&i, &w, &KEY1],
         )
         .unwrap()

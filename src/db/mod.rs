@@ -5,6 +5,7 @@ pub mod build;
 pub mod combine;
 pub mod copy_stream;
 pub mod identity;
+pub mod in_flight;
 pub mod keyslot;
 pub mod link;
 pub mod members;

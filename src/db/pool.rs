@@ -98,9 +98,35 @@ pub fn submit(job: Job) {
         drop(job);
         return;
     }
+    let job = counted(job);
     PENDING.with(|p| p.borrow_mut().push(job));
     if !FLUSH_BEFORE_SLEEP.load(Ordering::Relaxed) {
         flush();
+    }
+}
+
+/// `job`, counted in flight (`in_flight`) until its answer is given, or it is dropped unrun.
+fn counted(job: Job) -> Job {
+    let flight = super::in_flight::Flight::begin();
+    match job {
+        Job::Lookup(p) => Job::Lookup(p.holding(flight)),
+        Job::Add(p, expires_at) => Job::Add(p.holding(flight), expires_at),
+        Job::Run(f) => Job::Run(Box::new(move |db| {
+            let _flight = flight;
+            f(db)
+        })),
+    }
+}
+
+impl<T: 'static> Point<T> {
+    /// This point, `flight` ending as its answer is given (or the point is dropped).
+    fn holding(mut self, flight: super::in_flight::Flight) -> Point<T> {
+        let reply = self.reply;
+        self.reply = Box::new(move |res| {
+            let _flight = flight;
+            reply(res)
+        });
+        self
     }
 }
 

@@ -36,12 +36,12 @@ fn in_form(e: &str) -> String {
 }
 
 /// The chain lengths a set's rows may have now, `lo` and `hi`, from its catalog row aliased
-/// `c`: the chain's length, and while it rotates the one after it (copying) or before it
+/// `c`: the chain's length, and while it rotates the one after it (rewriting, copying) or before it
 /// (switching, draining: the chain already names the new key).
 const LENGTHS: &str = "array_length(string_to_array(c.token_key_fp, '>'), 1)
       - CASE WHEN c.rotate_phase IN ('switching', 'draining') THEN 1 ELSE 0 END AS lo,
     array_length(string_to_array(c.token_key_fp, '>'), 1)
-      + CASE WHEN c.rotate_phase = 'copying' THEN 1 ELSE 0 END AS hi";
+      + CASE WHEN c.rotate_phase IN ('rewriting', 'copying') THEN 1 ELSE 0 END AS hi";
 
 /// How the check refuses: never quoting the row, whose text may be a raw item.
 const REFUSE: &str = "RAISE EXCEPTION 'set % stores tokens of a chain of % key(s): a row in \

@@ -12,6 +12,10 @@ pub struct Rotating {
     pub chain: Tokenize,
     /// This node computes the new form.
     pub switched: bool,
+    /// The epoch of database work (`db::in_flight`) that began as this node learned the
+    /// rotation: once every job of the epochs before has ended, no command planned without
+    /// it can reach the database, and the node's report says it follows the rotation.
+    pub since: u64,
 }
 
 impl Rotating {
@@ -30,7 +34,7 @@ impl Rotating {
     /// filter may be another node's (docs/security.md, "In a cluster").
     pub fn switches_now(&self, cluster: bool, own_covers: bool) -> bool {
         match self.row.phase {
-            Phase::Copying => false,
+            Phase::Rewriting | Phase::Copying => false,
             Phase::Switching if cluster => self.row.covered,
             Phase::Switching => own_covers,
             Phase::Draining => true,
@@ -42,7 +46,7 @@ impl Rotating {
     /// during the drain (writes store the new form alone).
     pub fn forms(&self) -> Option<(Tokenize, &str)> {
         match self.row.phase {
-            Phase::Copying => Some((self.chain.clone(), &self.row.to)),
+            Phase::Rewriting | Phase::Copying => Some((self.chain.clone(), &self.row.to)),
             Phase::Switching => Some((shorter(&self.chain), &self.row.to)),
             Phase::Draining => None,
         }
@@ -84,25 +88,28 @@ mod tests {
     /// A rotation from `OLD` to `NEW` in `phase`, the catalog's chain as that phase has it.
     fn rotating(phase: Phase, switched: bool) -> Rotating {
         let catalog = match phase {
-            Phase::Copying => chain(OLD),
+            Phase::Rewriting | Phase::Copying => chain(OLD),
             _ => chain(&format!("{OLD}{CHAIN_SEPARATOR}{NEW}")),
         };
         Rotating {
             row: RotationRow {
                 to: NEW.to_string(),
                 phase,
-                end_xid: (phase != Phase::Copying).then_some(42),
+                end_xid: (!phase.before_end()).then_some(42),
                 copied: 0,
                 left: None,
                 covered: false,
+                in_place: true,
             },
             chain: catalog,
             switched,
+            since: 0,
         }
     }
 
     #[test]
     fn a_node_computes_the_old_form_until_it_switches_and_the_new_one_after() {
+        assert_eq!(rotating(Phase::Rewriting, false).served(), chain(OLD));
         assert_eq!(rotating(Phase::Copying, false).served(), chain(OLD));
         assert_eq!(rotating(Phase::Switching, false).served(), chain(OLD));
         let both = chain(&format!("{OLD}{CHAIN_SEPARATOR}{NEW}"));
@@ -124,6 +131,7 @@ mod tests {
             r.switches_now(true, false),
             "cluster: every node's filter covers the end"
         );
+        assert!(!rotating(Phase::Rewriting, false).switches_now(true, true));
         assert!(!rotating(Phase::Copying, false).switches_now(true, true));
         assert!(rotating(Phase::Draining, false).switches_now(true, false));
         assert!(rotating(Phase::Draining, false).switches_now(false, false));
@@ -134,6 +142,7 @@ mod tests {
         // Whichever form a node computes, its writes are of the old form, whose twin any node
         // can make: so a row is there under both forms until the drain.
         for (phase, switched) in [
+            (Phase::Rewriting, false),
             (Phase::Copying, false),
             (Phase::Switching, false),
             (Phase::Switching, true),

@@ -44,6 +44,12 @@ pub fn learned(ctx: &Context, name: &str, chain: &Tokenize, rotation: Option<Rot
             s.def.tokenize = chain.clone();
             return;
         };
+        // A rotation to another key, or one first learned, begins an epoch of the work
+        // planned with it.
+        let since = match &was {
+            Some(w) if w.row.to == row.to => w.since,
+            _ => crate::db::in_flight::next_epoch(),
+        };
         let had = was.is_some_and(|w| w.switched && w.row.to == row.to && w.chain == *chain);
         if row.phase == Phase::Draining && !had {
             // Old forms are being deleted: the new form now, and no "absent" from a filter
@@ -52,6 +58,7 @@ pub fn learned(ctx: &Context, name: &str, chain: &Tokenize, rotation: Option<Rot
         }
         let rot = Rotating {
             switched: had || row.phase == Phase::Draining,
+            since,
             row,
             chain: chain.clone(),
         };

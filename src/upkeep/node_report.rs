@@ -38,12 +38,18 @@ type Said = (
     Vec<(String, usize)>,
 );
 
-/// Each set whose key rotates, with the length of the chain this node computes for it.
+/// Each set whose key rotates, with the length of the chain this node computes for it, once
+/// no database work this node planned before it learned the rotation is in flight (so a
+/// rotation that rewrites rows in place may start: docs/rotation-in-place.md).
 fn serving() -> Vec<(String, usize)> {
     state::with(|r| {
         r.sets
             .values()
-            .filter(|s| s.rotation.is_some())
+            .filter(|s| {
+                s.rotation
+                    .as_ref()
+                    .is_some_and(|rot| crate::db::in_flight::settled(rot.since))
+            })
             .map(|s| (s.def.name.clone(), s.def.tokenize.chain().len()))
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()

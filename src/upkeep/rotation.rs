@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 use redis_module::{Context, ContextFlags};
 
 use crate::db::sql::rotation::Phase;
+use crate::db::sql::rotation_copy as copy;
+use crate::db::sql::rotation_rewrite::{self as rewrite, PAGES};
 use crate::db::sql::rotation_steps::{self as rotation, Step};
 use crate::db::sql::{nodes_lacking, Needed};
 use crate::db::{pool, DbErr};
@@ -20,7 +22,7 @@ use crate::server::{mainq, reply};
 use crate::sets::state;
 use crate::upkeep::node_report;
 
-/// Rows a copy or drain step handles.
+/// Rows a step of a copy (a rotation an earlier build started) or of its drain handles.
 pub const BATCH: i64 = 10_000;
 
 /// How this node drives one set's rotation: what MEMBER.INFO shows of it.
@@ -99,6 +101,8 @@ struct Due {
     copied: i64,
     /// The catalog says every node's filter covers the end (switching).
     covered: bool,
+    /// The rotation rewrites rows in place (else it copies them: an earlier build began it).
+    in_place: bool,
 }
 
 /// From the housekeeping sweep: starts the next step of every rotating set whose rest is
@@ -119,7 +123,7 @@ pub fn tick(ctx: &Context, now: Instant) {
                     return None;
                 }
                 let len = rot.chain.chain().len();
-                let n = if rot.row.phase == Phase::Copying {
+                let n = if rot.row.phase.before_end() {
                     len
                 } else {
                     len - 1
@@ -131,6 +135,7 @@ pub fn tick(ctx: &Context, now: Instant) {
                     to: rot.row.to.clone(),
                     copied: rot.row.copied,
                     covered: rot.row.covered,
+                    in_place: rot.row.in_place,
                 })
             })
             .collect()
@@ -193,7 +198,28 @@ fn run_step(db: &mut crate::db::Db, d: &Due) -> Result<Result<Done, String>, DbE
     let to = d.to.clone();
     let wrap = move |o: &str| crate::config::token_key::wrap(&to, o);
     Ok(match d.phase {
-        Phase::Copying => match rotation::copy_step(db, &d.set, d.n, BATCH, &wrap)? {
+        Phase::Rewriting => {
+            // Not before every node follows the rotation: a command planned before a node
+            // learned it asks (or deletes) the old form alone, and would miss a row rewritten.
+            // A node reports that it follows once no such command is in flight
+            // (`db::in_flight`).
+            let behind = nodes_lacking(db, Needed::Form(&d.set, d.n), node_report::FRESH)?;
+            if !behind.is_empty() {
+                return Ok(Ok(Done::Waiting(behind, None)));
+            }
+            match rewrite::rewrite_step(db, &d.set, d.n, PAGES, &wrap)? {
+                Ok(s) if s.copy_done && !s.busy && !s.stale => {
+                    match rewrite::end(db, &d.set, d.n, &wrap)? {
+                        Ok(e) if e.stale || e.busy => Ok(Done::Copied(e)),
+                        Ok(e) => Ok(Done::Ended(e)),
+                        Err(e) => Err(e),
+                    }
+                }
+                Ok(s) => Ok(Done::Copied(s)),
+                Err(e) => Err(e),
+            }
+        }
+        Phase::Copying => match copy::copy_step(db, &d.set, d.n, BATCH, &wrap)? {
             Ok(s) if s.copy_done && !s.busy && !s.stale => {
                 // Not before every node follows the rotation: one that has not learned it
                 // writes no twin, and its row, committed after the end, would reach the
@@ -203,7 +229,7 @@ fn run_step(db: &mut crate::db::Db, d: &Due) -> Result<Result<Done, String>, DbE
                 if !behind.is_empty() {
                     return Ok(Ok(Done::Waiting(behind, s.left)));
                 }
-                match rotation::end(db, &d.set, d.n, &wrap)? {
+                match copy::end(db, &d.set, d.n, &wrap)? {
                     Ok(e) if e.stale || e.busy => Ok(Done::Copied(e)),
                     Ok(e) => Ok(Done::Ended(e)),
                     Err(e) => Err(e),
@@ -213,7 +239,11 @@ fn run_step(db: &mut crate::db::Db, d: &Due) -> Result<Result<Done, String>, DbE
             Err(e) => Err(e),
         },
         Phase::Switching => {
-            let swept = match rotation::sweep_step(db, &d.set, d.n, &wrap)? {
+            let swept = match d.in_place {
+                true => rewrite::rewrite_step(db, &d.set, d.n, 0, &wrap)?,
+                false => copy::sweep_step(db, &d.set, d.n, &wrap)?,
+            };
+            let swept = match swept {
                 Ok(s) => s,
                 Err(e) => return Ok(Err(e)),
             };
@@ -247,7 +277,11 @@ fn run_step(db: &mut crate::db::Db, d: &Due) -> Result<Result<Done, String>, DbE
             // follows the drain (a node still in the switching phase writes both forms).
             let lagging = Needed::Draining(&d.set, d.n + 1);
             let may_end = nodes_lacking(db, lagging, node_report::FRESH)?.is_empty();
-            let (gone, over, left) = rotation::drain_step(db, &d.set, d.n, BATCH, may_end)?;
+            if d.in_place {
+                return Ok(rewrite::drain_step(db, &d.set, d.n, may_end, &wrap)?
+                    .map(|(done, over)| Done::Drained(done, over, Some(0))));
+            }
+            let (gone, over, left) = copy::drain_step(db, &d.set, d.n, BATCH, may_end)?;
             Ok(Done::Drained(gone, over, left))
         }
     })
@@ -312,9 +346,13 @@ fn finished(ctx: &Context, d: Due, res: Result<Result<Done, String>, DbErr>, too
         )),
         Ok(Ok(Done::Ended(s))) => {
             reread = true;
+            let done = match d.in_place {
+                true => "every row is in the new form",
+                false => "every row has its twin",
+            };
             Some(format!(
-                "libmember: rotation of set '{}': every row has its twin ({} in the last step); \
-                 the chain now names the new key, nodes switch as their filters pass the end",
+                "libmember: rotation of set '{}': {done} ({} in the last step); the chain now \
+                 names the new key, nodes switch as their filters pass the end",
                 d.set, s.copied
             ))
         }
@@ -328,20 +366,25 @@ fn finished(ctx: &Context, d: Due, res: Result<Result<Done, String>, DbErr>, too
         }
         Ok(Ok(Done::DrainStarted)) => {
             reread = true;
+            let what = match d.in_place {
+                true => "draining the old forms a late writer adds",
+                false => "deleting the old forms",
+            };
             Some(format!(
-                "libmember: rotation of set '{}': every node computes the new form; deleting \
-                 the old forms",
+                "libmember: rotation of set '{}': every node computes the new form; {what}",
                 d.set
             ))
         }
         Ok(Ok(Done::Drained(gone, true, _))) => {
             reread = true;
+            let how = if d.in_place { "rewritten" } else { "deleted" };
             Some(format!(
                 "libmember: rotation of set '{}' ended: no row of the old form is left ({gone} \
-                 deleted in the last step)",
+                 {how} in the last step)",
                 d.set
             ))
         }
+
         Ok(Ok(_)) => None,
     };
     if let Some(line) = line {

@@ -361,11 +361,11 @@ fn a_rotation_resumes_after_a_kill_9_of_its_primary() {
     let mut holder = env.pg();
     hold_rotation(&mut holder, "cards");
     rotate_key(&mut c, "cards", "k2");
-    wait_phase(&mut c, "copying");
+    wait_phase(&mut c, "rewriting");
 
     env.vk.kill9_and_restart();
     let mut c = env.conn();
-    wait_phase(&mut c, "copying");
+    wait_phase(&mut c, "rewriting");
     // Written while the rotation is held: both forms stored.
     let during: Vec<String> = (0..20).map(|i| format!("during-{i}")).collect();
     for i in &during {
@@ -417,7 +417,7 @@ fn a_rotation_resumes_after_a_kill_9_of_its_primary() {
     // The restarted node says it took the rotation over (the log file outlives the restart).
     let log = env.vk.log();
     assert_eq!(
-        log.matches("rotation of set 'cards' taken over by this node in its copying phase")
+        log.matches("rotation of set 'cards' taken over by this node in its rewriting phase")
             .count(),
         1,
         "{log}"

@@ -1,9 +1,11 @@
-//! The first step of the rotation that rewrites rows in place (docs/rotation-in-place.md):
-//! while a set's key rotates, a node that computes the old form asks the database for the new
-//! form beside it, so a row is found whichever form it holds. Here the rows are rewritten by
-//! hand (`UPDATE … SET entity_id = <new form>, twin = entity_id`), as the rewriting phase will,
-//! while a session holds the rotation still in its copy: the order is the same on any machine.
-//! A filter built meanwhile reads each rewritten row's old form from its `twin` column.
+//! The rotation that rewrites rows in place (docs/rotation-in-place.md): while a set's key
+//! rotates, a node that computes the old form asks the database for the new form beside it,
+//! so a row is found whichever form it holds. Here half the rows are rewritten by hand
+//! (`UPDATE … SET entity_id = <new form>, twin = entity_id`), as the rewriting phase does,
+//! while a session holds the rotation still before its first step: the order is the same on
+//! any machine. A filter built meanwhile reads each rewritten row's old form from its `twin`
+//! column; the rewrite merges an old-form row into the new form already there; outside
+//! writers match both forms with `member_catalog_forms`.
 use crate::support;
 
 use std::time::Duration;
@@ -70,7 +72,7 @@ fn rewritten_half(env: &Env, c: &mut redis::Connection) -> postgres::Client {
     let mut holder = env.pg();
     hold_rotation(&mut holder, SET);
     rotate_key(c, SET, "k2");
-    assert!(shows_phase(c, SET, "copying"), "never copying");
+    assert!(shows_phase(c, SET, "rewriting"), "never rewriting");
 
     // Half the rows rewritten in place, one of them lapsed; the other half left as they were.
     let rewritten = pg
@@ -206,9 +208,10 @@ fn an_add_while_the_set_rotates_stores_one_row_of_the_new_form() {
     }
 }
 
-/// A node of a build before these steps asks the database for an item's old form alone: while
-/// one reports (here, a report as such a build writes it, with no rotation level), a rotation
-/// does not start, and the reply names it; once it is gone, the rotation starts.
+/// A node of a build before the rewrite in place does not follow it (one before step 1 asks
+/// the database for an item's old form alone; one of steps 1 to 3, rotation level 1, does not
+/// know the phase `rewriting`): while one reports (here, a report as such a build writes it),
+/// a rotation does not start, and the reply names it; once it is gone, the rotation starts.
 #[test]
 fn a_rotation_does_not_start_while_a_node_of_an_older_build_reports() {
     let file = KeyFile::new(&format!("default {KEY1}\nk2 {KEY2}\n"));
@@ -219,8 +222,8 @@ fn a_rotation_does_not_start_while_a_node_of_an_older_build_reports() {
     let older = "test-older-build";
     assert!(wait_until(Duration::from_secs(30), || {
         pg.execute(
-            "INSERT INTO member_nodes (node, port, role, ring, seen_at)
-             SELECT $1, port, role, ring, now() + interval '1 hour'
+            "INSERT INTO member_nodes (node, port, role, ring, seen_at, rotation_level)
+             SELECT $1, port, role, ring, now() + interval '1 hour', 1
                FROM member_nodes WHERE node <> $1 ORDER BY seen_at DESC LIMIT 1
              ON CONFLICT (node) DO NOTHING",
             &[&older],
@@ -248,5 +251,140 @@ fn a_rotation_does_not_start_while_a_node_of_an_older_build_reports() {
             && set_info(&mut c, SET, "token_key_id").as_deref()
                 == Ok("default>k2")),
         "the rotation never ended"
+    );
+}
+
+/// An old-form row whose item's new form is already there (an outside writer's INSERT of the
+/// form `member_catalog_token` gave before the rotation, of an item already rewritten) is
+/// merged into the new row by the rewrite: a member if either row was, one row after.
+#[test]
+fn the_rewrite_merges_an_old_form_row_into_the_new_one_already_there() {
+    let file = KeyFile::new(&format!("default {KEY1}\nk2 {KEY2}\n"));
+    let env = Env::with(&[("member.token-key-file", file.path())]);
+    let mut c = env.conn();
+    let mut holder = rewritten_half(&env, &mut c);
+    let mut pg = env.pg();
+    // Beside rewritten rows: item-1's lapsed new row gets an active old one, item-3's active
+    // new row a lapsed old one, item-4's an active one expiring in an hour.
+    for (i, status, expires) in [
+        ("item-1", 1i16, false),
+        ("item-3", 0, false),
+        ("item-4", 1, true),
+    ] {
+        pg.execute(
+            &format!(
+                "INSERT INTO member_{SET} (entity_id, status, expires_at)
+                 VALUES ({old}, $3, CASE WHEN $4 THEN now() + interval '1 hour' END)",
+                old = token_sql("$1", "$2")
+            ),
+            &[&i, &KEY1, &status, &expires],
+        )
+        .unwrap();
+    }
+    let items: Vec<String> = ["item-1", "item-3", "item-4"].map(String::from).to_vec();
+    assert_eq!(mexists(&mut c, SET, &items), [1, 1, 1], "while held");
+
+    let_go(&mut holder, &mut c);
+    assert_eq!(
+        mexists(&mut c, SET, &items),
+        [1, 1, 1],
+        "after the rotation"
+    );
+    // One row per item, each of the new form: the old rows were merged and deleted.
+    let rows: Vec<(i64, i64)> = pg
+        .query(
+            "SELECT count(*), count(*) FILTER (WHERE entity_id LIKE '2:%') FROM member_in_place_cards",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        rows,
+        [(ROWS, ROWS)],
+        "one row per item, each of the new form"
+    );
+    // item-4's row lives on without the old row's expiry: none outlives any.
+    let w = new_form(&mut pg, "item-4");
+    let expiry: Option<std::time::SystemTime> = pg
+        .query_one(
+            &format!("SELECT expires_at FROM member_{SET} WHERE entity_id = $1"),
+            &[&w],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(expiry, None, "item-4 never expires, as its new row said");
+}
+
+/// While the set rotates, `member_catalog_forms` gives an outside writer both forms a row of
+/// an item may have (an outside `DELETE` by the old form alone misses a row rewritten); after
+/// the rotation, the new form alone.
+#[test]
+fn an_outside_delete_by_the_forms_deletes_a_row_whichever_form_it_holds() {
+    let file = KeyFile::new(&format!("default {KEY1}\nk2 {KEY2}\n"));
+    let env = Env::with(&[("member.token-key-file", file.path())]);
+    let mut c = env.conn();
+    let mut holder = rewritten_half(&env, &mut c);
+    let mut pg = env.pg();
+    let forms = |pg: &mut postgres::Client, i: &str| -> Result<Vec<String>, postgres::Error> {
+        pg.query_one(
+            &format!("SELECT member_catalog_forms('{SET}', $1, '', $2, $3)"),
+            &[&i, &KEY1, &KEY2],
+        )
+        .map(|r| r.get(0))
+    };
+    let old = |pg: &mut postgres::Client, i: &str| -> String {
+        pg.query_one(&format!("SELECT {}", token_sql("$1", "$2")), &[&i, &KEY1])
+            .unwrap()
+            .get(0)
+    };
+    for i in ["item-5", "item-40"] {
+        assert_eq!(
+            forms(&mut pg, i).unwrap(),
+            [old(&mut pg, i), new_form(&mut pg, i)],
+            "{i}"
+        );
+    }
+    // The key the set rotates to must be given: without it the rewritten form is unknown.
+    let e = pg
+        .query_one(
+            &format!("SELECT member_catalog_forms('{SET}', 'item-5', '', $1)"),
+            &[&KEY1],
+        )
+        .unwrap_err();
+    let e = e.as_db_error().unwrap();
+    assert!(e.message().contains("2 key(s), 1 given"), "{e:?}");
+    // By the old form alone, a rewritten row is not found; by its forms, either is.
+    let o = old(&mut pg, "item-6");
+    let by_old = pg
+        .execute(
+            &format!("DELETE FROM member_{SET} WHERE entity_id = $1"),
+            &[&o],
+        )
+        .unwrap();
+    assert_eq!(by_old, 0, "item-6's row holds its new form");
+    for i in ["item-5", "item-40"] {
+        let gone = pg
+            .execute(
+                &format!(
+                    "DELETE FROM member_{SET}
+                      WHERE entity_id = ANY(member_catalog_forms('{SET}', $1, '', $2, $3))"
+                ),
+                &[&i, &KEY1, &KEY2],
+            )
+            .unwrap();
+        assert_eq!(gone, 1, "{i}");
+    }
+    let_go(&mut holder, &mut c);
+    let items: Vec<String> = ["item-5", "item-40", "item-6"].map(String::from).to_vec();
+    assert_eq!(
+        mexists(&mut c, SET, &items),
+        [0, 0, 1],
+        "after the rotation"
+    );
+    assert_eq!(
+        forms(&mut pg, "item-5").unwrap(),
+        [new_form(&mut pg, "item-5")]
     );
 }

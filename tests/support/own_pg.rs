@@ -35,6 +35,11 @@ impl OwnPg {
         self.cluster.client("postgres")
     }
 
+    /// The last `n` lines of the cluster's log, for a failure's message.
+    pub fn log_tail(&self, n: usize) -> String {
+        super::process::tail(&self.cluster.log_path(), n)
+    }
+
     pub fn is_running(&self) -> bool {
         self.cluster.child.is_some()
     }

@@ -106,7 +106,7 @@ impl Completion for Started {
                 reply::Level::Notice,
                 &format!(
                     "libmember: rotation of set '{}' to key '{}' started (from a chain of {n} \
-                     key(s)): copying every row to its twin",
+                     key(s)): rewriting every row in place to the new form",
                     self.name, self.id
                 ),
             );

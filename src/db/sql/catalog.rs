@@ -76,6 +76,14 @@ DO $later$ BEGIN
                                ADD COLUMN IF NOT EXISTS rotate_covered boolean;
   END IF;
 END $later$;
+-- The rewrite's cursor and end, in heap pages (docs/rotation-in-place.md).
+DO $pages$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'member_catalog'::regclass
+                   AND attname = 'rotate_pages' AND NOT attisdropped) THEN
+    ALTER TABLE member_catalog ADD COLUMN IF NOT EXISTS rotate_page bigint,
+                               ADD COLUMN IF NOT EXISTS rotate_pages bigint;
+  END IF;
+END $pages$;
 CREATE TABLE IF NOT EXISTS member_catalog_version (
     id smallint PRIMARY KEY CHECK (id = 1),
     version bigint NOT NULL

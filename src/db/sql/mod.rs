@@ -15,6 +15,8 @@ mod changes;
 mod nodes;
 mod pages;
 pub mod rotation;
+pub mod rotation_copy;
+pub mod rotation_rewrite;
 pub mod rotation_steps;
 
 pub use catalog::{

@@ -28,7 +28,9 @@ ALTER TABLE member_nodes ADD COLUMN IF NOT EXISTS covered text NOT NULL DEFAULT 
 /// ADD stores one row of the new form (docs/rotation-in-place.md, steps 1 to 3). A build
 /// before wrote no level (0): it asks for the old form alone, and would miss an item a newer
 /// node added during a rotation, so a rotation does not start while such a node reports.
-pub const ROTATION_LEVEL: i32 = 1;
+/// 2 since a rotation rewrites rows in place (its phase `rewriting`, which a build of level
+/// 1 does not know: it would serve the old form alone, and miss every row rewritten).
+pub const ROTATION_LEVEL: i32 = 2;
 
 /// Reports older than this are deleted by the next report of any node.
 const FORGOTTEN_AFTER_S: f64 = 86_400.0;

@@ -1,48 +1,12 @@
 //! An online key rotation's state in the catalog and its start (docs/security.md, "Rotating
 //! a tokenized set's key online"): the catalog's rotation columns as a node reads them, the
-//! `twin` column and the triggers that keep a row and its twin alike, the form of a chain.
-//! The steps that carry a rotation to its end are `rotation_steps.rs`.
+//! `twin` column, the form of a chain. The steps that carry a rotation to its end are
+//! `rotation_rewrite.rs` (a rotation rewrites each row in place: docs/rotation-in-place.md)
+//! and `rotation_steps.rs` (shared, and the copy a rotation started by an earlier build
+//! goes on with).
 
 use super::{table, ADVISORY_KEY};
 use crate::db::{Db, DbErr};
-
-/// The functions that keep a row and its twin alike while a set rotates: deleting either
-/// deletes the other, and a change of `status` or `expires_at` on one is made on the other,
-/// whoever writes (a node that has not read the rotation yet, an outside writer). The
-/// partner's own statement runs them again one level down, where they stop.
-const TWIN_FUNCTIONS: &str = r"
-CREATE OR REPLACE FUNCTION member_twin_del() RETURNS trigger LANGUAGE plpgsql AS $b$
-BEGIN -- member_twin v2: two statements, each by an index (the partial one on twin, the key)
-  IF pg_trigger_depth() > 1 OR NOT EXISTS (SELECT FROM member_twin_old) THEN
-    RETURN NULL;
-  END IF;
-  EXECUTE format('DELETE FROM %I.%I t USING member_twin_old o
-                   WHERE t.twin = o.entity_id AND o.scope = '''' AND t.twin IS NOT NULL',
-                 TG_TABLE_SCHEMA, TG_TABLE_NAME);
-  EXECUTE format('DELETE FROM %I.%I t USING member_twin_old o
-                   WHERE t.entity_id = o.twin AND t.scope = ''''',
-                 TG_TABLE_SCHEMA, TG_TABLE_NAME);
-  RETURN NULL;
-END $b$;
-CREATE OR REPLACE FUNCTION member_twin_upd() RETURNS trigger LANGUAGE plpgsql AS $b$
-BEGIN -- member_twin v2
-  IF pg_trigger_depth() > 1 OR NOT EXISTS (SELECT FROM member_twin_new) THEN
-    RETURN NULL;
-  END IF;
-  EXECUTE format('UPDATE %I.%I t SET status = n.status, expires_at = n.expires_at,
-                                     updated_at = n.updated_at
-                    FROM member_twin_new n
-                   WHERE t.twin = n.entity_id AND n.scope = '''' AND t.twin IS NOT NULL
-                     AND (t.status, t.expires_at) IS DISTINCT FROM (n.status, n.expires_at)',
-                 TG_TABLE_SCHEMA, TG_TABLE_NAME);
-  EXECUTE format('UPDATE %I.%I t SET status = n.status, expires_at = n.expires_at,
-                                     updated_at = n.updated_at
-                    FROM member_twin_new n
-                   WHERE t.entity_id = n.twin AND t.scope = ''''
-                     AND (t.status, t.expires_at) IS DISTINCT FROM (n.status, n.expires_at)',
-                 TG_TABLE_SCHEMA, TG_TABLE_NAME);
-  RETURN NULL;
-END $b$";
 
 /// What the catalog says of a set's rotation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,19 +17,28 @@ pub struct RotationRow {
     /// The end's transaction id (from `Switching` on): a node switches to the new form once
     /// its filter covers every transaction below it and this one.
     pub end_xid: Option<i64>,
-    /// Rows copied so far.
+    /// Rows copied or rewritten so far.
     pub copied: i64,
-    /// About how many rows the rotation has still to copy (copying) or delete (switching,
-    /// draining), as of the last step; `None` before the first.
+    /// About how many rows the rotation has still to rewrite or copy (rewriting, copying) or
+    /// delete (switching, draining, after a copy), as of the last step; `None` before the
+    /// first.
     pub left: Option<i64>,
     /// Switching: every node has reported a filter that covers the end (`member_nodes`'
     /// `covered`). In a cluster, where a node asks other nodes' filters, nodes switch then.
     pub covered: bool,
+    /// The rotation rewrites rows in place (it was started in the phase `rewriting`: the
+    /// catalog records the pages it walks); `false` for one an earlier build started, which
+    /// copies each row to a twin and deletes the old rows in its drain.
+    pub in_place: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
-    /// Twins are made for every old-form row; the chain is still the old one.
+    /// Each old-form row is rewritten in place to the new form, naming its old one
+    /// (`twin`); the chain is still the old one.
+    Rewriting,
+    /// A rotation an earlier build started: twins are made for every old-form row; the
+    /// chain is still the old one.
     Copying,
     /// The chain holds the new key; nodes switch as their filters pass the end.
     Switching,
@@ -76,16 +49,27 @@ pub enum Phase {
 impl Phase {
     pub fn name(self) -> &'static str {
         match self {
+            Phase::Rewriting => "rewriting",
             Phase::Copying => "copying",
             Phase::Switching => "switching",
             Phase::Draining => "draining",
         }
     }
 
+    /// Before the end: the chain is still the old one, and rows are moved to the new form.
+    pub fn before_end(self) -> bool {
+        matches!(self, Phase::Rewriting | Phase::Copying)
+    }
+
     fn parse(s: &str) -> Option<Phase> {
-        [Phase::Copying, Phase::Switching, Phase::Draining]
-            .into_iter()
-            .find(|p| p.name() == s)
+        [
+            Phase::Rewriting,
+            Phase::Copying,
+            Phase::Switching,
+            Phase::Draining,
+        ]
+        .into_iter()
+        .find(|p| p.name() == s)
     }
 }
 
@@ -93,7 +77,7 @@ impl Phase {
 pub(super) fn rotation_columns(a: &str) -> String {
     format!(
         "{a}.rotate_to, {a}.rotate_phase, {a}.rotate_end_xid, {a}.rotate_copied, \
-         {a}.rotate_left, {a}.rotate_covered"
+         {a}.rotate_left, {a}.rotate_covered, {a}.rotate_pages IS NOT NULL"
     )
 }
 
@@ -107,6 +91,7 @@ pub(super) fn rotation_at(row: &postgres::Row, at: usize) -> Option<RotationRow>
         copied: row.get::<_, Option<i64>>(at + 3).unwrap_or(0),
         left: row.get(at + 4),
         covered: row.get::<_, Option<bool>>(at + 5).unwrap_or(false),
+        in_place: row.get(at + 6),
     })
 }
 
@@ -149,12 +134,12 @@ pub(super) const LOCK_WAIT: &str = "SET LOCAL lock_timeout = '200ms'";
 const START_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Starts the rotation of `set` to the key of fingerprint `to`, under the catalog's lock: the
-/// `twin` column (its own short transaction: it locks the table against readers), then its
-/// index, the triggers, the form check taking both lengths, the catalog's rotation columns
-/// and version (every node re-reads it). Each transaction waits at most [`LOCK_WAIT`] for
-/// the table and is tried again, until a try could not end before `deadline` (the client's
-/// reply must come first): then [`StartRefused::Busy`]. Returns the chain's length before the
-/// rotation.
+/// `twin` column (no index: no statement finds a row by it), the form check taking both
+/// lengths, the catalog's rotation columns (the phase `rewriting`, the table's page count,
+/// which the rewrite walks to) and version (every node re-reads it). Its transaction waits
+/// at most [`LOCK_WAIT`] for the table and is tried again, until a try could not end before
+/// `deadline` (the client's reply must come first): then [`StartRefused::Busy`]. Returns the
+/// chain's length before the rotation.
 pub fn start(
     db: &mut Db,
     set: &str,
@@ -183,46 +168,28 @@ fn start_once(
     to: &str,
 ) -> Result<Result<usize, StartRefused>, postgres::Error> {
     let t = table(set);
-    let index = twin_index(set);
-    let n = {
-        let mut tx = st.begin(c)?;
-        tx.batch_execute(LOCK_WAIT)?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
-        let n = match check(&mut tx, set, to)? {
-            Ok(n) => n,
-            Err(refused) => return Ok(Err(refused)),
-        };
-        tx.batch_execute(&format!(
-            "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS twin text"
-        ))?;
-        tx.commit()?;
-        n
-    };
     let mut tx = st.begin(c)?;
     tx.batch_execute(LOCK_WAIT)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
-    if let Err(refused) = check(&mut tx, set, to)? {
-        return Ok(Err(refused));
-    }
-    tx.batch_execute(TWIN_FUNCTIONS)?;
+    let n = match check(&mut tx, set, to)? {
+        Ok(n) => n,
+        Err(refused) => return Ok(Err(refused)),
+    };
     tx.batch_execute(&format!(
-        "CREATE INDEX IF NOT EXISTS {index} ON {t} (twin) WHERE twin IS NOT NULL;
-         DROP TRIGGER IF EXISTS member_twin_del ON {t};
-         DROP TRIGGER IF EXISTS member_twin_upd ON {t};
-         CREATE TRIGGER member_twin_del AFTER DELETE ON {t}
-           REFERENCING OLD TABLE AS member_twin_old FOR EACH STATEMENT
-           EXECUTE FUNCTION member_twin_del();
-         CREATE TRIGGER member_twin_upd AFTER UPDATE ON {t}
-           REFERENCING NEW TABLE AS member_twin_new FOR EACH STATEMENT
-           EXECUTE FUNCTION member_twin_upd();"
+        "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS twin text"
     ))?;
+    // Rows committed before this transaction lie in the pages counted here; any written
+    // after its snapshot is in the change log from the watermark on (the sweep's).
     tx.execute(
-        "UPDATE member_catalog
-            SET rotate_to = $2, rotate_phase = 'copying', rotate_cursor = NULL,
-                rotate_swept = pg_snapshot_xmin(pg_current_snapshot())::text::int8,
-                rotate_end_xid = NULL, rotate_copied = 0, rotate_left = NULL,
-                rotate_covered = false, rotate_started = now()
-          WHERE name = $1",
+        &format!(
+            "UPDATE member_catalog
+                SET rotate_to = $2, rotate_phase = 'rewriting', rotate_cursor = NULL,
+                    rotate_swept = pg_snapshot_xmin(pg_current_snapshot())::text::int8,
+                    rotate_end_xid = NULL, rotate_copied = 0, rotate_left = NULL,
+                    rotate_covered = false, rotate_started = now(), rotate_page = 0,
+                    rotate_pages = pg_relation_size('{t}') / current_setting('block_size')::int8
+              WHERE name = $1"
+        ),
         &[&set, &to],
     )?;
     tx.execute("SELECT member_catalog_form($1)", &[&set])?;
@@ -274,7 +241,12 @@ mod tests {
             form_test("m.e", 12),
             "(octet_length(m.e) = 67 AND m.e ~ '^12:[0-9a-f]*$')"
         );
-        for p in [Phase::Copying, Phase::Switching, Phase::Draining] {
+        for p in [
+            Phase::Rewriting,
+            Phase::Copying,
+            Phase::Switching,
+            Phase::Draining,
+        ] {
             assert_eq!(Phase::parse(p.name()), Some(p));
         }
         assert_eq!(Phase::parse("moving"), None);

@@ -1,19 +1,25 @@
-//! The steps of an online key rotation (docs/security.md, "Rotating a tokenized set's key
-//! online"), each one transaction that takes the set's rotation lock without waiting (two
-//! primaries never run one step at once) and keeps its progress in the catalog row (a step
-//! after a crash, a restart or a failover goes on from the last one committed): the copy of
-//! old-form rows to their twins by the cursor, the sweep of rows written behind it (read from
-//! the change log), the end that lengthens the chain, and the drain. The module computes each
-//! twin (`wrap`: it holds the keys); the statements only read and write rows.
+//! What every step of an online key rotation shares (docs/security.md, "Rotating a tokenized
+//! set's key online"): each is one transaction that takes the set's rotation lock without
+//! waiting (two primaries never run one step at once), checks the catalog's phase, and keeps
+//! its progress in the catalog row (a step after a crash, a restart or a failover goes on
+//! from the last one committed). Here too the steps both kinds of rotation take: the mark
+//! that every node's filter covers the end, and the start of the drain. The rewrite in place
+//! is `rotation_rewrite.rs`; the copy a rotation started by an earlier build goes on with,
+//! `rotation_copy.rs`.
 
 use postgres::Transaction;
 
-use super::rotation::{form_test, twin_index, LOCK_WAIT};
+use postgres::error::SqlState;
+
+use super::rotation::{twin_index, LOCK_WAIT};
 use super::{table, ADVISORY_KEY};
-use crate::db::{Db, DbErr};
+use crate::db::{Db, DbErr, Stmts};
+
+/// Computes a row's new form from its old one (the module's keys), or says why it cannot.
+pub type Wrap<'a> = &'a dyn Fn(&str) -> Result<String, String>;
 
 /// The set's rotation lock, taken without waiting: `false` when another node runs a step.
-fn try_lock(tx: &mut Transaction, set: &str) -> Result<bool, postgres::Error> {
+pub(super) fn try_lock(tx: &mut Transaction, set: &str) -> Result<bool, postgres::Error> {
     Ok(tx
         .query_one(
             "SELECT pg_try_advisory_xact_lock(hashtextextended('member rotation ' || $1, 0))",
@@ -25,7 +31,11 @@ fn try_lock(tx: &mut Transaction, set: &str) -> Result<bool, postgres::Error> {
 /// Whether the catalog's phase of `set`'s rotation is one of `phases`: a step planned from a
 /// node's view of the catalog that the rotation has since left (a step in the moment between
 /// a phase's change and this node's re-read of the catalog) does nothing.
-fn phase_is(tx: &mut Transaction, set: &str, phases: &[&str]) -> Result<bool, postgres::Error> {
+pub(super) fn phase_is(
+    tx: &mut Transaction,
+    set: &str,
+    phases: &[&str],
+) -> Result<bool, postgres::Error> {
     let phase: Option<String> = tx
         .query_opt(
             "SELECT rotate_phase FROM member_catalog WHERE name = $1",
@@ -37,7 +47,7 @@ fn phase_is(tx: &mut Transaction, set: &str, phases: &[&str]) -> Result<bool, po
 
 /// Takes the set's rotation lock and checks the catalog's phase: the step that does nothing
 /// when another node holds the lock, or the rotation has left `phases`; `None` to go on.
-fn refused(
+pub(super) fn refused(
     tx: &mut Transaction,
     set: &str,
     phases: &[&str],
@@ -58,23 +68,24 @@ pub struct Step {
     pub busy: bool,
     /// The rotation had left the phase the step was for: nothing was done.
     pub stale: bool,
-    /// Old-form rows given twins.
+    /// Old-form rows rewritten in place (or given twins, by a copy).
     pub copied: usize,
-    /// The copy reached the end of the table.
+    /// The rewrite (or the copy) reached the end of the table.
     pub copy_done: bool,
-    /// About how many rows the rotation has still to copy or delete (`RotationRow::left`).
+    /// About how many rows the rotation has still to rewrite, copy or delete
+    /// (`RotationRow::left`).
     pub left: Option<i64>,
 }
 
 impl Step {
-    const BUSY: Step = Step {
+    pub(super) const BUSY: Step = Step {
         busy: true,
         stale: false,
         copied: 0,
         copy_done: false,
         left: None,
     };
-    const STALE: Step = Step {
+    pub(super) const STALE: Step = Step {
         busy: false,
         stale: true,
         copied: 0,
@@ -83,254 +94,9 @@ impl Step {
     };
 }
 
-/// The key the copy or the drain has reached (`''` before its first step).
-fn cursor(tx: &mut Transaction, set: &str) -> Result<String, postgres::Error> {
-    let cursor: Option<String> = tx
-        .query_one(
-            "SELECT rotate_cursor FROM member_catalog WHERE name = $1",
-            &[&set],
-        )?
-        .get(0);
-    Ok(cursor.unwrap_or_default())
-}
-
-/// What one window of the copy read: how many rows, the last key among them as PostgreSQL
-/// orders them (the next cursor), and which of them are old-form rows without twins.
-#[derive(Default)]
-struct Window {
-    scanned: i64,
-    last: Option<String>,
-    olds: Vec<String>,
-}
-
-/// The next window of the copy: at most `limit` rows after the cursor in key order (an index
-/// scan that passes each row once over the whole copy; a filter on the form and the twins in
-/// the same scan made the planner sort the table's whole remainder at every step), and among
-/// them the old-form rows (chain `n`) without twins.
-fn next_batch(
-    tx: &mut Transaction,
-    set: &str,
-    n: usize,
-    limit: i64,
-) -> Result<Window, postgres::Error> {
-    let t = table(set);
-    let cursor = cursor(tx, set)?;
-    let sql = format!(
-        "WITH s AS MATERIALIZED (
-           SELECT entity_id, twin FROM {t} WHERE scope = '' AND entity_id > $1
-            ORDER BY entity_id LIMIT $2)
-         SELECT (SELECT count(*) FROM s), (SELECT max(entity_id) FROM s),
-                ARRAY(SELECT s.entity_id FROM s
-                       WHERE s.twin IS NULL AND {form}
-                         AND NOT EXISTS (SELECT FROM {t} w
-                                          WHERE w.twin = s.entity_id AND w.scope = '')
-                       ORDER BY s.entity_id)",
-        form = form_test("s.entity_id", n)
-    );
-    let row = tx.query_one(&sql, &[&cursor, &limit])?;
-    Ok(Window {
-        scanned: row.get(0),
-        last: row.get(1),
-        olds: row.get(2),
-    })
-}
-
-/// Old-form rows written since the sweep's watermark (the change log's keys left alive) that
-/// have no twin yet, and the new watermark: rows a writer put behind the copy's cursor.
-fn swept(tx: &mut Transaction, set: &str, n: usize) -> Result<(Vec<String>, i64), postgres::Error> {
-    let t = table(set);
-    let from: i64 = tx
-        .query_one(
-            "SELECT coalesce(rotate_swept, 0) FROM member_catalog WHERE name = $1",
-            &[&set],
-        )?
-        .get(0);
-    let (horizon, floor): (i64, Option<i64>) = {
-        let r = tx.query_one(
-            "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8,
-                    (SELECT floor::text::int8 FROM member_changes_floor)",
-            &[],
-        )?;
-        (r.get(0), r.get(1))
-    };
-    // The log was pruned past the watermark (a rotation paused for longer than the log's
-    // retention): every old-form row without a twin is read instead, whatever its age.
-    if floor.is_some_and(|f| f > from) {
-        let sql = format!(
-            "SELECT m.entity_id FROM {t} m
-              WHERE m.scope = '' AND m.twin IS NULL AND {form}
-                AND NOT EXISTS (SELECT FROM {t} w WHERE w.twin = m.entity_id AND w.scope = '')",
-            form = form_test("m.entity_id", n)
-        );
-        let rows = tx.query(&sql, &[])?;
-        return Ok((rows.iter().map(|r| r.get(0)).collect(), horizon));
-    }
-    let sql = format!(
-        "SELECT DISTINCT l.entity_id FROM member_changes l
-           JOIN {t} m ON m.entity_id = l.entity_id AND m.scope = ''
-          WHERE l.set_name = $1 AND l.xid >= $2::text::xid8 AND l.alive AND l.scope = ''
-            AND {form} AND m.twin IS NULL
-            AND NOT EXISTS (SELECT FROM {t} w WHERE w.twin = m.entity_id AND w.scope = '')",
-        // On the log's key, so the copy's own twins (most of what a step's sweep reads) are
-        // passed over before the join looks them up in the table.
-        form = form_test("l.entity_id", n)
-    );
-    let rows = tx.query(&sql, &[&set, &from.to_string()])?;
-    Ok((rows.iter().map(|r| r.get(0)).collect(), horizon))
-}
-
-/// Gives each of `olds` (old-form rows) its twin, `wrap` computing it (or saying why it
-/// cannot), copying each old row's status and times: the twins made.
-fn make_twins(
-    tx: &mut Transaction,
-    set: &str,
-    olds: &[String],
-    wrap: &dyn Fn(&str) -> Result<String, String>,
-) -> Result<Result<u64, String>, postgres::Error> {
-    if olds.is_empty() {
-        return Ok(Ok(0));
-    }
-    let news = match olds.iter().map(|o| wrap(o)).collect::<Result<Vec<_>, _>>() {
-        Ok(news) => news,
-        Err(e) => return Ok(Err(e)),
-    };
-    let t = table(set);
-    // The old rows stay until this commits (the statement locks them as it reads them, in key
-    // order): a DELETE of one waits, and then its twin trigger, a statement of its own, sees
-    // the twin made here and deletes it too; a row deleted before the lock is taken gets no
-    // twin. (Without the lock, a DELETE that ran between this statement's snapshot and its
-    // commit would miss the twin, which would then outlive its row.)
-    let made = tx.execute(
-        &format!(
-            "INSERT INTO {t} (entity_id, scope, status, created_at, updated_at, expires_at, twin)
-             SELECT u.w, '', m.status, m.created_at, m.updated_at, m.expires_at, m.entity_id
-               FROM unnest($1::text[], $2::text[]) AS u(w, o)
-               JOIN {t} m ON m.entity_id = u.o AND m.scope = ''
-              ORDER BY m.entity_id FOR KEY SHARE OF m
-             ON CONFLICT (entity_id, scope) DO NOTHING"
-        ),
-        &[&news, &olds],
-    )?;
-    Ok(Ok(made))
-}
-
-/// One step of the copy: the next `limit` old-form rows after the cursor and the rows the
-/// sweep finds get their twins (`wrap` computes a twin, or says why it cannot), the cursor
-/// and the watermark move, in one transaction.
-pub fn copy_step(
-    db: &mut Db,
-    set: &str,
-    n: usize,
-    limit: i64,
-    wrap: &dyn Fn(&str) -> Result<String, String>,
-) -> Result<Result<Step, String>, DbErr> {
-    db.run_own(|c, st| {
-        let mut tx = st.begin(c)?;
-        if let Some(nothing) = refused(&mut tx, set, &["copying", "switching"])? {
-            return Ok(Ok(nothing));
-        }
-        // The first step counts what there is to copy (once; before it takes any row lock).
-        tx.execute(
-            &format!(
-                "UPDATE member_catalog SET rotate_left = (SELECT count(*) FROM {t})
-                  WHERE name = $1 AND rotate_left IS NULL AND rotate_phase = 'copying'",
-                t = table(set)
-            ),
-            &[&set],
-        )?;
-        let window = match limit {
-            0 => Window::default(),
-            _ => next_batch(&mut tx, set, n, limit)?,
-        };
-        let (behind, horizon) = swept(&mut tx, set, n)?;
-        let olds: Vec<String> = window.olds.iter().chain(&behind).cloned().collect();
-        let copied = match make_twins(&mut tx, set, &olds, wrap)? {
-            Ok(made) => made,
-            Err(e) => return Ok(Err(e)),
-        };
-        // Copying, the rows still to copy; switching (a sweep), those the drain will delete.
-        let left: Option<i64> = tx
-            .query_one(
-                "UPDATE member_catalog
-                    SET rotate_cursor = coalesce($2, rotate_cursor), rotate_swept = $3,
-                        rotate_copied = rotate_copied + $4,
-                        rotate_left = CASE rotate_phase
-                                        WHEN 'copying' THEN greatest(rotate_left - $4, 0)
-                                        ELSE rotate_left + $4 END
-                  WHERE name = $1 RETURNING rotate_left",
-                &[&set, &window.last, &horizon, &(copied as i64)],
-            )?
-            .get(0);
-        tx.commit()?;
-        Ok(Ok(Step {
-            copied: copied as usize,
-            copy_done: window.scanned < limit,
-            left,
-            ..Step::default()
-        }))
-    })
-}
-
-/// The end: under the table's `SHARE ROW EXCLUSIVE` lock (writers wait; readers do not),
-/// the last rows the sweep finds get twins, the new key joins the chain, the form check takes
-/// both lengths still, and the transaction's id is recorded: a node switches to the new form
-/// once its filter covers it. Bumps the catalog version.
-pub fn end(
-    db: &mut Db,
-    set: &str,
-    n: usize,
-    wrap: &dyn Fn(&str) -> Result<String, String>,
-) -> Result<Result<Step, String>, DbErr> {
-    let t = table(set);
-    db.run_own(|c, st| {
-        let mut tx = st.begin(c)?;
-        if let Some(nothing) = refused(&mut tx, set, &["copying"])? {
-            return Ok(Ok(nothing));
-        }
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
-        tx.batch_execute(LOCK_WAIT)?;
-        tx.batch_execute(&format!("LOCK TABLE {t} IN SHARE ROW EXCLUSIVE MODE"))?;
-        let (behind, _) = swept(&mut tx, set, n)?;
-        let copied = match make_twins(&mut tx, set, &behind, wrap)? {
-            Ok(made) => made,
-            Err(e) => return Ok(Err(e)),
-        };
-        let left: Option<i64> = tx
-            .query_opt(
-                "UPDATE member_catalog
-                    SET token_key_fp = token_key_fp || '>' || rotate_to,
-                        rotate_phase = 'switching',
-                        rotate_end_xid = pg_current_xact_id()::text::int8,
-                        rotate_copied = rotate_copied + $2, rotate_left = rotate_copied + $2
-                  WHERE name = $1 AND rotate_phase = 'copying' RETURNING rotate_left",
-                &[&set, &(copied as i64)],
-            )?
-            .and_then(|r| r.get(0));
-        tx.execute(super::BUMP_VERSION, &[])?;
-        tx.commit()?;
-        Ok(Ok(Step {
-            copied: copied as usize,
-            copy_done: true,
-            left,
-            ..Step::default()
-        }))
-    })
-}
-
-/// While nodes switch: the rows written behind since the last sweep get their twins (outside
-/// writers of the old form, nodes that had not read the rotation): a copy step without a
-/// batch.
-pub fn sweep_step(
-    db: &mut Db,
-    set: &str,
-    n: usize,
-    wrap: &dyn Fn(&str) -> Result<String, String>,
-) -> Result<Result<Step, String>, DbErr> {
-    copy_step(db, set, n, 0, wrap)
-}
-
-/// Every node switched: the twin triggers go (deleting an old row must not delete its twin
-/// now) and the phase becomes `draining`. Bumps the catalog version.
+/// Every node switched: the twin triggers of a copy go (deleting an old row must not delete
+/// its twin now; a rewrite has none) and the phase becomes `draining`. Bumps the catalog
+/// version.
 pub fn drain_start(db: &mut Db, set: &str) -> Result<Step, DbErr> {
     let t = table(set);
     db.run_own(|c, st| {
@@ -379,101 +145,135 @@ pub fn mark_covered(db: &mut Db, set: &str) -> Result<Step, DbErr> {
     })
 }
 
-/// One step of the drain: at most `limit` old-form rows deleted. When fewer were left and
-/// `may_end` (every node follows the drain, so none writes a twin or an old form), the end of
-/// the drain, under the table's lock: the last old-form rows deleted, the form check
-/// taking the new length alone (a late writer's old-form row is refused from here on), the
-/// twin column and its index dropped, the rotation's columns cleared, the catalog version
-/// bumped. Returns the rows deleted, whether the rotation is over, and about how many old-form
-/// rows are left.
-pub fn drain_step(
+/// Where the sweep of rows written behind the walk starts, read in `tx`: the watermark (a
+/// transaction id: every change at or past it is read from the change log), the next one
+/// (the step's snapshot's horizon), and whether the log was pruned past the watermark (a
+/// rotation paused longer than the log's retention): then every old-form row must be read,
+/// whatever its age.
+pub(super) fn watermark(
+    tx: &mut Transaction,
+    set: &str,
+) -> Result<(i64, i64, bool), postgres::Error> {
+    let from: i64 = tx
+        .query_one(
+            "SELECT coalesce(rotate_swept, 0) FROM member_catalog WHERE name = $1",
+            &[&set],
+        )?
+        .get(0);
+    let r = tx.query_one(
+        "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8,
+                (SELECT floor::text::int8 FROM member_changes_floor)",
+        &[],
+    )?;
+    let (horizon, floor): (i64, Option<i64>) = (r.get(0), r.get(1));
+    Ok((from, horizon, floor.is_some_and(|f| f > from)))
+}
+
+/// What the end of a walk or of a drain does with the old-form rows it finds under the
+/// table's lock (rewrites them, gives them twins, deletes them): the rows it moved, or why it
+/// could not (a key the module cannot compute with).
+pub(super) type Last<'a> =
+    &'a mut dyn FnMut(&mut Transaction) -> Result<Result<u64, String>, postgres::Error>;
+
+/// The end of the walk from `phase`, either kind's: under the table's `SHARE ROW EXCLUSIVE`
+/// lock (writers wait; readers do not), `last` moves the rows the sweep finds, the new key
+/// joins the chain, the form check takes both lengths still, and the transaction's id is
+/// recorded: a node switches to the new form once its filter covers it. `left` is the SQL of
+/// the rows the drain is left (`$2`: the rows `last` moved). Bumps the catalog version.
+pub(super) fn end_walk(
     db: &mut Db,
     set: &str,
-    n: usize,
-    limit: i64,
-    may_end: bool,
-) -> Result<(u64, bool, Option<i64>), DbErr> {
+    phase: &str,
+    left: &str,
+    last: Last,
+) -> Result<Result<Step, String>, DbErr> {
     let t = table(set);
-    let index = twin_index(set);
-    // A step's rows: the next old-form rows in key order after the drain's cursor (an index
-    // scan that passes each row once over the whole drain; a scan from the table's start
-    // each step would read the rows already drained again and again).
-    // The cursor is the last row's key as PostgreSQL orders them (`max` under the column's
-    // collation, as the `ORDER BY`), whatever order Rust would give the strings. The keys go
-    // to the DELETE as an array, which it finds by the key's index (an `IN` of the subquery
-    // was a hash join over a sequential scan of the whole table).
-    let step_delete = format!(
-        "WITH d AS (
-           DELETE FROM {t} WHERE scope = '' AND entity_id = ANY(ARRAY(
-             SELECT entity_id FROM {t}
-              WHERE scope = '' AND entity_id > $2 AND {form} ORDER BY entity_id LIMIT $1))
-           RETURNING entity_id)
-         SELECT count(*), max(entity_id) FROM d",
-        form = form_test("entity_id", n)
-    );
-    // The drain's end: whatever old-form row is left, behind the cursor too (a late writer's).
-    let delete = format!(
-        "DELETE FROM {t} WHERE scope = '' AND {form}",
-        form = form_test("entity_id", n)
-    );
     db.run_own(|c, st| {
         let mut tx = st.begin(c)?;
-        if !try_lock(&mut tx, set)? || !phase_is(&mut tx, set, &["draining"])? {
-            return Ok((0, false, None));
+        if let Some(nothing) = refused(&mut tx, set, &[phase])? {
+            return Ok(Ok(nothing));
         }
-        let cursor = cursor(&mut tx, set)?;
-        let deleted = tx.query_one(&step_delete, &[&limit, &cursor])?;
-        let gone = deleted.get::<_, i64>(0) as u64;
-        let last: Option<String> = deleted.get(1);
-        let left: Option<i64> = tx
-            .query_one(
-                "UPDATE member_catalog SET rotate_left = greatest(rotate_left - $2, 0),
-                        rotate_cursor = coalesce($3, rotate_cursor)
-                  WHERE name = $1 RETURNING rotate_left",
-                &[&set, &(gone as i64), &last],
-            )?
-            .get(0);
-        tx.commit()?;
-        if gone as i64 >= limit || !may_end {
-            return Ok((gone, false, left));
-        }
-        // The end of the drain, its own transaction: the table's locks are waited for at most
-        // `LOCK_WAIT` (a reader queues behind a DDL statement that waits), and a step that
-        // could not take them ends the drain at a later one.
-        let mut tx = st.begin(c)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
         tx.batch_execute(LOCK_WAIT)?;
-        let last = (|| {
-            if !try_lock(&mut tx, set)? || !phase_is(&mut tx, set, &["draining"])? {
-                return Ok(None);
-            }
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
-            tx.batch_execute(&format!("LOCK TABLE {t} IN SHARE ROW EXCLUSIVE MODE"))?;
-            let last = tx.execute(&delete, &[])?;
-            tx.batch_execute(&format!(
-                "DROP INDEX IF EXISTS {index}; ALTER TABLE {t} DROP COLUMN IF EXISTS twin;"
-            ))?;
-            tx.execute(
-                "UPDATE member_catalog
-                    SET rotate_to = NULL, rotate_phase = NULL, rotate_cursor = NULL,
-                        rotate_swept = NULL, rotate_end_xid = NULL, rotate_started = NULL,
-                        rotate_left = NULL, rotate_covered = NULL
-                  WHERE name = $1",
-                &[&set],
-            )?;
-            tx.execute("SELECT member_catalog_form($1)", &[&set])?;
-            tx.execute(super::BUMP_VERSION, &[])?;
-            Ok::<_, postgres::Error>(Some(last))
-        })();
-        match last {
-            Ok(Some(last)) => {
-                tx.commit()?;
-                Ok((gone + last, true, Some(0)))
-            }
-            Ok(None) => Ok((gone, false, left)),
-            Err(e) if e.code() == Some(&postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
-                Ok((gone, false, left))
-            }
-            Err(e) => Err(e),
-        }
+        tx.batch_execute(&format!("LOCK TABLE {t} IN SHARE ROW EXCLUSIVE MODE"))?;
+        let moved = match last(&mut tx)? {
+            Ok(moved) => moved,
+            Err(e) => return Ok(Err(e)),
+        };
+        let left: Option<i64> = tx
+            .query_opt(
+                &format!(
+                    "UPDATE member_catalog
+                        SET token_key_fp = token_key_fp || '>' || rotate_to,
+                            rotate_phase = 'switching',
+                            rotate_end_xid = pg_current_xact_id()::text::int8,
+                            rotate_copied = rotate_copied + $2, rotate_left = {left}
+                      WHERE name = $1 AND rotate_phase = $3 RETURNING rotate_left"
+                ),
+                &[&set, &(moved as i64), &phase],
+            )?
+            .and_then(|r| r.get(0));
+        tx.execute(super::BUMP_VERSION, &[])?;
+        tx.commit()?;
+        Ok(Ok(Step {
+            copied: moved as usize,
+            copy_done: true,
+            left,
+            ..Step::default()
+        }))
     })
+}
+
+/// The end of a drain, either kind's, its own transaction: the table's locks are waited for
+/// at most `LOCK_WAIT` (a reader queues behind a DDL statement that waits), and a step that
+/// could not take them ends the drain at a later one. Under them, `last` deals with every
+/// old-form row left (a late writer's), the `twin` column (and a copy's index on it) is
+/// dropped, the rotation's columns cleared, the form check takes the new length alone (a late
+/// writer's old-form row is refused from here on), and the catalog version is bumped. The
+/// rows `last` moved, or `None` when the drain did not end here.
+pub(super) fn end_drain(
+    c: &mut postgres::Client,
+    st: &mut Stmts,
+    set: &str,
+    last: Last,
+) -> Result<Result<Option<u64>, String>, postgres::Error> {
+    let t = table(set);
+    let index = twin_index(set);
+    let mut tx = st.begin(c)?;
+    tx.batch_execute(LOCK_WAIT)?;
+    let ended = (|| {
+        if !try_lock(&mut tx, set)? || !phase_is(&mut tx, set, &["draining"])? {
+            return Ok(Ok(None));
+        }
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_KEY])?;
+        tx.batch_execute(&format!("LOCK TABLE {t} IN SHARE ROW EXCLUSIVE MODE"))?;
+        let moved = match last(&mut tx)? {
+            Ok(moved) => moved,
+            Err(e) => return Ok(Err(e)),
+        };
+        tx.batch_execute(&format!(
+            "DROP INDEX IF EXISTS {index}; ALTER TABLE {t} DROP COLUMN IF EXISTS twin;"
+        ))?;
+        tx.execute(
+            "UPDATE member_catalog
+                SET rotate_to = NULL, rotate_phase = NULL, rotate_cursor = NULL,
+                    rotate_swept = NULL, rotate_end_xid = NULL, rotate_started = NULL,
+                    rotate_left = NULL, rotate_covered = NULL, rotate_page = NULL,
+                    rotate_pages = NULL
+              WHERE name = $1",
+            &[&set],
+        )?;
+        tx.execute("SELECT member_catalog_form($1)", &[&set])?;
+        tx.execute(super::BUMP_VERSION, &[])?;
+        Ok::<_, postgres::Error>(Ok(Some(moved)))
+    })();
+    match ended {
+        Ok(Ok(Some(moved))) => {
+            tx.commit()?;
+            Ok(Ok(Some(moved)))
+        }
+        Ok(other) => Ok(other),
+        Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => Ok(Ok(None)),
+        Err(e) => Err(e),
+    }
 }

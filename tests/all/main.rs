@@ -57,6 +57,7 @@ mod key_rotation_faults;
 mod key_rotation_held;
 mod key_rotation_in_place;
 mod key_rotation_inflight;
+mod key_rotation_planned;
 mod keyslot;
 mod latency;
 mod lifecycle;

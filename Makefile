@@ -81,7 +81,8 @@ PG_TESTS = funnel::batched_database_work funnel::concurrent_adds funnel::create_
 	standby::a_rebuild_from_a_lagging_standby pg_tls::require_encrypts pg_tls::verify_full_with_the_right \
 	tokenize::tokens_everywhere attach::signup_flow_with_the_change_log \
 	attach::signup_flow_with_an_updated_column attach_boundary::triggers_left pg_versions:: \
-	key_rotation::a_set_rotated_online key_rotation_held:: key_rotation_faults::a_rotation_resumes_after_postgres
+	key_rotation::a_set_rotated_online key_rotation_held:: key_rotation_faults::a_rotation_resumes_after_postgres \
+	key_rotation_in_place::the_rewrite_merges
 # $(call check_areas,VAR,Name): every area of $(VAR) must select at least one test of its own
 # (a filter that matches nothing would pass with 0 tests); writes the names of the tests of
 # the areas to target/VAR.names, which the pass runs by exact name (an area `a` is the module

@@ -58,8 +58,8 @@ fn check_round(c: &mut redis::Connection, present: &[String], absent: &[String])
     wrong
 }
 
-/// Rows the restart test writes by SQL besides its ADDs: more than two of the rewrite's steps
-/// (`rotation_rewrite::PAGES` pages, about 10 000 rows).
+/// Rows the restart test writes by SQL besides its ADDs: more than one of the rewrite's steps
+/// (`rotation_rewrite::PAGES` pages, about 16 000 rows).
 const BULK: usize = 25_000;
 
 #[test]

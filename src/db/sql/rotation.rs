@@ -1,9 +1,9 @@
 //! An online key rotation's state in the catalog and its start (docs/security.md, "Rotating
 //! a tokenized set's key online"): the catalog's rotation columns as a node reads them, the
 //! `twin` column, the form of a chain. The steps that carry a rotation to its end are
-//! `rotation_rewrite.rs` (a rotation rewrites each row in place: docs/rotation-in-place.md)
-//! and `rotation_steps.rs` (shared, and the copy a rotation started by an earlier build
-//! goes on with).
+//! `rotation_rewrite.rs` (a rotation rewrites each row in place: docs/rotation-in-place.md),
+//! `rotation_copy.rs` (the copy a rotation an earlier build started goes on with) and, what
+//! both share, `rotation_steps.rs`.
 
 use super::{table, ADVISORY_KEY};
 use crate::db::{Db, DbErr};

@@ -52,6 +52,7 @@ mod key_ring;
 mod key_rotation;
 mod key_rotation_cluster;
 mod key_rotation_cluster_load;
+mod key_rotation_copy;
 mod key_rotation_failover;
 mod key_rotation_faults;
 mod key_rotation_held;

@@ -168,12 +168,7 @@ fn switching_with_the_drain_held(
 /// wait on their workers, before their statements, until it lets go.
 fn hold_writes(env: &Env) -> postgres::Client {
     let mut failpoint = env.pg();
-    failpoint
-        .execute(
-            "SELECT pg_advisory_lock(hashtextextended('libmember failpoint ' || $1, 0))",
-            &[&SET],
-        )
-        .unwrap();
+    crate::support::rotation::hold_writes(&mut failpoint, SET);
     failpoint
 }
 

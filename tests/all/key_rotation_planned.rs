@@ -9,7 +9,7 @@ use crate::support;
 use std::time::Duration;
 
 use support::member::*;
-use support::rotation::{rotate_key, shows_phase};
+use support::rotation::{hold_writes, rotate_key, shows_phase};
 use support::wait_until;
 
 use super::key_rotation_held::wait_waiting;
@@ -47,12 +47,7 @@ fn a_rotation_rewrites_no_row_while_a_command_planned_before_it_is_in_flight() {
     }
     let mut pg = env.pg();
     let mut failpoint = env.pg();
-    failpoint
-        .execute(
-            "SELECT pg_advisory_lock(hashtextextended('libmember failpoint ' || $1, 0))",
-            &[&SET],
-        )
-        .unwrap();
+    hold_writes(&mut failpoint, SET);
 
     // A DEL planned before the rotation (the old form alone), held at its worker.
     let port = env.vk.port();

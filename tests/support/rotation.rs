@@ -123,6 +123,17 @@ pub fn hold_rotation(pg: &mut postgres::Client, set: &str) {
     .unwrap();
 }
 
+/// Holds the writes of `set` (a set named `failpoint_held_…`, on a node of the debug build:
+/// `members::HELD_PREFIX`) on their workers, before their statements, for as long as the
+/// session `pg` lives or keeps the lock.
+pub fn hold_writes(pg: &mut postgres::Client, set: &str) {
+    pg.execute(
+        "SELECT pg_advisory_lock(hashtextextended('libmember failpoint ' || $1, 0))",
+        &[&set],
+    )
+    .unwrap();
+}
+
 /// `MEMBER.ALTER <set> ROTATE-KEY <id>`, tried again for up to 60 s while refused with
 /// `TRYAGAIN` (the start's DDL found the table locked by writers through all its tries: on a
 /// loaded machine, the test's own writers); any other reply than OK fails the test.

@@ -10,7 +10,7 @@ use postgres::Transaction;
 
 use super::rotation::form_test;
 use super::rotation_steps::{
-    end_drain, end_walk, phase_is, refused, try_lock, watermark, Step, Wrap,
+    end_drain, end_walk, phase_is, refused, try_lock, watermark, wrap_all, Step, Wrap,
 };
 use super::table;
 use crate::db::{Db, DbErr};
@@ -107,7 +107,7 @@ fn make_twins(
     if olds.is_empty() {
         return Ok(Ok(0));
     }
-    let news = match olds.iter().map(|o| wrap(o)).collect::<Result<Vec<_>, _>>() {
+    let news = match wrap_all(olds, wrap) {
         Ok(news) => news,
         Err(e) => return Ok(Err(e)),
     };

@@ -18,6 +18,11 @@ use crate::db::{Db, DbErr, Stmts};
 /// Computes a row's new form from its old one (the module's keys), or says why it cannot.
 pub type Wrap<'a> = &'a dyn Fn(&str) -> Result<String, String>;
 
+/// The new form of each of `olds`, in order, or why one cannot be computed.
+pub(super) fn wrap_all(olds: &[String], wrap: Wrap) -> Result<Vec<String>, String> {
+    olds.iter().map(|o| wrap(o)).collect()
+}
+
 /// The set's rotation lock, taken without waiting: `false` when another node runs a step.
 pub(super) fn try_lock(tx: &mut Transaction, set: &str) -> Result<bool, postgres::Error> {
     Ok(tx
